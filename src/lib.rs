@@ -1,0 +1,1 @@
+//! capmox: Cluster API infrastructure provider for Proxmox VE.
