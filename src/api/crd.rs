@@ -1,0 +1,183 @@
+//! The CustomResourceDefinitions of the four kinds, as committed under `crds/`.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
+use kube::CustomResourceExt;
+use serde_json::Value;
+
+use super::{ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate};
+
+/// Why the CRDs could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    /// A schema could not be converted between its JSON and typed forms.
+    #[error("CRD {name}: cannot convert the schema: {source}")]
+    Schema {
+        /// CRD name.
+        name: String,
+        /// Underlying error.
+        source: serde_json::Error,
+    },
+    /// A CRD could not be written as YAML.
+    #[error("CRD {name}: cannot render YAML: {source}")]
+    Yaml {
+        /// CRD name.
+        name: String,
+        /// Underlying error.
+        source: serde_yaml::Error,
+    },
+}
+
+/// All capmox CRDs, in a stable order, with their schemas finalised for the API server.
+pub fn all() -> Result<Vec<CustomResourceDefinition>, CrdError> {
+    [
+        ProxmoxCluster::crd(),
+        ProxmoxClusterTemplate::crd(),
+        ProxmoxMachine::crd(),
+        ProxmoxMachineTemplate::crd(),
+    ]
+    .into_iter()
+    .map(finalize)
+    .collect()
+}
+
+/// File name of a CRD under `crds/`: `<group>_<plural>.yaml`, as controller-gen names them.
+pub fn file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
+}
+
+/// One CRD as a YAML document.
+pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let mut json = serde_json::to_value(crd).map_err(|source| CrdError::Schema {
+        name: name.clone(),
+        source,
+    })?;
+    // The typed schema stores bounds as floats; publish whole numbers as integers.
+    tidy_schema(&mut json);
+    serde_yaml::to_string(&json).map_err(|source| CrdError::Yaml { name, source })
+}
+
+/// All CRDs as one multi-document YAML stream, as `capmox crds` prints it.
+pub fn render_all() -> Result<String, CrdError> {
+    let mut out = String::new();
+    for crd in all()? {
+        out.push_str("---\n");
+        out.push_str(&to_yaml(&crd)?);
+    }
+    Ok(out)
+}
+
+/// The `openAPIV3Schema` of a CRD's first version as plain JSON, for validation and tests.
+pub fn schema_json(crd: &CustomResourceDefinition) -> Option<Value> {
+    let schema = crd
+        .spec
+        .versions
+        .first()?
+        .schema
+        .as_ref()?
+        .open_api_v3_schema
+        .as_ref()?;
+    let mut json = serde_json::to_value(schema).ok()?;
+    tidy_schema(&mut json);
+    Some(json)
+}
+
+/// Turns a derived CRD into the one we publish: absent fields (not nulls) express optional
+/// values, as in the Go provider's CRDs, and integer bounds are written as integers.
+fn finalize(mut crd: CustomResourceDefinition) -> Result<CustomResourceDefinition, CrdError> {
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    for version in &mut crd.spec.versions {
+        let Some(validation) = version.schema.as_mut() else {
+            continue;
+        };
+        let Some(schema) = validation.open_api_v3_schema.take() else {
+            continue;
+        };
+        let mut json = serde_json::to_value(&schema).map_err(|source| CrdError::Schema {
+            name: name.clone(),
+            source,
+        })?;
+        tidy_schema(&mut json);
+        add_type_meta(&mut json);
+        relax_template_rules(&crd.spec.names.kind, &mut json);
+        let schema: JSONSchemaProps =
+            serde_json::from_value(json).map_err(|source| CrdError::Schema {
+                name: name.clone(),
+                source,
+            })?;
+        validation.open_api_v3_schema = Some(schema);
+    }
+    Ok(crd)
+}
+
+/// Keeps a template's spec exactly as permissive as the Go provider's: it checks "at least one
+/// ip config" on ProxmoxClusters only, and the `exists_one` template-source rules on
+/// ProxmoxMachines only, so existing ClusterClasses and templates keep applying.
+fn relax_template_rules(kind: &str, schema: &mut Value) {
+    let instance_only: fn(&str) -> bool = match kind {
+        "ProxmoxClusterTemplate" => |_| true,
+        "ProxmoxMachineTemplate" => |rule| rule.contains("exists_one"),
+        _ => return,
+    };
+    let Some(rules) = schema
+        .pointer_mut(
+            "/properties/spec/properties/template/properties/spec/x-kubernetes-validations",
+        )
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    rules.retain(|rule| {
+        !rule
+            .get("rule")
+            .and_then(Value::as_str)
+            .is_some_and(instance_only)
+    });
+    if rules.is_empty()
+        && let Some(spec) = schema
+            .pointer_mut("/properties/spec/properties/template/properties/spec")
+            .and_then(Value::as_object_mut)
+    {
+        spec.remove("x-kubernetes-validations");
+    }
+}
+
+/// Declares `apiVersion`, `kind` and `metadata` at the root, as controller-gen does.
+fn add_type_meta(schema: &mut Value) {
+    let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (name, ty) in [
+        ("apiVersion", "string"),
+        ("kind", "string"),
+        ("metadata", "object"),
+    ] {
+        properties
+            .entry(name)
+            .or_insert_with(|| serde_json::json!({ "type": ty }));
+    }
+}
+
+/// Removes `nullable` markers and writes whole-number bounds as integers (schemars emits floats).
+fn tidy_schema(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.remove("nullable");
+            for key in ["minimum", "maximum", "multipleOf"] {
+                if let Some(bound) = map.get_mut(key)
+                    && let Some(float) = bound.as_f64()
+                    && float.fract() == 0.0
+                    && float.abs() < 2f64.powi(53)
+                {
+                    // Exact: a whole number below 2^53 converts to i64 without loss.
+                    *bound = Value::from(float as i64);
+                }
+            }
+            map.values_mut().for_each(tidy_schema);
+        }
+        Value::Array(items) => items.iter_mut().for_each(tidy_schema),
+        _ => {}
+    }
+}

@@ -1,0 +1,638 @@
+//! `ProxmoxMachine` and `ProxmoxMachineTemplate` (v1alpha2).
+//!
+//! There is deliberately no `spec.failureDomain`: CAPI core still reads that deprecated field and
+//! would overwrite the Machine's choice with it. The machine's zone comes from the owning
+//! `Machine.spec.failureDomain`; where the VM really landed is reported in `status.failureDomain`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{
+    Initialization, NET_NAME_PATTERN, TAG_PATTERN, TemplateObjectMeta, TypedLocalObjectReference,
+    ZONE_PATTERN, conditions_schema,
+};
+
+/// Desired VM of one machine: where its template comes from, its size, disks and networks.
+// kube's `printcolumn(...)` repeats `type_` by design; clippy mistakes that for a duplicate.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1alpha2",
+    kind = "ProxmoxMachine",
+    doc = "One Proxmox VM of a CAPI Machine: its template, size, disks, networks and placement.",
+    namespaced,
+    status = "ProxmoxMachineStatus",
+    shortname = "moxm",
+    category = "cluster-api",
+    category = "proxmox",
+    label("cluster.x-k8s.io/v1beta2", "v1alpha2"),
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        description = "Cluster to which this ProxmoxMachine belongs",
+        json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        description = "Infrastructure is provisioned",
+        json_path = ".status.initialization.provisioned"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        description = "Proxmox node the VM runs on",
+        json_path = ".status.proxmoxNode"
+    ),
+    printcolumn(
+        name = "Failure Domain",
+        type_ = "string",
+        description = "Zone the VM was placed in",
+        json_path = ".status.failureDomain"
+    ),
+    printcolumn(
+        name = "Provider ID",
+        type_ = "string",
+        description = "Provider ID of the VM",
+        json_path = ".spec.providerID"
+    ),
+    printcolumn(
+        name = "Machine",
+        type_ = "string",
+        description = "Machine that owns this ProxmoxMachine",
+        json_path = ".metadata.ownerReferences[?(@.kind==\"Machine\")].name"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "[has(self.sourceNode), has(self.templateSelector)].exists_one(c, c)",
+     "message": "must define either a SourceNode with a TemplateID or a TemplateSelector"},
+    {"rule": "[has(self.templateID), has(self.templateSelector)].exists_one(c, c)",
+     "message": "must define either a SourceNode with a TemplateID or a TemplateSelector"},
+    {"rule": "self.full || !has(self.format)", "message": "Must set full=true when specifying format"},
+    {"rule": "self.full || !has(self.storage)", "message": "Must set full=true when specifying storage"},
+    {"rule": "has(self.templateSelector) || (has(self.templateID) && has(self.sourceNode))",
+     "message": "Must specify either templateID or templateSelector"}
+]))]
+pub struct ProxmoxMachineSpec {
+    /// Node that holds the template named by `templateID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub source_node: Option<String>,
+    /// VMID of the template to clone.
+    #[serde(
+        default,
+        rename = "templateID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub template_id: Option<i32>,
+    /// Select the template by its Proxmox tags instead of by VMID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_selector: Option<TemplateSelector>,
+    /// Description of the VM in Proxmox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Disk format of a full clone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<TargetFileStorageFormat>,
+    /// Full clone (independent disks) or linked clone (shares the template's base image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = true))]
+    pub full: Option<bool>,
+    /// Proxmox resource pool the VM is added to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Snapshot of the template to clone from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snap_name: Option<String>,
+    /// Target storage of a full clone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<String>,
+    /// `proxmox://<SMBIOS uuid>`; written by the controller once the VM exists.
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(
+        length(min = 46, max = 46),
+        regex(
+            pattern = r"^proxmox://[a-fA-F0-9]{8}-[a-fA-F0-9]{4}-[a-fA-F0-9]{4}-[a-fA-F0-9]{4}-[a-fA-F0-9]{12}$"
+        )
+    )]
+    pub provider_id: Option<String>,
+    /// VMID written here by the Go provider; capmox records it in `status.virtualMachineID`
+    /// and reads this field only to adopt machines the Go provider created.
+    #[serde(
+        default,
+        rename = "virtualMachineID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub virtual_machine_id: Option<i64>,
+    /// CPU sockets; the template's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub num_sockets: Option<i32>,
+    /// Cores per socket; the template's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub num_cores: Option<i32>,
+    /// Memory in MiB, a multiple of 8; the template's when unset.
+    #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0), extend("multipleOf" = 8))]
+    pub memory_mib: Option<i32>,
+    /// Disks of the VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disks: Option<Storage>,
+    /// Network devices and VRFs of the VM.
+    pub network: NetworkSpec,
+    /// Range to pick the VMID from; Proxmox's next free ID when unset.
+    #[serde(default, rename = "vmIDRange", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.end >= self.start", "message": "end should be greater than or equal to start"}
+    ]))]
+    pub vm_id_range: Option<VmIdRange>,
+    /// Readiness checks to skip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks: Option<ProxmoxMachineChecks>,
+    /// What to add to the cloud-init meta-data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_settings: Option<MetadataSettings>,
+    /// Proxmox nodes this machine may run on; overrides the cluster's when non-empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub allowed_nodes: Vec<String>,
+    /// Extra Proxmox tags for the VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1),
+        inner(pattern(TAG_PATTERN)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub tags: Option<Vec<String>>,
+}
+
+/// Disk format of a full clone.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetFileStorageFormat {
+    /// Raw disk image.
+    Raw,
+    /// QEMU copy-on-write image.
+    Qcow2,
+    /// VMware disk image.
+    Vmdk,
+}
+
+/// Template lookup by Proxmox tags.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateSelector {
+    /// Tags the template must carry (compared case-insensitively).
+    #[schemars(
+        length(min = 1),
+        inner(pattern(TAG_PATTERN)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub match_tags: Vec<String>,
+    /// How the template's tags must relate to `matchTags`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "exact"))]
+    pub match_policy: Option<TemplateMatchPolicy>,
+}
+
+/// How template tags are matched.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TemplateMatchPolicy {
+    /// The template's tags equal `matchTags`.
+    #[default]
+    #[serde(rename = "exact")]
+    Exact,
+    /// `matchTags` is a subset of the template's tags, and exactly one template matches.
+    #[serde(rename = "uniqueSubset")]
+    UniqueSubset,
+    /// `matchTags` is a subset of the template's tags; the template with the fewest extra tags wins.
+    #[serde(rename = "bestSubset")]
+    BestSubset,
+}
+
+/// Disks of the VM.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Storage {
+    /// Boot disk, grown to `sizeGb` after cloning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == oldSelf", "message": "Value is immutable"}
+    ]))]
+    pub boot_volume: Option<DiskSize>,
+}
+
+/// Size of one disk.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskSize {
+    /// Proxmox disk name, e.g. `scsi0`.
+    #[schemars(length(min = 1))]
+    pub disk: String,
+    /// Size in GB; disks only grow.
+    #[schemars(range(min = 5))]
+    pub size_gb: i32,
+}
+
+/// Inclusive VMID range.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VmIdRange {
+    /// First VMID of the range.
+    #[schemars(range(min = 100, max = 999_999_999))]
+    pub start: i64,
+    /// Last VMID of the range.
+    #[schemars(range(min = 100, max = 999_999_999))]
+    pub end: i64,
+}
+
+/// Readiness checks that can be skipped.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxmoxMachineChecks {
+    /// Do not wait for `cloud-init status` to report done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_cloud_init_status: Option<bool>,
+    /// Do not wait for the QEMU guest agent (implies skipping the cloud-init check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_qemu_guest_agent: Option<bool>,
+}
+
+/// Extra cloud-init meta-data.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataSettings {
+    /// Put `provider-id` into the meta-data so the kubelet can use it.
+    #[serde(rename = "providerIDInjection")]
+    pub provider_id_injection: bool,
+}
+
+/// Network devices and VRFs of a VM.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    /// Network zone whose default pools apply; the Machine's failure domain takes precedence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(ZONE_PATTERN))]
+    pub zone: Option<String>,
+    /// NICs of the VM, keyed by name (`net0`, ...).
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["name"]
+    ))]
+    pub network_devices: Vec<NetworkDevice>,
+    /// Virtual routing and forwarding devices in the guest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["name"]
+    ))]
+    pub vrfs: Vec<VrfDevice>,
+}
+
+/// One NIC of the VM and its guest-side configuration.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkDevice {
+    /// Proxmox NIC name.
+    #[serde(default = "default_net_name")]
+    #[schemars(length(min = 4), pattern(NET_NAME_PATTERN), extend("default" = "net0"))]
+    pub name: String,
+    /// Proxmox bridge the NIC is attached to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub bridge: Option<String>,
+    /// Emulated NIC model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "virtio"))]
+    pub model: Option<NetworkModel>,
+    /// MTU of the Proxmox NIC; 1 inherits the bridge's MTU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == 1 || (self >= 576 && self <= 65520)", "message": "invalid MTU value"}
+    ]))]
+    pub mtu: Option<i32>,
+    /// VLAN tag of the NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4094))]
+    pub vlan: Option<i32>,
+    /// Number of packet queues (multiqueue virtio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub queues: Option<i32>,
+    /// Claim an address from the zone's (or cluster's) IPv4 pool for this NIC.
+    #[serde(
+        default,
+        rename = "defaultIPv4",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub default_ipv4: Option<bool>,
+    /// Claim an address from the zone's (or cluster's) IPv6 pool for this NIC.
+    #[serde(
+        default,
+        rename = "defaultIPv6",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub default_ipv6: Option<bool>,
+    /// Further pools to claim addresses from, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub ip_pool_ref: Vec<TypedLocalObjectReference>,
+    /// DNS servers for this NIC; the zone's or cluster's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "set"))]
+    pub dns_servers: Option<Vec<String>>,
+    /// Static routes via this NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "atomic"))]
+    pub routes: Option<Vec<RouteSpec>>,
+    /// Policy routing rules for this NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "atomic"))]
+    pub routing_policy: Option<Vec<RoutingPolicySpec>>,
+    /// Guest-side MTU of the link; 1 inherits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == 1 || (self >= 576 && self <= 65520)", "message": "invalid MTU value"}
+    ]))]
+    pub link_mtu: Option<i32>,
+}
+
+fn default_net_name() -> String {
+    "net0".to_owned()
+}
+
+/// Emulated NIC model.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkModel {
+    /// Intel E1000.
+    E1000,
+    /// Paravirtualised virtio-net.
+    #[default]
+    Virtio,
+    /// Realtek 8139.
+    Rtl8139,
+    /// VMware vmxnet3.
+    Vmxnet3,
+}
+
+/// A static route.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteSpec {
+    /// Destination: a CIDR, an IP, or `default`/`all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Next hop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// Route metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub metric: Option<i32>,
+    /// Routing table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<i32>,
+    /// Whether a `default`/`all` destination without `via` means IPv6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is6: Option<bool>,
+}
+
+/// A policy routing rule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingPolicySpec {
+    /// Destination prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Source prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Routing table to look up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<i32>,
+    /// Rule priority; the kernel's own priorities 0, 32765 and 32766 are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        range(max = 4_294_967_295_i64),
+        extend("x-kubernetes-validations" = [
+            {"rule": "(self > 0 && self < 32765) || (self > 32766)", "message": "Cowardly refusing to insert FIB rule matching kernel rules"}
+        ])
+    )]
+    pub priority: Option<i64>,
+    /// Whether the rule is IPv6 when no prefix says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is6: Option<bool>,
+}
+
+/// A VRF device in the guest.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VrfDevice {
+    /// Name of the VRF device.
+    #[schemars(length(min = 3))]
+    pub name: String,
+    /// Routing table of the VRF.
+    #[schemars(
+        range(min = 1, max = 4_294_967_295_i64),
+        extend("format" = "int32", "x-kubernetes-validations" = [
+            {"rule": "(self > 0 && self < 254) || (self > 255)", "message": "Cowardly refusing to insert l3mdev rules into kernel tables"}
+        ])
+    )]
+    pub table: i64,
+    /// NICs enslaved to the VRF.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        inner(length(min = 4), pattern(NET_NAME_PATTERN)),
+        extend("x-kubernetes-list-type" = "atomic")
+    )]
+    pub interfaces: Vec<String>,
+    /// Static routes in the VRF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "atomic"))]
+    pub routes: Option<Vec<RouteSpec>>,
+    /// Policy routing rules in the VRF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "atomic"))]
+    pub routing_policy: Option<Vec<RoutingPolicySpec>>,
+}
+
+/// Observed state of the machine's VM.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxmoxMachineStatus {
+    /// Conditions: `Ready`, `Paused`, `VirtualMachineProvisioned`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// CAPI v1beta2 provisioning signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<Initialization>,
+    /// Hostname and IP addresses, copied by CAPI to the Machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub addresses: Vec<MachineAddress>,
+    /// Coarse VM state (`pending`, `ready`), kept for compatibility.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_status: Option<VirtualMachineState>,
+    /// Whether the bootstrap data was handed to the VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_data_provided: Option<bool>,
+    /// Static addresses per NIC (`default` first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["net"]
+    ))]
+    pub ip_addresses: Vec<IpAddressesSpec>,
+    /// NICs as the guest agent reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub network: Vec<NetworkStatus>,
+    /// VMID of the machine's VM; recorded before the clone request so a crash never leaks a VM.
+    #[serde(
+        default,
+        rename = "virtualMachineID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub virtual_machine_id: Option<i64>,
+    /// Proxmox node the VM runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxmox_node: Option<String>,
+    /// Failure domain (zone) the VM was placed in; CAPI copies it to the Machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(ZONE_PATTERN))]
+    pub failure_domain: Option<String>,
+    /// UPID of the Proxmox task in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_ref: Option<String>,
+    /// Do not retry before this time (back-off after a failed task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<Time>,
+}
+
+/// Coarse VM state.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum VirtualMachineState {
+    /// The VM does not exist.
+    NotFound,
+    /// The VM is being created or configured.
+    Pending,
+    /// The VM is running and configured.
+    Ready,
+}
+
+/// An address of the machine, as CAPI's `MachineAddress`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineAddress {
+    /// Kind of address.
+    #[serde(rename = "type")]
+    pub type_: MachineAddressType,
+    /// The address.
+    #[schemars(length(min = 1, max = 256))]
+    pub address: String,
+}
+
+/// Kind of a machine address.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum MachineAddressType {
+    /// The machine's hostname.
+    Hostname,
+    /// A publicly reachable IP.
+    #[serde(rename = "ExternalIP")]
+    ExternalIp,
+    /// An IP reachable inside the cluster's network.
+    #[serde(rename = "InternalIP")]
+    InternalIp,
+    /// A public DNS name.
+    #[serde(rename = "ExternalDNS")]
+    ExternalDns,
+    /// An internal DNS name.
+    #[serde(rename = "InternalDNS")]
+    InternalDns,
+}
+
+/// Static addresses of one NIC.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IpAddressesSpec {
+    /// NIC name, or `default`.
+    #[schemars(length(min = 4), regex(pattern = r"^(net[0-9]+|default)$"))]
+    pub net: String,
+    /// IPv4 addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub ipv4: Vec<String>,
+    /// IPv6 addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub ipv6: Vec<String>,
+}
+
+/// A NIC as seen by the guest.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkStatus {
+    /// Whether the NIC is connected.
+    pub connected: bool,
+    /// Addresses on the NIC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub ip_addrs: Vec<String>,
+    /// MAC address.
+    #[schemars(
+        length(min = 17, max = 17),
+        regex(pattern = r"^([0-9A-Fa-f]{2}[:]){5}([0-9A-Fa-f]{2})$")
+    )]
+    pub mac_addr: String,
+    /// Proxmox NIC name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 4), pattern(NET_NAME_PATTERN))]
+    pub network_name: Option<String>,
+}
+
+/// Blueprint of ProxmoxMachines, referenced by KubeadmControlPlane and MachineDeployments.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1alpha2",
+    kind = "ProxmoxMachineTemplate",
+    doc = "Blueprint of ProxmoxMachines, referenced by KubeadmControlPlane and MachineDeployments.",
+    namespaced,
+    shortname = "pmt",
+    category = "cluster-api",
+    label("cluster.x-k8s.io/v1beta2", "v1alpha2")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxmoxMachineTemplateSpec {
+    /// The ProxmoxMachine to stamp out.
+    pub template: ProxmoxMachineTemplateResource,
+}
+
+/// Metadata and spec of the ProxmoxMachines a template describes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxmoxMachineTemplateResource {
+    /// Labels and annotations of the created objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateObjectMeta>,
+    /// Spec of the created ProxmoxMachines.
+    pub spec: ProxmoxMachineSpec,
+}
