@@ -50,7 +50,7 @@ use super::common::{
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "self.ipv4Config != null || self.ipv6Config != null",
+    {"rule": "has(self.ipv4Config) || has(self.ipv6Config)",
      "message": "at least one ip config must be set, either ipv4Config or ipv6Config"}
 ]))]
 pub struct ProxmoxClusterSpec {
