@@ -18,6 +18,9 @@ pub enum CliError {
     /// The Kubernetes API server could not be reached.
     #[error("cannot reach the Kubernetes API server: {0}")]
     KubeUnreachable(#[source] kube::Error),
+    /// The controller manager stopped with an error.
+    #[error(transparent)]
+    Manager(#[from] crate::controller::ManagerError),
     /// The log filter was malformed.
     #[error("invalid log filter (RUST_LOG syntax, e.g. `info,capmox=debug`): {0}")]
     LogFilter(String),
@@ -51,7 +54,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controller manager against the cluster from KUBECONFIG or the in-cluster config.
-    Run,
+    Run(RunArgs),
     /// Print the CustomResourceDefinitions as a multi-document YAML stream.
     Crds {
         /// Write one file per CRD (`<group>_<plural>.yaml`) into this directory instead.
@@ -60,6 +63,85 @@ pub enum Command {
     },
     /// Print the capmox version.
     Version,
+}
+
+/// Flags of `capmox run`, named as controller-runtime managers name them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Address of the Prometheus `/metrics` endpoint.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: std::net::SocketAddr,
+    /// Address of the `/healthz` and `/readyz` probes.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: std::net::SocketAddr,
+    /// Elect a leader among replicas through a Lease; only the leader reconciles.
+    #[arg(long, env = "CAPMOX_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Name of the leader election Lease.
+    #[arg(long, default_value = "capmox-controller-leader")]
+    pub leader_election_id: String,
+    /// Namespace of the leader election Lease (defaults to the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "capmox-system")]
+    pub leader_election_namespace: String,
+    /// How long a lease stays valid without renewal (e.g. `15s`).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: std::time::Duration,
+    /// How long the leader tries to renew before giving up (e.g. `10s`).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: std::time::Duration,
+    /// How often to try to acquire or renew the lease (e.g. `2s`).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: std::time::Duration,
+    /// ProxmoxClusters reconciled at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    pub proxmoxcluster_concurrency: u16,
+    /// ProxmoxMachines reconciled at once.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pub proxmoxmachine_concurrency: u16,
+}
+
+impl RunArgs {
+    /// The manager configuration these flags describe; `identity` names this replica.
+    pub fn manager_config(&self, identity: String) -> crate::controller::ManagerConfig {
+        crate::controller::ManagerConfig {
+            metrics_address: self.metrics_bind_address,
+            health_address: self.health_probe_bind_address,
+            leader_election: self
+                .leader_elect
+                .then(|| crate::controller::LeaderElectionConfig {
+                    name: self.leader_election_id.clone(),
+                    namespace: self.leader_election_namespace.clone(),
+                    identity,
+                    lease_duration: self.leader_elect_lease_duration,
+                    renew_deadline: self.leader_elect_renew_deadline,
+                    retry_period: self.leader_elect_retry_period,
+                }),
+            cluster_concurrency: self.proxmoxcluster_concurrency,
+            machine_concurrency: self.proxmoxmachine_concurrency,
+        }
+    }
+}
+
+/// Parses `500ms`, `15s`, `2m` or `1h`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} needs a unit: ms, s, m or h"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
+    let millis = match unit {
+        "ms" => Some(number),
+        "s" => number.checked_mul(1_000),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        _ => return Err(format!("{text:?} has unit {unit:?}; use ms, s, m or h")),
+    };
+    millis
+        .map(std::time::Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// Runs one CLI invocation to completion.
@@ -87,12 +169,12 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             println!("capmox {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Run => {
+        Command::Run(args) => {
             init_logging(cli.log_format, cli.log_filter.as_deref())?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(run())
+            runtime.block_on(run(args))
         }
     }
 }
@@ -114,7 +196,7 @@ fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), CliError>
     Ok(())
 }
 
-async fn run() -> Result<(), CliError> {
+async fn run(args: RunArgs) -> Result<(), CliError> {
     let client = kube::Client::try_default()
         .await
         .map_err(CliError::KubeConfig)?;
@@ -122,11 +204,66 @@ async fn run() -> Result<(), CliError> {
         .apiserver_version()
         .await
         .map_err(CliError::KubeUnreachable)?;
-    tracing::info!(
-        server_version = %version.git_version,
-        "connected to the Kubernetes API server; no reconciler is registered yet, waiting for a shutdown signal"
-    );
-    tokio::signal::ctrl_c().await?;
-    tracing::info!("shutting down");
+    tracing::info!(server_version = %version.git_version, "connected to the Kubernetes API server");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let config = args.manager_config(replica_identity());
+    crate::controller::run(client, config, shutdown).await?;
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// A replica name that is unique per process: the pod (host) name plus the process id.
+fn replica_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "capmox".to_owned());
+    format!("{host}_{}", std::process::id())
+}
+
+/// Cancels `token` on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
+async fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown signal received; finishing in-flight work");
+    token.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::parse_duration;
+
+    #[test]
+    fn durations_parse_like_kubernetes_flags() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("15").unwrap_err().contains("needs a unit"));
+        assert!(
+            parse_duration("15d")
+                .unwrap_err()
+                .contains("use ms, s, m or h")
+        );
+        assert!(parse_duration("s").unwrap_err().contains("whole number"));
+    }
 }

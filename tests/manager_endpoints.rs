@@ -1,0 +1,82 @@
+//! The manager's probe and metrics endpoints, as a kubelet and Prometheus see them.
+
+use std::net::SocketAddr;
+
+use capmox::controller::{EndpointServer, Metrics, Readiness};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+async fn get(address: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connects");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: capmox\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("sends");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("reads");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn probes_and_metrics_answer() {
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    let server = EndpointServer::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        metrics.clone(),
+        readiness.clone(),
+    )
+    .await
+    .expect("binds");
+    let address = server.local_addr().expect("bound");
+    let stop = CancellationToken::new();
+    let serving = tokio::spawn(server.serve(stop.clone()));
+
+    assert_eq!(get(address, "/healthz").await.0, 200);
+    let (status, body) = get(address, "/readyz").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("not ready"), "{body}");
+    readiness.set(true);
+    assert_eq!(get(address, "/readyz").await.0, 200);
+
+    metrics.reconciled("proxmoxcluster", std::time::Duration::from_millis(5), false);
+    let (status, body) = get(address, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains(
+            r#"controller_runtime_reconcile_total{controller="proxmoxcluster",result="success"} 1"#
+        ),
+        "{body}"
+    );
+    assert_eq!(get(address, "/nope").await.0, 404);
+
+    stop.cancel();
+    serving.await.expect("server stops when cancelled");
+}
+
+#[tokio::test]
+async fn a_taken_port_fails_with_a_clear_error() {
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = taken.local_addr().expect("bound");
+    let error = EndpointServer::bind(address, Metrics::new(), Readiness::default())
+        .await
+        .err()
+        .expect("second bind fails");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("cannot listen on {address}")),
+        "{error}"
+    );
+}
