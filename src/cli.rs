@@ -92,6 +92,9 @@ pub struct RunArgs {
     /// How often to try to acquire or renew the lease (e.g. `2s`).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub leader_elect_retry_period: std::time::Duration,
+    /// Only watch this namespace (all namespaces when unset, as clusterctl installs providers).
+    #[arg(long)]
+    pub namespace: Option<String>,
     /// ProxmoxClusters reconciled at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxcluster_concurrency: u16,
@@ -116,6 +119,7 @@ impl RunArgs {
                     renew_deadline: self.leader_elect_renew_deadline,
                     retry_period: self.leader_elect_retry_period,
                 }),
+            watch_namespace: self.namespace.clone(),
             cluster_concurrency: self.proxmoxcluster_concurrency,
             machine_concurrency: self.proxmoxmachine_concurrency,
         }

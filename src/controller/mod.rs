@@ -36,6 +36,8 @@ pub struct ManagerConfig {
     pub health_address: SocketAddr,
     /// Leader election, or `None` to reconcile right away (single replica, local runs).
     pub leader_election: Option<LeaderElectionConfig>,
+    /// Namespace to watch, or `None` for all namespaces.
+    pub watch_namespace: Option<String>,
     /// Reconciles of ProxmoxClusters that may run at once.
     pub cluster_concurrency: u16,
     /// Reconciles of ProxmoxMachines that may run at once.
