@@ -1,10 +1,13 @@
 //! capmox: a Cluster API infrastructure provider for Proxmox VE, with zones as failure domains.
 //!
 //! `api` holds the types users write; `capi` the read-only views of CAPI objects capmox consumes;
-//! `schema` checks objects against the published CRD schemas the way the API server does.
+//! `schema` checks objects against the published CRD schemas the way the API server does;
+//! `proxmox` is the typed Proxmox VE client and `sim` a Proxmox VE simulator for tests.
 
 pub mod api;
 pub mod capi;
 pub mod cli;
 pub mod controller;
+pub mod proxmox;
 pub mod schema;
+pub mod sim;

@@ -1,0 +1,711 @@
+//! Typed calls for everything capmox does on Proxmox VE. Each method names the
+//! endpoint template it uses; the same templates appear in counters and in the
+//! conformance test against the official schema.
+
+use reqwest::Method;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::client::{Body, ProxmoxClient, Request, seg};
+use super::error::{ProxmoxError, Result};
+use super::types::*;
+use super::upid::Upid;
+
+/// Filter for `GET /cluster/resources`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResourceFilter {
+    /// Guests (qemu and lxc).
+    Vm,
+    /// Nodes.
+    Node,
+    /// Storages.
+    Storage,
+}
+
+/// Every (method, path template, parameters sent) this client can issue; the conformance
+/// test checks them against `apidata.json`.
+pub const CLIENT_ENDPOINTS: &[(&str, &str, &[&str])] = &[
+    ("GET", "/version", &[]),
+    ("GET", "/nodes", &[]),
+    ("GET", "/nodes/{node}/status", &[]),
+    ("GET", "/cluster/resources", &["type"]),
+    ("GET", "/cluster/nextid", &["vmid"]),
+    ("GET", "/cluster/status", &[]),
+    ("GET", "/nodes/{node}/qemu", &[]),
+    ("GET", "/nodes/{node}/qemu/{vmid}/config", &[]),
+    (
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/config",
+        &[
+            "delete",
+            "digest",
+            "cores",
+            "sockets",
+            "memory",
+            "net0",
+            "ide2",
+            "tags",
+            "description",
+            "ipconfig0",
+            "boot",
+            "agent",
+            "name",
+            "ciupgrade",
+        ],
+    ),
+    (
+        "PUT",
+        "/nodes/{node}/qemu/{vmid}/config",
+        &[
+            "delete",
+            "digest",
+            "cores",
+            "sockets",
+            "memory",
+            "net0",
+            "ide2",
+            "tags",
+            "description",
+            "ipconfig0",
+            "boot",
+            "agent",
+            "name",
+            "ciupgrade",
+        ],
+    ),
+    (
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/clone",
+        &[
+            "newid",
+            "name",
+            "description",
+            "target",
+            "full",
+            "storage",
+            "format",
+            "pool",
+            "snapname",
+        ],
+    ),
+    (
+        "PUT",
+        "/nodes/{node}/qemu/{vmid}/resize",
+        &["disk", "size", "digest"],
+    ),
+    ("GET", "/nodes/{node}/qemu/{vmid}/status/current", &[]),
+    (
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/status/start",
+        &["timeout"],
+    ),
+    (
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/status/stop",
+        &["timeout"],
+    ),
+    (
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/status/shutdown",
+        &["timeout", "forceStop"],
+    ),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/resume", &[]),
+    (
+        "DELETE",
+        "/nodes/{node}/qemu/{vmid}",
+        &["purge", "destroy-unreferenced-disks"],
+    ),
+    ("GET", "/nodes/{node}/storage", &["content", "enabled"]),
+    (
+        "GET",
+        "/nodes/{node}/storage/{storage}/content",
+        &["content", "vmid"],
+    ),
+    (
+        "POST",
+        "/nodes/{node}/storage/{storage}/upload",
+        &["content", "filename"],
+    ),
+    (
+        "DELETE",
+        "/nodes/{node}/storage/{storage}/content/{volume}",
+        &[],
+    ),
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping", &[]),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/get-osinfo", &[]),
+    (
+        "GET",
+        "/nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
+        &[],
+    ),
+    (
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/agent/exec",
+        &["command", "input-data"],
+    ),
+    (
+        "GET",
+        "/nodes/{node}/qemu/{vmid}/agent/exec-status",
+        &["pid"],
+    ),
+    ("GET", "/nodes/{node}/tasks/{upid}/status", &[]),
+    ("GET", "/nodes/{node}/tasks/{upid}/log", &["start", "limit"]),
+    ("GET", "/pools", &["poolid"]),
+    ("POST", "/pools", &["poolid", "comment"]),
+    ("PUT", "/pools", &["poolid", "vms", "delete"]),
+];
+
+fn b01(b: bool) -> &'static str {
+    if b { "1" } else { "0" }
+}
+
+fn vm_path(node: &str, vmid: u32) -> String {
+    format!("/nodes/{}/qemu/{vmid}", seg(node))
+}
+
+/// The agent wraps its answer in `result`; old PVE could return `{"result":{"error":{...}}}` with 200.
+#[derive(Deserialize)]
+struct AgentResult<T> {
+    result: T,
+}
+
+fn agent_result<T: serde::de::DeserializeOwned>(endpoint: &str, v: Value) -> Result<T> {
+    if let Some(err) = v.get("result").and_then(|r| r.get("error")) {
+        let desc = err
+            .get("desc")
+            .and_then(Value::as_str)
+            .unwrap_or("guest agent error");
+        return Err(ProxmoxError::Api {
+            status: 500,
+            reason: desc.to_string(),
+        });
+    }
+    serde_json::from_value::<AgentResult<T>>(v)
+        .map(|r| r.result)
+        .map_err(|e| ProxmoxError::Decode {
+            endpoint: endpoint.to_string(),
+            message: e.to_string(),
+        })
+}
+
+impl ProxmoxClient {
+    /// `GET /version`: release for feature switches and a cheap connectivity check.
+    pub async fn version(&self) -> Result<VersionInfo> {
+        self.send(Request::get("GET /version", "/version".into()))
+            .await
+    }
+
+    /// `GET /nodes`: all nodes with online state.
+    pub async fn nodes(&self) -> Result<Vec<NodeEntry>> {
+        self.send(Request::get("GET /nodes", "/nodes".into())).await
+    }
+
+    /// `GET /nodes/{node}/status`: memory and CPU for scheduling.
+    pub async fn node_status(&self, node: &str) -> Result<NodeStatus> {
+        self.send(Request::get(
+            "GET /nodes/{node}/status",
+            format!("/nodes/{}/status", seg(node)),
+        ))
+        .await
+    }
+
+    /// `GET /cluster/resources[?type=]`: finds guests without knowing their node.
+    pub async fn cluster_resources(
+        &self,
+        filter: Option<ResourceFilter>,
+    ) -> Result<Vec<ClusterResource>> {
+        let mut req = Request::get("GET /cluster/resources", "/cluster/resources".into());
+        if let Some(f) = filter {
+            req = req.query(
+                "type",
+                match f {
+                    ResourceFilter::Vm => "vm",
+                    ResourceFilter::Node => "node",
+                    ResourceFilter::Storage => "storage",
+                },
+            );
+        }
+        self.send(req).await
+    }
+
+    /// `GET /cluster/nextid[?vmid=]`: a free VMID (a hint, not a reservation). With `vmid`,
+    /// returns it if free or `AlreadyExists` if taken.
+    pub async fn next_id(&self, vmid: Option<u32>) -> Result<u32> {
+        let mut req = Request::get("GET /cluster/nextid", "/cluster/nextid".into());
+        if let Some(id) = vmid {
+            req = req.query("vmid", id);
+        }
+        #[derive(Deserialize)]
+        struct Id(#[serde(deserialize_with = "super::de::vmid")] u32);
+        let Id(id) = self.send(req).await?;
+        Ok(id)
+    }
+
+    /// `GET /cluster/status`: quorum and node membership.
+    pub async fn cluster_status(&self) -> Result<Vec<ClusterStatusEntry>> {
+        self.send(Request::get(
+            "GET /cluster/status",
+            "/cluster/status".into(),
+        ))
+        .await
+    }
+
+    /// `GET /nodes/{node}/qemu`: VMs on one node (for memory accounting).
+    pub async fn list_vms(&self, node: &str) -> Result<Vec<VmEntry>> {
+        self.send(Request::get(
+            "GET /nodes/{node}/qemu",
+            format!("/nodes/{}/qemu", seg(node)),
+        ))
+        .await
+    }
+
+    /// `GET .../config`: the VM's options and `digest`.
+    pub async fn vm_config(&self, node: &str, vmid: u32) -> Result<VmConfig> {
+        self.send(Request::get(
+            "GET /nodes/{node}/qemu/{vmid}/config",
+            format!("{}/config", vm_path(node, vmid)),
+        ))
+        .await
+    }
+
+    /// `POST .../config` (asynchronous): returns the `qmconfig` task to wait for.
+    pub async fn update_vm_config(
+        &self,
+        node: &str,
+        vmid: u32,
+        update: &ConfigUpdate,
+    ) -> Result<TaskRef> {
+        self.send(
+            Request::new(
+                Method::POST,
+                "POST /nodes/{node}/qemu/{vmid}/config",
+                format!("{}/config", vm_path(node, vmid)),
+            )
+            .form(update.to_form()),
+        )
+        .await
+    }
+
+    /// `PUT .../config` (synchronous): done when it returns.
+    pub async fn update_vm_config_sync(
+        &self,
+        node: &str,
+        vmid: u32,
+        update: &ConfigUpdate,
+    ) -> Result<()> {
+        let _: Value = self
+            .send(
+                Request::new(
+                    Method::PUT,
+                    "PUT /nodes/{node}/qemu/{vmid}/config",
+                    format!("{}/config", vm_path(node, vmid)),
+                )
+                .form(update.to_form()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `POST .../clone`: starts a `qmclone` task; the new VM exists at once with `lock: clone`.
+    /// Never retried (a lost response may hide a running clone).
+    pub async fn clone_vm(&self, node: &str, vmid: u32, params: &CloneParams) -> Result<Upid> {
+        let mut form = vec![("newid".to_string(), params.newid.to_string())];
+        let mut opt = |k: &str, v: &Option<String>| {
+            if let Some(v) = v {
+                form.push((k.to_string(), v.clone()));
+            }
+        };
+        opt("name", &params.name);
+        opt("description", &params.description);
+        opt("target", &params.target);
+        opt("storage", &params.storage);
+        opt("format", &params.format);
+        opt("pool", &params.pool);
+        opt("snapname", &params.snapname);
+        if let Some(full) = params.full {
+            form.push(("full".to_string(), b01(full).to_string()));
+        }
+        let upid: Option<Upid> = self
+            .send(
+                Request::new(
+                    Method::POST,
+                    "POST /nodes/{node}/qemu/{vmid}/clone",
+                    format!("{}/clone", vm_path(node, vmid)),
+                )
+                .form(form),
+            )
+            .await?;
+        upid.ok_or_else(|| ProxmoxError::Decode {
+            endpoint: "POST /nodes/{node}/qemu/{vmid}/clone".into(),
+            message: "expected a UPID, got null".into(),
+        })
+    }
+
+    /// `PUT .../resize`: grows a disk (`size` like `+10G` or `32G`). UPID on PVE ≥ 8, null before.
+    pub async fn resize_disk(
+        &self,
+        node: &str,
+        vmid: u32,
+        disk: &str,
+        size: &str,
+        digest: Option<&str>,
+    ) -> Result<TaskRef> {
+        let mut form = vec![
+            ("disk".to_string(), disk.to_string()),
+            ("size".to_string(), size.to_string()),
+        ];
+        if let Some(d) = digest {
+            form.push(("digest".to_string(), d.to_string()));
+        }
+        self.send(
+            Request::new(
+                Method::PUT,
+                "PUT /nodes/{node}/qemu/{vmid}/resize",
+                format!("{}/resize", vm_path(node, vmid)),
+            )
+            .form(form),
+        )
+        .await
+    }
+
+    /// `GET .../status/current`: power state, lock, agent flag.
+    pub async fn vm_status(&self, node: &str, vmid: u32) -> Result<VmStatus> {
+        self.send(Request::get(
+            "GET /nodes/{node}/qemu/{vmid}/status/current",
+            format!("{}/status/current", vm_path(node, vmid)),
+        ))
+        .await
+    }
+
+    /// `POST .../status/{start|stop|shutdown|resume}`: starts the power task.
+    pub async fn power(&self, node: &str, vmid: u32, action: PowerAction) -> Result<TaskRef> {
+        let endpoint = match action {
+            PowerAction::Start => "POST /nodes/{node}/qemu/{vmid}/status/start",
+            PowerAction::Stop => "POST /nodes/{node}/qemu/{vmid}/status/stop",
+            PowerAction::Shutdown => "POST /nodes/{node}/qemu/{vmid}/status/shutdown",
+            PowerAction::Resume => "POST /nodes/{node}/qemu/{vmid}/status/resume",
+        };
+        self.send(
+            Request::new(
+                Method::POST,
+                endpoint,
+                format!("{}/status/{}", vm_path(node, vmid), action.as_str()),
+            )
+            .form(Vec::new()),
+        )
+        .await
+    }
+
+    /// `POST .../status/shutdown` with `forceStop` and a timeout (seconds).
+    pub async fn shutdown_vm(
+        &self,
+        node: &str,
+        vmid: u32,
+        timeout_secs: Option<u32>,
+        force_stop: bool,
+    ) -> Result<TaskRef> {
+        let mut form = vec![("forceStop".to_string(), b01(force_stop).to_string())];
+        if let Some(t) = timeout_secs {
+            form.push(("timeout".to_string(), t.to_string()));
+        }
+        self.send(
+            Request::new(
+                Method::POST,
+                "POST /nodes/{node}/qemu/{vmid}/status/shutdown",
+                format!("{}/status/shutdown", vm_path(node, vmid)),
+            )
+            .form(form),
+        )
+        .await
+    }
+
+    /// `DELETE /nodes/{node}/qemu/{vmid}`: destroys a stopped VM (`qmdestroy` task).
+    pub async fn delete_vm(&self, node: &str, vmid: u32, params: DeleteParams) -> Result<TaskRef> {
+        let mut req = Request::new(
+            Method::DELETE,
+            "DELETE /nodes/{node}/qemu/{vmid}",
+            vm_path(node, vmid),
+        );
+        if params.purge {
+            req = req.query("purge", "1");
+        }
+        if params.destroy_unreferenced_disks {
+            req = req.query("destroy-unreferenced-disks", "1");
+        }
+        self.send(req).await
+    }
+
+    /// `GET /nodes/{node}/storage[?content=&enabled=1]`: storages usable on a node.
+    pub async fn list_storage(
+        &self,
+        node: &str,
+        content: Option<&str>,
+    ) -> Result<Vec<StorageEntry>> {
+        let mut req = Request::get(
+            "GET /nodes/{node}/storage",
+            format!("/nodes/{}/storage", seg(node)),
+        );
+        if let Some(c) = content {
+            req = req.query("content", c).query("enabled", "1");
+        }
+        self.send(req).await
+    }
+
+    /// `GET .../storage/{storage}/content[?content=&vmid=]`: volumes on a storage.
+    pub async fn storage_content(
+        &self,
+        node: &str,
+        storage: &str,
+        content: Option<&str>,
+        vmid: Option<u32>,
+    ) -> Result<Vec<StorageContent>> {
+        let mut req = Request::get(
+            "GET /nodes/{node}/storage/{storage}/content",
+            format!("/nodes/{}/storage/{}/content", seg(node), seg(storage)),
+        );
+        if let Some(c) = content {
+            req = req.query("content", c);
+        }
+        if let Some(v) = vmid {
+            req = req.query("vmid", v);
+        }
+        self.send(req).await
+    }
+
+    /// `POST .../storage/{storage}/upload`: uploads an ISO (multipart, `content` part
+    /// first, then the file part named `filename`; Content-Length is set). Returns the
+    /// `imgcopy` task; the volume is `<storage>:iso/<filename>` once it succeeds.
+    pub async fn upload_iso(
+        &self,
+        node: &str,
+        storage: &str,
+        filename: &str,
+        data: Vec<u8>,
+    ) -> Result<TaskRef> {
+        let part = reqwest::multipart::Part::bytes(data)
+            .file_name(filename.to_string())
+            .mime_str("application/octet-stream")
+            .map_err(|e| ProxmoxError::Config(format!("invalid upload mime type: {e}")))?;
+        let form = reqwest::multipart::Form::new()
+            .text("content", "iso")
+            .part("filename", part);
+        let mut req = Request::new(
+            Method::POST,
+            "POST /nodes/{node}/storage/{storage}/upload",
+            format!("/nodes/{}/storage/{}/upload", seg(node), seg(storage)),
+        );
+        req.body = Body::Multipart(form);
+        req.timeout = Some(self.upload_timeout());
+        self.send(req).await
+    }
+
+    /// `DELETE .../storage/{storage}/content/{volume}`: removes a volume (e.g. a seed ISO).
+    pub async fn delete_volume(&self, node: &str, storage: &str, volid: &str) -> Result<TaskRef> {
+        self.send(Request::new(
+            Method::DELETE,
+            "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
+            format!(
+                "/nodes/{}/storage/{}/content/{}",
+                seg(node),
+                seg(storage),
+                seg(volid)
+            ),
+        ))
+        .await
+    }
+
+    /// `POST .../agent/ping`: whether the guest agent answers.
+    pub async fn agent_ping(&self, node: &str, vmid: u32) -> Result<()> {
+        let _: Value = self
+            .send(
+                Request::new(
+                    Method::POST,
+                    "POST /nodes/{node}/qemu/{vmid}/agent/ping",
+                    format!("{}/agent/ping", vm_path(node, vmid)),
+                )
+                .form(Vec::new()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `GET .../agent/get-osinfo`: the guest OS as the agent reports it.
+    pub async fn agent_os_info(&self, node: &str, vmid: u32) -> Result<AgentOsInfo> {
+        const EP: &str = "GET /nodes/{node}/qemu/{vmid}/agent/get-osinfo";
+        let v: Value = self
+            .send(Request::get(
+                EP,
+                format!("{}/agent/get-osinfo", vm_path(node, vmid)),
+            ))
+            .await?;
+        agent_result(EP, v)
+    }
+
+    /// `GET .../agent/network-get-interfaces`: the guest's NICs, MACs and addresses.
+    pub async fn agent_network_interfaces(
+        &self,
+        node: &str,
+        vmid: u32,
+    ) -> Result<Vec<AgentInterface>> {
+        const EP: &str = "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces";
+        let v: Value = self
+            .send(Request::get(
+                EP,
+                format!("{}/agent/network-get-interfaces", vm_path(node, vmid)),
+            ))
+            .await?;
+        agent_result(EP, v)
+    }
+
+    /// `POST .../agent/exec`: runs a command in the guest; poll `agent_exec_status` with the pid.
+    pub async fn agent_exec(
+        &self,
+        node: &str,
+        vmid: u32,
+        command: &[&str],
+        input_data: Option<&str>,
+    ) -> Result<u64> {
+        let mut form: Vec<(String, String)> = command
+            .iter()
+            .map(|c| ("command".to_string(), c.to_string()))
+            .collect();
+        if let Some(i) = input_data {
+            form.push(("input-data".to_string(), i.to_string()));
+        }
+        let started: AgentExecStarted = self
+            .send(
+                Request::new(
+                    Method::POST,
+                    "POST /nodes/{node}/qemu/{vmid}/agent/exec",
+                    format!("{}/agent/exec", vm_path(node, vmid)),
+                )
+                .form(form),
+            )
+            .await?;
+        Ok(started.pid)
+    }
+
+    /// `GET .../agent/exec-status?pid=`: whether the command exited, its code and output.
+    pub async fn agent_exec_status(
+        &self,
+        node: &str,
+        vmid: u32,
+        pid: u64,
+    ) -> Result<AgentExecStatus> {
+        self.send(
+            Request::get(
+                "GET /nodes/{node}/qemu/{vmid}/agent/exec-status",
+                format!("{}/agent/exec-status", vm_path(node, vmid)),
+            )
+            .query("pid", pid),
+        )
+        .await
+    }
+
+    /// `GET /nodes/{node}/tasks/{upid}/status` on the node inside the UPID.
+    pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus> {
+        self.send(Request::get(
+            "GET /nodes/{node}/tasks/{upid}/status",
+            format!(
+                "/nodes/{}/tasks/{}/status",
+                seg(&upid.node),
+                seg(upid.as_str())
+            ),
+        ))
+        .await
+    }
+
+    /// `GET /nodes/{node}/tasks/{upid}/log`: task output (the last line says OK or the error).
+    pub async fn task_log(&self, upid: &Upid, start: u64, limit: u64) -> Result<Vec<TaskLogLine>> {
+        self.send(
+            Request::get(
+                "GET /nodes/{node}/tasks/{upid}/log",
+                format!(
+                    "/nodes/{}/tasks/{}/log",
+                    seg(&upid.node),
+                    seg(upid.as_str())
+                ),
+            )
+            .query("start", start)
+            .query("limit", limit),
+        )
+        .await
+    }
+
+    /// Reads the VM's tags and config digest (for a following `set_tags`).
+    pub async fn vm_tags(&self, node: &str, vmid: u32) -> Result<(Vec<String>, Option<String>)> {
+        let cfg = self.vm_config(node, vmid).await?;
+        Ok((cfg.tags(), cfg.digest()))
+    }
+
+    /// Writes the complete tag set (`;`-joined; empty removes `tags`), guarded by `digest`.
+    pub async fn set_tags(
+        &self,
+        node: &str,
+        vmid: u32,
+        tags: &[String],
+        digest: Option<String>,
+    ) -> Result<TaskRef> {
+        let update = if tags.is_empty() {
+            ConfigUpdate::default().delete("tags")
+        } else {
+            let mut t: Vec<String> = tags.iter().map(|t| t.to_ascii_lowercase()).collect();
+            t.sort();
+            t.dedup();
+            ConfigUpdate::default().set("tags", t.join(";"))
+        };
+        self.update_vm_config(node, vmid, &update.digest(digest))
+            .await
+    }
+
+    /// `GET /pools`: all pools.
+    pub async fn list_pools(&self) -> Result<Vec<Pool>> {
+        self.send(Request::get("GET /pools", "/pools".into())).await
+    }
+
+    /// `GET /pools?poolid=` (PVE 8.1+): one pool with its members.
+    pub async fn get_pool(&self, poolid: &str) -> Result<Pool> {
+        let pools: Vec<Pool> = self
+            .send(Request::get("GET /pools", "/pools".into()).query("poolid", poolid))
+            .await?;
+        pools
+            .into_iter()
+            .next()
+            .ok_or_else(|| ProxmoxError::NotFound {
+                status: 200,
+                reason: format!("pool '{poolid}' does not exist"),
+            })
+    }
+
+    /// `POST /pools`: creates a pool (`AlreadyExists` if it exists).
+    pub async fn create_pool(&self, poolid: &str, comment: Option<&str>) -> Result<()> {
+        let mut form = vec![("poolid".to_string(), poolid.to_string())];
+        if let Some(c) = comment {
+            form.push(("comment".to_string(), c.to_string()));
+        }
+        let _: Value = self
+            .send(Request::new(Method::POST, "POST /pools", "/pools".into()).form(form))
+            .await?;
+        Ok(())
+    }
+
+    /// `PUT /pools`: adds (or with `remove`, removes) guests to a pool.
+    pub async fn update_pool_vms(&self, poolid: &str, vmids: &[u32], remove: bool) -> Result<()> {
+        let vms = vmids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut form = vec![
+            ("poolid".to_string(), poolid.to_string()),
+            ("vms".to_string(), vms),
+        ];
+        if remove {
+            form.push(("delete".to_string(), "1".to_string()));
+        }
+        let _: Value = self
+            .send(Request::new(Method::PUT, "PUT /pools", "/pools".into()).form(form))
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,481 @@
+//! The HTTP core of the Proxmox VE client: auth header, envelope decoding, error
+//! classification, timeouts, retries with jitter, per-endpoint concurrency and counters.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use super::config::{ClientConfig, RetryPolicy};
+use super::error::{ProxmoxError, Result};
+use super::tls;
+
+/// Counters for one endpoint template (e.g. `GET /nodes/{node}/qemu/{vmid}/config`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// HTTP requests sent (each retry counts).
+    pub calls: u64,
+    /// Requests that ended in an error.
+    pub errors: u64,
+    /// Sum of latencies.
+    pub total_latency: Duration,
+    /// Largest latency.
+    pub max_latency: Duration,
+}
+
+/// Per-endpoint counters, shared by all clones of a client.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    stats: Mutex<BTreeMap<String, EndpointStats>>,
+}
+
+impl Metrics {
+    fn record(&self, endpoint: &str, latency: Duration, error: bool) {
+        let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = stats.entry(endpoint.to_string()).or_default();
+        entry.calls += 1;
+        if error {
+            entry.errors += 1;
+        }
+        entry.total_latency += latency;
+        entry.max_latency = entry.max_latency.max(latency);
+    }
+
+    /// A copy of all counters, keyed by endpoint template.
+    pub fn snapshot(&self) -> BTreeMap<String, EndpointStats> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A request body.
+pub(crate) enum Body {
+    None,
+    Form(Vec<(String, String)>),
+    Multipart(reqwest::multipart::Form),
+}
+
+/// A request to send: endpoint template (for counters and limits) plus the concrete path.
+pub(crate) struct Request {
+    pub method: Method,
+    pub endpoint: &'static str,
+    pub path: String,
+    pub query: Vec<(String, String)>,
+    pub body: Body,
+    pub idempotent: bool,
+    pub timeout: Option<Duration>,
+}
+
+impl Request {
+    pub fn get(endpoint: &'static str, path: String) -> Self {
+        Self {
+            method: Method::GET,
+            endpoint,
+            path,
+            query: Vec::new(),
+            body: Body::None,
+            idempotent: true,
+            timeout: None,
+        }
+    }
+
+    pub fn new(method: Method, endpoint: &'static str, path: String) -> Self {
+        let idempotent = method == Method::GET;
+        Self {
+            method,
+            endpoint,
+            path,
+            query: Vec::new(),
+            body: Body::None,
+            idempotent,
+            timeout: None,
+        }
+    }
+
+    pub fn query(mut self, key: &str, value: impl ToString) -> Self {
+        self.query.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn form(mut self, form: Vec<(String, String)>) -> Self {
+        self.body = Body::Form(form);
+        self
+    }
+}
+
+/// Percent-encodes one path segment, keeping the characters Proxmox ids use
+/// (`:`, `@`, `!`, and `/` inside volume ids).
+pub(crate) fn seg(s: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+        .add(b' ')
+        .add(b'"')
+        .add(b'#')
+        .add(b'%')
+        .add(b'<')
+        .add(b'>')
+        .add(b'?')
+        .add(b'`')
+        .add(b'{')
+        .add(b'}')
+        .add(b'\\')
+        .add(b'^')
+        .add(b'|');
+    percent_encoding::utf8_percent_encode(s, SET).to_string()
+}
+
+struct Inner {
+    http: reqwest::Client,
+    base: String,
+    token_id: String,
+    auth: HeaderValue,
+    retry: RetryPolicy,
+    upload_timeout: Duration,
+    max_per_endpoint: usize,
+    limits: Mutex<HashMap<&'static str, Arc<Semaphore>>>,
+    metrics: Metrics,
+    jitter: AtomicU64,
+}
+
+/// A Proxmox VE API client. Cheap to clone; clones share connections, limits and counters.
+#[derive(Clone)]
+pub struct ProxmoxClient {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ProxmoxClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxmoxClient")
+            .field("base", &self.inner.base)
+            .field("token_id", &self.inner.token_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxmoxClient {
+    /// Builds a client. Prefer `ClientRegistry::get` so equal configs share one client.
+    pub fn new(config: &ClientConfig) -> Result<Self> {
+        let url = config.url.trim_end_matches('/');
+        let parsed = reqwest::Url::parse(url).map_err(|e| {
+            ProxmoxError::Config(format!(
+                "URL '{url}' is invalid ({e}); use e.g. https://pve.example.com:8006"
+            ))
+        })?;
+        if !matches!(parsed.scheme(), "https" | "http") {
+            return Err(ProxmoxError::Config(format!(
+                "URL '{url}' must start with https:// (or http:// for the simulator)"
+            )));
+        }
+        let base = if url.ends_with("/api2/json") {
+            url.to_string()
+        } else {
+            format!("{url}/api2/json")
+        };
+        // Plain http is only for the local simulator; the TLS config is then never used.
+        let tls_config = if parsed.scheme() == "http" {
+            tls::unverified_config()?
+        } else {
+            tls::build_client_config(&config.tls)?
+        };
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls_config)
+            .timeout(config.request_timeout)
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .http1_only()
+            .no_proxy()
+            .build()
+            .map_err(|e| ProxmoxError::Config(format!("cannot build HTTP client: {e}")))?;
+        let mut auth = HeaderValue::from_str(&config.token.header_value()).map_err(|_| {
+            ProxmoxError::Config(format!(
+                "API token '{}' contains characters not allowed in an HTTP header",
+                config.token.token_id
+            ))
+        })?;
+        auth.set_sensitive(true);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x9E37_79B9_7F4A_7C15);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                token_id: config.token.token_id.clone(),
+                auth,
+                retry: config.retry.clone(),
+                upload_timeout: config.upload_timeout,
+                max_per_endpoint: config.max_concurrent_per_endpoint.max(1),
+                limits: Mutex::new(HashMap::new()),
+                metrics: Metrics::default(),
+                jitter: AtomicU64::new(seed | 1),
+            }),
+        })
+    }
+
+    /// The API base URL (`.../api2/json`).
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// Per-endpoint counters (calls, errors, latency) for metrics and benchmarks.
+    pub fn metrics(&self) -> BTreeMap<String, EndpointStats> {
+        self.inner.metrics.snapshot()
+    }
+
+    pub(crate) fn upload_timeout(&self) -> Duration {
+        self.inner.upload_timeout
+    }
+
+    fn limiter(&self, endpoint: &'static str) -> Arc<Semaphore> {
+        let mut limits = self.inner.limits.lock().unwrap_or_else(|p| p.into_inner());
+        limits
+            .entry(endpoint)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.inner.max_per_endpoint)))
+            .clone()
+    }
+
+    /// Next jittered back-off delay for `attempt` (1-based), ±50 % around the exponential value.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let retry = &self.inner.retry;
+        let exp = retry
+            .base_delay
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+        let capped = exp.min(retry.max_delay);
+        // xorshift64*; quality is irrelevant, spreading retries is the point
+        let mut x = self.inner.jitter.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.inner.jitter.store(x, Ordering::Relaxed);
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
+        let frac = (r as f64) / ((1u64 << 53) as f64); // [0,1)
+        capped.mul_f64(0.5 + frac)
+    }
+
+    /// Sends a request and decodes `data` into `T`, retrying idempotent requests on transient errors.
+    pub(crate) async fn send<T: DeserializeOwned>(&self, req: Request) -> Result<T> {
+        let value = self.send_value(req).await?;
+        Ok(value)
+    }
+
+    async fn send_value<T: DeserializeOwned>(&self, mut req: Request) -> Result<T> {
+        let attempts = if req.idempotent {
+            self.inner.retry.max_attempts.max(1)
+        } else {
+            1
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            // Multipart bodies cannot be cloned; uploads are never retried.
+            let body = match &req.body {
+                Body::None => Body::None,
+                Body::Form(f) => Body::Form(f.clone()),
+                Body::Multipart(_) => std::mem::replace(&mut req.body, Body::None),
+            };
+            let result = self.send_once(&req, body).await;
+            match result {
+                Err(e) if e.is_retryable() && attempt < attempts => {
+                    let delay = self.backoff(attempt);
+                    tracing::debug!(endpoint = req.endpoint, attempt, ?delay, error = %e, "retrying Proxmox request");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+                Ok(v) => {
+                    return serde_json::from_value::<T>(v).map_err(|e| ProxmoxError::Decode {
+                        endpoint: req.endpoint.to_string(),
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn send_once(&self, req: &Request, body: Body) -> Result<Value> {
+        let permit = self
+            .limiter(req.endpoint)
+            .acquire_owned()
+            .await
+            .map_err(|_| ProxmoxError::Transient {
+                status: None,
+                reason: "client is shutting down".to_string(),
+            })?;
+        let url = format!("{}{}", self.inner.base, req.path);
+        let mut builder = self
+            .inner
+            .http
+            .request(req.method.clone(), &url)
+            .header(AUTHORIZATION, self.inner.auth.clone())
+            .header(ACCEPT, "application/json");
+        if !req.query.is_empty() {
+            builder = builder.query(&req.query);
+        }
+        if let Some(t) = req.timeout {
+            builder = builder.timeout(t);
+        }
+        builder = match body {
+            Body::None => builder,
+            Body::Form(form) => builder.form(&form),
+            Body::Multipart(form) => builder.multipart(form),
+        };
+        let started = Instant::now();
+        let result = self.exchange(builder, req.endpoint).await;
+        drop(permit);
+        let latency = started.elapsed();
+        self.inner
+            .metrics
+            .record(req.endpoint, latency, result.is_err());
+        if let Err(e) = &result {
+            tracing::debug!(endpoint = req.endpoint, path = %req.path, error = %e, "Proxmox request failed");
+        }
+        result
+    }
+
+    async fn exchange(&self, builder: reqwest::RequestBuilder, endpoint: &str) -> Result<Value> {
+        let resp = builder.send().await.map_err(transport_error)?;
+        let status = resp.status();
+        let phrase = resp
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned());
+        let bytes = resp.bytes().await.map_err(transport_error)?;
+        if status.is_success() {
+            let envelope: Value =
+                serde_json::from_slice(&bytes).map_err(|e| ProxmoxError::Decode {
+                    endpoint: endpoint.to_string(),
+                    message: format!("body is not JSON: {e}"),
+                })?;
+            return match envelope {
+                Value::Object(mut map) => Ok(map.remove("data").unwrap_or(Value::Null)),
+                other => Err(ProxmoxError::Decode {
+                    endpoint: endpoint.to_string(),
+                    message: format!("expected an object with 'data', got {}", type_name(&other)),
+                }),
+            };
+        }
+        Err(error_from_parts(status, phrase.as_deref(), &bytes))
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn transport_error(e: reqwest::Error) -> ProxmoxError {
+    // reqwest errors carry the URL, which never contains the secret (it is only in a header).
+    let what = if e.is_timeout() {
+        "request timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "connection error"
+    };
+    let mut reason = format!("{what}: {e}");
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        reason.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    ProxmoxError::Transient {
+        status: None,
+        reason,
+    }
+}
+
+/// Classifies an error response from its status, reason phrase and body (JSON or not).
+pub fn error_from_parts(status: StatusCode, phrase: Option<&str>, body: &[u8]) -> ProxmoxError {
+    let json: Option<Value> = serde_json::from_slice(body).ok();
+    let message = json
+        .as_ref()
+        .and_then(|v| v.get("message"))
+        .and_then(Value::as_str)
+        .map(|m| m.trim().to_string())
+        .filter(|m| !m.is_empty());
+    let mut errors = BTreeMap::new();
+    if let Some(Value::Object(map)) = json.as_ref().and_then(|v| v.get("errors")) {
+        for (k, v) in map {
+            let text = match v {
+                Value::String(s) => s.trim().to_string(),
+                other => other.to_string(),
+            };
+            errors.insert(k.clone(), text);
+        }
+    }
+    let plain_body = if json.is_none() {
+        let t = String::from_utf8_lossy(body).trim().to_string();
+        (!t.is_empty()).then(|| t.chars().take(500).collect::<String>())
+    } else {
+        None
+    };
+    let phrase = phrase.map(str::trim).filter(|p| !p.is_empty());
+    let reason = phrase
+        .map(str::to_string)
+        .or(message)
+        .or(plain_body)
+        .or_else(|| status.canonical_reason().map(str::to_string))
+        .unwrap_or_default();
+    ProxmoxError::from_response(status.as_u16(), &reason, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_keep_proxmox_ids() {
+        assert_eq!(
+            seg("UPID:pve:00000AC5:0000CCB6:5FBE5E63:qmclone:100:root@pam!tok:"),
+            "UPID:pve:00000AC5:0000CCB6:5FBE5E63:qmclone:100:root@pam!tok:"
+        );
+        assert_eq!(seg("local:iso/seed 1.iso"), "local:iso/seed%201.iso");
+        assert_eq!(seg("a?b#c"), "a%3Fb%23c");
+    }
+
+    #[test]
+    fn error_body_variants() {
+        let e = error_from_parts(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            br#"{"data":null,"message":"Configuration file 'nodes/pve/qemu-server/100.conf' does not exist\n"}"#,
+        );
+        assert!(e.is_not_found());
+        assert!(e.reason().is_some_and(|r| r.ends_with("does not exist")));
+        let e = error_from_parts(StatusCode::UNAUTHORIZED, Some("No ticket"), b"");
+        assert_eq!(e.reason(), Some("No ticket"));
+        let e = error_from_parts(StatusCode::NOT_IMPLEMENTED, None, b"Method not implemented");
+        assert!(matches!(e, ProxmoxError::Api { status: 501, .. }));
+        assert_eq!(e.reason(), Some("Method not implemented"));
+    }
+
+    #[tokio::test]
+    async fn backoff_is_jittered_and_capped() {
+        let token = super::super::config::ApiToken::parse("root@pam!ab=s").expect("token");
+        let mut cfg = ClientConfig::new("http://127.0.0.1:1", token);
+        cfg.retry.base_delay = Duration::from_millis(100);
+        cfg.retry.max_delay = Duration::from_millis(400);
+        let client = ProxmoxClient::new(&cfg).expect("client");
+        let mut seen = std::collections::BTreeSet::new();
+        for attempt in 1..10 {
+            let d = client.backoff(attempt);
+            assert!(
+                d >= Duration::from_millis(50) && d <= Duration::from_millis(600),
+                "{d:?}"
+            );
+            seen.insert(d);
+        }
+        assert!(seen.len() > 1, "no jitter");
+    }
+}

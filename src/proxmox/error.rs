@@ -1,0 +1,310 @@
+//! Error model of the Proxmox VE client: every failure is classified once, here,
+//! from the HTTP status, the reason phrase and the optional `message`/`errors` body.
+
+use std::collections::BTreeMap;
+
+/// Result alias used by every client call.
+pub type Result<T, E = ProxmoxError> = std::result::Result<T, E>;
+
+/// A classified Proxmox VE API failure. The server's reason text is always kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxmoxError {
+    /// The object does not exist (Proxmox answers 500 "... does not exist", or 400 "no such task").
+    #[error("Proxmox VE object not found (HTTP {status}): {reason}")]
+    NotFound {
+        /// HTTP status code.
+        status: u16,
+        /// Reason phrase or message from the server.
+        reason: String,
+    },
+    /// The object (VMID, pool, config file) already exists.
+    #[error("Proxmox VE object already exists (HTTP {status}): {reason}")]
+    AlreadyExists {
+        /// HTTP status code.
+        status: u16,
+        /// Reason phrase or message from the server.
+        reason: String,
+    },
+    /// The guest is locked (`VM is locked (clone)`) or a file lock timed out; retry later.
+    #[error("Proxmox VE guest is locked ({lock}), retry later (HTTP {status}): {reason}")]
+    Locked {
+        /// HTTP status code.
+        status: u16,
+        /// Lock name (`clone`, `backup`, ...) or `flock` for lock-file timeouts.
+        lock: String,
+        /// Reason phrase or message from the server.
+        reason: String,
+    },
+    /// Authentication failed: check the API token id and secret.
+    #[error(
+        "Proxmox VE rejected the credentials (HTTP 401: {reason}); check the API token id and secret"
+    )]
+    Unauthorized {
+        /// Reason phrase from the server.
+        reason: String,
+    },
+    /// The token lacks a privilege; grant the ACL named in the reason.
+    #[error(
+        "Proxmox VE permission denied (HTTP 403: {reason}); grant the API token the named privilege"
+    )]
+    Forbidden {
+        /// Reason phrase from the server (names path and privilege).
+        reason: String,
+    },
+    /// Parameter verification failed; `errors` maps each parameter to its problem.
+    #[error("Proxmox VE rejected the parameters (HTTP {status}: {reason}): {}", format_errors(.errors))]
+    InvalidParameters {
+        /// HTTP status code (400).
+        status: u16,
+        /// Reason phrase (`Parameter verification failed.`).
+        reason: String,
+        /// Parameter name → error text (trimmed).
+        errors: BTreeMap<String, String>,
+    },
+    /// A temporary failure (connection error, timeout, 5xx proxy codes, no quorum); retry with back-off.
+    #[error("transient Proxmox VE failure{}: {reason}", .status.map(|s| format!(" (HTTP {s})")).unwrap_or_default())]
+    Transient {
+        /// HTTP status code, `None` for connection-level errors.
+        status: Option<u16>,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A task ended with an exit status other than `OK`/`WARNINGS: n`.
+    #[error("Proxmox VE task {upid} failed: {exitstatus}")]
+    TaskFailed {
+        /// The task's UPID.
+        upid: String,
+        /// The task's exit status (the error text).
+        exitstatus: String,
+    },
+    /// Waiting for a task exceeded the caller's deadline; the task may still be running.
+    #[error("timed out after {waited_ms} ms waiting for Proxmox VE task {upid}")]
+    TaskTimeout {
+        /// The task's UPID.
+        upid: String,
+        /// How long we waited.
+        waited_ms: u64,
+    },
+    /// Any other API error (e.g. 500 storage errors, 501 not implemented).
+    #[error("Proxmox VE API error (HTTP {status}): {reason}")]
+    Api {
+        /// HTTP status code.
+        status: u16,
+        /// Reason phrase or message from the server.
+        reason: String,
+    },
+    /// A success response did not have the expected shape.
+    #[error("cannot decode Proxmox VE response of {endpoint}: {message}")]
+    Decode {
+        /// Endpoint template, e.g. `GET /nodes/{node}/qemu`.
+        endpoint: String,
+        /// What did not match.
+        message: String,
+    },
+    /// The client configuration is invalid (URL, token format, TLS material).
+    #[error("invalid Proxmox VE client configuration: {0}")]
+    Config(String),
+}
+
+fn format_errors(errors: &BTreeMap<String, String>) -> String {
+    errors
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl ProxmoxError {
+    /// Whether retrying the same request later may succeed (transient and lock errors).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Transient { .. } | Self::Locked { .. })
+    }
+
+    /// Whether the error means the addressed object is gone.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+
+    /// The server's reason text, when the error came from the server.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::NotFound { reason, .. }
+            | Self::AlreadyExists { reason, .. }
+            | Self::Locked { reason, .. }
+            | Self::Unauthorized { reason }
+            | Self::Forbidden { reason }
+            | Self::InvalidParameters { reason, .. }
+            | Self::Transient { reason, .. }
+            | Self::Api { reason, .. } => Some(reason),
+            Self::TaskFailed { exitstatus, .. } => Some(exitstatus),
+            _ => None,
+        }
+    }
+
+    /// Classifies an HTTP error response. `reason` is the status line's phrase (or the
+    /// body's `message`), `errors` the body's parameter error map.
+    pub fn from_response(status: u16, reason: &str, errors: BTreeMap<String, String>) -> Self {
+        let reason = reason.trim().to_string();
+        let lower = reason.to_ascii_lowercase();
+        match status {
+            401 => Self::Unauthorized { reason },
+            403 => Self::Forbidden { reason },
+            400 => {
+                let joined = errors
+                    .values()
+                    .map(|v| v.to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                if joined.contains("no such task") {
+                    Self::NotFound {
+                        status,
+                        reason: first_error_or(&errors, &reason),
+                    }
+                } else if joined.contains("already exists") {
+                    Self::AlreadyExists {
+                        status,
+                        reason: first_error_or(&errors, &reason),
+                    }
+                } else {
+                    Self::InvalidParameters {
+                        status,
+                        reason,
+                        errors,
+                    }
+                }
+            }
+            500 => classify_500(reason, &lower),
+            502..=504 | 595..=599 => Self::Transient {
+                status: Some(status),
+                reason,
+            },
+            _ => Self::Api { status, reason },
+        }
+    }
+}
+
+fn first_error_or(errors: &BTreeMap<String, String>, fallback: &str) -> String {
+    errors
+        .values()
+        .next()
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| fallback.to_string())
+}
+
+fn classify_500(reason: String, lower: &str) -> ProxmoxError {
+    let status = 500;
+    if let Some(lock) = locked_name(&reason) {
+        return ProxmoxError::Locked {
+            status,
+            lock,
+            reason,
+        };
+    }
+    if lower.contains("got timeout") || lower.contains("got lock request timeout") {
+        return ProxmoxError::Locked {
+            status,
+            lock: "flock".to_string(),
+            reason,
+        };
+    }
+    if lower.contains("already exists") {
+        return ProxmoxError::AlreadyExists { status, reason };
+    }
+    if lower.contains("does not exist")
+        || lower.contains("no such ")
+        || lower.contains("hostname lookup")
+    {
+        return ProxmoxError::NotFound { status, reason };
+    }
+    if lower.contains("got no worker upid")
+        || lower.contains("no quorum")
+        || lower.contains("connection refused")
+        || lower.contains("temporarily unavailable")
+    {
+        return ProxmoxError::Transient {
+            status: Some(status),
+            reason,
+        };
+    }
+    ProxmoxError::Api { status, reason }
+}
+
+/// Extracts `clone` from `VM is locked (clone)` (also `CT is locked (...)`).
+fn locked_name(reason: &str) -> Option<String> {
+    let idx = reason.find("is locked (")?;
+    let rest = &reason[idx + "is locked (".len()..];
+    let end = rest.find(')')?;
+    Some(rest[..end].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_server_texts() {
+        let e = ProxmoxError::from_response(
+            500,
+            "Configuration file 'nodes/pve/qemu-server/100.conf' does not exist",
+            BTreeMap::new(),
+        );
+        assert!(e.is_not_found(), "{e:?}");
+        let e = ProxmoxError::from_response(500, "VM is locked (clone)", BTreeMap::new());
+        assert!(matches!(&e, ProxmoxError::Locked { lock, .. } if lock == "clone"));
+        assert!(e.is_retryable());
+        let e = ProxmoxError::from_response(
+            500,
+            "can't lock file '/var/lock/qemu-server/lock-100.conf' - got timeout",
+            BTreeMap::new(),
+        );
+        assert!(matches!(&e, ProxmoxError::Locked { lock, .. } if lock == "flock"));
+        let e = ProxmoxError::from_response(
+            500,
+            "unable to create VM 100 - VM 100 already exists on node 'pve'",
+            BTreeMap::new(),
+        );
+        assert!(matches!(e, ProxmoxError::AlreadyExists { .. }));
+        let e = ProxmoxError::from_response(596, "Connection timed out", BTreeMap::new());
+        assert!(matches!(
+            e,
+            ProxmoxError::Transient {
+                status: Some(596),
+                ..
+            }
+        ));
+        let e = ProxmoxError::from_response(401, "invalid token value!", BTreeMap::new());
+        assert!(matches!(e, ProxmoxError::Unauthorized { .. }));
+        let e = ProxmoxError::from_response(
+            403,
+            "Permission check failed (/vms/100, VM.Allocate)",
+            BTreeMap::new(),
+        );
+        assert!(matches!(e, ProxmoxError::Forbidden { .. }));
+        let e =
+            ProxmoxError::from_response(500, "shrinking disks is not supported", BTreeMap::new());
+        assert!(matches!(e, ProxmoxError::Api { status: 500, .. }));
+    }
+
+    #[test]
+    fn classifies_parameter_errors() {
+        let mut errors = BTreeMap::new();
+        errors.insert("vmid".to_string(), "VM 100 already exists\n".to_string());
+        let e = ProxmoxError::from_response(400, "Parameter verification failed.", errors);
+        assert!(
+            matches!(&e, ProxmoxError::AlreadyExists { reason, .. } if reason == "VM 100 already exists")
+        );
+        let mut errors = BTreeMap::new();
+        errors.insert("upid".to_string(), "no such task".to_string());
+        let e = ProxmoxError::from_response(400, "Parameter verification failed.", errors);
+        assert!(e.is_not_found());
+        let mut errors = BTreeMap::new();
+        errors.insert(
+            "vmid".to_string(),
+            "invalid format - value does not look like a valid VM ID".to_string(),
+        );
+        let e = ProxmoxError::from_response(400, "Parameter verification failed.", errors);
+        let text = e.to_string();
+        assert!(text.contains("vmid: invalid format"), "{text}");
+        assert!(matches!(e, ProxmoxError::InvalidParameters { .. }));
+    }
+}

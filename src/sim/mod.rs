@@ -1,0 +1,1 @@
+//! Stateful Proxmox VE simulator.

@@ -1,0 +1,3 @@
+#![allow(dead_code)]
+//! Shared helpers for integration tests.
+pub mod fixture_server;
