@@ -1,6 +1,8 @@
 //! The controller manager: probes and metrics, leader election, graceful shutdown, and the
 //! reconcilers it runs while leading.
 
+pub mod conditions;
+pub mod credentials;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -1,0 +1,216 @@
+//! `metav1.Condition` bookkeeping: a condition's transition time changes only when its status
+//! does, and `Ready` summarises the others, so status writes stay no-ops when nothing changed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::conditions::READY;
+
+/// A condition as a reconciler decides it, before timestamps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decided {
+    /// Condition type.
+    pub type_: &'static str,
+    /// True, False or Unknown.
+    pub status: Status,
+    /// CamelCase reason a user can act on.
+    pub reason: String,
+    /// Human-readable details.
+    pub message: String,
+}
+
+/// Condition status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// The condition holds.
+    True,
+    /// The condition does not hold.
+    False,
+    /// Not known yet.
+    Unknown,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+}
+
+impl Decided {
+    /// A condition that holds.
+    pub fn ok(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status: Status::True,
+            reason: reason.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// A condition that does not hold, with what to do about it.
+    pub fn failed(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status: Status::False,
+            reason: reason.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The conditions this controller owns, sorted by type: `decided` plus their `Ready` summary
+/// (False with the first failing condition's reason and message, else True). Each keeps its
+/// `lastTransitionTime` from `existing` unless its status changed. Conditions other writers own
+/// are not returned: status is written with server-side apply, which leaves them alone.
+pub fn merge(
+    existing: &[Condition],
+    decided: &[Decided],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let mut all: Vec<Decided> = decided
+        .iter()
+        .filter(|d| d.type_ != READY)
+        .cloned()
+        .collect();
+    all.push(summary(decided));
+    let mut merged: Vec<Condition> = all
+        .iter()
+        .map(|d| {
+            let previous = existing.iter().find(|c| c.type_ == d.type_);
+            let since = match previous {
+                Some(p) if p.status == d.status.as_str() => p.last_transition_time.clone(),
+                _ => Time(now),
+            };
+            Condition {
+                type_: d.type_.to_owned(),
+                status: d.status.as_str().to_owned(),
+                reason: d.reason.clone(),
+                message: d.message.clone(),
+                last_transition_time: since,
+                observed_generation: generation,
+            }
+        })
+        .collect();
+    merged.sort_by(|a, b| a.type_.cmp(&b.type_));
+    merged
+}
+
+fn summary(decided: &[Decided]) -> Decided {
+    let failing = decided
+        .iter()
+        .filter(|d| d.type_ != READY && d.type_ != crate::api::conditions::PAUSED)
+        .find(|d| d.status != Status::True);
+    match failing {
+        Some(d) => Decided {
+            type_: READY,
+            status: d.status,
+            reason: d.reason.clone(),
+            message: d.message.clone(),
+        },
+        None => Decided::ok(READY, "Ready", ""),
+    }
+}
+
+/// Whether the condition of `type_` is present and True.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).expect("valid")
+    }
+
+    #[test]
+    fn ready_summarises_the_first_failing_condition() {
+        let merged = merge(
+            &[],
+            &[
+                Decided::ok("ProxmoxAvailable", "Available", ""),
+                Decided::failed(
+                    "FailureDomainsReady",
+                    "InvalidZoneConfig",
+                    "node pve1 is in rack-a and rack-b",
+                ),
+            ],
+            Some(3),
+            at(0),
+        );
+        let ready = merged.iter().find(|c| c.type_ == "Ready").expect("Ready");
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason, "InvalidZoneConfig");
+        assert_eq!(ready.message, "node pve1 is in rack-a and rack-b");
+        assert_eq!(ready.observed_generation, Some(3));
+        assert_eq!(merged.len(), 3);
+    }
+
+    #[test]
+    fn transition_time_changes_only_with_the_status() {
+        let first = merge(
+            &[],
+            &[Decided::ok("ProxmoxAvailable", "Available", "")],
+            None,
+            at(0),
+        );
+        let same = merge(
+            &first,
+            &[Decided::ok("ProxmoxAvailable", "Available", "still")],
+            None,
+            at(60),
+        );
+        assert_eq!(same, {
+            let mut expected = first.clone();
+            expected
+                .iter_mut()
+                .filter(|c| c.type_ == "ProxmoxAvailable")
+                .for_each(|c| c.message = "still".into());
+            expected
+        });
+        let flipped = merge(
+            &same,
+            &[Decided::failed(
+                "ProxmoxAvailable",
+                "Unauthorized",
+                "bad token",
+            )],
+            None,
+            at(120),
+        );
+        assert!(
+            flipped
+                .iter()
+                .all(|c| c.last_transition_time == Time(at(120)))
+        );
+    }
+
+    #[test]
+    fn only_owned_conditions_are_returned() {
+        let foreign = Condition {
+            type_: "ExternalThing".into(),
+            status: "True".into(),
+            reason: "Fine".into(),
+            message: String::new(),
+            last_transition_time: Time(at(0)),
+            observed_generation: None,
+        };
+        let merged = merge(
+            &[foreign],
+            &[Decided::ok("ProxmoxAvailable", "Available", "")],
+            None,
+            at(5),
+        );
+        let types: Vec<&str> = merged.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["ProxmoxAvailable", "Ready"]);
+        assert!(is_true(&merged, "Ready"));
+    }
+}
