@@ -1,1 +1,2 @@
 //! capmox: Cluster API infrastructure provider for Proxmox VE.
+pub mod testkit;
