@@ -266,7 +266,6 @@ async fn watcher_relists_after_410_on_an_open_watch() {
         Err(e) => assert!(format!("{e:?}").contains("410"), "{e:?}"),
         Ok(ev) => panic!("expected the 410 first, got {ev:?}"),
     }
-    }
     assert!(matches!(next(&mut s).await.unwrap(), watcher::Event::Init));
     assert!(matches!(
         next(&mut s).await.unwrap(),
