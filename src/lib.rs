@@ -2,7 +2,8 @@
 //!
 //! `api` holds the types users write; `capi` the read-only views of CAPI objects capmox consumes;
 //! `schema` checks objects against the published CRD schemas the way the API server does;
-//! `proxmox` is the typed Proxmox VE client and `sim` a Proxmox VE simulator for tests.
+//! `proxmox` is the typed Proxmox VE client, `sim` a Proxmox VE simulator and `testkit` an
+//! in-process Kubernetes API server, both for tests, benchmarks and the sandbox.
 
 pub mod api;
 pub mod capi;
@@ -11,3 +12,4 @@ pub mod controller;
 pub mod proxmox;
 pub mod schema;
 pub mod sim;
+pub mod testkit;

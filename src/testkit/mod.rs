@@ -1,0 +1,308 @@
+//! An in-process Kubernetes API server for tests and the sandbox.
+//!
+//! No kube-apiserver binary can run on our CI machines and `kube-fake-client` has no watch
+//! and breaks kube's finalizer flow, so this module implements the parts of the API server
+//! that controllers observe, faithfully enough that kube-runtime's `Controller`, `watcher`,
+//! `reflector` and `finalizer` helper run unchanged:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use capmox::testkit::ApiServer;
+//! let server = ApiServer::new();
+//! server.register_builtin_kinds();
+//! server.register_crd_dir("../shared/external-crds")?;
+//! let client = server.client(); // a real kube::Client over an in-process tower::Service
+//! let http = server.serve_http().await?; // the same server on 127.0.0.1:<port>
+//! std::fs::write("/tmp/kubeconfig", http.kubeconfig())?;
+//! # Ok(()) }
+//! ```
+//!
+//! # What is implemented
+//!
+//! - Any registered kind (from CRD YAML, or the built-ins Secret, ConfigMap, ServiceAccount,
+//!   Event in `v1` and `events.k8s.io/v1`, Namespace, `coordination.k8s.io/v1` Lease),
+//!   namespaced or cluster-scoped, at `/api/v1/...` and `/apis/{group}/{version}/...`.
+//! - create (`generateName`, `uid`, `creationTimestamp`, `resourceVersion`, `generation: 1`),
+//!   get, list (label selectors, `metadata.name`/`metadata.namespace` field selectors,
+//!   `limit`/`continue`, list `resourceVersion`), replace with optimistic concurrency,
+//!   delete (preconditions, propagation policies), deletecollection.
+//! - JSON merge patch, JSON patch (RFC 6902 incl. `test`), server-side apply with field
+//!   managers (conflicts, `force`, list-map merge by `x-kubernetes-list-map-keys`, sets by
+//!   `x-kubernetes-list-type: set`, removal of fields a manager stops applying).
+//! - `/status` subresource; `generation` bumps only on non-metadata, non-status changes.
+//! - Finalizers and `deletionTimestamp`; no new finalizers on a deleting object.
+//! - Owner references: background, foreground (`foregroundDeletion`, `blockOwnerDeletion`)
+//!   and orphan propagation; namespace deletion removes the namespace's content.
+//! - Watch from a resourceVersion with ADDED/MODIFIED/DELETED, BOOKMARK, streaming lists
+//!   (`sendInitialEvents`), `410 Gone` (as an ERROR event) for a compacted resourceVersion,
+//!   `timeoutSeconds`; label-selector transitions appear as ADDED/DELETED like the real server.
+//! - `Status` error bodies with the real `reason` and `code`.
+//! - Validation hooks per kind, fault injection, per-verb request counters.
+//! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`) and
+//!   `Table` output, so `kubectl get` works against [`ApiServer::serve_http`].
+//!
+//! # Known differences from a real API server
+//!
+//! - **No conversion**: all served versions of a kind share one store; objects are returned
+//!   with the requested `apiVersion` but their fields are not converted.
+//! - **No defaulting, pruning or OpenAPI/CEL validation** by itself: plug a validator in
+//!   with [`ApiServer::set_validator`]. Unknown fields are kept.
+//! - **Strategic merge patch** is treated as a JSON merge patch for built-in kinds
+//!   (lists are replaced, not merged by patch-merge-key); CRDs get 415 as on a real server.
+//! - **Server-side apply is simplified**: ownership is tracked per leaf path, list-map item
+//!   and set item; conflicts are only detected on exactly equal paths (not between a parent
+//!   owned atomically and a child); `managedFields` are rendered in a FieldsV1-like form but
+//!   `time` and `apiVersion` are omitted, and `managedFields` sent by clients are ignored.
+//!   Without a schema every list is atomic. The default manager of non-apply writes is the
+//!   user agent's product token (e.g. `kubectl`), or `unknown`.
+//! - **Lists always read the latest state**: `resourceVersion`/`resourceVersionMatch` on a
+//!   list are ignored, and `continue` pages see the current state, not a snapshot.
+//! - **Watch history** is bounded per resource (10 000 events by default,
+//!   [`ApiServer::set_history_limit`]); [`ApiServer::compact`] simulates an etcd compaction.
+//!   A watch whose live buffer overflows ends with a 410 ERROR event. BOOKMARKs are sent
+//!   every [`ApiServer::set_bookmark_interval`] (5 s default, real: about a minute). A watch
+//!   without `timeoutSeconds` lives until the client disconnects.
+//! - **Garbage collection is synchronous**: dependents are handled in the same request as
+//!   the owner's removal (the real GC is asynchronous). Objects whose owners never existed
+//!   are not collected (envtest has no GC at all). Foreground deletion deletes dependents
+//!   with foreground propagation too.
+//! - **Namespaces** need not exist for namespaced objects to be created; deleting a namespace
+//!   marks it `Terminating`, refuses new content, deletes its content and removes it once
+//!   empty. `default`, `kube-system` and `kube-public` are created by
+//!   [`ApiServer::register_builtin_kinds`].
+//! - **Generation** is tracked for CRDs only (built-ins keep what clients send).
+//! - **Unconditional updates** (PUT without `resourceVersion`) are refused for CRDs (as on a
+//!   real server) and accepted for built-ins.
+//! - **dryRun=All** is honoured for create, update, patch and delete (nothing stored), but
+//!   the answer does not carry a resourceVersion bump.
+//! - **Not implemented**: authentication/authorization (everything is allowed),
+//!   admission webhooks, `gracePeriodSeconds` (deletion is immediate once finalizers are
+//!   gone), other subresources (`scale`, `eviction`, ...), field selectors other than
+//!   `metadata.name`/`metadata.namespace`, protobuf, aggregated discovery (kubectl falls
+//!   back to the legacy documents), OpenAPI documents (`/openapi/v2`, `/openapi/v3` return
+//!   404; `kubectl` only needs them for `explain` and client-side validation, so use
+//!   `--validate=false` with `kubectl apply`), TLS (HTTP only, on 127.0.0.1).
+
+mod error;
+mod kinds;
+mod patch;
+mod router;
+mod selector;
+mod service;
+mod store;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use error::ApiError;
+pub use kinds::{GroupResource, KindError, KindInfo};
+pub use router::ResponseBody;
+pub use service::{ApiService, HttpServer, ServeError};
+pub use store::{FaultKind, RequestCounts, Validator};
+
+use store::Store;
+
+/// Errors of the testkit's public API.
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    /// A CRD could not be read or parsed.
+    #[error(transparent)]
+    Kind(#[from] KindError),
+    /// The HTTP server could not start.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    /// A name given to a helper does not match any registered kind.
+    #[error("no registered kind matches {0:?}")]
+    UnknownKind(String),
+}
+
+/// A fake Kubernetes API server; clones share the same state.
+#[derive(Clone, Default)]
+pub struct ApiServer {
+    store: Arc<Store>,
+}
+
+impl ApiServer {
+    /// An empty server with no kinds registered.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register the built-in kinds and create the `default`, `kube-system` and `kube-public`
+    /// namespaces.
+    pub fn register_builtin_kinds(&self) -> &Self {
+        for k in KindInfo::builtins() {
+            self.store.register(k);
+        }
+        if let Some(ns_kind) = self.store.find_kind("namespaces") {
+            for ns in ["default", "kube-system", "kube-public"] {
+                let obj = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+                let opts = store::WriteOptions {
+                    manager: "testkit".into(),
+                    ..Default::default()
+                };
+                // AlreadyExists on a second call is fine.
+                let _ = self.store.create(&ns_kind, "", obj, &opts);
+            }
+        }
+        self
+    }
+
+    /// Register a kind described by hand.
+    pub fn register_kind(&self, kind: KindInfo) -> &Self {
+        self.store.register(kind);
+        self
+    }
+
+    /// Register every CustomResourceDefinition in a (multi-document) YAML string.
+    pub fn register_crd_yaml(&self, yaml: &str) -> Result<Vec<KindInfo>, TestkitError> {
+        let kinds = KindInfo::from_crd_yaml(yaml)?;
+        for k in &kinds {
+            tracing::debug!(kind = %k.kind, group = %k.group, "testkit: registered CRD");
+            self.store.register(k.clone());
+        }
+        Ok(kinds)
+    }
+
+    /// Register the CRDs of one YAML file.
+    pub fn register_crd_file(&self, path: impl AsRef<Path>) -> Result<Vec<KindInfo>, TestkitError> {
+        let path = path.as_ref();
+        let yaml = std::fs::read_to_string(path).map_err(|source| KindError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        self.register_crd_yaml(&yaml)
+    }
+
+    /// Register the CRDs of every `*.yaml`/`*.yml` file in a folder (not recursive).
+    pub fn register_crd_dir(&self, dir: impl AsRef<Path>) -> Result<Vec<KindInfo>, TestkitError> {
+        let dir = dir.as_ref();
+        let io = |source| KindError::Io {
+            path: dir.display().to_string(),
+            source,
+        };
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .map_err(io)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+            .collect();
+        paths.sort();
+        let mut out = Vec::new();
+        for p in paths {
+            out.extend(self.register_crd_file(p)?);
+        }
+        Ok(out)
+    }
+
+    /// The registered kinds.
+    pub fn kinds(&self) -> Vec<KindInfo> {
+        self.store.kinds().iter().map(|k| (**k).clone()).collect()
+    }
+
+    fn kind(&self, name: &str) -> Result<Arc<KindInfo>, TestkitError> {
+        self.store
+            .find_kind(name)
+            .ok_or_else(|| TestkitError::UnknownKind(name.to_string()))
+    }
+
+    /// The `tower::Service` that serves this server in process.
+    pub fn service(&self) -> ApiService {
+        ApiService::new(self.store.clone())
+    }
+
+    /// A `kube::Client` talking to this server in process (default namespace `default`).
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.service(), "default")
+    }
+
+    /// Serve over HTTP on 127.0.0.1 with an OS-chosen port, until the handle is dropped.
+    pub async fn serve_http(&self) -> Result<HttpServer, TestkitError> {
+        Ok(HttpServer::start(self.store.clone()).await?)
+    }
+
+    /// Make the next `n` writes (create/update/patch/delete) of a kind fail with `fault`.
+    /// `kind` is a plural, singular, kind or short name, optionally `.group`-qualified.
+    pub fn fail_next_writes(
+        &self,
+        kind: &str,
+        n: usize,
+        fault: FaultKind,
+    ) -> Result<(), TestkitError> {
+        let k = self.kind(kind)?;
+        self.store.fail_next_writes(k.group_resource(), n, fault);
+        Ok(())
+    }
+
+    /// Validate every create/update of a kind; `Err(msg)` becomes a 422 Invalid.
+    pub fn set_validator(
+        &self,
+        kind: &str,
+        validator: impl Fn(&Value) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Result<(), TestkitError> {
+        let k = self.kind(kind)?;
+        self.store
+            .set_validator(k.group_resource(), Arc::new(validator));
+        Ok(())
+    }
+
+    /// Snapshot of the per-verb request counters.
+    pub fn request_counts(&self) -> RequestCounts {
+        self.store.counts()
+    }
+
+    /// Total number of API requests served (discovery included).
+    pub fn request_count(&self) -> u64 {
+        self.store.counts().total()
+    }
+
+    /// Reset the request counters (e.g. after test setup).
+    pub fn reset_request_counts(&self) {
+        self.store.reset_counts();
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.store.resource_version()
+    }
+
+    /// Forget the watch history: watches from an older resourceVersion get 410 Gone.
+    pub fn compact(&self) {
+        self.store.compact();
+    }
+
+    /// End every open watch with a 410 Expired ERROR event, as a real server does when its
+    /// watch cache falls behind; kube's watcher must then relist.
+    pub fn expire_watches(&self) {
+        self.store.expire_watches();
+    }
+
+    /// Bound the watch history kept per resource.
+    pub fn set_history_limit(&self, events: usize) {
+        self.store.set_history_limit(events);
+    }
+
+    /// How often watches that allow bookmarks receive a BOOKMARK (for new watches).
+    pub fn set_bookmark_interval(&self, interval: Duration) {
+        self.store.set_bookmark_interval(interval);
+    }
+
+    /// Read one object as stored (for assertions); `namespace` is `""` for cluster scope.
+    pub fn object(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, TestkitError> {
+        let k = self.kind(kind)?;
+        Ok(self.store.peek(&k.group_resource(), namespace, name))
+    }
+
+    /// All objects of a kind (for assertions).
+    pub fn objects(&self, kind: &str) -> Result<Vec<Value>, TestkitError> {
+        let k = self.kind(kind)?;
+        Ok(self.store.peek_all(&k.group_resource()))
+    }
+}

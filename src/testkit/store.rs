@@ -1,0 +1,1519 @@
+//! The object store: one global resourceVersion counter, objects as JSON, per-resource watch
+//! history, and the write semantics controllers rely on (status subresource, generation,
+//! optimistic concurrency, finalizers, owner-reference garbage collection).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use super::error::ApiError;
+use super::kinds::{GroupResource, KindInfo};
+use super::patch::{self, ManagedEntry};
+use super::selector::Selectors;
+
+/// Per-kind validation hook: `Err(message)` rejects the write with 422 Invalid.
+pub type Validator = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
+
+/// An injected failure for the next writes of a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// 409 Conflict, as after a concurrent write.
+    Conflict,
+    /// 500 InternalError.
+    InternalError,
+    /// 504 Timeout, as a server-side timeout.
+    Timeout,
+    /// 429 TooManyRequests (throttling).
+    TooManyRequests,
+}
+
+impl FaultKind {
+    fn to_error(self, gr: &GroupResource) -> ApiError {
+        match self {
+            FaultKind::Conflict => ApiError::Conflict {
+                message: format!(
+                    "Operation cannot be fulfilled on {}: injected conflict (testkit fault)",
+                    gr.qualified()
+                ),
+            },
+            FaultKind::InternalError => {
+                ApiError::Internal("Internal error occurred: injected fault (testkit)".into())
+            }
+            FaultKind::Timeout => ApiError::Timeout(
+                "Timeout: request did not complete within requested timeout (testkit fault)".into(),
+            ),
+            FaultKind::TooManyRequests => {
+                ApiError::TooManyRequests("Too many requests (testkit fault)".into())
+            }
+        }
+    }
+}
+
+/// Kind of a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Object created.
+    Added,
+    /// Object changed.
+    Modified,
+    /// Object removed.
+    Deleted,
+}
+
+impl EventType {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, kept in the watch history and broadcast to live watches.
+#[derive(Debug)]
+pub struct WatchRecord {
+    /// Resource that changed.
+    pub gr: GroupResource,
+    /// resourceVersion of the change.
+    pub rv: u64,
+    /// Event type.
+    pub event: EventType,
+    /// Object after the change (before removal for DELETED).
+    pub object: Value,
+    /// Object before the change, for selector transitions.
+    pub prev: Option<Value>,
+}
+
+/// What a new watch must send first and where live delivery starts.
+pub struct WatchStart {
+    /// Events to send before live ones (history replay or synthetic ADDED).
+    pub initial: Vec<Arc<WatchRecord>>,
+    /// Live events; skip those with `rv <= start_rv`.
+    pub rx: broadcast::Receiver<Arc<WatchRecord>>,
+    /// The global resourceVersion at subscription time.
+    pub start_rv: u64,
+}
+
+/// Options of a write request.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// `fieldManager` (or the user agent).
+    pub manager: String,
+    /// `force` for server-side apply.
+    pub force: bool,
+    /// `dryRun=All`: validate and answer but do not persist.
+    pub dry_run: bool,
+}
+
+/// Options of a delete request (from the `DeleteOptions` body).
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    /// `Foreground`, `Background` or `Orphan`.
+    pub propagation: Option<String>,
+    /// `preconditions.uid`.
+    pub uid: Option<String>,
+    /// `preconditions.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `dryRun=All`.
+    pub dry_run: bool,
+}
+
+/// Which part of the object a write addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sub {
+    /// The main resource (status is ignored when a status subresource exists).
+    Main,
+    /// `/status` (only status changes).
+    Status,
+}
+
+impl Sub {
+    fn name(self) -> &'static str {
+        match self {
+            Sub::Main => "",
+            Sub::Status => "status",
+        }
+    }
+}
+
+/// Patch flavours, by content type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchKind {
+    /// `application/merge-patch+json`.
+    Merge,
+    /// `application/json-patch+json`.
+    Json,
+    /// `application/strategic-merge-patch+json` (treated as merge patch for built-ins).
+    Strategic,
+    /// `application/apply-patch+yaml` (server-side apply).
+    Apply,
+}
+
+/// Per-verb request counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Requests by verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `discovery`).
+    pub by_verb: BTreeMap<String, u64>,
+    /// Requests by `(resource, verb)`, resource as `plural.group` (or `plural`, or `/status` suffixed).
+    pub by_resource: BTreeMap<(String, String), u64>,
+}
+
+impl RequestCounts {
+    /// Total number of requests counted.
+    pub fn total(&self) -> u64 {
+        self.by_verb.values().sum()
+    }
+
+    /// Requests with this verb.
+    pub fn verb(&self, verb: &str) -> u64 {
+        self.by_verb.get(verb).copied().unwrap_or(0)
+    }
+
+    /// Requests with this verb on a resource: `plural` or `plural.group`, with a `/status`
+    /// suffix for the status subresource.
+    pub fn resource_verb(&self, resource: &str, verb: &str) -> u64 {
+        let split = |r: &str| -> (String, String) {
+            let (base, sub) = r.split_once('/').unwrap_or((r, ""));
+            (base.to_string(), sub.to_string())
+        };
+        let (qb, qs) = split(resource);
+        self.by_resource
+            .iter()
+            .filter(|((r, v), _)| {
+                let (rb, rs) = split(r);
+                v == verb
+                    && rs == qs
+                    && (rb == qb || rb.split_once('.').is_some_and(|(p, _)| p == qb))
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+struct Stored {
+    obj: Value,
+    managed: Vec<ManagedEntry>,
+}
+
+impl Stored {
+    /// The object as clients see it, with `metadata.managedFields` rendered.
+    fn view(&self) -> Value {
+        let mut v = self.obj.clone();
+        if !self.managed.is_empty() {
+            v["metadata"]["managedFields"] =
+                Value::Array(self.managed.iter().map(ManagedEntry::to_json).collect());
+        }
+        v
+    }
+}
+
+#[derive(Default)]
+struct History {
+    events: VecDeque<Arc<WatchRecord>>,
+    compacted: u64,
+}
+
+type Key = (String, String);
+
+struct Inner {
+    rv: u64,
+    kinds: BTreeMap<GroupResource, Arc<KindInfo>>,
+    objects: HashMap<GroupResource, BTreeMap<Key, Stored>>,
+    history: HashMap<GroupResource, History>,
+    history_limit: usize,
+    faults: HashMap<GroupResource, VecDeque<FaultKind>>,
+    validators: HashMap<GroupResource, Validator>,
+    rng: u64,
+    removed_uids: Vec<String>,
+    bookmark_interval: Duration,
+}
+
+/// The shared state behind every client, service and HTTP connection of one fake server.
+pub struct Store {
+    inner: Mutex<Inner>,
+    tx: broadcast::Sender<Arc<WatchRecord>>,
+    counts: Mutex<RequestCounts>,
+    expire: tokio::sync::watch::Sender<u64>,
+}
+
+/// Current time as RFC 3339 with second precision, like `metav1.Time`.
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn meta(obj: &Value) -> &Value {
+    &obj["metadata"]
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj["metadata"].is_object() {
+        obj["metadata"] = json!({});
+    }
+    match obj["metadata"].as_object_mut() {
+        Some(m) => m,
+        None => unreachable!("metadata was just made an object"),
+    }
+}
+
+fn finalizers(obj: &Value) -> Vec<String> {
+    meta(obj)["finalizers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn set_finalizers(obj: &mut Value, fins: &[String]) {
+    let m = meta_mut(obj);
+    if fins.is_empty() {
+        m.remove("finalizers");
+    } else {
+        m.insert("finalizers".into(), json!(fins));
+    }
+}
+
+fn is_deleting(obj: &Value) -> bool {
+    meta(obj)
+        .get("deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+}
+
+fn uid_of(obj: &Value) -> String {
+    meta(obj)["uid"].as_str().unwrap_or("").to_string()
+}
+
+fn owner_uids(obj: &Value) -> Vec<String> {
+    meta(obj)["ownerReferences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r["uid"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Drop empty metadata collections, as the real server's omitempty serialisation does.
+fn normalize_meta(obj: &mut Value) {
+    let m = meta_mut(obj);
+    for field in [
+        "finalizers",
+        "ownerReferences",
+        "labels",
+        "annotations",
+        "managedFields",
+    ] {
+        let empty = match m.get(field) {
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::Object(o)) => o.is_empty(),
+            Some(Value::Null) => true,
+            _ => false,
+        };
+        if empty || field == "managedFields" {
+            m.remove(field);
+        }
+    }
+}
+
+/// The object without metadata (and without status when it is a subresource): what bumps generation.
+fn spec_part(obj: &Value, status_subresource: bool) -> Value {
+    let mut v = obj.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("metadata");
+        if status_subresource {
+            m.remove("status");
+        }
+    }
+    v
+}
+
+fn is_namespace_kind(kind: &KindInfo) -> bool {
+    kind.group.is_empty() && kind.plural == "namespaces"
+}
+
+impl Inner {
+    fn next_rand(&mut self) -> u64 {
+        // splitmix64: enough randomness for names and uids, no dependency.
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn new_uid(&mut self) -> String {
+        let (a, b) = (self.next_rand(), self.next_rand());
+        format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            (b >> 48) & 0x3fff | 0x8000,
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    fn name_suffix(&mut self) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        let mut r = self.next_rand();
+        (0..5)
+            .map(|_| {
+                let c = ALPHABET[(r % ALPHABET.len() as u64) as usize] as char;
+                r /= ALPHABET.len() as u64;
+                c
+            })
+            .collect()
+    }
+
+    fn take_fault(&mut self, gr: &GroupResource) -> Result<(), ApiError> {
+        if let Some(q) = self.faults.get_mut(gr)
+            && let Some(f) = q.pop_front()
+        {
+            tracing::debug!(resource = %gr.qualified(), fault = ?f, "testkit: injecting fault");
+            return Err(f.to_error(gr));
+        }
+        Ok(())
+    }
+
+    fn emit(
+        &mut self,
+        gr: &GroupResource,
+        event: EventType,
+        object: Value,
+        prev: Option<Value>,
+        tx: &broadcast::Sender<Arc<WatchRecord>>,
+    ) {
+        let rec = Arc::new(WatchRecord {
+            gr: gr.clone(),
+            rv: self.rv,
+            event,
+            object,
+            prev,
+        });
+        let limit = self.history_limit;
+        let h = self.history.entry(gr.clone()).or_default();
+        h.events.push_back(rec.clone());
+        while h.events.len() > limit {
+            if let Some(old) = h.events.pop_front() {
+                h.compacted = old.rv;
+            }
+        }
+        // No receivers is fine: nobody is watching.
+        let _ = tx.send(rec);
+    }
+
+    fn validate(&self, kind: &KindInfo, obj: &Value) -> Result<(), ApiError> {
+        if let Some(v) = self.validators.get(&kind.group_resource())
+            && let Err(msg) = v(obj)
+        {
+            return Err(ApiError::Invalid {
+                message: format!(
+                    "{}.{} \"{}\" is invalid: {msg}",
+                    kind.kind,
+                    kind.group,
+                    meta(obj)["name"].as_str().unwrap_or("")
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn namespace_terminating(&self, ns: &str) -> bool {
+        let gr = GroupResource {
+            group: String::new(),
+            resource: "namespaces".into(),
+        };
+        self.objects
+            .get(&gr)
+            .and_then(|m| m.get(&(String::new(), ns.to_string())))
+            .is_some_and(|s| is_deleting(&s.obj))
+    }
+
+    /// Store `new` as the next version of `key`; removes it instead when it is deleting
+    /// and has no finalizers left. Returns the client view.
+    fn write(
+        &mut self,
+        kind: &KindInfo,
+        key: &Key,
+        mut new: Value,
+        managed: Option<Vec<ManagedEntry>>,
+        tx: &broadcast::Sender<Arc<WatchRecord>>,
+    ) -> Value {
+        let gr = kind.group_resource();
+        self.rv += 1;
+        let rv = self.rv;
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
+        let finalize = is_deleting(&new) && finalizers(&new).is_empty() && !is_namespace_kind(kind);
+        let objects = self.objects.entry(gr.clone()).or_default();
+        let prev = objects.get(key).map(Stored::view);
+        if finalize {
+            let view = match objects.remove(key) {
+                Some(mut s) => {
+                    s.obj = new;
+                    s.view()
+                }
+                None => new,
+            };
+            self.removed_uids.push(uid_of(&view));
+            self.emit(&gr, EventType::Deleted, view.clone(), prev, tx);
+            return view;
+        }
+        let stored = match objects.get_mut(key) {
+            Some(s) => {
+                s.obj = new;
+                if let Some(m) = managed {
+                    s.managed = m;
+                }
+                s
+            }
+            None => objects.entry(key.clone()).or_insert(Stored {
+                obj: new,
+                managed: managed.unwrap_or_default(),
+            }),
+        };
+        let view = stored.view();
+        let event = if prev.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.emit(&gr, event, view.clone(), prev, tx);
+        view
+    }
+
+    /// Remove `key` now (no finalizers left), emitting DELETED.
+    fn remove(
+        &mut self,
+        kind: &KindInfo,
+        key: &Key,
+        tx: &broadcast::Sender<Arc<WatchRecord>>,
+    ) -> Option<Value> {
+        let gr = kind.group_resource();
+        let mut stored = self.objects.get_mut(&gr)?.remove(key)?;
+        self.rv += 1;
+        meta_mut(&mut stored.obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        let view = stored.view();
+        self.removed_uids.push(uid_of(&view));
+        self.emit(&gr, EventType::Deleted, view.clone(), None, tx);
+        Some(view)
+    }
+
+    /// Start deletion of `key` with a propagation policy; returns the resulting view.
+    fn delete_internal(
+        &mut self,
+        kind: &KindInfo,
+        key: &Key,
+        policy: Option<&str>,
+        tx: &broadcast::Sender<Arc<WatchRecord>>,
+    ) -> Option<Value> {
+        let gr = kind.group_resource();
+        let stored = self.objects.get(&gr)?.get(key)?;
+        if is_deleting(&stored.obj) {
+            return Some(stored.view());
+        }
+        let mut obj = stored.obj.clone();
+        let mut fins = finalizers(&obj);
+        let extra = match policy {
+            Some("Foreground") => Some("foregroundDeletion"),
+            Some("Orphan") => Some("orphan"),
+            _ => None,
+        };
+        if let Some(f) = extra
+            && !fins.iter().any(|x| x == f)
+        {
+            fins.push(f.to_string());
+        }
+        if fins.is_empty() && !is_namespace_kind(kind) {
+            return self.remove(kind, key, tx);
+        }
+        set_finalizers(&mut obj, &fins);
+        let m = meta_mut(&mut obj);
+        m.insert("deletionTimestamp".into(), json!(now_rfc3339()));
+        m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        if kind.custom {
+            let g = m.get("generation").and_then(Value::as_u64).unwrap_or(1);
+            m.insert("generation".into(), json!(g + 1));
+        }
+        if is_namespace_kind(kind) {
+            obj["status"]["phase"] = json!("Terminating");
+        }
+        Some(self.write(kind, key, obj, None, tx))
+    }
+
+    fn kind_of(&self, gr: &GroupResource) -> Option<Arc<KindInfo>> {
+        self.kinds.get(gr).cloned()
+    }
+
+    /// All objects as (kind, key, obj) snapshots (for the garbage collector's scans).
+    fn all_objects(&self) -> Vec<(Arc<KindInfo>, Key, Value)> {
+        let mut out = Vec::new();
+        for (gr, objs) in &self.objects {
+            if let Some(k) = self.kind_of(gr) {
+                for (key, s) in objs {
+                    out.push((k.clone(), key.clone(), s.obj.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Owner-reference garbage collection, foreground/orphan finalizers and namespace
+    /// termination, run synchronously to a fixed point after every write.
+    fn run_gc(&mut self, tx: &broadcast::Sender<Arc<WatchRecord>>) {
+        for _round in 0..10_000 {
+            let mut progressed = false;
+            let all = self.all_objects();
+            let live_uids: BTreeSet<String> = all.iter().map(|(_, _, o)| uid_of(o)).collect();
+            // 1. Dependents of removed owners.
+            let removed: BTreeSet<String> =
+                std::mem::take(&mut self.removed_uids).into_iter().collect();
+            if !removed.is_empty() {
+                for (kind, key, obj) in &all {
+                    let owners = owner_uids(obj);
+                    if !owners.iter().any(|u| removed.contains(u)) {
+                        continue;
+                    }
+                    progressed = true;
+                    if owners
+                        .iter()
+                        .any(|u| live_uids.contains(u) && !removed.contains(u))
+                    {
+                        let mut o = obj.clone();
+                        if let Some(refs) = o["metadata"]["ownerReferences"].as_array_mut() {
+                            refs.retain(|r| {
+                                !r["uid"].as_str().is_some_and(|u| removed.contains(u))
+                            });
+                        }
+                        normalize_meta(&mut o);
+                        self.write(kind, key, o, None, tx);
+                    } else {
+                        self.delete_internal(kind, key, Some("Background"), tx);
+                    }
+                }
+            }
+            // 2. Foreground, orphan and namespace finalization of deleting objects.
+            for (kind, key, obj) in all.iter().filter(|(_, _, o)| is_deleting(o)) {
+                let uid = uid_of(obj);
+                let fins = finalizers(obj);
+                let dependents = |inner: &Inner| -> Vec<(Arc<KindInfo>, Key, Value)> {
+                    inner
+                        .all_objects()
+                        .into_iter()
+                        .filter(|(_, _, o)| owner_uids(o).contains(&uid))
+                        .collect()
+                };
+                if fins.iter().any(|f| f == "foregroundDeletion") {
+                    for (dk, dkey, dobj) in dependents(self) {
+                        if !is_deleting(&dobj) {
+                            self.delete_internal(&dk, &dkey, Some("Foreground"), tx);
+                            progressed = true;
+                        }
+                    }
+                    let blocked = dependents(self).iter().any(|(_, _, o)| {
+                        o["metadata"]["ownerReferences"]
+                            .as_array()
+                            .is_some_and(|refs| {
+                                refs.iter().any(|r| {
+                                    r["uid"] == uid.as_str() && r["blockOwnerDeletion"] == true
+                                })
+                            })
+                    });
+                    if !blocked {
+                        self.drop_finalizer(kind, key, "foregroundDeletion", tx);
+                        progressed = true;
+                    }
+                } else if fins.iter().any(|f| f == "orphan") {
+                    for (dk, dkey, mut dobj) in dependents(self) {
+                        if let Some(refs) = dobj["metadata"]["ownerReferences"].as_array_mut() {
+                            refs.retain(|r| r["uid"] != uid.as_str());
+                        }
+                        normalize_meta(&mut dobj);
+                        self.write(&dk, &dkey, dobj, None, tx);
+                    }
+                    self.drop_finalizer(kind, key, "orphan", tx);
+                    progressed = true;
+                } else if is_namespace_kind(kind) {
+                    let ns = &key.1;
+                    let contents: Vec<_> = self
+                        .all_objects()
+                        .into_iter()
+                        .filter(|(k, key, _)| k.namespaced && &key.0 == ns)
+                        .collect();
+                    for (ck, ckey, cobj) in &contents {
+                        if !is_deleting(cobj) {
+                            self.delete_internal(ck, ckey, None, tx);
+                            progressed = true;
+                        }
+                    }
+                    let empty = self
+                        .all_objects()
+                        .iter()
+                        .all(|(k, key, _)| !(k.namespaced && &key.0 == ns));
+                    if empty && fins.is_empty() {
+                        self.remove(kind, key, tx);
+                        progressed = true;
+                    }
+                }
+            }
+            if !progressed && self.removed_uids.is_empty() {
+                return;
+            }
+        }
+        tracing::warn!("testkit: garbage collection did not converge");
+    }
+
+    fn drop_finalizer(
+        &mut self,
+        kind: &KindInfo,
+        key: &Key,
+        finalizer: &str,
+        tx: &broadcast::Sender<Arc<WatchRecord>>,
+    ) {
+        let Some(obj) = self
+            .objects
+            .get(&kind.group_resource())
+            .and_then(|m| m.get(key))
+            .map(|s| s.obj.clone())
+        else {
+            return;
+        };
+        let mut fins = finalizers(&obj);
+        fins.retain(|f| f != finalizer);
+        let mut o = obj;
+        set_finalizers(&mut o, &fins);
+        self.write(kind, key, o, None, tx);
+    }
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Store {
+    /// An empty store with no kinds registered.
+    pub fn new() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(42);
+        let (tx, _) = broadcast::channel(16 * 1024);
+        Store {
+            inner: Mutex::new(Inner {
+                rv: 1,
+                kinds: BTreeMap::new(),
+                objects: HashMap::new(),
+                history: HashMap::new(),
+                history_limit: 10_000,
+                faults: HashMap::new(),
+                validators: HashMap::new(),
+                rng: seed,
+                removed_uids: Vec::new(),
+                bookmark_interval: Duration::from_secs(5),
+            }),
+            tx,
+            counts: Mutex::new(RequestCounts::default()),
+            expire: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock only happens in a failing test; keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Register (or replace) a kind.
+    pub fn register(&self, kind: KindInfo) {
+        let mut g = self.lock();
+        g.kinds.insert(kind.group_resource(), Arc::new(kind));
+    }
+
+    /// All registered kinds.
+    pub fn kinds(&self) -> Vec<Arc<KindInfo>> {
+        self.lock().kinds.values().cloned().collect()
+    }
+
+    /// Find a kind by the name forms kubectl accepts (plural, singular, kind, short name, `.group`).
+    pub fn find_kind(&self, name: &str) -> Option<Arc<KindInfo>> {
+        let g = self.lock();
+        let mut found = g.kinds.values().filter(|k| k.matches_name(name));
+        // Prefer the core group on ambiguity (like `events`).
+        let first = found.next()?.clone();
+        Some(
+            std::iter::once(first.clone())
+                .chain(found.cloned())
+                .find(|k| k.group.is_empty())
+                .unwrap_or(first),
+        )
+    }
+
+    /// The kind served at `group/version/plural`, if any.
+    pub fn kind_for_path(&self, group: &str, version: &str, plural: &str) -> Option<Arc<KindInfo>> {
+        let g = self.lock();
+        g.kinds
+            .get(&GroupResource {
+                group: group.into(),
+                resource: plural.into(),
+            })
+            .filter(|k| k.versions.iter().any(|v| v == version))
+            .cloned()
+    }
+
+    /// Set the validation hook of a kind.
+    pub fn set_validator(&self, gr: GroupResource, v: Validator) {
+        self.lock().validators.insert(gr, v);
+    }
+
+    /// Queue `n` failures of kind `fault` for the next writes of `gr`.
+    pub fn fail_next_writes(&self, gr: GroupResource, n: usize, fault: FaultKind) {
+        let mut g = self.lock();
+        g.faults
+            .entry(gr)
+            .or_default()
+            .extend(std::iter::repeat_n(fault, n));
+    }
+
+    /// Current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Interval between BOOKMARK events on watches that asked for them.
+    pub fn bookmark_interval(&self) -> Duration {
+        self.lock().bookmark_interval
+    }
+
+    /// Change the bookmark interval for watches started afterwards.
+    pub fn set_bookmark_interval(&self, d: Duration) {
+        self.lock().bookmark_interval = d;
+    }
+
+    /// Bound the watch history per resource (older resourceVersions get 410 Gone).
+    pub fn set_history_limit(&self, n: usize) {
+        self.lock().history_limit = n.max(1);
+    }
+
+    /// Forget all watch history, as an etcd compaction: watches from older versions get 410.
+    pub fn compact(&self) {
+        let mut g = self.lock();
+        let rv = g.rv;
+        let grs: Vec<_> = g.kinds.keys().cloned().collect();
+        for gr in grs {
+            let h = g.history.entry(gr).or_default();
+            h.events.clear();
+            h.compacted = rv;
+        }
+    }
+
+    /// End every open watch with a 410 Expired ERROR event (clients must relist).
+    pub fn expire_watches(&self) {
+        self.expire.send_modify(|n| *n += 1);
+    }
+
+    /// Notified by [`Store::expire_watches`].
+    pub fn expiry(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.expire.subscribe()
+    }
+
+    /// Count one request.
+    pub fn count(&self, resource: &str, verb: &str) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        *c.by_verb.entry(verb.to_string()).or_default() += 1;
+        *c.by_resource
+            .entry((resource.to_string(), verb.to_string()))
+            .or_default() += 1;
+    }
+
+    /// Snapshot of the request counters.
+    pub fn counts(&self) -> RequestCounts {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reset the request counters.
+    pub fn reset_counts(&self) {
+        *self.counts.lock().unwrap_or_else(|p| p.into_inner()) = RequestCounts::default();
+    }
+
+    fn not_found(kind: &KindInfo, name: &str) -> ApiError {
+        ApiError::NotFound {
+            qualified: kind.group_resource().qualified(),
+            name: name.to_string(),
+        }
+    }
+
+    /// GET one object.
+    pub fn get(&self, kind: &KindInfo, ns: &str, name: &str) -> Result<Value, ApiError> {
+        let g = self.lock();
+        g.objects
+            .get(&kind.group_resource())
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .map(Stored::view)
+            .ok_or_else(|| Self::not_found(kind, name))
+    }
+
+    /// LIST: items in (namespace, name) order, the list resourceVersion and a continue token.
+    pub fn list(
+        &self,
+        kind: &KindInfo,
+        ns: Option<&str>,
+        sel: &Selectors,
+        limit: Option<usize>,
+        cont: Option<&str>,
+    ) -> Result<(Vec<Value>, u64, Option<String>), ApiError> {
+        let after: Option<Key> = match cont {
+            Some(c) if !c.is_empty() => Some(
+                serde_json::from_str(c)
+                    .map_err(|_| ApiError::BadRequest(format!("invalid continue token: {c}")))?,
+            ),
+            _ => None,
+        };
+        let g = self.lock();
+        let mut items = Vec::new();
+        let mut next = None;
+        if let Some(objs) = g.objects.get(&kind.group_resource()) {
+            for (key, s) in objs {
+                if after.as_ref().is_some_and(|a| key <= a) {
+                    continue;
+                }
+                if ns.is_some_and(|n| n != key.0) || !sel.matches(&s.obj) {
+                    continue;
+                }
+                if limit.is_some_and(|l| l > 0 && items.len() >= l) {
+                    next = serde_json::to_string(&items_last_key(&items)).ok();
+                    break;
+                }
+                items.push(s.view());
+            }
+        }
+        Ok((items, g.rv, next))
+    }
+
+    /// POST: create an object.
+    pub fn create(
+        &self,
+        kind: &KindInfo,
+        ns: &str,
+        obj: Value,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let mut g = self.lock();
+        g.take_fault(&kind.group_resource())?;
+        self.create_locked(&mut g, kind, ns, obj, opts, None)
+    }
+
+    fn create_locked(
+        &self,
+        g: &mut Inner,
+        kind: &KindInfo,
+        ns: &str,
+        mut obj: Value,
+        opts: &WriteOptions,
+        managed: Option<Vec<ManagedEntry>>,
+    ) -> Result<Value, ApiError> {
+        if !obj.is_object() {
+            return Err(ApiError::BadRequest(
+                "the request body must be a JSON object".into(),
+            ));
+        }
+        if let Some(k) = obj["kind"].as_str()
+            && k != kind.kind
+        {
+            return Err(ApiError::BadRequest(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                kind.kind
+            )));
+        }
+        obj["kind"] = json!(kind.kind);
+        if obj["apiVersion"].as_str().is_none() {
+            obj["apiVersion"] = json!(kind.api_version(kind.storage_version()));
+        }
+        let m = meta_mut(&mut obj);
+        if kind.namespaced {
+            match m.get("namespace").and_then(Value::as_str) {
+                Some(n) if !n.is_empty() && n != ns => {
+                    return Err(ApiError::BadRequest(
+                        "the namespace of the provided object does not match the namespace sent on the request".into(),
+                    ));
+                }
+                _ => {
+                    m.insert("namespace".into(), json!(ns));
+                }
+            }
+        } else {
+            m.remove("namespace");
+        }
+        for f in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "managedFields",
+            "selfLink",
+        ] {
+            m.remove(f);
+        }
+        let mut name = m
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if name.is_empty() {
+            let prefix = m
+                .get("generateName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if prefix.is_empty() {
+                return Err(ApiError::Invalid {
+                    message: format!(
+                        "{}.{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                        kind.kind, kind.group
+                    ),
+                });
+            }
+            name = format!("{prefix}{}", g.name_suffix());
+        }
+        if kind.namespaced && g.namespace_terminating(ns) {
+            return Err(ApiError::Forbidden(format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                kind.group_resource().qualified()
+            )));
+        }
+        let key = (
+            if kind.namespaced {
+                ns.to_string()
+            } else {
+                String::new()
+            },
+            name.clone(),
+        );
+        if g.objects
+            .get(&kind.group_resource())
+            .is_some_and(|o| o.contains_key(&key))
+        {
+            return Err(ApiError::AlreadyExists {
+                qualified: kind.group_resource().qualified(),
+                name,
+            });
+        }
+        let uid = g.new_uid();
+        let m = meta_mut(&mut obj);
+        m.insert("name".into(), json!(name));
+        m.insert("uid".into(), json!(uid));
+        m.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        if kind.custom {
+            m.insert("generation".into(), json!(1));
+            if kind.status_subresource
+                && let Some(o) = obj.as_object_mut()
+            {
+                o.remove("status");
+            }
+        }
+        if is_namespace_kind(kind) {
+            obj["status"] = json!({"phase": "Active"});
+        }
+        normalize_meta(&mut obj);
+        g.validate(kind, &obj)?;
+        let managed = managed.unwrap_or_else(|| {
+            let mut mf = Vec::new();
+            patch::record_update(&json!({}), &obj, kind.schema(), &mut mf, &opts.manager, "");
+            mf
+        });
+        if opts.dry_run {
+            return Ok(obj);
+        }
+        Ok(g.write(kind, &key, obj, Some(managed), &self.tx))
+    }
+
+    /// The object after a write to `sub` of `old`, with system fields, status handling,
+    /// finalizer rules and generation applied.
+    fn prepare(kind: &KindInfo, old: &Value, mut new: Value, sub: Sub) -> Result<Value, ApiError> {
+        match sub {
+            Sub::Main => {
+                new["kind"] = old["kind"].clone();
+                new["apiVersion"] = old["apiVersion"].clone();
+                let old_meta = meta(old).clone();
+                let m = meta_mut(&mut new);
+                for f in [
+                    "name",
+                    "namespace",
+                    "uid",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                    "generation",
+                    "resourceVersion",
+                ] {
+                    match old_meta.get(f) {
+                        Some(v) => {
+                            m.insert(f.into(), v.clone());
+                        }
+                        None => {
+                            m.remove(f);
+                        }
+                    }
+                }
+                if kind.status_subresource
+                    && let Some(o) = new.as_object_mut()
+                {
+                    match old.get("status") {
+                        Some(s) => {
+                            o.insert("status".into(), s.clone());
+                        }
+                        None => {
+                            o.remove("status");
+                        }
+                    }
+                }
+            }
+            Sub::Status => {
+                let status = new.get("status").cloned();
+                new = old.clone();
+                if let Some(o) = new.as_object_mut() {
+                    match status {
+                        Some(s) if !s.is_null() => {
+                            o.insert("status".into(), s);
+                        }
+                        _ => {
+                            o.remove("status");
+                        }
+                    }
+                }
+            }
+        }
+        normalize_meta(&mut new);
+        if is_deleting(old) {
+            let old_f = finalizers(old);
+            let added: Vec<String> = finalizers(&new)
+                .into_iter()
+                .filter(|f| !old_f.contains(f))
+                .collect();
+            if !added.is_empty() {
+                return Err(ApiError::Invalid {
+                    message: format!(
+                        "{}.{} \"{}\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}",
+                        kind.kind,
+                        kind.group,
+                        meta(old)["name"].as_str().unwrap_or("")
+                    ),
+                });
+            }
+        }
+        if kind.custom
+            && spec_part(old, kind.status_subresource) != spec_part(&new, kind.status_subresource)
+        {
+            let generation = meta(old)["generation"].as_u64().unwrap_or(1);
+            meta_mut(&mut new).insert("generation".into(), json!(generation + 1));
+        }
+        Ok(new)
+    }
+
+    fn conflict(kind: &KindInfo, name: &str) -> ApiError {
+        ApiError::Conflict {
+            message: format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                kind.group_resource().qualified()
+            ),
+        }
+    }
+
+    /// Commit an already prepared update; a no-op write keeps the resourceVersion.
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        g: &mut Inner,
+        kind: &KindInfo,
+        key: &Key,
+        new: Value,
+        sub: Sub,
+        opts: &WriteOptions,
+        managed: Option<Vec<ManagedEntry>>,
+    ) -> Result<Value, ApiError> {
+        let gr = kind.group_resource();
+        let Some(stored) = g.objects.get(&gr).and_then(|m| m.get(key)) else {
+            return Err(Self::not_found(kind, &key.1));
+        };
+        let managed = managed.unwrap_or_else(|| {
+            let mut mf = stored.managed.clone();
+            patch::record_update(
+                &stored.obj,
+                &new,
+                kind.schema(),
+                &mut mf,
+                &opts.manager,
+                sub.name(),
+            );
+            mf
+        });
+        if new == stored.obj
+            && let Some(s) = g.objects.get_mut(&gr).and_then(|m| m.get_mut(key))
+        {
+            s.managed = managed;
+            return Ok(s.view());
+        }
+        g.validate(kind, &new)?;
+        if opts.dry_run {
+            return Ok(new);
+        }
+        let view = g.write(kind, key, new, Some(managed), &self.tx);
+        g.run_gc(&self.tx);
+        Ok(view)
+    }
+
+    fn stored_obj(
+        g: &Inner,
+        kind: &KindInfo,
+        key: &Key,
+    ) -> Result<(Value, Vec<ManagedEntry>), ApiError> {
+        g.objects
+            .get(&kind.group_resource())
+            .and_then(|m| m.get(key))
+            .map(|s| (s.obj.clone(), s.managed.clone()))
+            .ok_or_else(|| Self::not_found(kind, &key.1))
+    }
+
+    /// PUT: replace an object (or its status) with optimistic concurrency.
+    pub fn update(
+        &self,
+        kind: &KindInfo,
+        ns: &str,
+        name: &str,
+        mut body: Value,
+        sub: Sub,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let mut g = self.lock();
+        g.take_fault(&kind.group_resource())?;
+        if !body.is_object() {
+            return Err(ApiError::BadRequest(
+                "the request body must be a JSON object".into(),
+            ));
+        }
+        let key = (ns.to_string(), name.to_string());
+        let body_name = meta(&body)["name"].as_str().unwrap_or("");
+        if body_name != name {
+            return Err(ApiError::BadRequest(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let (old, _) = Self::stored_obj(&g, kind, &key)?;
+        match meta(&body)["resourceVersion"].as_str() {
+            Some(rv) if !rv.is_empty() && Some(rv) != meta(&old)["resourceVersion"].as_str() => {
+                return Err(Self::conflict(kind, name));
+            }
+            Some(rv) if !rv.is_empty() => {}
+            _ if kind.custom => {
+                return Err(ApiError::Invalid {
+                    message: format!(
+                        "{}.{} \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                        kind.kind, kind.group
+                    ),
+                });
+            }
+            _ => {}
+        }
+        meta_mut(&mut body).remove("managedFields");
+        let new = Self::prepare(kind, &old, body, sub)?;
+        self.commit(&mut g, kind, &key, new, sub, opts, None)
+    }
+
+    /// PATCH: merge, JSON or strategic-merge patch, or server-side apply.
+    #[allow(clippy::too_many_arguments)]
+    pub fn patch(
+        &self,
+        kind: &KindInfo,
+        ns: &str,
+        name: &str,
+        pk: PatchKind,
+        body: &[u8],
+        sub: Sub,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let mut g = self.lock();
+        g.take_fault(&kind.group_resource())?;
+        let key = (ns.to_string(), name.to_string());
+        if pk == PatchKind::Apply {
+            return self.apply(&mut g, kind, &key, body, sub, opts);
+        }
+        let (old, _) = Self::stored_obj(&g, kind, &key)?;
+        let mut doc = old.clone();
+        match pk {
+            PatchKind::Json => patch::apply_json_patch(&mut doc, body)?,
+            PatchKind::Strategic if kind.custom => {
+                return Err(ApiError::UnsupportedMediaType(
+                    "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".into(),
+                ));
+            }
+            _ => {
+                let p: Value = serde_json::from_slice(body)
+                    .map_err(|e| ApiError::BadRequest(format!("invalid merge patch: {e}")))?;
+                if !p.is_object() {
+                    return Err(ApiError::BadRequest(
+                        "a merge patch must be a JSON object".into(),
+                    ));
+                }
+                patch::apply_merge_patch(&mut doc, &p);
+            }
+        }
+        if meta(&doc)["resourceVersion"] != meta(&old)["resourceVersion"] {
+            return Err(Self::conflict(kind, name));
+        }
+        if meta(&doc)["name"] != meta(&old)["name"] {
+            return Err(ApiError::BadRequest(
+                "metadata.name cannot be changed by a patch".into(),
+            ));
+        }
+        meta_mut(&mut doc).remove("managedFields");
+        let new = Self::prepare(kind, &old, doc, sub)?;
+        self.commit(&mut g, kind, &key, new, sub, opts, None)
+    }
+
+    fn apply(
+        &self,
+        g: &mut Inner,
+        kind: &KindInfo,
+        key: &Key,
+        body: &[u8],
+        sub: Sub,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        if opts.manager.is_empty() {
+            return Err(ApiError::BadRequest(
+                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into(),
+            ));
+        }
+        let mut applied: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(_) => serde_yaml::from_slice(body)
+                .map_err(|e| ApiError::BadRequest(format!("invalid apply patch: {e}")))?,
+        };
+        if !applied.is_object() {
+            return Err(ApiError::BadRequest(
+                "an apply patch must be an object".into(),
+            ));
+        }
+        if let Some(k) = applied["kind"].as_str()
+            && k != kind.kind
+        {
+            return Err(ApiError::BadRequest(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                kind.kind
+            )));
+        }
+        let (ns, name) = key;
+        match meta(&applied)["name"].as_str() {
+            Some(n) if n == name => {}
+            // Like the real server, a missing name is taken from the URL.
+            None | Some("") => {
+                meta_mut(&mut applied).insert("name".into(), json!(name));
+            }
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "the name of the object ({}) does not match the name on the URL ({name})",
+                    other.unwrap_or("")
+                )));
+            }
+        }
+        let m = meta_mut(&mut applied);
+        m.remove("managedFields");
+        let rv_pre = m.remove("resourceVersion");
+        match sub {
+            Sub::Main if kind.status_subresource => {
+                if let Some(o) = applied.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+            Sub::Status => {
+                applied = json!({
+                    "apiVersion": applied["apiVersion"],
+                    "kind": applied["kind"],
+                    "metadata": {"name": name},
+                    "status": applied.get("status").cloned().unwrap_or(Value::Null),
+                });
+            }
+            Sub::Main => {}
+        }
+        let schema = kind.schema();
+        let existing = g
+            .objects
+            .get(&kind.group_resource())
+            .and_then(|o| o.get(key))
+            .map(|s| (s.obj.clone(), s.managed.clone()));
+        match existing {
+            None => {
+                if sub == Sub::Status {
+                    return Err(Self::not_found(kind, name));
+                }
+                let mut base = json!({"apiVersion": kind.api_version(kind.storage_version()), "kind": kind.kind, "metadata": {"name": name}});
+                if kind.namespaced {
+                    base["metadata"]["namespace"] = json!(ns);
+                }
+                let mut managed = Vec::new();
+                let obj = patch::server_side_apply(
+                    &base,
+                    &applied,
+                    schema,
+                    &mut managed,
+                    &opts.manager,
+                    "",
+                    opts.force,
+                )?;
+                self.create_locked(g, kind, ns, obj, opts, Some(managed))
+            }
+            Some((old, mut managed)) => {
+                if let Some(rv) = rv_pre.as_ref().and_then(Value::as_str)
+                    && Some(rv) != meta(&old)["resourceVersion"].as_str()
+                {
+                    return Err(Self::conflict(kind, name));
+                }
+                let merged = patch::server_side_apply(
+                    &old,
+                    &applied,
+                    schema,
+                    &mut managed,
+                    &opts.manager,
+                    sub.name(),
+                    opts.force,
+                )?;
+                let new = Self::prepare(kind, &old, merged, sub)?;
+                self.commit(g, kind, key, new, sub, opts, Some(managed))
+            }
+        }
+    }
+
+    /// DELETE: finalizer-aware deletion with propagation and preconditions.
+    pub fn delete(
+        &self,
+        kind: &KindInfo,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        let mut g = self.lock();
+        g.take_fault(&kind.group_resource())?;
+        let key = (ns.to_string(), name.to_string());
+        let (old, _) = Self::stored_obj(&g, kind, &key)?;
+        if let Some(uid) = &opts.uid
+            && Some(uid.as_str()) != meta(&old)["uid"].as_str()
+        {
+            return Err(ApiError::Conflict {
+                message: format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    uid_of(&old)
+                ),
+            });
+        }
+        if let Some(rv) = &opts.resource_version
+            && Some(rv.as_str()) != meta(&old)["resourceVersion"].as_str()
+        {
+            return Err(Self::conflict(kind, name));
+        }
+        if opts.dry_run {
+            return Ok(old);
+        }
+        let view = g
+            .delete_internal(kind, &key, opts.propagation.as_deref(), &self.tx)
+            .ok_or_else(|| Self::not_found(kind, name))?;
+        g.run_gc(&self.tx);
+        Ok(view)
+    }
+
+    /// Subscribe to changes of `kind`, replaying history after `rv`, or (when `rv` is unset,
+    /// `0`, or `send_initial`) synthetic ADDED events for the current objects.
+    pub fn watch(
+        &self,
+        kind: &KindInfo,
+        rv: Option<u64>,
+        send_initial: bool,
+    ) -> Result<WatchStart, ApiError> {
+        let g = self.lock();
+        let rx = self.tx.subscribe();
+        let gr = kind.group_resource();
+        let initial = match rv {
+            Some(r) if r > 0 && !send_initial => {
+                let h = g.history.get(&gr);
+                let compacted = h.map(|h| h.compacted).unwrap_or(0);
+                if r < compacted {
+                    return Err(ApiError::Gone {
+                        requested: r,
+                        oldest: compacted,
+                    });
+                }
+                h.map(|h| h.events.iter().filter(|e| e.rv > r).cloned().collect())
+                    .unwrap_or_default()
+            }
+            _ => g
+                .objects
+                .get(&gr)
+                .map(|objs| {
+                    objs.values()
+                        .map(|s| {
+                            let view = s.view();
+                            Arc::new(WatchRecord {
+                                gr: gr.clone(),
+                                rv: meta(&view)["resourceVersion"]
+                                    .as_str()
+                                    .and_then(|r| r.parse().ok())
+                                    .unwrap_or(0),
+                                event: EventType::Added,
+                                object: view,
+                                prev: None,
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        Ok(WatchStart {
+            initial,
+            rx,
+            start_rv: g.rv,
+        })
+    }
+
+    /// Read one object directly (for test assertions).
+    pub fn peek(&self, gr: &GroupResource, ns: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(gr)
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .map(Stored::view)
+    }
+
+    /// All objects of a resource (for test assertions).
+    pub fn peek_all(&self, gr: &GroupResource) -> Vec<Value> {
+        self.lock()
+            .objects
+            .get(gr)
+            .map(|m| m.values().map(Stored::view).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn items_last_key(items: &[Value]) -> Key {
+    items
+        .last()
+        .map(|o| {
+            (
+                meta(o)["namespace"].as_str().unwrap_or("").to_string(),
+                meta(o)["name"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .unwrap_or_default()
+}
