@@ -6,4 +6,5 @@
 pub mod api;
 pub mod capi;
 pub mod cli;
+pub mod placement;
 pub mod schema;

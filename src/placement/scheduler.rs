@@ -1,0 +1,406 @@
+//! The node scheduler: memory accounting as the Go provider does it, then spreading by owner and role.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::resolve::{MachineOwner, MachineRole, NodeCandidates, Placement};
+
+/// Kind of a Proxmox guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestKind {
+    /// A QEMU VM.
+    Qemu,
+    /// An LXC container.
+    Lxc,
+}
+
+/// A guest on a node, as far as memory accounting cares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestInfo {
+    /// VMID.
+    pub vmid: u32,
+    /// VM or container.
+    pub kind: GuestKind,
+    /// Configured maximum memory (`maxmem`) in bytes, counted whether the guest runs or not.
+    pub max_memory_bytes: u64,
+    /// Templates never run, so they are not counted.
+    pub template: bool,
+}
+
+/// A capmox machine already on a node, for spreading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacedMachine {
+    /// ProxmoxMachine name.
+    pub name: String,
+    /// Its owner (KCP, MachineDeployment, ...).
+    pub owner: Option<MachineOwner>,
+    /// Control plane or worker.
+    pub role: MachineRole,
+}
+
+/// What the scheduler needs to know about one Proxmox node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// Total memory of the node in bytes (`/nodes/{node}/status` `memory.total`).
+    pub total_memory_bytes: u64,
+    /// Every VM and container on the node.
+    pub guests: Vec<GuestInfo>,
+    /// capmox machines of this cluster on the node.
+    pub machines: Vec<PlacedMachine>,
+}
+
+impl NodeInfo {
+    /// Memory that may still be promised, before reservations: total × adjustment / 100 minus the
+    /// `maxmem` of every non-template guest, saturating at 0; `None` when adjustment 0 disables accounting.
+    pub fn reservable_bytes(&self, memory_adjustment: u64) -> Option<u64> {
+        if memory_adjustment == 0 {
+            return None;
+        }
+        let budget = u128::from(self.total_memory_bytes) * u128::from(memory_adjustment) / 100;
+        let used: u128 = self
+            .guests
+            .iter()
+            .filter(|g| !g.template)
+            .map(|g| u128::from(g.max_memory_bytes))
+            .sum();
+        Some(u64::try_from(budget.saturating_sub(used)).unwrap_or(u64::MAX))
+    }
+}
+
+/// The candidate nodes the controller could read, built from Proxmox responses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInventory {
+    /// The nodes (unreachable nodes are simply left out).
+    pub nodes: Vec<NodeInfo>,
+}
+
+impl NodeInventory {
+    /// The node of that name, if known.
+    pub fn node(&self, name: &str) -> Option<&NodeInfo> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+/// Memory promised to a machine whose VM is still being created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// ProxmoxMachine name.
+    pub machine: String,
+    /// Node chosen for it.
+    pub node: String,
+    /// Memory promised.
+    pub memory_bytes: u64,
+    /// VMID once known: when the node lists that guest, its own `maxmem` counts instead.
+    pub vmid: Option<u32>,
+    /// Owner, for spreading.
+    pub owner: Option<MachineOwner>,
+    /// Role, for spreading.
+    pub role: MachineRole,
+}
+
+/// Memory promised to machines still being created, so machines scheduled in parallel cannot
+/// both take the last slot. Keep one per controller behind a lock and call
+/// [`Reservations::schedule_and_reserve`] under it; release once the VM is visible or gone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reservations {
+    by_machine: BTreeMap<String, Reservation>,
+}
+
+impl Reservations {
+    /// No reservations.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records the scheduler's choice (replacing an earlier reservation of the same machine).
+    pub fn reserve(&mut self, choice: &NodeChoice) {
+        self.by_machine.insert(
+            choice.machine.clone(),
+            Reservation {
+                machine: choice.machine.clone(),
+                node: choice.node.clone(),
+                memory_bytes: choice.memory_bytes,
+                vmid: None,
+                owner: choice.owner.clone(),
+                role: choice.role,
+            },
+        );
+    }
+
+    /// Notes the VMID of a reserved machine, so its guest is not counted twice once it appears.
+    pub fn set_vmid(&mut self, machine: &str, vmid: u32) {
+        if let Some(r) = self.by_machine.get_mut(machine) {
+            r.vmid = Some(vmid);
+        }
+    }
+
+    /// Drops a machine's reservation (its VM is running, or it was deleted); returns it.
+    pub fn release(&mut self, machine: &str) -> Option<Reservation> {
+        self.by_machine.remove(machine)
+    }
+
+    /// The reservation of a machine.
+    pub fn get(&self, machine: &str) -> Option<&Reservation> {
+        self.by_machine.get(machine)
+    }
+
+    /// Number of reservations.
+    pub fn len(&self) -> usize {
+        self.by_machine.len()
+    }
+
+    /// Whether nothing is reserved.
+    pub fn is_empty(&self) -> bool {
+        self.by_machine.is_empty()
+    }
+
+    /// Schedules and, on success, reserves in one step (atomic under the caller's lock).
+    pub fn schedule_and_reserve(
+        &mut self,
+        placement: &Placement,
+        inventory: &NodeInventory,
+        request: &ScheduleRequest,
+    ) -> Result<NodeChoice, ScheduleError> {
+        let choice = schedule(placement, inventory, self, request)?;
+        self.reserve(&choice);
+        Ok(choice)
+    }
+
+    fn on_node<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Reservation> + 'a {
+        self.by_machine.values().filter(move |r| r.node == node)
+    }
+}
+
+/// What is being scheduled: the machine and the memory it needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleRequest {
+    /// ProxmoxMachine name.
+    pub machine: String,
+    /// Memory the VM will get, in bytes.
+    pub memory_bytes: u64,
+}
+
+impl ScheduleRequest {
+    /// The request for a placement: `memoryMiB`, else the template's memory (the Go provider
+    /// used 0 there, which always fits), else 0.
+    pub fn new(placement: &Placement, template_memory_bytes: Option<u64>) -> Self {
+        Self {
+            machine: placement.machine_name().to_owned(),
+            memory_bytes: placement
+                .requested_memory_bytes()
+                .or(template_memory_bytes)
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// The node chosen for a machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeChoice {
+    /// ProxmoxMachine name.
+    pub machine: String,
+    /// The node.
+    pub node: String,
+    /// Memory reserved for the machine.
+    pub memory_bytes: u64,
+    /// Reservable memory the node had before this machine; `None` when accounting is off.
+    pub reservable_bytes: Option<u64>,
+    /// Owner of the machine.
+    pub owner: Option<MachineOwner>,
+    /// Role of the machine.
+    pub role: MachineRole,
+}
+
+/// Why no node was chosen.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// The placement clones on the template's node; there is nothing to schedule.
+    #[error(
+        "machine {machine} has no allowed nodes or zone nodes: it is cloned on its template's node without scheduling"
+    )]
+    NotScheduled {
+        /// ProxmoxMachine name.
+        machine: String,
+    },
+    /// None of the candidate nodes is in the inventory (offline or unreadable); retried.
+    #[error(
+        "none of the candidate nodes {candidates:?} of machine {machine} could be read from Proxmox; \
+         check that they are online"
+    )]
+    NoNodesAvailable {
+        /// ProxmoxMachine name.
+        machine: String,
+        /// The candidate nodes.
+        candidates: Vec<String>,
+    },
+    /// No candidate node has enough reservable memory; retried.
+    #[error(
+        "cannot reserve {} of memory for machine {machine} on any of {candidates:?}: the best node \
+         {best_node} has {} reservable left (memoryAdjustment {memory_adjustment}%); free memory, \
+         add nodes or raise schedulerHints.memoryAdjustment",
+        Bytes(*.requested_bytes),
+        Bytes(*.best_available_bytes)
+    )]
+    InsufficientMemory {
+        /// ProxmoxMachine name.
+        machine: String,
+        /// Memory asked for.
+        requested_bytes: u64,
+        /// Candidate nodes that were considered.
+        candidates: Vec<String>,
+        /// The node with the most reservable memory.
+        best_node: String,
+        /// What that node has left.
+        best_available_bytes: u64,
+        /// The memory adjustment in effect.
+        memory_adjustment: u64,
+    },
+}
+
+impl ScheduleError {
+    /// Capacity and availability change on their own, so those errors are retried.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Self::NotScheduled { .. })
+    }
+}
+
+/// Bytes in a human form with the exact value, for messages.
+struct Bytes(u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MIB: u64 = 1 << 20;
+        if self.0 >= MIB && self.0.is_multiple_of(MIB) {
+            write!(f, "{} MiB", self.0 / MIB)
+        } else {
+            write!(f, "{} B", self.0)
+        }
+    }
+}
+
+/// One candidate node with its figures.
+struct Candidate<'a> {
+    name: &'a str,
+    reservable: Option<u64>,
+    same_owner: usize,
+    same_role: usize,
+}
+
+/// Chooses a node for `request` among the placement's candidate nodes.
+///
+/// A node fits when accounting is off or its reservable memory (after other machines'
+/// reservations) covers the request. Among fitting nodes the one with the fewest machines of the
+/// same owner wins, then the fewest of the same role, then the most reservable memory, then the
+/// name. A machine that already holds a reservation on a candidate node keeps it.
+pub fn schedule(
+    placement: &Placement,
+    inventory: &NodeInventory,
+    reservations: &Reservations,
+    request: &ScheduleRequest,
+) -> Result<NodeChoice, ScheduleError> {
+    let NodeCandidates::Nodes(candidates) = placement.candidates() else {
+        return Err(ScheduleError::NotScheduled {
+            machine: request.machine.clone(),
+        });
+    };
+    let adjustment = placement.memory_adjustment();
+    let owner = placement.owner();
+    let role = placement.role();
+
+    let choice = |node: &str, reservable: Option<u64>| NodeChoice {
+        machine: request.machine.clone(),
+        node: node.to_owned(),
+        memory_bytes: request.memory_bytes,
+        reservable_bytes: reservable,
+        owner: owner.cloned(),
+        role,
+    };
+
+    let mut nodes = Vec::new();
+    for name in candidates {
+        let Some(info) = inventory.node(name) else {
+            continue;
+        };
+        let others = || {
+            reservations
+                .on_node(name)
+                .filter(|r| r.machine != request.machine)
+        };
+        let reserved: u64 = others()
+            .filter(|r| {
+                r.vmid
+                    .is_none_or(|id| !info.guests.iter().any(|g| g.vmid == id))
+            })
+            .map(|r| r.memory_bytes)
+            .fold(0, u64::saturating_add);
+        let reservable = info
+            .reservable_bytes(adjustment)
+            .map(|r| r.saturating_sub(reserved));
+        if reservations
+            .get(&request.machine)
+            .is_some_and(|r| r.node == *name)
+        {
+            return Ok(choice(name, reservable));
+        }
+        // Machines on the node: those Proxmox shows plus those reserved but not yet listed.
+        let mut members: Vec<(Option<&MachineOwner>, MachineRole)> = info
+            .machines
+            .iter()
+            .filter(|m| m.name != request.machine)
+            .map(|m| (m.owner.as_ref(), m.role))
+            .collect();
+        members.extend(
+            others()
+                .filter(|r| !info.machines.iter().any(|m| m.name == r.machine))
+                .map(|r| (r.owner.as_ref(), r.role)),
+        );
+        nodes.push(Candidate {
+            name,
+            reservable,
+            same_owner: owner.map_or(0, |o| {
+                members.iter().filter(|(mo, _)| *mo == Some(o)).count()
+            }),
+            same_role: members.iter().filter(|(_, r)| *r == role).count(),
+        });
+    }
+
+    if nodes.is_empty() {
+        return Err(ScheduleError::NoNodesAvailable {
+            machine: request.machine.clone(),
+            candidates: candidates.clone(),
+        });
+    }
+
+    let best = nodes
+        .iter()
+        .filter(|c| c.reservable.is_none_or(|r| request.memory_bytes <= r))
+        .min_by_key(|c| {
+            (
+                c.same_owner,
+                c.same_role,
+                Reverse(c.reservable.unwrap_or(u64::MAX)),
+                c.name,
+            )
+        });
+    if let Some(best) = best {
+        return Ok(choice(best.name, best.reservable));
+    }
+    // Nothing fits; name the node closest to fitting. Accounting is on here, or everything fits.
+    let closest = nodes
+        .iter()
+        .min_by_key(|c| (Reverse(c.reservable.unwrap_or(0)), c.name));
+    let (best_node, best_available_bytes) = closest
+        .map(|c| (c.name.to_owned(), c.reservable.unwrap_or(0)))
+        .unwrap_or_default();
+    Err(ScheduleError::InsufficientMemory {
+        machine: request.machine.clone(),
+        requested_bytes: request.memory_bytes,
+        candidates: candidates.clone(),
+        best_node,
+        best_available_bytes,
+        memory_adjustment: adjustment,
+    })
+}
