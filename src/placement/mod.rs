@@ -15,6 +15,8 @@ mod scheduler;
 mod templates;
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
 mod tests;
 
 pub use failure_domains::{MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, failure_domains};

@@ -208,7 +208,7 @@ pub enum PlacementError {
     },
     /// A NIC asks for a default pool of a family that neither its zone nor the cluster has.
     #[error(
-        "network device {device:?} sets default{}: true but {} has no {family} pool; \
+        "network device {device:?} sets default{}: true but {} {family} pool; \
          set ipv{}Config on the ProxmoxCluster (or its zone) or unset default{}",
         family_field(*.family),
         zone_text(.zone),
@@ -246,8 +246,8 @@ fn family_digit(f: IpFamily) -> &'static str {
 
 fn zone_text(zone: &Option<String>) -> String {
     match zone {
-        Some(z) => format!("neither zone {z:?} nor the cluster"),
-        None => "the cluster".to_owned(),
+        Some(z) => format!("neither zone {z:?} nor the cluster has an"),
+        None => "the cluster has no".to_owned(),
     }
 }
 
@@ -625,5 +625,585 @@ fn resolve_template(machine: &ProxmoxMachine) -> Result<TemplateSource, Placemen
             node: node.clone(),
         }),
         _ => Err(PlacementError::InvalidTemplateSource),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NetworkDevice, SchedulerHints, TemplateSelector, TypedLocalObjectReference};
+    use crate::placement::fixtures::{capi_machine, cluster, ip, machine, publish, strings, zone};
+
+    /// Cluster with rack-a (pve1, pve2; own IPv4 pool and DNS), rack-b (pve3, pve4) and a
+    /// network-only zone `lan`; allowed nodes pve1..pve4.
+    fn racks() -> ProxmoxCluster {
+        let mut a = zone("rack-a", &["pve1", "pve2"]);
+        a.ipv4_config = ip("10.1.0.10-10.1.0.90", "10.1.0.1");
+        a.dns_servers = Some(strings(&["10.1.0.2"]));
+        let mut lan = zone("lan", &[]);
+        lan.ipv6_config = ip("2001:db8::/64", "2001:db8::1");
+        cluster(
+            &["pve1", "pve2", "pve3", "pve4"],
+            vec![a, zone("rack-b", &["pve3", "pve4"]), lan],
+        )
+    }
+
+    fn nodes(items: &[&str]) -> NodeCandidates {
+        NodeCandidates::Nodes(strings(items))
+    }
+
+    #[test]
+    fn effective_zone_table() {
+        let c = racks();
+        // (case, Machine.failureDomain, network.zone, zone, failure domain)
+        type Case = (
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        let cases: [Case; 6] = [
+            ("nothing set", None, None, None, None),
+            (
+                "failure domain",
+                Some("rack-a"),
+                None,
+                Some("rack-a"),
+                Some("rack-a"),
+            ),
+            (
+                "both equal",
+                Some("rack-b"),
+                Some("rack-b"),
+                Some("rack-b"),
+                Some("rack-b"),
+            ),
+            ("empty failure domain is none", Some(""), None, None, None),
+            (
+                "network zone with nodes",
+                None,
+                Some("rack-a"),
+                Some("rack-a"),
+                Some("rack-a"),
+            ),
+            ("network-only zone", None, Some("lan"), Some("lan"), None),
+        ];
+        for (name, fd, nz, want_zone, want_fd) in cases {
+            let p = Placement::resolve(
+                &c,
+                &machine("m1", &[], nz),
+                &capi_machine("m1", fd, false, None),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(p.zone(), want_zone, "{name}");
+            assert_eq!(p.failure_domain(), want_fd, "{name}");
+            assert_eq!(p.zone_label(), want_zone.unwrap_or("default"), "{name}");
+        }
+    }
+
+    #[test]
+    fn failure_domain_and_network_zone_must_agree() {
+        let err = Placement::resolve(
+            &racks(),
+            &machine("m1", &[], Some("rack-b")),
+            &capi_machine("m1", Some("rack-a"), false, None),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Machine.spec.failureDomain is \"rack-a\" but ProxmoxMachine spec.network.zone is \
+             \"rack-b\"; remove spec.network.zone or set it to \"rack-a\""
+        );
+        assert_eq!(err.reason(), "ZoneConflict");
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn unpublished_failure_domain_is_retryable() {
+        let cases = [
+            // A zone the cluster never had.
+            (racks(), "rack-z", "it is not in status.failureDomains"),
+            // A network-only zone is never published.
+            (racks(), "lan", "it is not in status.failureDomains"),
+            // Added to the spec, but the cluster controller has not published it yet.
+            (
+                {
+                    let mut c = racks();
+                    c.spec.zone_config.push(zone("rack-z", &["pve4"]));
+                    c
+                },
+                "rack-z",
+                "it is not in status.failureDomains",
+            ),
+            // Still published, but its nodes were just removed from the spec.
+            (
+                {
+                    let mut c = racks();
+                    c.spec.zone_config[1].nodes.clear();
+                    c
+                },
+                "rack-b",
+                "its zone in spec.zoneConfig has no nodes",
+            ),
+        ];
+        for (c, fd, detail) in cases {
+            let err = Placement::resolve(
+                &c,
+                &machine("m1", &[], None),
+                &capi_machine("m1", Some(fd), true, None),
+            )
+            .unwrap_err();
+            assert!(err.is_retryable(), "{fd}");
+            assert_eq!(err.reason(), "FailureDomainNotReady");
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "failure domain {fd:?} is not ready on ProxmoxCluster \"c1\": {detail} \
+                     (published failure domains: \"rack-a\", \"rack-b\"); waiting for the cluster to publish it"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_network_zone_names_the_known_zones() {
+        let err = Placement::resolve(
+            &racks(),
+            &machine("m1", &[], Some("dmz")),
+            &capi_machine("m1", None, false, None),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "spec.network.zone \"dmz\" is not a zone of ProxmoxCluster \"c1\" (zones: \"rack-a\", \
+             \"rack-b\", \"lan\"); add it to the cluster's spec.zoneConfig or fix the name"
+        );
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn candidate_nodes_table() {
+        let open = cluster(&[], vec![zone("rack-a", &["pve1", "pve2"])]);
+        let mut restricted = cluster(
+            &["pve2", "pve3", "pve9"],
+            vec![zone("rack-a", &["pve1", "pve2", "pve3"])],
+        );
+        // The zone lists a node the cluster does not allow: failure domains are invalid, so
+        // publish what the last good spec had.
+        restricted.status = racks().status;
+        let none = cluster(&[], vec![]);
+        // (case, cluster, machine allowedNodes, failure domain, want)
+        type Case<'a> = (
+            &'a str,
+            &'a ProxmoxCluster,
+            &'a [&'a str],
+            Option<&'a str>,
+            NodeCandidates,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "zone nodes, nothing allowed: zone nodes",
+                &open,
+                &[],
+                Some("rack-a"),
+                nodes(&["pve1", "pve2"]),
+            ),
+            (
+                "zone ∩ cluster allowed",
+                &restricted,
+                &[],
+                Some("rack-a"),
+                nodes(&["pve2", "pve3"]),
+            ),
+            (
+                "zone ∩ machine allowed over cluster's",
+                &restricted,
+                &["pve1", "pve9"],
+                Some("rack-a"),
+                nodes(&["pve1"]),
+            ),
+            (
+                "no zone: cluster allowed",
+                &restricted,
+                &[],
+                None,
+                nodes(&["pve2", "pve3", "pve9"]),
+            ),
+            (
+                "no zone: machine allowed",
+                &restricted,
+                &["pve9", "pve9", "pve1"],
+                None,
+                nodes(&["pve9", "pve1"]),
+            ),
+            (
+                "nothing configured: template node",
+                &none,
+                &[],
+                None,
+                NodeCandidates::TemplateNode,
+            ),
+            (
+                "zone without zone nodes: nothing configured",
+                &open,
+                &[],
+                None,
+                NodeCandidates::TemplateNode,
+            ),
+        ];
+        for (name, c, allowed, fd, want) in cases {
+            let p = Placement::resolve(
+                c,
+                &machine("m1", allowed, None),
+                &capi_machine("m1", fd, false, None),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                p.needs_scheduling(),
+                want != NodeCandidates::TemplateNode,
+                "{name}"
+            );
+            assert_eq!(p.candidates(), &want, "{name}");
+        }
+    }
+
+    #[test]
+    fn network_zone_without_nodes_uses_allowed_nodes() {
+        let p = Placement::resolve(
+            &racks(),
+            &machine("m1", &[], Some("lan")),
+            &capi_machine("m1", None, false, None),
+        )
+        .unwrap();
+        assert_eq!(p.candidates(), &nodes(&["pve1", "pve2", "pve3", "pve4"]));
+        assert!(p.allows_node("pve3"));
+        assert!(!p.allows_node("pve7"));
+    }
+
+    #[test]
+    fn empty_intersection_names_zone_nodes_and_allowed_nodes() {
+        let err = Placement::resolve(
+            &racks(),
+            &machine("m1", &["pve3"], None),
+            &capi_machine("m1", Some("rack-a"), false, None),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no Proxmox node may host this machine: zone \"rack-a\" has nodes \"pve1\", \"pve2\" \
+             but the allowed nodes (from the ProxmoxMachine's spec.allowedNodes) are \"pve3\"; add a \
+             zone node to allowedNodes or pick another failure domain"
+        );
+        assert_eq!(err.reason(), "NoCandidateNodes");
+        let mut c = racks();
+        c.spec.allowed_nodes = strings(&["pve3", "pve4"]);
+        publish(&mut c);
+        // rack-a nodes outside allowedNodes make the config invalid; keep the last good domains.
+        c.status = racks().status;
+        let err = Placement::resolve(
+            &c,
+            &machine("m1", &[], None),
+            &capi_machine("m1", Some("rack-a"), false, None),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("(from the ProxmoxCluster's spec.allowedNodes) are \"pve3\", \"pve4\""),
+            "{err}"
+        );
+    }
+
+    fn pool_summary(nic: &ResolvedNic) -> Vec<(String, String, bool, Option<IpFamily>, String)> {
+        nic.pools
+            .iter()
+            .map(|p| {
+                (
+                    p.pool.kind.clone(),
+                    p.pool.name.clone(),
+                    p.default_gateway,
+                    p.family,
+                    p.claim_name.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pools_zone_defaults_over_cluster_defaults_then_explicit_refs() {
+        let mut c = racks();
+        c.spec.ipv6_config = ip("fd00::10-fd00::90", "fd00::1");
+        let mut m = machine("m1", &[], None);
+        let nic = &mut m.spec.network.network_devices[0];
+        nic.default_ipv6 = Some(true);
+        nic.ip_pool_ref = vec![
+            TypedLocalObjectReference {
+                api_group: None,
+                kind: "GlobalInClusterIPPool".into(),
+                name: "shared".into(),
+            },
+            TypedLocalObjectReference {
+                api_group: Some("ipam.cluster.x-k8s.io".into()),
+                kind: "InClusterIPPool".into(),
+                name: "c1-lan-v6-icip".into(),
+            },
+        ];
+        let v4 = Some(IpFamily::V4);
+        let v6 = Some(IpFamily::V6);
+        let icip = "InClusterIPPool".to_owned();
+        // In rack-a: its own IPv4 pool, the cluster's IPv6 pool (rack-a has none), then the refs.
+        let p =
+            Placement::resolve(&c, &m, &capi_machine("m1", Some("rack-a"), false, None)).unwrap();
+        assert_eq!(
+            pool_summary(&p.network_devices()[0]),
+            vec![
+                (
+                    icip.clone(),
+                    "c1-rack-a-v4-icip".into(),
+                    true,
+                    v4,
+                    "m1-net0-00-inet".into()
+                ),
+                (
+                    icip.clone(),
+                    "c1-v6-icip".into(),
+                    true,
+                    v6,
+                    "m1-net0-01-inet".into()
+                ),
+                (
+                    "GlobalInClusterIPPool".into(),
+                    "shared".into(),
+                    false,
+                    None,
+                    "m1-net0-02-inet".into()
+                ),
+                (
+                    icip.clone(),
+                    "c1-lan-v6-icip".into(),
+                    false,
+                    v6,
+                    "m1-net0-03-inet".into()
+                ),
+            ]
+        );
+        let claims = &p.network_devices()[0].pools;
+        assert_eq!(claims[2].pool.api_group, "ipam.cluster.x-k8s.io");
+        assert_eq!(claims[0].zone_label.as_deref(), Some("rack-a"));
+        assert_eq!(claims[1].zone_label.as_deref(), Some("default"));
+        assert_eq!(claims[3].index, 3);
+        // Without a zone: the cluster's pools.
+        let p = Placement::resolve(&c, &m, &capi_machine("m1", None, false, None)).unwrap();
+        assert_eq!(claims.len(), p.network_devices()[0].pools.len());
+        assert_eq!(p.network_devices()[0].pools[0].pool.name, "c1-v4-icip");
+        // In the lan zone: the cluster's IPv4 pool, lan's own IPv6 pool.
+        let mut m_lan = m.clone();
+        m_lan.spec.network.zone = Some("lan".into());
+        let p = Placement::resolve(&c, &m_lan, &capi_machine("m1", None, false, None)).unwrap();
+        let names: Vec<&str> = p.network_devices()[0]
+            .pools
+            .iter()
+            .map(|p| p.pool.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["c1-v4-icip", "c1-lan-v6-icip", "shared", "c1-lan-v6-icip"]
+        );
+    }
+
+    #[test]
+    fn missing_default_pool_is_an_error() {
+        let mut m = machine("m1", &[], None);
+        m.spec.network.network_devices[0].default_ipv6 = Some(true);
+        let err = Placement::resolve(
+            &racks(),
+            &m,
+            &capi_machine("m1", Some("rack-b"), false, None),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "network device \"net0\" sets defaultIPv6: true but neither zone \"rack-b\" nor the \
+             cluster has an IPv6 pool; set ipv6Config on the ProxmoxCluster (or its zone) or unset defaultIPv6"
+        );
+        let err =
+            Placement::resolve(&racks(), &m, &capi_machine("m1", None, false, None)).unwrap_err();
+        assert!(
+            err.to_string().contains("but the cluster has no IPv6 pool"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn dns_servers_nic_over_zone_over_cluster() {
+        let mut m = machine("m1", &[], None);
+        m.spec.network.network_devices.push(NetworkDevice {
+            name: "net1".into(),
+            dns_servers: Some(strings(&["9.9.9.9"])),
+            ..Default::default()
+        });
+        let dns = |fd: Option<&str>| -> Vec<Vec<String>> {
+            Placement::resolve(&racks(), &m, &capi_machine("m1", fd, false, None))
+                .unwrap()
+                .network_devices()
+                .iter()
+                .map(|n| n.dns_servers.clone())
+                .collect()
+        };
+        assert_eq!(
+            dns(Some("rack-a")),
+            vec![strings(&["10.1.0.2"]), strings(&["9.9.9.9"])]
+        );
+        assert_eq!(
+            dns(Some("rack-b")),
+            vec![strings(&["10.0.0.2"]), strings(&["9.9.9.9"])]
+        );
+        assert_eq!(
+            dns(None),
+            vec![strings(&["10.0.0.2"]), strings(&["9.9.9.9"])]
+        );
+    }
+
+    #[test]
+    fn nic_fields_are_carried_with_defaults() {
+        let mut m = machine("m1", &[], None);
+        m.spec.network.network_devices.push(NetworkDevice {
+            name: "net1".into(),
+            bridge: Some("vmbr1".into()),
+            model: Some(NetworkModel::E1000),
+            mtu: Some(1),
+            vlan: Some(42),
+            queues: Some(4),
+            link_mtu: Some(9000),
+            routes: Some(vec![RouteSpec {
+                to: Some("10.9.0.0/16".into()),
+                via: Some("10.0.0.254".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        m.spec.network.vrfs = vec![VrfDevice {
+            name: "vrf-a".into(),
+            table: 500,
+            interfaces: strings(&["net1"]),
+            ..Default::default()
+        }];
+        let p = Placement::resolve(&racks(), &m, &capi_machine("m1", None, false, None)).unwrap();
+        let [net0, net1] = p.network_devices() else {
+            panic!("two NICs")
+        };
+        assert_eq!(
+            (net0.name.as_str(), net0.model, net0.bridge.as_deref()),
+            ("net0", NetworkModel::Virtio, Some("vmbr0"))
+        );
+        assert_eq!(net1.model, NetworkModel::E1000);
+        assert_eq!(
+            (net1.mtu, net1.vlan, net1.queues, net1.link_mtu),
+            (Some(1), Some(42), Some(4), Some(9000))
+        );
+        assert_eq!(net1.routes.len(), 1);
+        assert!(net1.routing_policy.is_empty());
+        assert!(
+            net1.pools.is_empty(),
+            "no defaultIPv4/6 and no refs: no claims"
+        );
+        assert_eq!(p.vrfs()[0].name, "vrf-a");
+    }
+
+    #[test]
+    fn template_source_table() {
+        let c = racks();
+        let cm = capi_machine("m1", None, false, None);
+        let by_id = machine("m1", &[], None);
+        assert_eq!(
+            Placement::resolve(&c, &by_id, &cm).unwrap().template(),
+            &TemplateSource::Id {
+                vmid: 100,
+                node: "pve1".into()
+            }
+        );
+        let mut by_tags = by_id.clone();
+        by_tags.spec.template_id = None;
+        by_tags.spec.source_node = None;
+        by_tags.spec.template_selector = Some(TemplateSelector {
+            match_tags: strings(&["Ubuntu", "k8s"]),
+            match_policy: None,
+        });
+        let TemplateSource::Tags(sel) = Placement::resolve(&c, &by_tags, &cm)
+            .unwrap()
+            .template()
+            .clone()
+        else {
+            panic!("tags")
+        };
+        assert_eq!(sel.tags(), ["k8s", "ubuntu"]);
+        let mut both = by_tags.clone();
+        both.spec.template_id = Some(100);
+        let mut neither = by_tags.clone();
+        neither.spec.template_selector = None;
+        for m in [both, neither] {
+            let err = Placement::resolve(&c, &m, &cm).unwrap_err();
+            assert_eq!(err, PlacementError::InvalidTemplateSource);
+            assert_eq!(err.reason(), "InvalidSpec");
+        }
+    }
+
+    #[test]
+    fn scheduler_inputs_table() {
+        let mut c = racks();
+        let m = machine("m1", &[], None);
+        let p = Placement::resolve(
+            &c,
+            &m,
+            &capi_machine("m1", None, true, Some(("KubeadmControlPlane", "kcp"))),
+        )
+        .unwrap();
+        assert_eq!(p.machine_name(), "m1");
+        assert_eq!(p.memory_adjustment(), 100, "unset means 100");
+        assert_eq!(p.requested_memory_bytes(), Some(2048 * 1024 * 1024));
+        assert_eq!(p.role(), MachineRole::ControlPlane);
+        assert_eq!(
+            p.owner(),
+            Some(&MachineOwner {
+                kind: "KubeadmControlPlane".into(),
+                name: "kcp".into()
+            })
+        );
+
+        c.spec.scheduler_hints = Some(SchedulerHints {
+            memory_adjustment: Some(0),
+        });
+        let mut m2 = m.clone();
+        m2.spec.memory_mib = None;
+        let mut worker = capi_machine("m2", None, false, Some(("MachineSet", "md-0-abcde")));
+        worker
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::DEPLOYMENT_NAME.into(), "md-0".into());
+        let p = Placement::resolve(&c, &m2, &worker).unwrap();
+        assert_eq!(p.memory_adjustment(), 0);
+        assert_eq!(p.requested_memory_bytes(), None);
+        assert_eq!(p.role(), MachineRole::Worker);
+        assert_eq!(
+            p.owner(),
+            Some(&MachineOwner {
+                kind: "MachineDeployment".into(),
+                name: "md-0".into()
+            }),
+            "the deployment label wins over the MachineSet that changes on rollout"
+        );
+        let orphan = capi_machine("m3", None, false, None);
+        assert_eq!(machine_owner(&orphan), None);
+    }
+
+    #[test]
+    fn machine_without_name_is_refused() {
+        let mut m = machine("m1", &[], None);
+        m.metadata.name = None;
+        let err =
+            Placement::resolve(&racks(), &m, &capi_machine("m1", None, false, None)).unwrap_err();
+        assert_eq!(err, PlacementError::MissingName);
     }
 }
