@@ -404,3 +404,382 @@ pub fn schedule(
         memory_adjustment: adjustment,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ProxmoxCluster, SchedulerHints};
+    use crate::placement::fixtures::{capi_machine, cluster, machine};
+
+    const GIB: u64 = 1 << 30;
+
+    fn vm(vmid: u32, gib: u64) -> GuestInfo {
+        GuestInfo {
+            vmid,
+            kind: GuestKind::Qemu,
+            max_memory_bytes: gib * GIB,
+            template: false,
+        }
+    }
+
+    fn node(name: &str, total_gib: u64, guests: Vec<GuestInfo>) -> NodeInfo {
+        NodeInfo {
+            name: name.to_owned(),
+            total_memory_bytes: total_gib * GIB,
+            guests,
+            machines: vec![],
+        }
+    }
+
+    fn placed(name: &str, owner: &str, role: MachineRole) -> PlacedMachine {
+        PlacedMachine {
+            name: name.to_owned(),
+            owner: Some(MachineOwner {
+                kind: "KubeadmControlPlane".to_owned(),
+                name: owner.to_owned(),
+            }),
+            role,
+        }
+    }
+
+    fn with_adjustment(adj: Option<i64>, allowed: &[&str]) -> ProxmoxCluster {
+        let mut c = cluster(allowed, vec![]);
+        c.spec.scheduler_hints = adj.map(|a| SchedulerHints {
+            memory_adjustment: Some(a),
+        });
+        c
+    }
+
+    /// A control-plane machine of KCP `kcp` asking for `gib` GiB on the given allowed nodes.
+    fn placement(c: &ProxmoxCluster, name: &str, gib: i32) -> Placement {
+        let mut m = machine(name, &[], None);
+        m.spec.memory_mib = Some(gib * 1024);
+        Placement::resolve(
+            c,
+            &m,
+            &capi_machine(name, None, true, Some(("KubeadmControlPlane", "kcp"))),
+        )
+        .unwrap()
+    }
+
+    fn request(p: &Placement) -> ScheduleRequest {
+        ScheduleRequest::new(p, None)
+    }
+
+    #[test]
+    fn reservable_memory_table() {
+        let template = GuestInfo {
+            template: true,
+            ..vm(900, 64)
+        };
+        let container = GuestInfo {
+            kind: GuestKind::Lxc,
+            ..vm(300, 2)
+        };
+        // (case, total GiB, guests, adjustment, want GiB or None)
+        type Case = (&'static str, u64, Vec<GuestInfo>, u64, Option<u64>);
+        let cases: Vec<Case> = vec![
+            ("empty node, 100%", 64, vec![], 100, Some(64)),
+            (
+                "VMs and containers count, templates do not",
+                64,
+                vec![vm(100, 8), container.clone(), template],
+                100,
+                Some(54),
+            ),
+            ("overcommit 300%", 64, vec![vm(100, 8)], 300, Some(184)),
+            ("headroom 50%", 64, vec![vm(100, 8)], 50, Some(24)),
+            (
+                "saturates at zero",
+                16,
+                vec![vm(100, 12), vm(101, 12)],
+                100,
+                Some(0),
+            ),
+            ("0 disables accounting", 16, vec![vm(100, 64)], 0, None),
+        ];
+        for (name, total, guests, adj, want) in cases {
+            let got = node("n", total, guests).reservable_bytes(adj);
+            assert_eq!(got, want.map(|g| g * GIB), "{name}");
+        }
+        // total × adjustment / 100 is computed without overflow or early rounding.
+        let big = NodeInfo {
+            total_memory_bytes: u64::MAX,
+            ..node("n", 0, vec![])
+        };
+        assert_eq!(big.reservable_bytes(200), Some(u64::MAX));
+        let odd = NodeInfo {
+            total_memory_bytes: 999,
+            ..node("n", 0, vec![])
+        };
+        assert_eq!(odd.reservable_bytes(50), Some(499));
+    }
+
+    #[test]
+    fn unset_memory_adjustment_means_100_percent() {
+        let c = with_adjustment(None, &["pve1"]);
+        let p = placement(&c, "m1", 8);
+        let inv = NodeInventory {
+            nodes: vec![node("pve1", 16, vec![vm(100, 8)])],
+        };
+        let choice = schedule(&p, &inv, &Reservations::new(), &request(&p)).unwrap();
+        assert_eq!(choice.reservable_bytes, Some(8 * GIB));
+        let p = placement(&c, "m1", 9);
+        assert!(schedule(&p, &inv, &Reservations::new(), &request(&p)).is_err());
+    }
+
+    #[test]
+    fn spread_order_owner_then_role_then_memory_then_name() {
+        let c = with_adjustment(None, &["a", "b", "c"]);
+        let p = placement(&c, "m1", 1);
+        let cp = MachineRole::ControlPlane;
+        let w = MachineRole::Worker;
+        let mut worker_of_other = placed("x", "other", w);
+        worker_of_other.owner = None;
+        // (case, nodes, want)
+        let cases: Vec<(&str, Vec<NodeInfo>, &str)> = vec![
+            (
+                "fewest machines of the same owner beats memory",
+                vec![
+                    NodeInfo {
+                        machines: vec![placed("k1", "kcp", cp)],
+                        ..node("a", 256, vec![])
+                    },
+                    node("b", 16, vec![]),
+                    NodeInfo {
+                        machines: vec![placed("k2", "kcp", cp)],
+                        ..node("c", 256, vec![])
+                    },
+                ],
+                "b",
+            ),
+            (
+                "then fewest of the same role",
+                vec![
+                    NodeInfo {
+                        machines: vec![placed("o1", "other", cp)],
+                        ..node("a", 256, vec![])
+                    },
+                    NodeInfo {
+                        machines: vec![worker_of_other.clone()],
+                        ..node("b", 16, vec![])
+                    },
+                    NodeInfo {
+                        machines: vec![placed("o2", "other", cp)],
+                        ..node("c", 256, vec![])
+                    },
+                ],
+                "b",
+            ),
+            (
+                "then most reservable memory",
+                vec![
+                    node("a", 16, vec![]),
+                    node("b", 32, vec![vm(1, 8)]),
+                    node("c", 32, vec![]),
+                ],
+                "c",
+            ),
+            (
+                "then name",
+                vec![
+                    node("c", 32, vec![]),
+                    node("b", 32, vec![]),
+                    node("a", 32, vec![vm(1, 1)]),
+                ],
+                "b",
+            ),
+            (
+                "nodes that do not fit are skipped even when they spread better",
+                vec![
+                    NodeInfo {
+                        machines: vec![placed("k1", "kcp", cp)],
+                        ..node("a", 16, vec![])
+                    },
+                    node("b", 16, vec![vm(1, 16)]),
+                ],
+                "a",
+            ),
+            (
+                "nodes outside the placement are ignored",
+                vec![node("z", 512, vec![]), node("a", 8, vec![])],
+                "a",
+            ),
+        ];
+        for (name, nodes, want) in cases {
+            let inv = NodeInventory { nodes };
+            let got = schedule(&p, &inv, &Reservations::new(), &request(&p))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(got.node, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_request_equal_to_what_is_left_fits() {
+        let c = with_adjustment(None, &["a"]);
+        let p = placement(&c, "m1", 8);
+        let inv = NodeInventory {
+            nodes: vec![node("a", 16, vec![vm(1, 8)])],
+        };
+        assert_eq!(
+            schedule(&p, &inv, &Reservations::new(), &request(&p))
+                .unwrap()
+                .node,
+            "a"
+        );
+    }
+
+    #[test]
+    fn reservations_stop_parallel_machines_taking_the_last_slot() {
+        let c = with_adjustment(None, &["a", "b"]);
+        let inv = NodeInventory {
+            nodes: vec![
+                node("a", 16, vec![vm(1, 8)]),
+                node("b", 16, vec![vm(2, 12)]),
+            ],
+        };
+        let mut res = Reservations::new();
+        let p1 = placement(&c, "m1", 8);
+        let p2 = placement(&c, "m2", 8);
+        let first = res.schedule_and_reserve(&p1, &inv, &request(&p1)).unwrap();
+        assert_eq!(first.node, "a");
+        let err = res
+            .schedule_and_reserve(&p2, &inv, &request(&p2))
+            .unwrap_err();
+        assert!(err.is_retryable());
+        assert_eq!(
+            err.to_string(),
+            "cannot reserve 8192 MiB of memory for machine m2 on any of [\"a\", \"b\"]: the best node \
+             b has 4096 MiB reservable left (memoryAdjustment 100%); free memory, add nodes or raise \
+             schedulerHints.memoryAdjustment"
+        );
+        // Once m1's VM shows up on the node with its VMID, its guest counts instead of the reservation.
+        res.set_vmid("m1", 101);
+        let inv2 = NodeInventory {
+            nodes: vec![
+                node("a", 16, vec![vm(1, 8), vm(101, 8)]),
+                inv.nodes[1].clone(),
+            ],
+        };
+        assert_eq!(
+            schedule(&p2, &inv2, &res, &request(&p2))
+                .unwrap_err()
+                .to_string(),
+            err.to_string()
+        );
+        // Releasing m1 (deleted before its VM existed) frees the slot.
+        assert_eq!(res.release("m1").map(|r| r.node), Some("a".to_owned()));
+        assert_eq!(
+            res.schedule_and_reserve(&p2, &inv, &request(&p2))
+                .unwrap()
+                .node,
+            "a"
+        );
+        assert_eq!(res.len(), 1);
+    }
+
+    #[test]
+    fn reserved_machines_count_for_spreading() {
+        let c = with_adjustment(Some(0), &["a", "b"]);
+        let inv = NodeInventory {
+            nodes: vec![node("a", 16, vec![]), node("b", 16, vec![])],
+        };
+        let mut res = Reservations::new();
+        let nodes: Vec<String> = ["m1", "m2", "m3", "m4"]
+            .iter()
+            .map(|m| {
+                let p = placement(&c, m, 64);
+                res.schedule_and_reserve(&p, &inv, &request(&p))
+                    .unwrap()
+                    .node
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            ["a", "b", "a", "b"],
+            "accounting off: everything fits, still spread"
+        );
+    }
+
+    #[test]
+    fn scheduling_again_keeps_an_existing_reservation() {
+        let c = with_adjustment(None, &["a", "b"]);
+        let inv = NodeInventory {
+            nodes: vec![node("a", 16, vec![]), node("b", 32, vec![])],
+        };
+        let mut res = Reservations::new();
+        let p = placement(&c, "m1", 8);
+        assert_eq!(
+            res.schedule_and_reserve(&p, &inv, &request(&p))
+                .unwrap()
+                .node,
+            "b"
+        );
+        // Even though b now looks fuller (its own reservation is not counted against it), m1 stays.
+        let again = res.schedule_and_reserve(&p, &inv, &request(&p)).unwrap();
+        assert_eq!(
+            (again.node.as_str(), again.reservable_bytes),
+            ("b", Some(32 * GIB))
+        );
+        assert_eq!(res.len(), 1);
+    }
+
+    #[test]
+    fn template_node_placements_are_not_scheduled() {
+        let c = cluster(&[], vec![]);
+        let p = placement(&c, "m1", 1);
+        let err = schedule(
+            &p,
+            &NodeInventory::default(),
+            &Reservations::new(),
+            &request(&p),
+        )
+        .unwrap_err();
+        assert!(!err.is_retryable());
+        assert!(matches!(err, ScheduleError::NotScheduled { .. }));
+    }
+
+    #[test]
+    fn unreadable_nodes_are_reported() {
+        let c = with_adjustment(None, &["a", "b"]);
+        let p = placement(&c, "m1", 1);
+        let err = schedule(
+            &p,
+            &NodeInventory::default(),
+            &Reservations::new(),
+            &request(&p),
+        )
+        .unwrap_err();
+        assert!(err.is_retryable());
+        assert_eq!(
+            err.to_string(),
+            "none of the candidate nodes [\"a\", \"b\"] of machine m1 could be read from Proxmox; \
+             check that they are online"
+        );
+    }
+
+    #[test]
+    fn request_memory_falls_back_to_the_template() {
+        let c = with_adjustment(None, &["a"]);
+        let mut m = machine("m1", &[], None);
+        m.spec.memory_mib = None;
+        let p = Placement::resolve(&c, &m, &capi_machine("m1", None, false, None)).unwrap();
+        assert_eq!(
+            ScheduleRequest::new(&p, Some(4 * GIB)).memory_bytes,
+            4 * GIB
+        );
+        assert_eq!(ScheduleRequest::new(&p, None).memory_bytes, 0);
+        let p = placement(&c, "m1", 2);
+        assert_eq!(
+            ScheduleRequest::new(&p, Some(4 * GIB)).memory_bytes,
+            2 * GIB
+        );
+    }
+
+    #[test]
+    fn byte_amounts_read_well() {
+        assert_eq!(Bytes(3 * GIB).to_string(), "3072 MiB");
+        assert_eq!(Bytes(1000).to_string(), "1000 B");
+        assert_eq!(Bytes(0).to_string(), "0 B");
+    }
+}
