@@ -1,12 +1,32 @@
 //! Where a machine goes: failure domains, the one resolved [`Placement`], the node scheduler and
 //! template choice. Pure code (no Kubernetes or Proxmox I/O), so controllers only ask it questions.
 //!
-//! Flow for a machine: [`Placement::resolve`] from the ProxmoxCluster, ProxmoxMachine and CAPI
-//! Machine; if [`Placement::needs_scheduling`], [`Reservations::schedule_and_reserve`] with a
-//! [`NodeInventory`] read from Proxmox; for a [`TemplateSource::Tags`] source,
-//! [`select_template`] on the chosen node; then IPAM and cloud-init read the
-//! [`Placement::network_devices`]. Nothing downstream reads `allowedNodes`, `network.zone` or
-//! `zoneConfig` itself: those are only reachable through this module (a test enforces it).
+//! # Flow
+//!
+//! - Cluster controller: [`failure_domains`] for `status.failureDomains` (on error keep the last
+//!   good list and report the [`ZoneConfigError`]); [`cluster_pools`] for the `InClusterIPPool`s.
+//! - Machine controller: [`Placement::resolve`] from the ProxmoxCluster, ProxmoxMachine and CAPI
+//!   Machine; if [`Placement::needs_scheduling`], [`Reservations::schedule_and_reserve`] with a
+//!   [`NodeInventory`] read from Proxmox; for a [`TemplateSource::Tags`] source,
+//!   [`select_template`] with the chosen node; IPAM claims the [`PoolClaim`]s of
+//!   [`Placement::network_devices`]; cloud-init reads the same NICs.
+//!
+//! Nothing downstream reads `allowedNodes`, `network.zone`, `zoneConfig`, `schedulerHints` or the
+//! NIC pool fields itself: they are only reachable through this module, and a test
+//! (`only_placement_reads_zone_and_allowed_node_fields`) fails the build of any code that does.
+//!
+//! # Where capmox differs from the Go provider (on purpose)
+//!
+//! - Zone DNS servers are used (NIC over zone over cluster); the Go provider ignored them.
+//! - A failure domain restricts nodes to zone nodes ∩ allowed nodes (PR #720 replaced them), and
+//!   zones without nodes are not published as failure domains.
+//! - `memoryAdjustment: 0` turns accounting off (the Go provider compared against total memory);
+//!   a request equal to what is left fits; memory promised to machines still being created counts;
+//!   an unset `memoryMiB` uses the template's memory instead of 0; "nothing fits" is retried, not terminal.
+//! - Spreading counts machines of the same owner first (KCP or MachineDeployment), then role.
+//! - `bestSubset` picks the template with the fewest extra tags whatever the listing order, the
+//!   user's `matchTags` are never rewritten, and per-node templates resolve to the chosen node's copy.
+//! - Claims reference pools with the bare API group `ipam.cluster.x-k8s.io`, never a group/version.
 
 mod failure_domains;
 mod pools;

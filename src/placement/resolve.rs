@@ -362,6 +362,11 @@ impl Placement {
         self.zone.as_deref().filter(|_| self.failure_domain)
     }
 
+    /// Whether the effective zone is a failure domain the cluster publishes.
+    pub fn is_failure_domain(&self) -> bool {
+        self.failure_domain
+    }
+
     /// Value of the `topology.kubernetes.io/proxmox-zone` label: the zone, or `default`.
     pub fn zone_label(&self) -> &str {
         self.zone.as_deref().unwrap_or(DEFAULT_ZONE)
@@ -698,6 +703,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(p.zone(), want_zone, "{name}");
             assert_eq!(p.failure_domain(), want_fd, "{name}");
+            assert_eq!(p.is_failure_domain(), want_fd.is_some(), "{name}");
             assert_eq!(p.zone_label(), want_zone.unwrap_or("default"), "{name}");
         }
     }

@@ -4,7 +4,11 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::resolve::{MachineOwner, MachineRole, NodeCandidates, Placement};
+use crate::capi::Machine;
+
+use super::resolve::{
+    MachineOwner, MachineRole, NodeCandidates, Placement, machine_owner, machine_role,
+};
 
 /// Kind of a Proxmox guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +41,18 @@ pub struct PlacedMachine {
     pub owner: Option<MachineOwner>,
     /// Control plane or worker.
     pub role: MachineRole,
+}
+
+impl PlacedMachine {
+    /// A machine on a node, with owner and role derived from its CAPI Machine exactly as
+    /// [`Placement::resolve`] derives them for the machine being scheduled.
+    pub fn from_machine(name: impl Into<String>, capi_machine: &Machine) -> Self {
+        Self {
+            name: name.into(),
+            owner: machine_owner(capi_machine),
+            role: machine_role(capi_machine),
+        }
+    }
 }
 
 /// What the scheduler needs to know about one Proxmox node.
@@ -140,6 +156,32 @@ impl Reservations {
     /// Drops a machine's reservation (its VM is running, or it was deleted); returns it.
     pub fn release(&mut self, machine: &str) -> Option<Reservation> {
         self.by_machine.remove(machine)
+    }
+
+    /// Drops the reservations whose VM the inventory now lists (by VMID on the reserved node),
+    /// since the guest's own `maxmem` counts from then on; returns the machines released.
+    pub fn release_visible(&mut self, inventory: &NodeInventory) -> Vec<String> {
+        let visible: Vec<String> = self
+            .by_machine
+            .values()
+            .filter(|r| {
+                r.vmid.is_some_and(|id| {
+                    inventory
+                        .node(&r.node)
+                        .is_some_and(|n| n.guests.iter().any(|g| g.vmid == id))
+                })
+            })
+            .map(|r| r.machine.clone())
+            .collect();
+        for machine in &visible {
+            self.by_machine.remove(machine);
+        }
+        visible
+    }
+
+    /// Every reservation, by machine name.
+    pub fn iter(&self) -> impl Iterator<Item = &Reservation> {
+        self.by_machine.values()
     }
 
     /// The reservation of a machine.
@@ -676,6 +718,34 @@ mod tests {
             "a"
         );
         assert_eq!(res.len(), 1);
+    }
+
+    #[test]
+    fn visible_vms_release_their_reservation() {
+        let c = with_adjustment(None, &["a"]);
+        let p = placement(&c, "m1", 4);
+        let inv = NodeInventory {
+            nodes: vec![node("a", 16, vec![])],
+        };
+        let mut res = Reservations::new();
+        res.schedule_and_reserve(&p, &inv, &request(&p)).unwrap();
+        assert!(res.release_visible(&inv).is_empty(), "no VMID yet");
+        res.set_vmid("m1", 150);
+        assert!(res.release_visible(&inv).is_empty(), "VM not listed yet");
+        let listed = NodeInventory {
+            nodes: vec![node("a", 16, vec![vm(150, 4)])],
+        };
+        assert_eq!(res.release_visible(&listed), ["m1"]);
+        assert!(res.is_empty());
+        assert_eq!(res.iter().count(), 0);
+    }
+
+    #[test]
+    fn placed_machines_get_owner_and_role_like_the_placement() {
+        let kcp = capi_machine("cp-0", None, true, Some(("KubeadmControlPlane", "kcp")));
+        let placed = PlacedMachine::from_machine("cp-0", &kcp);
+        assert_eq!(placed.role, MachineRole::ControlPlane);
+        assert_eq!(placed.owner.map(|o| o.name), Some("kcp".to_owned()));
     }
 
     #[test]
