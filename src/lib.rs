@@ -2,13 +2,15 @@
 //!
 //! `api` holds the types users write; `capi` the read-only views of CAPI objects capmox consumes;
 //! `schema` checks objects against the published CRD schemas the way the API server does;
-//! `proxmox` is the typed Proxmox VE client, `sim` a Proxmox VE simulator and `testkit` an
-//! in-process Kubernetes API server, both for tests, benchmarks and the sandbox.
+//! `placement` decides where each machine goes (pure); `proxmox` is the typed Proxmox VE client;
+//! `sim` a Proxmox VE simulator and `testkit` an in-process Kubernetes API server, both for
+//! tests, benchmarks and the sandbox.
 
 pub mod api;
 pub mod capi;
 pub mod cli;
 pub mod controller;
+pub mod placement;
 pub mod proxmox;
 pub mod schema;
 pub mod sim;

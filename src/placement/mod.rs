@@ -1,0 +1,58 @@
+//! Where a machine goes: failure domains, the one resolved [`Placement`], the node scheduler and
+//! template choice. Pure code (no Kubernetes or Proxmox I/O), so controllers only ask it questions.
+//!
+//! # Flow
+//!
+//! - Cluster controller: [`failure_domains`] for `status.failureDomains` (on error keep the last
+//!   good list and report the [`ZoneConfigError`]); [`cluster_pools`] for the `InClusterIPPool`s.
+//! - Machine controller: [`Placement::resolve`] from the ProxmoxCluster, ProxmoxMachine and CAPI
+//!   Machine; if [`Placement::needs_scheduling`], [`Reservations::schedule_and_reserve`] with a
+//!   [`NodeInventory`] read from Proxmox; for a [`TemplateSource::Tags`] source,
+//!   [`select_template`] with the chosen node; IPAM claims the [`PoolClaim`]s of
+//!   [`Placement::network_devices`]; cloud-init reads the same NICs.
+//!
+//! Nothing downstream reads `allowedNodes`, `network.zone`, `zoneConfig`, `schedulerHints` or the
+//! NIC pool fields itself: they are only reachable through this module, and a test
+//! (`only_placement_reads_zone_and_allowed_node_fields`) fails the build of any code that does.
+//!
+//! # Where capmox differs from the Go provider (on purpose)
+//!
+//! - Zone DNS servers are used (NIC over zone over cluster); the Go provider ignored them.
+//! - A failure domain restricts nodes to zone nodes ∩ allowed nodes (PR #720 replaced them), and
+//!   zones without nodes are not published as failure domains.
+//! - `memoryAdjustment: 0` turns accounting off (the Go provider compared against total memory);
+//!   a request equal to what is left fits; memory promised to machines still being created counts;
+//!   an unset `memoryMiB` uses the template's memory instead of 0; "nothing fits" is retried, not terminal.
+//! - Spreading counts machines of the same owner first (KCP or MachineDeployment), then role.
+//! - `bestSubset` picks the template with the fewest extra tags whatever the listing order, the
+//!   user's `matchTags` are never rewritten, and per-node templates resolve to the chosen node's copy.
+//! - Claims reference pools with the bare API group `ipam.cluster.x-k8s.io`, never a group/version.
+
+mod failure_domains;
+mod pools;
+mod resolve;
+mod scheduler;
+mod templates;
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod tests;
+
+pub use failure_domains::{MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, failure_domains};
+pub use pools::{
+    ClusterPool, IN_CLUSTER_IP_POOL_KIND, IpFamily, PoolRef, address_family, claim_name,
+    cluster_pools, pool_name,
+};
+pub use resolve::{
+    MachineOwner, MachineRole, NodeCandidates, Placement, PlacementError, PoolClaim, ResolvedNic,
+    TemplateSource, machine_owner, machine_role,
+};
+pub use scheduler::{
+    GuestInfo, GuestKind, NodeChoice, NodeInfo, NodeInventory, PlacedMachine, Reservation,
+    Reservations, ScheduleError, ScheduleRequest, schedule,
+};
+pub use templates::{
+    TagSelector, TemplateChoice, TemplateError, TemplateInfo, normalize_tags, select_template,
+    split_proxmox_tags,
+};
