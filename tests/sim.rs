@@ -1,0 +1,737 @@
+//! The typed client against the simulator over real HTTP: the full machine lifecycle
+//! and every error path of the error model.
+
+use std::future::Future;
+use std::time::Duration;
+
+use capmox::proxmox::*;
+use capmox::sim::iso::build_iso;
+use capmox::sim::{FaultConfig, FaultRule, SimOptions, Simulator, Topology};
+
+fn client_for(sim: &Simulator) -> ProxmoxClient {
+    let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
+    cfg.retry.base_delay = Duration::from_millis(10);
+    ProxmoxClient::new(&cfg).expect("client")
+}
+
+fn waits() -> WaitOptions {
+    WaitOptions {
+        initial_interval: Duration::from_millis(20),
+        factor: 1.5,
+        max_interval: Duration::from_millis(200),
+        deadline: Duration::from_secs(20),
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics after `deadline`.
+async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut interval = Duration::from_millis(20);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(interval).await;
+        interval = (interval * 2).min(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test]
+async fn machine_lifecycle_end_to_end() {
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("simulator");
+    let client = client_for(&sim);
+    let node = "pve1";
+
+    let v = client.version().await.expect("version");
+    assert_eq!(v.major_minor(), Some((9, 1)));
+    assert_eq!(client.nodes().await.expect("nodes").len(), 3);
+    let status = client.cluster_status().await.expect("cluster status");
+    assert!(status.iter().any(|e| e.kind == "cluster" && e.quorate));
+    let ns = client.node_status(node).await.expect("node status");
+    assert!(ns.memory.total > 0 && ns.cpuinfo.cpus == 16);
+
+    // find the template by tags, like the provider
+    let res = client
+        .cluster_resources(Some(ResourceFilter::Vm))
+        .await
+        .expect("resources");
+    let tpl = res
+        .iter()
+        .find(|r| r.template && r.tags.contains(&"capmox".to_string()))
+        .expect("template with tag");
+    assert_eq!(tpl.vmid, Some(9000));
+    let tnode = tpl.node.clone().expect("template node");
+    let newid = client.next_id(None).await.expect("nextid");
+    assert_eq!(newid, 100);
+    assert_eq!(client.next_id(Some(newid)).await.expect("free id"), newid);
+
+    // clone: VM exists at once, locked until the task ends
+    let upid = client
+        .clone_vm(
+            &tnode,
+            9000,
+            &CloneParams {
+                newid,
+                name: Some("cluster-a-cp-1".into()),
+                full: Some(true),
+                storage: Some("local-lvm".into()),
+                pool: Some("capi".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("clone");
+    assert_eq!(upid.node, tnode);
+    assert_eq!(upid.task_type, "qmclone");
+    let cfg = client
+        .vm_config(node, newid)
+        .await
+        .expect("config during clone");
+    assert_eq!(cfg.lock().as_deref(), Some("clone"));
+    let err = client
+        .update_vm_config(node, newid, &ConfigUpdate::default().set("cores", 4))
+        .await
+        .expect_err("locked");
+    assert!(
+        matches!(&err, ProxmoxError::Locked { lock, reason, .. } if lock == "clone" && reason == "VM is locked (clone)"),
+        "{err:?}"
+    );
+    let err = client.next_id(Some(newid)).await.expect_err("taken");
+    assert!(matches!(err, ProxmoxError::AlreadyExists { .. }), "{err:?}");
+    let done = client.wait_task(&upid, &waits()).await.expect("clone task");
+    assert_eq!(done.exitstatus.as_deref(), Some("OK"));
+    let pool = client.get_pool("capi").await.expect("pool");
+    assert_eq!(pool.members.len(), 1);
+
+    // configure with digest (read-modify-write)
+    let cfg = client.vm_config(node, newid).await.expect("config");
+    assert_eq!(cfg.lock(), None);
+    assert!(!cfg.is_template());
+    let mac = cfg.nics()[0].mac.clone().expect("clone has a MAC");
+    assert_ne!(mac, "BC:24:11:00:90:00", "clone gets a new MAC");
+    let update = ConfigUpdate::default()
+        .set("cores", 4)
+        .set("memory", 4096)
+        .set("ciupgrade", 0)
+        .set("description", "managed by capmox")
+        .digest(cfg.digest());
+    let task = client
+        .update_vm_config(node, newid, &update)
+        .await
+        .expect("config update");
+    client
+        .wait_task_ref(&task, &waits())
+        .await
+        .expect("qmconfig");
+    let err = client
+        .update_vm_config(node, newid, &update)
+        .await
+        .expect_err("stale digest");
+    assert!(
+        err.reason()
+            .is_some_and(|r| r.starts_with("checksum mismatch")),
+        "{err:?}"
+    );
+    // tags: canonicalised by the server
+    let (tags, digest) = client.vm_tags(node, newid).await.expect("tags");
+    let mut tags = tags;
+    tags.push("Cluster-A".into());
+    let t = client
+        .set_tags(node, newid, &tags, digest)
+        .await
+        .expect("set tags");
+    client.wait_task_ref(&t, &waits()).await.expect("tags task");
+    let cfg = client.vm_config(node, newid).await.expect("config");
+    assert_eq!(cfg.tags(), vec!["capmox", "cluster-a", "ubuntu"]);
+    assert_eq!(cfg.memory_mib(), Some(4096));
+    // sync PUT
+    client
+        .update_vm_config_sync(node, newid, &ConfigUpdate::default().set("sockets", 1))
+        .await
+        .expect("PUT config");
+
+    // resize grows only
+    let t = client
+        .resize_disk(node, newid, "scsi0", "+10G", None)
+        .await
+        .expect("resize");
+    client
+        .wait_task_ref(&t, &waits())
+        .await
+        .expect("resize task");
+    let t = client
+        .resize_disk(node, newid, "scsi0", "5G", None)
+        .await
+        .expect("resize call");
+    let err = client
+        .wait_task_ref(&t, &waits())
+        .await
+        .expect_err("shrink");
+    assert!(
+        matches!(&err, ProxmoxError::TaskFailed { exitstatus, .. } if exitstatus == "shrinking disks is not supported"),
+        "{err:?}"
+    );
+    let st = client.vm_status(node, newid).await.expect("status");
+    assert_eq!(st.maxdisk, 20 << 30);
+
+    // NoCloud seed: upload, attach as CD-ROM
+    let network_config = format!(
+        "network:\n  version: 2\n  renderer: networkd\n  ethernets:\n    eth0:\n      match:\n        macaddress: \"{}\"\n      dhcp4: false\n      addresses:\n        - 10.0.1.50/24\n      routes:\n        - {{to: 0.0.0.0/0, via: 10.0.1.1}}\n",
+        mac.to_ascii_lowercase()
+    );
+    let iso = build_iso(
+        "cidata",
+        &[
+            ("user-data", b"#cloud-config\n"),
+            (
+                "meta-data",
+                b"instance-id: x\nlocal-hostname: cluster-a-cp-1\n",
+            ),
+            ("network-config", network_config.as_bytes()),
+        ],
+    );
+    let storages = client
+        .list_storage(node, Some("iso"))
+        .await
+        .expect("storages");
+    let iso_storage = storages
+        .iter()
+        .find(|s| s.has_content("iso"))
+        .expect("iso storage")
+        .storage
+        .clone();
+    let fname = format!("user-data-{newid}.iso");
+    let t = client
+        .upload_iso(node, &iso_storage, &fname, iso.clone())
+        .await
+        .expect("upload");
+    client.wait_task_ref(&t, &waits()).await.expect("imgcopy");
+    let content = client
+        .storage_content(node, &iso_storage, Some("iso"), None)
+        .await
+        .expect("content");
+    let volid = format!("{iso_storage}:iso/{fname}");
+    let vol = content
+        .iter()
+        .find(|c| c.volid == volid)
+        .expect("uploaded volume");
+    assert_eq!(vol.size, iso.len() as u64);
+    let t = client
+        .update_vm_config(
+            node,
+            newid,
+            &ConfigUpdate::default()
+                .set("ide2", format!("{volid},media=cdrom"))
+                .set("boot", "order=scsi0;ide2"),
+        )
+        .await
+        .expect("attach");
+    client
+        .wait_task_ref(&t, &waits())
+        .await
+        .expect("attach task");
+
+    // agent is not configured on a stopped VM / not running before boot
+    let err = client
+        .agent_network_interfaces(node, newid)
+        .await
+        .expect_err("stopped");
+    assert!(
+        err.reason().is_some_and(|r| r.contains("not running")),
+        "{err:?}"
+    );
+
+    // start → agent reports the ISO's static address on the NIC's MAC
+    let t = client
+        .power(node, newid, PowerAction::Start)
+        .await
+        .expect("start");
+    client.wait_task_ref(&t, &waits()).await.expect("qmstart");
+    assert!(
+        client
+            .vm_status(node, newid)
+            .await
+            .expect("status")
+            .is_running()
+    );
+    let ifaces = eventually("guest agent", Duration::from_secs(10), || async {
+        match client.agent_network_interfaces(node, newid).await {
+            Ok(i) => Some(i),
+            Err(e) if e.reason() == Some("QEMU guest agent is not running") => None,
+            Err(e) => panic!("unexpected agent error {e:?}"),
+        }
+    })
+    .await;
+    let eth0 = ifaces.iter().find(|i| i.name == "eth0").expect("eth0");
+    assert_eq!(
+        eth0.hardware_address.as_deref(),
+        Some(mac.to_ascii_lowercase().as_str())
+    );
+    assert!(
+        eth0.ip_addresses
+            .iter()
+            .any(|a| a.ip_address == "10.0.1.50" && a.prefix == 24),
+        "{eth0:?}"
+    );
+    client.agent_ping(node, newid).await.expect("ping");
+    let os = client.agent_os_info(node, newid).await.expect("osinfo");
+    assert_eq!(os.id.as_deref(), Some("ubuntu"));
+    let pid = client
+        .agent_exec(node, newid, &["cloud-init", "status"], None)
+        .await
+        .expect("exec");
+    let result = eventually("cloud-init status", Duration::from_secs(5), || async {
+        let s = client
+            .agent_exec_status(node, newid, pid)
+            .await
+            .expect("exec-status");
+        s.exited.then_some(s)
+    })
+    .await;
+    assert_eq!(result.exitcode, Some(0));
+    assert_eq!(result.out_data.as_deref(), Some("status: done\n"));
+
+    // delete refuses a running VM; stop, then delete with purge
+    let err = client
+        .delete_vm(node, newid, DeleteParams::default())
+        .await
+        .expect_err("running");
+    assert_eq!(
+        err.reason(),
+        Some(format!("VM {newid} is running - destroy failed").as_str())
+    );
+    let t = client
+        .power(node, newid, PowerAction::Stop)
+        .await
+        .expect("stop");
+    client.wait_task_ref(&t, &waits()).await.expect("qmstop");
+    let t = client
+        .delete_vm(
+            node,
+            newid,
+            DeleteParams {
+                purge: true,
+                destroy_unreferenced_disks: true,
+            },
+        )
+        .await
+        .expect("delete");
+    client.wait_task_ref(&t, &waits()).await.expect("qmdestroy");
+    let err = client.vm_config(node, newid).await.expect_err("gone");
+    assert!(err.is_not_found(), "{err:?}");
+    let t = client
+        .delete_volume(node, &iso_storage, &volid)
+        .await
+        .expect("delete iso");
+    client.wait_task_ref(&t, &waits()).await.expect("imgdel");
+    let content = client
+        .storage_content(node, &iso_storage, Some("iso"), None)
+        .await
+        .expect("content");
+    assert!(content.iter().all(|c| c.volid != volid));
+
+    // counters on both sides
+    let m = client.metrics();
+    assert!(m["POST /nodes/{node}/qemu/{vmid}/clone"].calls == 1);
+    assert!(m["GET /nodes/{node}/tasks/{upid}/status"].calls >= 5);
+    let sc = sim.counters();
+    assert_eq!(sc["POST /nodes/{node}/qemu/{vmid}/clone"].calls, 1);
+    assert!(
+        sim.request_log()
+            .iter()
+            .any(|r| r.endpoint == "DELETE /nodes/{node}/qemu/{vmid}"
+                && r.params
+                    == vec![
+                        "destroy-unreferenced-disks".to_string(),
+                        "purge".to_string()
+                    ])
+    );
+}
+
+#[tokio::test]
+async fn error_paths_map_to_variants() {
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("simulator");
+    let client = client_for(&sim);
+
+    // Unauthorized: wrong secret, reason phrase kept, secret never shown
+    let mut cfg = ClientConfig::new(
+        sim.url(),
+        ApiToken::new("root@pam!capmox", Secret::new("wrong-secret-123")).expect("token"),
+    );
+    cfg.retry.max_attempts = 1;
+    let bad = ProxmoxClient::new(&cfg).expect("client");
+    let err = bad.version().await.expect_err("401");
+    assert!(
+        matches!(&err, ProxmoxError::Unauthorized { reason } if reason == "invalid token value!"),
+        "{err:?}"
+    );
+    assert!(!format!("{err} {err:?} {bad:?} {cfg:?}").contains("wrong-secret-123"));
+
+    // NotFound
+    let err = client.vm_config("pve1", 4242).await.expect_err("missing");
+    assert!(
+        matches!(&err, ProxmoxError::NotFound { status: 500, reason } if reason == "Configuration file 'nodes/pve1/qemu-server/4242.conf' does not exist"),
+        "{err:?}"
+    );
+    // VM on another node looks missing on the wrong node
+    let err = client
+        .vm_status("pve2", 9000)
+        .await
+        .expect_err("wrong node");
+    assert!(err.is_not_found());
+    // task not found
+    let fake: Upid = "UPID:pve1:00000001:00000001:00000001:qmstart:100:root@pam:"
+        .parse()
+        .expect("upid");
+    assert!(
+        client
+            .task_status(&fake)
+            .await
+            .expect_err("no such task")
+            .is_not_found()
+    );
+
+    // AlreadyExists: clone onto an existing VMID, nextid for a used id
+    let err = client
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 9001,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("exists");
+    assert!(matches!(err, ProxmoxError::AlreadyExists { .. }), "{err:?}");
+
+    // InvalidParameters with the errors map
+    let err = client.next_id(Some(99)).await.expect_err("invalid");
+    match &err {
+        ProxmoxError::InvalidParameters { errors, reason, .. } => {
+            assert_eq!(reason, "Parameter verification failed.");
+            assert_eq!(
+                errors["vmid"],
+                "invalid format - value does not look like a valid VM ID"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = client
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 150,
+                storage: Some("ceph".into()),
+                full: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("linked clone with storage");
+    assert!(
+        matches!(&err, ProxmoxError::InvalidParameters { errors, .. } if errors.contains_key("storage")),
+        "{err:?}"
+    );
+    // clone to another node from local storage
+    let err = client
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 151,
+                target: Some("pve2".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("local storage");
+    assert_eq!(
+        err.reason(),
+        Some("can't clone VM to node 'pve2' (VM uses local storage)")
+    );
+
+    // Locked: a backup lock set on the template
+    sim.with_cluster(|c| c.set_lock(9001, Some("backup")));
+    let err = client
+        .clone_vm(
+            "pve1",
+            9001,
+            &CloneParams {
+                newid: 152,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("locked");
+    assert!(
+        matches!(&err, ProxmoxError::Locked { lock, .. } if lock == "backup"),
+        "{err:?}"
+    );
+    sim.with_cluster(|c| c.set_lock(9001, None));
+
+    // TaskFailed: starting a template fails inside the task
+    let t = client
+        .power("pve1", 9000, PowerAction::Start)
+        .await
+        .expect("start call");
+    let err = client
+        .wait_task_ref(&t, &waits())
+        .await
+        .expect_err("template");
+    assert!(
+        matches!(&err, ProxmoxError::TaskFailed { exitstatus, upid } if exitstatus == "you can't start a vm if it's a template" && upid.contains("qmstart")),
+        "{err:?}"
+    );
+
+    // Transient: nothing listening
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let mut cfg = ClientConfig::new(
+        format!("http://{closed}"),
+        ApiToken::parse(&sim.token()).expect("token"),
+    );
+    cfg.retry.max_attempts = 2;
+    cfg.retry.base_delay = Duration::from_millis(5);
+    let down = ProxmoxClient::new(&cfg).expect("client");
+    let err = down.version().await.expect_err("refused");
+    assert!(
+        matches!(err, ProxmoxError::Transient { status: None, .. }),
+        "{err:?}"
+    );
+    assert_eq!(down.metrics()["GET /version"].calls, 2, "GET retried once");
+    assert_eq!(down.metrics()["GET /version"].errors, 2);
+
+    // unknown route → 501 Api error
+    let err = client.vm_config("pve1", 4242).await.expect_err("x");
+    assert!(err.is_not_found());
+}
+
+fn faulty(rule: FaultRule, seed: u64) -> SimOptions {
+    SimOptions {
+        faults: FaultConfig {
+            seed,
+            rules: vec![rule],
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn fault_injection_is_transient_retried_and_deterministic() {
+    // always failing GET /version with a 596: retried, then Transient
+    let sim = Simulator::start(
+        Topology::example(),
+        faulty(
+            FaultRule {
+                endpoint: "GET /version".into(),
+                error_rate: 1.0,
+                error_status: 596,
+                error_reason: "Connection timed out".into(),
+                drop_rate: 0.0,
+                lock_contention_rate: 0.0,
+                latency_ms: 0,
+            },
+            1,
+        ),
+    )
+    .await
+    .expect("sim");
+    let client = client_for(&sim);
+    let err = client.version().await.expect_err("596");
+    assert!(
+        matches!(&err, ProxmoxError::Transient { status: Some(596), reason } if reason == "Connection timed out"),
+        "{err:?}"
+    );
+    assert_eq!(sim.counters()["GET /version"].calls, 3, "3 attempts");
+    // other endpoints are unaffected
+    client.nodes().await.expect("nodes fine");
+
+    // dropped connections are transient too; POST (not idempotent) is not retried
+    let sim = Simulator::start(
+        Topology::example(),
+        faulty(
+            FaultRule {
+                endpoint: "*".into(),
+                error_rate: 0.0,
+                error_status: 596,
+                error_reason: String::new(),
+                drop_rate: 1.0,
+                lock_contention_rate: 0.0,
+                latency_ms: 0,
+            },
+            1,
+        ),
+    )
+    .await
+    .expect("sim");
+    let client = client_for(&sim);
+    let err = client
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("dropped");
+    assert!(
+        matches!(err, ProxmoxError::Transient { status: None, .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        sim.counters()["POST /nodes/{node}/qemu/{vmid}/clone"].calls,
+        1
+    );
+
+    // lock contention → Locked("flock")
+    let sim = Simulator::start(
+        Topology::example(),
+        faulty(
+            FaultRule {
+                endpoint: "POST /nodes/{node}/qemu/{vmid}/config".into(),
+                error_rate: 0.0,
+                error_status: 500,
+                error_reason: String::new(),
+                drop_rate: 0.0,
+                lock_contention_rate: 1.0,
+                latency_ms: 0,
+            },
+            1,
+        ),
+    )
+    .await
+    .expect("sim");
+    let client = client_for(&sim);
+    let err = client
+        .update_vm_config("pve1", 9000, &ConfigUpdate::default().set("cores", 2))
+        .await
+        .expect_err("flock");
+    assert!(
+        matches!(&err, ProxmoxError::Locked { lock, .. } if lock == "flock"),
+        "{err:?}"
+    );
+
+    // same seed → same fault sequence
+    async fn sequence(seed: u64) -> Vec<u16> {
+        let sim = Simulator::start(
+            Topology::example(),
+            faulty(
+                FaultRule {
+                    endpoint: "GET /nodes".into(),
+                    error_rate: 0.5,
+                    error_status: 503,
+                    error_reason: "busy".into(),
+                    drop_rate: 0.0,
+                    lock_contention_rate: 0.0,
+                    latency_ms: 0,
+                },
+                seed,
+            ),
+        )
+        .await
+        .expect("sim");
+        let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
+        cfg.retry.max_attempts = 1;
+        let client = ProxmoxClient::new(&cfg).expect("client");
+        for _ in 0..20 {
+            let _ = client.nodes().await;
+        }
+        sim.request_log().iter().map(|r| r.status).collect()
+    }
+    let a = sequence(42).await;
+    let b = sequence(42).await;
+    let c = sequence(43).await;
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert!(a.contains(&503) && a.contains(&200));
+
+    // failing tasks
+    let mut opts = SimOptions::default();
+    opts.faults.task_failure_rate.insert("qmclone".into(), 1.0);
+    let sim = Simulator::start(Topology::example(), opts)
+        .await
+        .expect("sim");
+    let client = client_for(&sim);
+    let upid = client
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("clone call");
+    let err = client.wait_task(&upid, &waits()).await.expect_err("fails");
+    assert!(
+        matches!(&err, ProxmoxError::TaskFailed { exitstatus, .. } if exitstatus == "injected failure")
+    );
+    assert!(
+        client
+            .vm_config("pve1", 100)
+            .await
+            .expect_err("cleaned up")
+            .is_not_found()
+    );
+    let log = client.task_log(&upid, 0, 50).await.expect("log");
+    assert_eq!(
+        log.last().map(|l| l.t.as_str()),
+        Some("TASK ERROR: injected failure")
+    );
+}
+
+#[tokio::test]
+async fn concurrency_limit_per_endpoint() {
+    let mut opts = SimOptions::default();
+    opts.faults.rules.push(FaultRule {
+        endpoint: "GET /nodes".into(),
+        error_rate: 0.0,
+        error_status: 500,
+        error_reason: String::new(),
+        drop_rate: 0.0,
+        lock_contention_rate: 0.0,
+        latency_ms: 50,
+    });
+    let sim = Simulator::start(Topology::example(), opts)
+        .await
+        .expect("sim");
+    let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
+    cfg.max_concurrent_per_endpoint = 1;
+    let client = ProxmoxClient::new(&cfg).expect("client");
+    let start = tokio::time::Instant::now();
+    let (a, b, c, d) = tokio::join!(
+        client.nodes(),
+        client.nodes(),
+        client.nodes(),
+        client.nodes()
+    );
+    for r in [a, b, c, d] {
+        r.expect("nodes");
+    }
+    // with one permit the four 50 ms requests run one after another
+    assert!(
+        start.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        start.elapsed()
+    );
+    let m = client.metrics();
+    assert_eq!(m["GET /nodes"].calls, 4);
+    assert!(m["GET /nodes"].max_latency >= Duration::from_millis(50));
+}
