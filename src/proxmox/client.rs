@@ -389,6 +389,12 @@ fn transport_error(e: reqwest::Error) -> ProxmoxError {
         reason.push_str(&format!(": {s}"));
         source = s.source();
     }
+    // A certificate the trust settings reject will not get better by retrying.
+    if reason.contains("invalid peer certificate") || reason.contains("InvalidCertificate") {
+        return ProxmoxError::Config(format!(
+            "TLS verification of the Proxmox VE server failed ({reason}); trust its CA (CA bundle) or pin its SHA-256 fingerprint"
+        ));
+    }
     ProxmoxError::Transient {
         status: None,
         reason,
