@@ -735,3 +735,257 @@ async fn concurrency_limit_per_endpoint() {
     assert_eq!(m["GET /nodes"].calls, 4);
     assert!(m["GET /nodes"].max_latency >= Duration::from_millis(50));
 }
+
+#[tokio::test]
+async fn timeouts_deadlines_offline_nodes_and_cloud_init_failure() {
+    // task deadline: a clone that takes a minute is reported as TaskTimeout, not failed
+    let opts = SimOptions {
+        clone_duration: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let sim = Simulator::start(Topology::example(), opts)
+        .await
+        .expect("sim");
+    let client = client_for(&sim);
+    let upid = client
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("clone");
+    let short = WaitOptions {
+        deadline: Duration::from_millis(200),
+        ..waits()
+    };
+    let err = client.wait_task(&upid, &short).await.expect_err("deadline");
+    assert!(matches!(err, ProxmoxError::TaskTimeout { .. }), "{err:?}");
+    let st = client.task_status(&upid).await.expect("status");
+    assert!(!st.is_finished());
+
+    // request timeout: 300 ms of injected latency against a 100 ms timeout
+    let mut opts = SimOptions::default();
+    opts.faults.rules.push(FaultRule {
+        endpoint: "GET /cluster/status".into(),
+        error_rate: 0.0,
+        error_status: 500,
+        error_reason: String::new(),
+        drop_rate: 0.0,
+        lock_contention_rate: 0.0,
+        latency_ms: 300,
+    });
+    let slow = Simulator::start(Topology::example(), opts)
+        .await
+        .expect("sim");
+    let mut cfg = ClientConfig::new(slow.url(), ApiToken::parse(&slow.token()).expect("token"));
+    cfg.request_timeout = Duration::from_millis(100);
+    cfg.retry.max_attempts = 1;
+    let c = ProxmoxClient::new(&cfg).expect("client");
+    let err = c.cluster_status().await.expect_err("timeout");
+    assert!(
+        matches!(&err, ProxmoxError::Transient { status: None, reason } if reason.contains("timed out")),
+        "{err:?}"
+    );
+
+    // an offline node answers like pveproxy does when it cannot reach it (595)
+    sim.with_cluster(|c| c.set_node_online("pve3", false));
+    let err = client.node_status("pve3").await.expect_err("offline");
+    assert!(
+        matches!(
+            err,
+            ProxmoxError::Transient {
+                status: Some(595),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let nodes = client.nodes().await.expect("nodes");
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n.node == "pve3" && n.status == NodeState::Offline)
+    );
+
+    // configured cloud-init failure is reported through agent exec
+    let sim2 = Simulator::start(
+        Topology::example(),
+        SimOptions {
+            cloud_init_failure: Some("module 'runcmd' failed".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("sim");
+    let client2 = client_for(&sim2);
+    let up = client2
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 300,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("clone");
+    client2.wait_task(&up, &waits()).await.expect("clone");
+    let t = client2
+        .power("pve1", 300, PowerAction::Start)
+        .await
+        .expect("start");
+    client2.wait_task_ref(&t, &waits()).await.expect("start");
+    eventually("agent", Duration::from_secs(10), || async {
+        client2.agent_ping("pve1", 300).await.ok()
+    })
+    .await;
+    let pid = client2
+        .agent_exec("pve1", 300, &["cloud-init", "status"], None)
+        .await
+        .expect("exec");
+    let first = client2
+        .agent_exec_status("pve1", 300, pid)
+        .await
+        .expect("status");
+    assert!(!first.exited, "first poll: still running");
+    let done = client2
+        .agent_exec_status("pve1", 300, pid)
+        .await
+        .expect("status");
+    assert!(done.exited);
+    assert_eq!(done.exitcode, Some(1));
+    assert_eq!(done.out_data.as_deref(), Some("status: error\n"));
+    assert!(
+        done.err_data
+            .as_deref()
+            .is_some_and(|e| e.contains("runcmd"))
+    );
+}
+
+#[tokio::test]
+async fn secret_never_logged() {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("sim");
+    let secret = sim.token().rsplit_once('=').expect("token").1.to_string();
+    let client = client_for(&sim);
+    client.version().await.expect("ok");
+    let _ = client.vm_config("pve1", 4242).await.expect_err("missing");
+    let mut bad_cfg = ClientConfig::new(
+        sim.url(),
+        ApiToken::new("root@pam!capmox", Secret::new(format!("{secret}-x"))).expect("token"),
+    );
+    bad_cfg.retry.max_attempts = 1;
+    let bad = ProxmoxClient::new(&bad_cfg).expect("client");
+    let err = bad.version().await.expect_err("401");
+    tracing::info!(error = %err, error_debug = ?err, client = ?client, config = ?bad_cfg, "after calls");
+    let logs = String::from_utf8(buf.0.lock().expect("lock").clone()).expect("utf8");
+    assert!(logs.contains("after calls"), "logs captured");
+    assert!(
+        logs.contains("Proxmox request failed"),
+        "client debug logs captured"
+    );
+    assert!(!logs.contains(&secret), "secret leaked into logs");
+}
+
+#[tokio::test]
+async fn upload_parser_is_strict() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("sim");
+    // chunked transfer (no Content-Length) is refused with 501
+    let body = "--B\r\nContent-Disposition: form-data; name=\"content\"\r\n\r\niso\r\n--B\r\nContent-Disposition: form-data; name=\"filename\"; filename=\"a.iso\"\r\n\r\nX\r\n--B--\r\n";
+    let req = format!(
+        "POST /api2/json/nodes/pve1/storage/local/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: PVEAPIToken={}\r\nContent-Type: multipart/form-data; boundary=B\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+        sim.token(),
+        body.len(),
+        body
+    );
+    let mut stream = tokio::net::TcpStream::connect(sim.addr())
+        .await
+        .expect("connect");
+    stream.write_all(req.as_bytes()).await.expect("write");
+    let mut resp = String::new();
+    stream.read_to_string(&mut resp).await.expect("read");
+    assert!(
+        resp.starts_with("HTTP/1.1 501 upload without content length"),
+        "{resp}"
+    );
+
+    // fields in the wrong order are refused
+    let http = reqwest::Client::builder()
+        .tls_backend_preconfigured(
+            rustls::ClientConfig::builder_with_provider(capmox::proxmox::tls::crypto_provider())
+                .with_safe_default_protocol_versions()
+                .expect("tls")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        )
+        .build()
+        .expect("http");
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "filename",
+            reqwest::multipart::Part::bytes(b"X".to_vec()).file_name("a.iso"),
+        )
+        .text("content", "iso");
+    let resp = http
+        .post(format!(
+            "{}/api2/json/nodes/pve1/storage/local/upload",
+            sim.url()
+        ))
+        .header("Authorization", format!("PVEAPIToken={}", sim.token()))
+        .multipart(form)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 400);
+
+    // wrong extension
+    let client = client_for(&sim);
+    let err = client
+        .upload_iso("pve1", "local", "seed.txt", b"X".to_vec())
+        .await
+        .expect_err("extension");
+    assert!(
+        matches!(&err, ProxmoxError::InvalidParameters { errors, .. } if errors.contains_key("filename")),
+        "{err:?}"
+    );
+    // storage without iso content
+    let err = client
+        .upload_iso("pve1", "local-lvm", "seed.iso", b"X".to_vec())
+        .await
+        .expect_err("no iso content");
+    assert!(
+        err.reason()
+            .is_some_and(|r| r.contains("does not support content type 'iso'")),
+        "{err:?}"
+    );
+}
