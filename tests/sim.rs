@@ -989,3 +989,77 @@ async fn upload_parser_is_strict() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn topology_file_drives_the_simulator() {
+    let topo =
+        Topology::load(std::path::Path::new("tests/data/sim-topology.yaml")).expect("example file");
+    let opts = SimOptions::from_topology(&topo);
+    assert_eq!(opts.token_id, "capmox@pve!sim");
+    let sim = Simulator::start(topo, opts).await.expect("sim");
+    assert!(sim.token().starts_with("capmox@pve!sim="));
+    let client = client_for(&sim);
+    let res = client.cluster_resources(None).await.expect("resources");
+    let guest = res.iter().find(|r| r.vmid == Some(150)).expect("guest 150");
+    assert_eq!(guest.status.as_deref(), Some("running"));
+    assert!(res.iter().any(|r| r.kind == ResourceType::Pool));
+    let st = client.vm_status("pve3", 150).await.expect("status");
+    assert!(st.is_running() && st.uptime > 0);
+    // the template is on shared storage: it may be cloned to another node
+    let upid = client
+        .clone_vm(
+            "pve1",
+            9000,
+            &CloneParams {
+                newid: 151,
+                target: Some("pve4".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        // the file injects 5 % lock contention on clone; with seed 7 the first clone passes
+        .expect("clone to another node from shared storage");
+    assert_eq!(upid.node, "pve1");
+    let vms = client.list_vms("pve3").await.expect("qemu list");
+    assert_eq!(vms.len(), 1);
+    assert!(vms[0].pid.is_some());
+}
+
+#[tokio::test]
+async fn simulator_accepts_json_bodies_and_checks_booleans() {
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("sim");
+    let http = reqwest::Client::builder()
+        .tls_backend_preconfigured(
+            rustls::ClientConfig::builder_with_provider(capmox::proxmox::tls::crypto_provider())
+                .with_safe_default_protocol_versions()
+                .expect("tls")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        )
+        .build()
+        .expect("http");
+    let url = format!("{}/api2/json/nodes/pve1/qemu/9000/clone", sim.url());
+    let auth = format!("PVEAPIToken={}", sim.token());
+    let resp = http
+        .post(&url)
+        .header("Authorization", &auth)
+        .json(&serde_json::json!({"newid": 120, "full": true, "name": "json-vm"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    // forms accept only 0/1 for booleans
+    let resp = http
+        .post(&url)
+        .header("Authorization", &auth)
+        .form(&[("newid", "121"), ("full", "true")])
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 400);
+    let client = client_for(&sim);
+    let cfg = client.vm_config("pve1", 120).await.expect("config");
+    assert_eq!(cfg.name().as_deref(), Some("json-vm"));
+}

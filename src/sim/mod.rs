@@ -19,7 +19,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub use server::{LoggedRequest, SIM_ROUTES, SimCounters};
 pub use state::{Cluster, SimError};
 pub use topology::{
-    FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, StorageSpec, Topology,
+    FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec, Topology,
 };
 
 use server::{Rng, Shared};
@@ -53,6 +53,23 @@ pub struct TlsMaterial {
     pub cert_pem: String,
     /// Private key (PEM, PKCS#8/PKCS#1/SEC1).
     pub key_pem: String,
+}
+
+impl TlsMaterial {
+    /// Reads a PEM certificate chain and key from files.
+    pub fn from_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Self, SimStartError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p)
+                .map_err(|e| SimStartError::Tls(format!("cannot read {}: {e}", p.display())))
+        };
+        Ok(Self {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        })
+    }
 }
 
 impl std::fmt::Debug for TlsMaterial {
@@ -244,17 +261,18 @@ fn tls_acceptor(t: &TlsMaterial) -> Result<tokio_rustls::TlsAcceptor, SimStartEr
 }
 
 /// Entry point for `capmox simulate-proxmox --topology FILE`: serves until Ctrl-C.
-/// Prints the URL and token so a user can point capmox at it.
+/// Without a file the built-in example cluster is used; the file's `simulation`
+/// section sets token, durations and faults. Prints the URL and token to use.
 pub async fn run_simulate_proxmox(
     topology_path: Option<&std::path::Path>,
     listen: SocketAddr,
-    opts: SimOptions,
     tls: Option<TlsMaterial>,
 ) -> Result<(), SimStartError> {
     let topology = match topology_path {
         Some(p) => Topology::load(p)?,
         None => Topology::example(),
     };
+    let opts = SimOptions::from_topology(&topology);
     let sim = Simulator::start_on(topology, opts, listen, tls).await?;
     println!("Proxmox VE simulator listening on {}", sim.url());
     println!("API token: {}", sim.token());

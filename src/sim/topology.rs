@@ -124,6 +124,42 @@ pub struct Topology {
     /// Resource pools.
     #[serde(default)]
     pub pools: Vec<String>,
+    /// Behaviour overrides (token, durations, faults), so one file describes a whole scenario.
+    #[serde(default)]
+    pub simulation: Option<SimSettings>,
+}
+
+/// Optional behaviour settings in a topology file; unset fields keep the defaults.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SimSettings {
+    /// Accepted token id.
+    #[serde(default)]
+    pub token_id: Option<String>,
+    /// Accepted token secret.
+    #[serde(default)]
+    pub token_secret: Option<String>,
+    /// Clone task duration (ms).
+    #[serde(default)]
+    pub clone_ms: Option<u64>,
+    /// Other task durations (ms).
+    #[serde(default)]
+    pub task_ms: Option<u64>,
+    /// Boot delay until the guest agent answers (ms).
+    #[serde(default)]
+    pub boot_ms: Option<u64>,
+    /// Make `cloud-init status` report this error.
+    #[serde(default)]
+    pub cloud_init_failure: Option<String>,
+    /// Include `message` in error bodies (PVE ≥ 8.3).
+    #[serde(default)]
+    pub error_message_field: Option<bool>,
+    /// Reported pve-manager version.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// Fault injection.
+    #[serde(default)]
+    pub faults: Option<FaultConfig>,
 }
 
 fn yes() -> bool {
@@ -297,7 +333,7 @@ pub struct FaultConfig {
 }
 
 /// Behaviour knobs.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct SimOptions {
     /// Accepted token id (`user@realm!name`).
     pub token_id: String,
@@ -321,6 +357,20 @@ pub struct SimOptions {
     pub request_log_capacity: usize,
 }
 
+impl std::fmt::Debug for SimOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimOptions")
+            .field("token_id", &self.token_id)
+            .field("token_secret", &"<redacted>")
+            .field("clone_duration", &self.clone_duration)
+            .field("task_duration", &self.task_duration)
+            .field("boot_delay", &self.boot_delay)
+            .field("version", &self.version)
+            .field("faults", &self.faults)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for SimOptions {
     fn default() -> Self {
         Self {
@@ -338,9 +388,61 @@ impl Default for SimOptions {
     }
 }
 
+impl SimOptions {
+    /// Defaults overridden by the topology's `simulation` section.
+    pub fn from_topology(topology: &Topology) -> Self {
+        let mut o = Self::default();
+        let Some(s) = &topology.simulation else {
+            return o;
+        };
+        if let Some(v) = &s.token_id {
+            o.token_id = v.clone();
+        }
+        if let Some(v) = &s.token_secret {
+            o.token_secret = v.clone();
+        }
+        if let Some(v) = s.clone_ms {
+            o.clone_duration = Duration::from_millis(v);
+        }
+        if let Some(v) = s.task_ms {
+            o.task_duration = Duration::from_millis(v);
+        }
+        if let Some(v) = s.boot_ms {
+            o.boot_delay = Duration::from_millis(v);
+        }
+        if s.cloud_init_failure.is_some() {
+            o.cloud_init_failure = s.cloud_init_failure.clone();
+        }
+        if let Some(v) = s.error_message_field {
+            o.error_message_field = v;
+        }
+        if let Some(v) = &s.version {
+            o.version = v.clone();
+        }
+        if let Some(v) = &s.faults {
+            o.faults = v.clone();
+        }
+        o
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn simulation_section_overrides_defaults() {
+        let t = Topology::from_yaml(
+            "nodes: [{name: a}]\nsimulation:\n  clone_ms: 5000\n  token_id: 'capi@pve!sim'\n  faults: {seed: 3, rules: [{endpoint: '*', error_rate: 0.1}]}\n",
+            "t",
+        )
+        .expect("valid");
+        let o = SimOptions::from_topology(&t);
+        assert_eq!(o.clone_duration, Duration::from_secs(5));
+        assert_eq!(o.token_id, "capi@pve!sim");
+        assert_eq!(o.faults.rules[0].error_status, 596);
+        assert_eq!(o.task_duration, SimOptions::default().task_duration);
+    }
 
     #[test]
     fn example_is_valid_and_round_trips() {
