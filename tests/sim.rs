@@ -297,6 +297,24 @@ async fn machine_lifecycle_end_to_end() {
     .await;
     assert_eq!(result.exitcode, Some(0));
     assert_eq!(result.out_data.as_deref(), Some("status: done\n"));
+    assert_eq!(
+        client
+            .cloud_init_status(node, newid, Duration::from_secs(5))
+            .await
+            .expect("cloud-init"),
+        CloudInitStatus::Done
+    );
+    let found = client.find_vm(newid).await.expect("find").expect("present");
+    assert_eq!(found.node.as_deref(), Some(node));
+    assert_eq!(found.status.as_deref(), Some("running"));
+    let tpls = client
+        .find_templates_by_tags(&["CAPMOX", "ubuntu"])
+        .await
+        .expect("templates");
+    assert_eq!(
+        tpls.iter().map(|t| t.vmid).collect::<Vec<_>>(),
+        vec![Some(9000)]
+    );
 
     // delete refuses a running VM; stop, then delete with purge
     let err = client
@@ -326,6 +344,7 @@ async fn machine_lifecycle_end_to_end() {
     client.wait_task_ref(&t, &waits()).await.expect("qmdestroy");
     let err = client.vm_config(node, newid).await.expect_err("gone");
     assert!(err.is_not_found(), "{err:?}");
+    assert!(client.find_vm(newid).await.expect("find").is_none());
     let t = client
         .delete_volume(node, &iso_storage, &volid)
         .await

@@ -693,4 +693,91 @@ impl ProxmoxClient {
             .await?;
         Ok(())
     }
+
+    /// Finds a guest anywhere in the cluster (VMs move between nodes); `None` if absent.
+    pub async fn find_vm(&self, vmid: u32) -> Result<Option<ClusterResource>> {
+        let all = self.cluster_resources(Some(ResourceFilter::Vm)).await?;
+        Ok(all
+            .into_iter()
+            .find(|r| r.vmid == Some(vmid) && r.kind == ResourceType::Qemu))
+    }
+
+    /// Templates carrying all the given tags (case-insensitive), sorted by VMID.
+    pub async fn find_templates_by_tags(&self, tags: &[&str]) -> Result<Vec<ClusterResource>> {
+        let want: Vec<String> = tags.iter().map(|t| t.to_ascii_lowercase()).collect();
+        let mut found: Vec<ClusterResource> = self
+            .cluster_resources(Some(ResourceFilter::Vm))
+            .await?
+            .into_iter()
+            .filter(|r| r.kind == ResourceType::Qemu && r.template)
+            .filter(|r| {
+                let have: Vec<String> = r.tags.iter().map(|t| t.to_ascii_lowercase()).collect();
+                want.iter().all(|w| have.contains(w))
+            })
+            .collect();
+        found.sort_by_key(|r| r.vmid);
+        Ok(found)
+    }
+
+    /// Runs `cloud-init status` through the guest agent and interprets the answer
+    /// (exit 0 + `done` = done, `running` = running, exit 2 = degraded, other = error).
+    pub async fn cloud_init_status(
+        &self,
+        node: &str,
+        vmid: u32,
+        deadline: std::time::Duration,
+    ) -> Result<CloudInitStatus> {
+        let pid = self
+            .agent_exec(node, vmid, &["cloud-init", "status"], None)
+            .await?;
+        let start = tokio::time::Instant::now();
+        let mut interval = std::time::Duration::from_millis(100);
+        loop {
+            let st = self.agent_exec_status(node, vmid, pid).await?;
+            if st.exited {
+                let out = st.out_data.clone().unwrap_or_default();
+                return Ok(match st.exitcode {
+                    Some(0) if out.contains("running") => CloudInitStatus::Running,
+                    Some(0) if out.contains("done") => CloudInitStatus::Done,
+                    Some(0) => CloudInitStatus::Running,
+                    Some(2) => CloudInitStatus::Degraded(out.trim().to_string()),
+                    code => CloudInitStatus::Error {
+                        exitcode: code,
+                        output: format!("{}{}", out, st.err_data.clone().unwrap_or_default())
+                            .trim()
+                            .to_string(),
+                    },
+                });
+            }
+            if start.elapsed() >= deadline {
+                return Err(ProxmoxError::Transient {
+                    status: None,
+                    reason: format!(
+                        "'cloud-init status' in VM {vmid} did not exit within {} ms",
+                        deadline.as_millis()
+                    ),
+                });
+            }
+            tokio::time::sleep(interval).await;
+            interval = (interval * 2).min(std::time::Duration::from_secs(1));
+        }
+    }
+}
+
+/// Outcome of `cloud-init status` in a guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CloudInitStatus {
+    /// Still running.
+    Running,
+    /// Finished successfully.
+    Done,
+    /// Finished with recoverable errors (cloud-init ≥ 23.4 exits 2); the text says which.
+    Degraded(String),
+    /// Failed.
+    Error {
+        /// Exit code, if any.
+        exitcode: Option<i64>,
+        /// stdout + stderr.
+        output: String,
+    },
 }

@@ -259,12 +259,7 @@ impl ProxmoxClient {
     }
 
     /// Sends a request and decodes `data` into `T`, retrying idempotent requests on transient errors.
-    pub(crate) async fn send<T: DeserializeOwned>(&self, req: Request) -> Result<T> {
-        let value = self.send_value(req).await?;
-        Ok(value)
-    }
-
-    async fn send_value<T: DeserializeOwned>(&self, mut req: Request) -> Result<T> {
+    pub(crate) async fn send<T: DeserializeOwned>(&self, mut req: Request) -> Result<T> {
         let attempts = if req.idempotent {
             self.inner.retry.max_attempts.max(1)
         } else {

@@ -160,8 +160,14 @@ impl Simulator {
         let s = shared.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // e.g. out of file descriptors: back off instead of spinning
+                        tracing::warn!(error = %e, "simulator accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
                 };
                 let s = s.clone();
                 let acceptor = acceptor.clone();
