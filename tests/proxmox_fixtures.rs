@@ -387,3 +387,51 @@ async fn specific_fixture_values() {
     assert_eq!(auth, "PVEAPIToken=root@pam!capi=secret-value");
     assert!(!format!("{client:?}").contains("secret-value"));
 }
+
+#[tokio::test]
+async fn upload_is_multipart_in_proxmox_order_with_content_length() {
+    let server = FixtureServer::start().await;
+    let client = ProxmoxClient::new(&ClientConfig::new(
+        server.url(),
+        ApiToken::parse("root@pam!capi=secret-value").expect("token"),
+    ))
+    .expect("client");
+    server.set(Canned {
+        status: 200,
+        reason: None,
+        body: br#"{"data":"UPID:pve:00000001:00000001:00000001:imgcopy::root@pam!capi:"}"#.to_vec(),
+    });
+    let data = b"ISO-BYTES".to_vec();
+    let task = client
+        .upload_iso("pve", "local", "user-data-101.iso", data)
+        .await
+        .expect("upload");
+    assert_eq!(task.expect("upid").task_type, "imgcopy");
+    let seen = server.take_seen();
+    let req = &seen[0];
+    assert_eq!(req.path, "/api2/json/nodes/pve/storage/local/upload");
+    let header = |name: &str| {
+        req.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let len: usize = header("content-length")
+        .expect("Content-Length is mandatory for Proxmox uploads")
+        .parse()
+        .expect("number");
+    assert_eq!(len, req.body.len());
+    assert!(header("transfer-encoding").is_none(), "no chunked uploads");
+    assert!(
+        header("content-type").is_some_and(|c| c.starts_with("multipart/form-data; boundary="))
+    );
+    let body = String::from_utf8_lossy(&req.body);
+    let content_at = body
+        .find("Content-Disposition: form-data; name=\"content\"\r\n\r\niso\r\n")
+        .expect("content part");
+    let file_at = body
+        .find("Content-Disposition: form-data; name=\"filename\"; filename=\"user-data-101.iso\"")
+        .expect("file part named filename");
+    assert!(content_at < file_at, "content must come before the file");
+    assert!(body.contains("ISO-BYTES"));
+}

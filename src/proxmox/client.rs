@@ -259,12 +259,7 @@ impl ProxmoxClient {
     }
 
     /// Sends a request and decodes `data` into `T`, retrying idempotent requests on transient errors.
-    pub(crate) async fn send<T: DeserializeOwned>(&self, req: Request) -> Result<T> {
-        let value = self.send_value(req).await?;
-        Ok(value)
-    }
-
-    async fn send_value<T: DeserializeOwned>(&self, mut req: Request) -> Result<T> {
+    pub(crate) async fn send<T: DeserializeOwned>(&self, mut req: Request) -> Result<T> {
         let attempts = if req.idempotent {
             self.inner.retry.max_attempts.max(1)
         } else {
@@ -388,6 +383,12 @@ fn transport_error(e: reqwest::Error) -> ProxmoxError {
     while let Some(s) = source {
         reason.push_str(&format!(": {s}"));
         source = s.source();
+    }
+    // A certificate the trust settings reject will not get better by retrying.
+    if reason.contains("invalid peer certificate") || reason.contains("InvalidCertificate") {
+        return ProxmoxError::Config(format!(
+            "TLS verification of the Proxmox VE server failed ({reason}); trust its CA (CA bundle) or pin its SHA-256 fingerprint"
+        ));
     }
     ProxmoxError::Transient {
         status: None,

@@ -12,7 +12,7 @@ pub mod tls;
 pub mod types;
 pub mod upid;
 
-pub use api::{CLIENT_ENDPOINTS, ResourceFilter};
+pub use api::{CLIENT_ENDPOINTS, CloudInitStatus, ResourceFilter};
 pub use client::{EndpointStats, ProxmoxClient, error_from_parts};
 pub use config::{ApiToken, ClientConfig, RetryPolicy, Secret, TlsOptions};
 pub use error::{ProxmoxError, Result};

@@ -1,0 +1,750 @@
+//! The simulator's HTTP(S) front: token auth, routing of `/api2/json/...`, body
+//! decoding (query, form, JSON, multipart), Proxmox-style envelopes and errors,
+//! seeded fault injection, request log and per-endpoint counters.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::state::{Cluster, SimError};
+use super::topology::{FaultConfig, SimOptions};
+
+/// Largest accepted request body (uploads included).
+const MAX_BODY: usize = 64 << 20;
+
+/// One handled request, for tests and benchmarks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedRequest {
+    /// HTTP method.
+    pub method: String,
+    /// Path below `/api2/json`, percent-decoded.
+    pub path: String,
+    /// Endpoint template, e.g. `GET /nodes/{node}/qemu/{vmid}/config` (`?` if unknown).
+    pub endpoint: String,
+    /// Parameter names sent (query and body), sorted.
+    pub params: Vec<String>,
+    /// Response status (0 = connection dropped).
+    pub status: u16,
+}
+
+/// Per-endpoint counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    /// Requests.
+    pub calls: u64,
+    /// Non-2xx answers and dropped connections.
+    pub errors: u64,
+}
+
+/// Deterministic RNG (splitmix64) for fault injection.
+#[derive(Debug)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    /// Uniform in [0, 1).
+    pub(crate) fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// State shared by all connections.
+pub(crate) struct Shared {
+    pub cluster: Mutex<Cluster>,
+    pub opts: SimOptions,
+    pub faults: FaultConfig,
+    pub rng: Mutex<Rng>,
+    pub log: Mutex<VecDeque<LoggedRequest>>,
+    pub counters: Mutex<BTreeMap<String, SimCounters>>,
+}
+
+impl Shared {
+    fn record(&self, entry: LoggedRequest) {
+        {
+            let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+            let e = c.entry(entry.endpoint.clone()).or_default();
+            e.calls += 1;
+            if !(200..300).contains(&entry.status) {
+                e.errors += 1;
+            }
+        }
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if log.len() >= self.opts.request_log_capacity.max(1) {
+            log.pop_front();
+        }
+        log.push_back(entry);
+    }
+}
+
+/// A response before encoding.
+enum Reply {
+    Data(Value),
+    DataWithTotal(Value, usize),
+    Error(SimError),
+    /// Authentication failures: empty body.
+    Unauthorized(String),
+}
+
+/// The dropped-connection marker: returning an error from the service makes hyper close the socket.
+#[derive(Debug)]
+pub(crate) struct Dropped;
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection dropped by fault injection")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+/// Serves one request.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Dropped> {
+    let method = req.method().clone();
+    let raw_path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let headers = req.headers().clone();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return Ok(encode(
+                &shared.opts,
+                Reply::Error(SimError {
+                    status: 501,
+                    reason: "for data too large".into(),
+                    errors: BTreeMap::new(),
+                }),
+            ));
+        }
+    };
+    let decoded = percent_encoding::percent_decode_str(&raw_path)
+        .decode_utf8_lossy()
+        .into_owned();
+    let Some(path) = decoded.strip_prefix("/api2/json") else {
+        return Ok(encode(
+            &shared.opts,
+            Reply::Error(SimError {
+                status: 501,
+                reason: format!("Unknown format in '{decoded}'"),
+                errors: BTreeMap::new(),
+            }),
+        ));
+    };
+    let path = if path.is_empty() { "/" } else { path }.to_string();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let endpoint = endpoint_template(&method, &segs);
+
+    // Parameters: body (form, JSON or multipart handled per route), query overrides body.
+    let content_type = headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let mut params: Vec<(String, String)> = Vec::new();
+    if !body.is_empty() && method == Method::GET {
+        let reply = Reply::Error(SimError {
+            status: 501,
+            reason: "Unexpected content for method 'GET'".into(),
+            errors: BTreeMap::new(),
+        });
+        return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+    }
+    if content_type.starts_with("application/x-www-form-urlencoded") {
+        params.extend(form_urlencoded::parse(&body).map(|(k, v)| (k.into_owned(), v.into_owned())));
+    } else if content_type.starts_with("application/json")
+        && !body.is_empty()
+        && let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&body)
+    {
+        {
+            for (k, v) in map {
+                match v {
+                    Value::Array(items) => {
+                        params.extend(items.into_iter().map(|i| (k.clone(), scalar(i))))
+                    }
+                    other => params.push((k, scalar(other))),
+                }
+            }
+        }
+    }
+    let query_params: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    for (k, v) in query_params {
+        params.retain(|(pk, _)| *pk != k);
+        params.push((k, v));
+    }
+
+    // Auth first, like pveproxy.
+    if let Some(reason) = check_auth(&shared.opts, &headers) {
+        return Ok(finish(
+            &shared,
+            &method,
+            &path,
+            &endpoint,
+            &params,
+            Reply::Unauthorized(reason),
+        ));
+    }
+
+    // Fault injection (seeded): latency, dropped connections, injected errors, lock contention.
+    if let Some(rule) = shared
+        .faults
+        .rules
+        .iter()
+        .find(|r| r.endpoint == "*" || r.endpoint == endpoint)
+        .cloned()
+    {
+        let (drop, error, lock) = {
+            let mut rng = shared.rng.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                rng.next_f64() < rule.drop_rate,
+                rng.next_f64() < rule.error_rate,
+                rng.next_f64() < rule.lock_contention_rate,
+            )
+        };
+        if rule.latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(rule.latency_ms)).await;
+        }
+        if drop {
+            shared.record(LoggedRequest {
+                method: method.to_string(),
+                path: path.clone(),
+                endpoint: endpoint.clone(),
+                params: param_names(&params),
+                status: 0,
+            });
+            return Err(Dropped);
+        }
+        if error {
+            let reply = Reply::Error(SimError {
+                status: rule.error_status,
+                reason: rule.error_reason.clone(),
+                errors: BTreeMap::new(),
+            });
+            return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+        }
+        if lock {
+            let id = segs.get(3).copied().unwrap_or("0");
+            let reply = Reply::Error(SimError::e500(format!(
+                "can't lock file '/var/lock/qemu-server/lock-{id}.conf' - got timeout"
+            )));
+            return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+        }
+    }
+
+    let reply = if content_type.starts_with("multipart/form-data") {
+        route_upload(&shared, &method, &segs, &headers, &content_type, &body)
+    } else {
+        route(&shared, &method, &segs, &params)
+    };
+    Ok(finish(&shared, &method, &path, &endpoint, &params, reply))
+}
+
+fn scalar(v: Value) -> String {
+    match v {
+        Value::String(s) => s,
+        Value::Bool(b) => if b { "1" } else { "0" }.to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn param_names(params: &[(String, String)]) -> Vec<String> {
+    let mut names: Vec<String> = params.iter().map(|(k, _)| k.clone()).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn finish(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    endpoint: &str,
+    params: &[(String, String)],
+    reply: Reply,
+) -> Response<Full<Bytes>> {
+    let resp = encode(&shared.opts, reply);
+    shared.record(LoggedRequest {
+        method: method.to_string(),
+        path: path.to_string(),
+        endpoint: endpoint.to_string(),
+        params: param_names(params),
+        status: resp.status().as_u16(),
+    });
+    resp
+}
+
+fn check_auth(opts: &SimOptions, headers: &hyper::HeaderMap) -> Option<String> {
+    let Some(value) = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Some("No ticket".to_string());
+    };
+    let Some(rest) = value
+        .strip_prefix("PVEAPIToken=")
+        .or_else(|| value.strip_prefix("PVEAPIToken "))
+    else {
+        return Some("No ticket".to_string());
+    };
+    let rest = rest.split(';').next().unwrap_or_default();
+    let rest = percent_encoding::percent_decode_str(rest).decode_utf8_lossy();
+    let Some((id, secret)) = rest.rsplit_once('=') else {
+        return Some("invalid token value!".to_string());
+    };
+    if id != opts.token_id {
+        let user = id.split('!').next().unwrap_or_default();
+        return Some(format!(
+            "no such token '{}' for user '{user}'",
+            id.split('!').nth(1).unwrap_or_default()
+        ));
+    }
+    // compare without early exit
+    let a = secret.as_bytes();
+    let b = opts.token_secret.as_bytes();
+    let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
+    (!same).then(|| "invalid token value!".to_string())
+}
+
+fn encode(opts: &SimOptions, reply: Reply) -> Response<Full<Bytes>> {
+    let (status, reason, body) = match reply {
+        Reply::Data(v) => (200, None, json!({"data": v}).to_string()),
+        Reply::DataWithTotal(v, total) => {
+            (200, None, json!({"data": v, "total": total}).to_string())
+        }
+        Reply::Unauthorized(reason) => (401, Some(reason), String::new()),
+        Reply::Error(e) => {
+            let mut body = json!({"data": null});
+            if !e.errors.is_empty() {
+                body["errors"] = json!(
+                    e.errors
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Value::String(format!("{v}\n"))))
+                        .collect::<serde_json::Map<_, _>>()
+                );
+            }
+            if opts.error_message_field {
+                let msg = if e.errors.is_empty() {
+                    format!("{}\n", e.reason)
+                } else {
+                    let details: Vec<String> =
+                        e.errors.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                    format!("{}\n{}\n", e.reason, details.join("\n"))
+                };
+                body["message"] = json!(msg);
+            }
+            (e.status, Some(e.reason), body.to_string())
+        }
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Some(reason) = reason {
+        // The reason phrase carries the error text, exactly like pveproxy.
+        let clean: String = reason
+            .chars()
+            .filter(|c| *c != '\r' && *c != '\n')
+            .collect();
+        if let Ok(p) = hyper::ext::ReasonPhrase::try_from(clean.into_bytes()) {
+            resp.extensions_mut().insert(p);
+        }
+    }
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json;charset=UTF-8"),
+    );
+    resp
+}
+
+/// The endpoint template for counters, matching the client's templates.
+pub(crate) fn endpoint_template(method: &Method, segs: &[&str]) -> String {
+    let t = match segs {
+        ["version"] => "/version".to_string(),
+        ["nodes"] => "/nodes".to_string(),
+        ["nodes", _, "status"] => "/nodes/{node}/status".to_string(),
+        ["cluster", x] => format!("/cluster/{x}"),
+        ["pools"] => "/pools".to_string(),
+        ["nodes", _, "qemu"] => "/nodes/{node}/qemu".to_string(),
+        ["nodes", _, "qemu", _] => "/nodes/{node}/qemu/{vmid}".to_string(),
+        ["nodes", _, "qemu", _, rest @ ..] => {
+            format!("/nodes/{{node}}/qemu/{{vmid}}/{}", rest.join("/"))
+        }
+        ["nodes", _, "storage"] => "/nodes/{node}/storage".to_string(),
+        ["nodes", _, "storage", _, "content"] => {
+            "/nodes/{node}/storage/{storage}/content".to_string()
+        }
+        ["nodes", _, "storage", _, "content", ..] => {
+            "/nodes/{node}/storage/{storage}/content/{volume}".to_string()
+        }
+        ["nodes", _, "storage", _, "upload"] => {
+            "/nodes/{node}/storage/{storage}/upload".to_string()
+        }
+        ["nodes", _, "tasks", _, x] => format!("/nodes/{{node}}/tasks/{{upid}}/{x}"),
+        _ => "?".to_string(),
+    };
+    format!("{method} {t}")
+}
+
+/// Every (method, path template) the simulator serves, for the conformance test.
+pub const SIM_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/version"),
+    ("GET", "/nodes"),
+    ("GET", "/nodes/{node}/status"),
+    ("GET", "/cluster/resources"),
+    ("GET", "/cluster/nextid"),
+    ("GET", "/cluster/status"),
+    ("GET", "/nodes/{node}/qemu"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/config"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/config"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/clone"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/resize"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/status/current"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/start"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/stop"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/shutdown"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/resume"),
+    ("DELETE", "/nodes/{node}/qemu/{vmid}"),
+    ("GET", "/nodes/{node}/storage"),
+    ("GET", "/nodes/{node}/storage/{storage}/content"),
+    ("POST", "/nodes/{node}/storage/{storage}/upload"),
+    ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/get-osinfo"),
+    (
+        "GET",
+        "/nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
+    ),
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"),
+    ("GET", "/nodes/{node}/tasks/{upid}/status"),
+    ("GET", "/nodes/{node}/tasks/{upid}/log"),
+    ("GET", "/pools"),
+    ("POST", "/pools"),
+    ("PUT", "/pools"),
+];
+
+fn not_implemented(method: &Method, segs: &[&str]) -> Reply {
+    Reply::Error(SimError {
+        status: 501,
+        reason: format!("Method '{method} /{}' not implemented", segs.join("/")),
+        errors: BTreeMap::new(),
+    })
+}
+
+fn vmid_of(s: &str) -> Result<u32, SimError> {
+    s.parse::<u32>()
+        .ok()
+        .filter(|v| (100..=999_999_999).contains(v))
+        .ok_or_else(|| {
+            SimError::param(
+                "vmid",
+                "invalid format - value does not look like a valid VM ID",
+            )
+        })
+}
+
+fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, String)]) -> Reply {
+    let now = Instant::now();
+    let mut c = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
+    c.advance(now);
+    let map: BTreeMap<String, String> = params.iter().cloned().collect();
+    let get = |k: &str| map.get(k).map(String::as_str);
+    let result: Result<Reply, SimError> = (|| {
+        let m = method.as_str();
+        Ok(match (m, segs) {
+            ("GET", ["version"]) => Reply::Data(c.version()),
+            ("GET", ["nodes"]) => Reply::Data(c.nodes()),
+            ("GET", ["nodes", n, "status"]) => Reply::Data(c.node_status(n)?),
+            ("GET", ["cluster", "resources"]) => Reply::Data(c.cluster_resources(get("type"))?),
+            ("GET", ["cluster", "nextid"]) => Reply::Data(c.next_id(get("vmid"))?),
+            ("GET", ["cluster", "status"]) => Reply::Data(c.cluster_status()),
+            ("GET", ["nodes", n, "qemu"]) => Reply::Data(c.list_vms(n)?),
+            ("GET", ["nodes", n, "qemu", id, "config"]) => {
+                Reply::Data(c.vm_config(n, vmid_of(id)?)?)
+            }
+            ("POST" | "PUT", ["nodes", n, "qemu", id, "config"]) => {
+                let upid = c.update_config(now, n, vmid_of(id)?, &map, m == "POST")?;
+                Reply::Data(upid.map(|u| json!(u.as_str())).unwrap_or(Value::Null))
+            }
+            ("POST", ["nodes", n, "qemu", id, "clone"]) => {
+                Reply::Data(json!(c.clone_vm(now, n, vmid_of(id)?, &map)?.as_str()))
+            }
+            ("PUT", ["nodes", n, "qemu", id, "resize"]) => {
+                Reply::Data(json!(c.resize(now, n, vmid_of(id)?, &map)?.as_str()))
+            }
+            ("GET", ["nodes", n, "qemu", id, "status", "current"]) => {
+                Reply::Data(c.vm_status(now, n, vmid_of(id)?)?)
+            }
+            (
+                "POST",
+                [
+                    "nodes",
+                    n,
+                    "qemu",
+                    id,
+                    "status",
+                    action @ ("start" | "stop" | "shutdown" | "resume"),
+                ],
+            ) => Reply::Data(json!(c.power(now, n, vmid_of(id)?, action)?.as_str())),
+            ("DELETE", ["nodes", n, "qemu", id]) => {
+                Reply::Data(json!(c.delete_vm(now, n, vmid_of(id)?)?.as_str()))
+            }
+            ("GET", ["nodes", n, "storage"]) => Reply::Data(c.list_storage(n, get("content"))?),
+            ("GET", ["nodes", n, "storage", s, "content"]) => {
+                Reply::Data(c.storage_content(n, s, get("content"), get("vmid"))?)
+            }
+            ("DELETE", ["nodes", n, "storage", s, "content", rest @ ..]) if !rest.is_empty() => {
+                Reply::Data(json!(c.delete_volume(now, n, s, &rest.join("/"))?.as_str()))
+            }
+            ("POST", ["nodes", _, "storage", _, "upload"]) => Reply::Error(SimError {
+                status: 506,
+                reason: "upload 'Content-Type 'application/x-www-form-urlencoded'' not implemented"
+                    .into(),
+                errors: BTreeMap::new(),
+            }),
+            ("POST", ["nodes", n, "qemu", id, "agent", "ping"]) => {
+                Reply::Data(c.agent_ping(now, n, vmid_of(id)?)?)
+            }
+            ("GET", ["nodes", n, "qemu", id, "agent", "get-osinfo"]) => {
+                Reply::Data(c.agent_osinfo(now, n, vmid_of(id)?)?)
+            }
+            ("GET", ["nodes", n, "qemu", id, "agent", "network-get-interfaces"]) => {
+                Reply::Data(c.agent_interfaces(now, n, vmid_of(id)?)?)
+            }
+            ("POST", ["nodes", n, "qemu", id, "agent", "exec"]) => {
+                let cmd: Vec<String> = params
+                    .iter()
+                    .filter(|(k, _)| k == "command")
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                Reply::Data(c.agent_exec(now, n, vmid_of(id)?, &cmd)?)
+            }
+            ("GET", ["nodes", n, "qemu", id, "agent", "exec-status"]) => {
+                Reply::Data(c.agent_exec_status(now, n, vmid_of(id)?, get("pid"))?)
+            }
+            ("GET", ["nodes", n, "tasks", upid, "status"]) => Reply::Data(c.task_status(n, upid)?),
+            ("GET", ["nodes", n, "tasks", upid, "log"]) => {
+                let start = get("start").and_then(|s| s.parse().ok()).unwrap_or(0);
+                let limit = get("limit").and_then(|s| s.parse().ok()).unwrap_or(50);
+                let (lines, total) = c.task_log(n, upid, start, limit)?;
+                Reply::DataWithTotal(lines, total)
+            }
+            ("GET", ["pools"]) => Reply::Data(c.pools(get("poolid"))?),
+            ("POST", ["pools"]) => {
+                let id = get("poolid").ok_or_else(|| {
+                    SimError::param("poolid", "property is missing and it is not optional")
+                })?;
+                c.create_pool(id, get("comment"))?;
+                Reply::Data(Value::Null)
+            }
+            ("PUT", ["pools"]) => {
+                let id = get("poolid").ok_or_else(|| {
+                    SimError::param("poolid", "property is missing and it is not optional")
+                })?;
+                c.update_pool(id, get("vms"), get("delete") == Some("1"))?;
+                Reply::Data(Value::Null)
+            }
+            _ => not_implemented(method, segs),
+        })
+    })();
+    result.unwrap_or_else(Reply::Error)
+}
+
+/// Upload: strict like pve-http-server's streaming parser (Content-Length required,
+/// `content` part first, optional checksum parts, then the `filename` file part).
+fn route_upload(
+    shared: &Shared,
+    method: &Method,
+    segs: &[&str],
+    headers: &hyper::HeaderMap,
+    content_type: &str,
+    body: &[u8],
+) -> Reply {
+    let (node, storage) = match (method.as_str(), segs) {
+        ("POST", ["nodes", n, "storage", s, "upload"]) => (n.to_string(), s.to_string()),
+        _ => {
+            return Reply::Error(SimError {
+                status: 506,
+                reason: format!("upload 'Content-Type '{content_type}'' not implemented"),
+                errors: BTreeMap::new(),
+            });
+        }
+    };
+    if headers.get(hyper::header::CONTENT_LENGTH).is_none() {
+        return Reply::Error(SimError {
+            status: 501,
+            reason: "upload without content length is not supported".into(),
+            errors: BTreeMap::new(),
+        });
+    }
+    let parts = match parse_multipart(content_type, body) {
+        Ok(p) => p,
+        Err(e) => {
+            return Reply::Error(SimError {
+                status: 400,
+                reason: format!("invalid multipart body: {e}"),
+                errors: BTreeMap::new(),
+            });
+        }
+    };
+    let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+    let order_ok = matches!(
+        names.as_slice(),
+        ["content", "filename"] | ["content", "checksum-algorithm", "checksum", "filename"]
+    );
+    if !order_ok {
+        return Reply::Error(SimError::param(
+            "filename",
+            format!(
+                "unexpected multipart fields {names:?}; expected content, [checksum-algorithm, checksum,] filename"
+            ),
+        ));
+    }
+    let content = String::from_utf8_lossy(&parts[0].data).trim().to_string();
+    let Some(file) = parts.last() else {
+        return Reply::Error(SimError::param("filename", "missing file part"));
+    };
+    let Some(filename) = file.filename.clone() else {
+        return Reply::Error(SimError::param(
+            "filename",
+            "file part has no filename attribute",
+        ));
+    };
+    let now = Instant::now();
+    let mut c = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
+    c.advance(now);
+    match c.upload(now, &node, &storage, &content, &filename, file.data.clone()) {
+        Ok(upid) => Reply::Data(json!(upid.as_str())),
+        Err(e) => Reply::Error(e),
+    }
+}
+
+struct Part {
+    name: String,
+    filename: Option<String>,
+    data: Vec<u8>,
+}
+
+fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    (from..=hay.len() - needle.len()).find(|&i| &hay[i..i + needle.len()] == needle)
+}
+
+fn parse_multipart(content_type: &str, body: &[u8]) -> Result<Vec<Part>, &'static str> {
+    let boundary = content_type
+        .split(';')
+        .filter_map(|p| p.trim().strip_prefix("boundary="))
+        .next()
+        .ok_or("no boundary")?
+        .trim_matches('"');
+    let delim = format!("--{boundary}");
+    let mut parts = Vec::new();
+    let mut pos = find(body, delim.as_bytes(), 0).ok_or("no first boundary")? + delim.len();
+    loop {
+        if body.get(pos..pos + 2) == Some(b"--") {
+            break;
+        }
+        pos += 2; // CRLF after boundary
+        let head_end = find(body, b"\r\n\r\n", pos).ok_or("part headers not terminated")?;
+        let head = String::from_utf8_lossy(&body[pos..head_end]).into_owned();
+        let data_start = head_end + 4;
+        let next = find(body, format!("\r\n{delim}").as_bytes(), data_start)
+            .ok_or("part not terminated")?;
+        let mut name = None;
+        let mut filename = None;
+        for line in head.lines() {
+            if line
+                .to_ascii_lowercase()
+                .starts_with("content-disposition:")
+            {
+                for attr in line.split(';').skip(1) {
+                    let attr = attr.trim();
+                    if let Some(v) = attr.strip_prefix("name=") {
+                        name = Some(v.trim_matches('"').to_string());
+                    } else if let Some(v) = attr.strip_prefix("filename=") {
+                        filename = Some(v.trim_matches('"').to_string());
+                    }
+                }
+            }
+        }
+        parts.push(Part {
+            name: name.ok_or("part without name")?,
+            filename,
+            data: body[data_start..next].to_vec(),
+        });
+        pos = next + 2 + delim.len();
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_deterministic() {
+        let mut a = Rng::new(7);
+        let mut b = Rng::new(7);
+        let xs: Vec<f64> = (0..5).map(|_| a.next_f64()).collect();
+        let ys: Vec<f64> = (0..5).map(|_| b.next_f64()).collect();
+        assert_eq!(xs, ys);
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let mut c = Rng::new(8);
+        assert_ne!(xs[0], c.next_f64());
+    }
+
+    #[test]
+    fn multipart_parser() {
+        let body = b"--XX\r\nContent-Disposition: form-data; name=\"content\"\r\n\r\niso\r\n--XX\r\nContent-Disposition: form-data; name=\"filename\"; filename=\"a.iso\"\r\nContent-Type: application/octet-stream\r\n\r\nDATA\r\n--XX--\r\n";
+        let parts = parse_multipart("multipart/form-data; boundary=XX", body).expect("parses");
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].name, "content");
+        assert_eq!(parts[0].data, b"iso");
+        assert_eq!(parts[1].filename.as_deref(), Some("a.iso"));
+        assert_eq!(parts[1].data, b"DATA");
+    }
+
+    #[test]
+    fn templates() {
+        assert_eq!(
+            endpoint_template(
+                &Method::GET,
+                &["nodes", "pve", "qemu", "100", "status", "current"]
+            ),
+            "GET /nodes/{node}/qemu/{vmid}/status/current"
+        );
+        assert_eq!(
+            endpoint_template(
+                &Method::DELETE,
+                &[
+                    "nodes",
+                    "pve",
+                    "storage",
+                    "local",
+                    "content",
+                    "local:iso",
+                    "a.iso"
+                ]
+            ),
+            "DELETE /nodes/{node}/storage/{storage}/content/{volume}"
+        );
+    }
+}
