@@ -806,7 +806,11 @@ mod tests {
         )
         .unwrap_err();
         assert!(!err.is_retryable());
-        assert!(matches!(err, ScheduleError::NotScheduled { .. }));
+        assert_eq!(
+            err.to_string(),
+            "machine m1 has no allowed nodes or zone nodes: it is cloned on its template's node \
+             without scheduling"
+        );
     }
 
     #[test]

@@ -48,7 +48,7 @@ struct World {
 
 fn world() -> impl Strategy<Value = World> {
     (
-        prop::collection::vec(any::<u8>(), 0..4),
+        prop::collection::vec(prop_oneof![Just(0u8), any::<u8>()], 0..4),
         prop_oneof![Just(0u8), any::<u8>()],
         prop_oneof![Just(0u8), any::<u8>()],
         prop::option::of(0usize..5),
@@ -136,6 +136,55 @@ proptest! {
             Err(PlacementError::FailureDomainNotReady { .. }) => prop_assert!(zone_nodes.is_empty()),
             Err(PlacementError::UnknownZone { .. }) => prop_assert!(fd.is_none()),
             Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    /// Published failure domains are exactly the zones with nodes, sorted, with `controlPlane`
+    /// set; every reported problem is real.
+    #[test]
+    fn failure_domains_match_the_zones_with_nodes(
+        zones in prop::collection::vec((0usize..6, prop_oneof![Just(0u8), any::<u8>()], prop::option::of(any::<bool>())), 0..6),
+        allowed in prop_oneof![Just(0u8), any::<u8>()],
+    ) {
+        let specs: Vec<_> = zones.iter().map(|(name, mask, cp)| {
+            let mut z = zone(&format!("z{name}"), &[]);
+            z.nodes = names(*mask);
+            z.control_plane_eligible = *cp;
+            z
+        }).collect();
+        let mut c = cluster(&[], specs.clone());
+        c.spec.allowed_nodes = names(allowed);
+        match failure_domains(&c) {
+            Ok(domains) => {
+                let mut want: Vec<(String, bool)> = specs.iter().filter(|z| !z.nodes.is_empty())
+                    .map(|z| (z.zone.clone(), z.control_plane_eligible.unwrap_or(true)))
+                    .collect();
+                want.sort();
+                let got: Vec<(String, bool)> = domains.iter()
+                    .map(|d| (d.name.clone(), d.control_plane.unwrap_or(false)))
+                    .collect();
+                prop_assert!(domains.iter().all(|d| d.control_plane.is_some()));
+                prop_assert_eq!(got, want);
+            }
+            Err(err) => {
+                prop_assert!(!err.problems.is_empty());
+                for problem in &err.problems {
+                    match problem {
+                        ZoneProblem::DuplicateZone { zone } => prop_assert!(specs.iter().filter(|z| &z.zone == zone).count() > 1),
+                        ZoneProblem::NodeInSeveralZones { node, zones } => {
+                            prop_assert!(zones.len() > 1);
+                            for z in zones {
+                                prop_assert!(specs.iter().any(|s| &s.zone == z && s.nodes.contains(node)));
+                            }
+                        }
+                        ZoneProblem::NodeNotAllowed { zone, node } => {
+                            prop_assert!(!c.spec.allowed_nodes.is_empty() && !c.spec.allowed_nodes.contains(node));
+                            prop_assert!(specs.iter().any(|s| &s.zone == zone && s.nodes.contains(node)));
+                        }
+                        ZoneProblem::TooManyFailureDomains { .. } => prop_assert!(false, "at most 6 zones"),
+                    }
+                }
+            }
         }
     }
 
