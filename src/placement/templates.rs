@@ -131,6 +131,15 @@ impl TemplateError {
     pub fn is_retryable(&self) -> bool {
         false
     }
+
+    /// Condition reason for the machine's `VirtualMachineProvisioned` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoTags => "InvalidSpec",
+            Self::NotFound { .. } => "TemplateNotFound",
+            Self::Ambiguous { .. } => "AmbiguousTemplate",
+        }
+    }
 }
 
 fn describe_near_misses(items: &[String]) -> String {
@@ -408,6 +417,7 @@ mod tests {
              exactly one must match (tag one template per node, or make the tags distinct)"
         );
         assert!(!err.is_retryable());
+        assert_eq!(err.reason(), "AmbiguousTemplate");
     }
 
     #[test]

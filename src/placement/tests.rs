@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 
-use crate::api::{FailureDomain, ProxmoxCluster, ProxmoxClusterStatus, SchedulerHints};
+use crate::api::{
+    FailureDomain, ProxmoxCluster, ProxmoxClusterStatus, SchedulerHints, TemplateSelector,
+};
 
 use super::fixtures::{capi_machine, cluster, machine, strings, zone};
 use super::*;
@@ -372,6 +374,61 @@ fn kcp_spreads_control_planes_over_eligible_failure_domains() {
             .collect();
         assert_eq!(nodes.len(), 3, "seed {seed}: {nodes:?}");
     }
+}
+
+/// The whole machine flow on per-node templates: resolve in rack-b, schedule onto one of its
+/// nodes, then clone the copy of the template that lives on that node.
+#[test]
+fn per_node_template_follows_the_scheduled_node() {
+    let c = cluster(
+        &[],
+        vec![
+            zone("rack-a", &["pve1", "pve2"]),
+            zone("rack-b", &["pve3", "pve4"]),
+        ],
+    );
+    let mut m = machine("w-0", &[], None);
+    m.spec.template_id = None;
+    m.spec.source_node = None;
+    m.spec.template_selector = Some(TemplateSelector {
+        match_tags: strings(&["Ubuntu-24.04", "k8s"]),
+        match_policy: None,
+    });
+    let p = Placement::resolve(
+        &c,
+        &m,
+        &capi_machine("w-0", Some("rack-b"), false, Some(("MachineSet", "md-b-1"))),
+    )
+    .unwrap();
+    let templates: Vec<TemplateInfo> = (1..=4)
+        .map(|i| TemplateInfo {
+            node: node_name(i),
+            vmid: u32::try_from(9000 + i).unwrap(),
+            name: "ubuntu".into(),
+            tags: split_proxmox_tags("k8s;ubuntu-24.04"),
+        })
+        .collect();
+    // pve3 is fuller, so pve4 is chosen.
+    let inventory = NodeInventory {
+        nodes: (1..=4)
+            .map(|i| empty_node(&node_name(i), if i == 3 { 16 } else { 64 } * GIB))
+            .collect(),
+    };
+    let choice = Reservations::new()
+        .schedule_and_reserve(&p, &inventory, &ScheduleRequest::new(&p, None))
+        .unwrap();
+    assert_eq!(choice.node, "pve4");
+    let TemplateSource::Tags(selector) = p.template() else {
+        panic!("selector expected");
+    };
+    let template = select_template(selector, &templates, Some(&choice.node)).unwrap();
+    assert_eq!(
+        template,
+        TemplateChoice {
+            node: "pve4".into(),
+            vmid: 9004
+        }
+    );
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
