@@ -241,6 +241,20 @@ pub fn select_template(
     }
 }
 
+/// Nodes that hold their own matching template (the ones [`select_template`] resolves locally).
+/// With per-node templates on local storage, the controller keeps only these nodes in the
+/// inventory before scheduling, so the chosen node always has a copy to clone.
+pub fn template_nodes(selector: &TagSelector, templates: &[TemplateInfo]) -> Vec<String> {
+    let nodes: BTreeSet<&str> = templates.iter().map(|t| t.node.as_str()).collect();
+    nodes
+        .into_iter()
+        .filter(|node| {
+            select_template(selector, templates, Some(node)).is_ok_and(|c| c.node == *node)
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
 fn choice(t: &TemplateInfo) -> TemplateChoice {
     TemplateChoice {
         node: t.node.clone(),
@@ -392,6 +406,27 @@ mod tests {
         // A node without its own copy cannot choose among the others.
         let err = select_template(&s, &templates, Some("pve9")).unwrap_err();
         assert!(matches!(err, TemplateError::Ambiguous { node: None, .. }));
+    }
+
+    #[test]
+    fn template_nodes_are_those_with_their_own_unique_match() {
+        let templates = vec![
+            t("pve1", 100, "ubuntu"),
+            t("pve2", 200, "ubuntu"),
+            t("pve3", 300, "ubuntu;gpu"),
+            t("pve4", 400, "ubuntu;a"),
+            t("pve4", 401, "ubuntu;b"),
+        ];
+        assert_eq!(
+            template_nodes(&sel(&["ubuntu"], Exact), &templates),
+            ["pve1", "pve2"]
+        );
+        assert_eq!(
+            template_nodes(&sel(&["ubuntu"], UniqueSubset), &templates),
+            ["pve1", "pve2", "pve3"],
+            "pve4 has two candidates"
+        );
+        assert!(template_nodes(&sel(&["windows"], Exact), &templates).is_empty());
     }
 
     #[test]
