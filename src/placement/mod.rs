@@ -7,13 +7,15 @@
 //!   good list and report the [`ZoneConfigError`]); [`cluster_pools`] for the `InClusterIPPool`s.
 //! - Machine controller: [`Placement::resolve`] from the ProxmoxCluster, ProxmoxMachine and CAPI
 //!   Machine; if [`Placement::needs_scheduling`], [`Reservations::schedule_and_reserve`] with a
-//!   [`NodeInventory`] read from Proxmox; for a [`TemplateSource::Tags`] source,
-//!   [`select_template`] with the chosen node; IPAM claims the [`PoolClaim`]s of
-//!   [`Placement::network_devices`]; cloud-init reads the same NICs.
+//!   [`NodeInventory`] read from Proxmox (for a [`TemplateSource::Tags`] source with per-node
+//!   templates, first narrowed to [`template_nodes`]); then [`select_template`] with the chosen
+//!   node; IPAM claims the [`PoolClaim`]s of [`Placement::network_devices`]; cloud-init reads
+//!   the same NICs.
 //!
 //! Nothing downstream reads `allowedNodes`, `network.zone`, `zoneConfig`, `schedulerHints` or the
 //! NIC pool fields itself: they are only reachable through this module, and a test
-//! (`only_placement_reads_zone_and_allowed_node_fields`) fails the build of any code that does.
+//! (`only_placement_reads_zone_and_allowed_node_fields`) fails `cargo test` for production code
+//! that does.
 //!
 //! # Where capmox differs from the Go provider (on purpose)
 //!
@@ -54,5 +56,5 @@ pub use scheduler::{
 };
 pub use templates::{
     TagSelector, TemplateChoice, TemplateError, TemplateInfo, normalize_tags, select_template,
-    split_proxmox_tags,
+    split_proxmox_tags, template_nodes,
 };

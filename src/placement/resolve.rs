@@ -1150,6 +1150,10 @@ mod tests {
         for m in [both, neither] {
             let err = Placement::resolve(&c, &m, &cm).unwrap_err();
             assert_eq!(err, PlacementError::InvalidTemplateSource);
+            assert_eq!(
+                err.to_string(),
+                "the template must be given either as templateID with sourceNode, or as templateSelector"
+            );
             assert_eq!(err.reason(), "InvalidSpec");
         }
     }
@@ -1211,5 +1215,6 @@ mod tests {
         let err =
             Placement::resolve(&racks(), &m, &capi_machine("m1", None, false, None)).unwrap_err();
         assert_eq!(err, PlacementError::MissingName);
+        assert_eq!(err.to_string(), "the ProxmoxMachine has no metadata.name");
     }
 }

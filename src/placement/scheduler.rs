@@ -307,6 +307,15 @@ impl ScheduleError {
     pub fn is_retryable(&self) -> bool {
         !matches!(self, Self::NotScheduled { .. })
     }
+
+    /// Condition reason for the machine's `VirtualMachineProvisioned` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotScheduled { .. } => "NotScheduled",
+            Self::NoNodesAvailable { .. } => "NodesUnavailable",
+            Self::InsufficientMemory { .. } => "InsufficientMemory",
+        }
+    }
 }
 
 /// Bytes in a human form with the exact value, for messages.
@@ -689,6 +698,7 @@ mod tests {
             .schedule_and_reserve(&p2, &inv, &request(&p2))
             .unwrap_err();
         assert!(err.is_retryable());
+        assert_eq!(err.reason(), "InsufficientMemory");
         assert_eq!(
             err.to_string(),
             "cannot reserve 8192 MiB of memory for machine m2 on any of [\"a\", \"b\"]: the best node \
@@ -806,7 +816,11 @@ mod tests {
         )
         .unwrap_err();
         assert!(!err.is_retryable());
-        assert!(matches!(err, ScheduleError::NotScheduled { .. }));
+        assert_eq!(
+            err.to_string(),
+            "machine m1 has no allowed nodes or zone nodes: it is cloned on its template's node \
+             without scheduling"
+        );
     }
 
     #[test]
@@ -821,6 +835,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.is_retryable());
+        assert_eq!(err.reason(), "NodesUnavailable");
         assert_eq!(
             err.to_string(),
             "none of the candidate nodes [\"a\", \"b\"] of machine m1 could be read from Proxmox; \

@@ -131,6 +131,15 @@ impl TemplateError {
     pub fn is_retryable(&self) -> bool {
         false
     }
+
+    /// Condition reason for the machine's `VirtualMachineProvisioned` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoTags => "InvalidSpec",
+            Self::NotFound { .. } => "TemplateNotFound",
+            Self::Ambiguous { .. } => "AmbiguousTemplate",
+        }
+    }
 }
 
 fn describe_near_misses(items: &[String]) -> String {
@@ -230,6 +239,20 @@ pub fn select_template(
         }),
         many => Err(ambiguous(None, many)),
     }
+}
+
+/// Nodes that hold their own matching template (the ones [`select_template`] resolves locally).
+/// With per-node templates on local storage, the controller keeps only these nodes in the
+/// inventory before scheduling, so the chosen node always has a copy to clone.
+pub fn template_nodes(selector: &TagSelector, templates: &[TemplateInfo]) -> Vec<String> {
+    let nodes: BTreeSet<&str> = templates.iter().map(|t| t.node.as_str()).collect();
+    nodes
+        .into_iter()
+        .filter(|node| {
+            select_template(selector, templates, Some(node)).is_ok_and(|c| c.node == *node)
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 fn choice(t: &TemplateInfo) -> TemplateChoice {
@@ -386,6 +409,27 @@ mod tests {
     }
 
     #[test]
+    fn template_nodes_are_those_with_their_own_unique_match() {
+        let templates = vec![
+            t("pve1", 100, "ubuntu"),
+            t("pve2", 200, "ubuntu"),
+            t("pve3", 300, "ubuntu;gpu"),
+            t("pve4", 400, "ubuntu;a"),
+            t("pve4", 401, "ubuntu;b"),
+        ];
+        assert_eq!(
+            template_nodes(&sel(&["ubuntu"], Exact), &templates),
+            ["pve1", "pve2"]
+        );
+        assert_eq!(
+            template_nodes(&sel(&["ubuntu"], UniqueSubset), &templates),
+            ["pve1", "pve2", "pve3"],
+            "pve4 has two candidates"
+        );
+        assert!(template_nodes(&sel(&["windows"], Exact), &templates).is_empty());
+    }
+
+    #[test]
     fn a_single_template_elsewhere_is_used_for_a_node_without_one() {
         let templates = vec![t("pve1", 100, "ubuntu")];
         let c = select_template(&sel(&["ubuntu"], Exact), &templates, Some("pve2")).unwrap();
@@ -408,6 +452,7 @@ mod tests {
              exactly one must match (tag one template per node, or make the tags distinct)"
         );
         assert!(!err.is_retryable());
+        assert_eq!(err.reason(), "AmbiguousTemplate");
     }
 
     #[test]

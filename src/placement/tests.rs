@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 
-use crate::api::{FailureDomain, ProxmoxCluster, ProxmoxClusterStatus, SchedulerHints};
+use crate::api::{
+    FailureDomain, ProxmoxCluster, ProxmoxClusterStatus, SchedulerHints, TemplateSelector,
+};
 
 use super::fixtures::{capi_machine, cluster, machine, strings, zone};
 use super::*;
@@ -48,7 +50,7 @@ struct World {
 
 fn world() -> impl Strategy<Value = World> {
     (
-        prop::collection::vec(any::<u8>(), 0..4),
+        prop::collection::vec(prop_oneof![Just(0u8), any::<u8>()], 0..4),
         prop_oneof![Just(0u8), any::<u8>()],
         prop_oneof![Just(0u8), any::<u8>()],
         prop::option::of(0usize..5),
@@ -136,6 +138,55 @@ proptest! {
             Err(PlacementError::FailureDomainNotReady { .. }) => prop_assert!(zone_nodes.is_empty()),
             Err(PlacementError::UnknownZone { .. }) => prop_assert!(fd.is_none()),
             Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    /// Published failure domains are exactly the zones with nodes, sorted, with `controlPlane`
+    /// set; every reported problem is real.
+    #[test]
+    fn failure_domains_match_the_zones_with_nodes(
+        zones in prop::collection::vec((0usize..6, prop_oneof![Just(0u8), any::<u8>()], prop::option::of(any::<bool>())), 0..6),
+        allowed in prop_oneof![Just(0u8), any::<u8>()],
+    ) {
+        let specs: Vec<_> = zones.iter().map(|(name, mask, cp)| {
+            let mut z = zone(&format!("z{name}"), &[]);
+            z.nodes = names(*mask);
+            z.control_plane_eligible = *cp;
+            z
+        }).collect();
+        let mut c = cluster(&[], specs.clone());
+        c.spec.allowed_nodes = names(allowed);
+        match failure_domains(&c) {
+            Ok(domains) => {
+                let mut want: Vec<(String, bool)> = specs.iter().filter(|z| !z.nodes.is_empty())
+                    .map(|z| (z.zone.clone(), z.control_plane_eligible.unwrap_or(true)))
+                    .collect();
+                want.sort();
+                let got: Vec<(String, bool)> = domains.iter()
+                    .map(|d| (d.name.clone(), d.control_plane.unwrap_or(false)))
+                    .collect();
+                prop_assert!(domains.iter().all(|d| d.control_plane.is_some()));
+                prop_assert_eq!(got, want);
+            }
+            Err(err) => {
+                prop_assert!(!err.problems.is_empty());
+                for problem in &err.problems {
+                    match problem {
+                        ZoneProblem::DuplicateZone { zone } => prop_assert!(specs.iter().filter(|z| &z.zone == zone).count() > 1),
+                        ZoneProblem::NodeInSeveralZones { node, zones } => {
+                            prop_assert!(zones.len() > 1);
+                            for z in zones {
+                                prop_assert!(specs.iter().any(|s| &s.zone == z && s.nodes.contains(node)));
+                            }
+                        }
+                        ZoneProblem::NodeNotAllowed { zone, node } => {
+                            prop_assert!(!c.spec.allowed_nodes.is_empty() && !c.spec.allowed_nodes.contains(node));
+                            prop_assert!(specs.iter().any(|s| &s.zone == zone && s.nodes.contains(node)));
+                        }
+                        ZoneProblem::TooManyFailureDomains { .. } => prop_assert!(false, "at most 6 zones"),
+                    }
+                }
+            }
         }
     }
 
@@ -325,6 +376,61 @@ fn kcp_spreads_control_planes_over_eligible_failure_domains() {
     }
 }
 
+/// The whole machine flow on per-node templates: resolve in rack-b, schedule onto one of its
+/// nodes, then clone the copy of the template that lives on that node.
+#[test]
+fn per_node_template_follows_the_scheduled_node() {
+    let c = cluster(
+        &[],
+        vec![
+            zone("rack-a", &["pve1", "pve2"]),
+            zone("rack-b", &["pve3", "pve4"]),
+        ],
+    );
+    let mut m = machine("w-0", &[], None);
+    m.spec.template_id = None;
+    m.spec.source_node = None;
+    m.spec.template_selector = Some(TemplateSelector {
+        match_tags: strings(&["Ubuntu-24.04", "k8s"]),
+        match_policy: None,
+    });
+    let p = Placement::resolve(
+        &c,
+        &m,
+        &capi_machine("w-0", Some("rack-b"), false, Some(("MachineSet", "md-b-1"))),
+    )
+    .unwrap();
+    let templates: Vec<TemplateInfo> = (1..=4)
+        .map(|i| TemplateInfo {
+            node: node_name(i),
+            vmid: u32::try_from(9000 + i).unwrap(),
+            name: "ubuntu".into(),
+            tags: split_proxmox_tags("k8s;ubuntu-24.04"),
+        })
+        .collect();
+    // pve3 is fuller, so pve4 is chosen.
+    let inventory = NodeInventory {
+        nodes: (1..=4)
+            .map(|i| empty_node(&node_name(i), if i == 3 { 16 } else { 64 } * GIB))
+            .collect(),
+    };
+    let choice = Reservations::new()
+        .schedule_and_reserve(&p, &inventory, &ScheduleRequest::new(&p, None))
+        .unwrap();
+    assert_eq!(choice.node, "pve4");
+    let TemplateSource::Tags(selector) = p.template() else {
+        panic!("selector expected");
+    };
+    let template = select_template(selector, &templates, Some(&choice.node)).unwrap();
+    assert_eq!(
+        template,
+        TemplateChoice {
+            node: "pve4".into(),
+            vmid: 9004
+        }
+    );
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -339,24 +445,53 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Lines of code (not comments) in `path` that contain `needle` as a whole token.
-fn uses(path: &Path, needle: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+/// Production code of a source file: everything before its first `#[cfg(test)]`.
+fn production_code(text: &str) -> &str {
+    text.split("#[cfg(test)]").next().unwrap_or(text)
+}
+
+/// Code lines (not comments) of `text` that use `needle` as a whole token; with
+/// `allow_assignment`, plain assignments (`x.field = ...`, building an object) are not counted.
+fn uses(text: &str, needle: &str, allow_assignment: bool) -> Vec<String> {
     text.lines()
-        .filter(|line| {
-            let code = line.trim_start();
+        .map(str::trim)
+        .filter(|code| {
             !code.starts_with("//")
                 && code.match_indices(needle).any(|(at, _)| {
-                    !code[at + needle.len()..]
-                        .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    let rest = &code[at + needle.len()..];
+                    let whole_token =
+                        !rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+                    let after = rest.trim_start();
+                    let assignment = after.starts_with('=') && !after.starts_with("==");
+                    whole_token && !(allow_assignment && assignment)
                 })
         })
-        .map(|l| format!("{}: {}", path.display(), l.trim()))
+        .map(str::to_owned)
         .collect()
 }
 
-/// Deny by construction: outside `api` (the types) and `placement` (the one resolver), no code
-/// reads the overridable placement inputs; it takes a `Placement` instead.
+fn offenders(files: &[PathBuf], needles: &[String], production_only: bool) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            let code = if production_only {
+                production_code(&text)
+            } else {
+                &text
+            };
+            needles
+                .iter()
+                .flat_map(|n| uses(code, n, production_only))
+                .map(|line| format!("{}: {line}", f.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Deny by construction: outside `api` (the types) and `placement` (the one resolver), no
+/// production code reads the overridable placement inputs; it takes a `Placement` instead.
+/// (Building objects by assignment and test code are fine.)
 #[test]
 fn only_placement_reads_zone_and_allowed_node_fields() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -364,6 +499,7 @@ fn only_placement_reads_zone_and_allowed_node_fields() {
     // Production code only: tests build specs and name these fields in expectations.
     rust_files(&root.join("src"), &mut files);
     let exempt = [root.join("src/api"), root.join("src/placement")];
+    files.retain(|f| !exempt.iter().any(|e| f.starts_with(e)));
     let forbidden = [
         ".allowed_nodes",
         ".zone_config",
@@ -372,17 +508,14 @@ fn only_placement_reads_zone_and_allowed_node_fields() {
         ".default_ipv4",
         ".default_ipv6",
         ".ip_pool_ref",
-    ];
-    let offenders: Vec<String> = files
-        .iter()
-        .filter(|f| !exempt.iter().any(|e| f.starts_with(e)))
-        .flat_map(|f| forbidden.iter().flat_map(|n| uses(f, n)))
-        .collect();
+    ]
+    .map(str::to_owned);
+    let found = offenders(&files, &forbidden, true);
     assert!(
-        offenders.is_empty(),
+        found.is_empty(),
         "read these through capmox::placement::Placement (or failure_domains / cluster_pools) \
          instead of the spec:\n{}",
-        offenders.join("\n")
+        found.join("\n")
     );
 }
 
@@ -392,8 +525,9 @@ fn placement_does_no_io() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/placement");
     let mut files = Vec::new();
     rust_files(&dir, &mut files);
+    assert!(files.len() >= 6, "found the placement sources: {files:?}");
     // Test-only files are exempt (this one reads the sources); built from parts so it does not match itself.
-    let test_only = ["tests.rs", "fixtures.rs"];
+    files.retain(|f| !f.ends_with("tests.rs") && !f.ends_with("fixtures.rs"));
     let forbidden = [
         ["kube::", "Client"].concat(),
         ["kube::", "Api"].concat(),
@@ -402,27 +536,24 @@ fn placement_does_no_io() {
         ["std::", "net::Tcp"].concat(),
         ["std::", "fs"].concat(),
     ];
-    let offenders: Vec<String> = files
-        .iter()
-        .filter(|f| !test_only.iter().any(|t| f.ends_with(t)))
-        .flat_map(|f| forbidden.iter().flat_map(|n| uses(f, n)))
-        .collect();
-    assert!(files.len() >= 6, "found the placement sources: {files:?}");
-    assert!(
-        offenders.is_empty(),
-        "I/O in placement:\n{}",
-        offenders.join("\n")
-    );
+    let found = offenders(&files, &forbidden, false);
+    assert!(found.is_empty(), "I/O in placement:\n{}", found.join("\n"));
 }
 
 #[test]
 fn the_guards_see_what_they_look_for() {
-    let dir = std::env::temp_dir().join(format!("capmox-guard-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let file = dir.join("probe.rs");
-    let src = "let n = &m.spec.allowed_nodes;\n// m.spec.allowed_nodes in a comment\nlet z = spec.network.zone_label();\nlet y = spec.network.zone;\n";
-    std::fs::write(&file, src).unwrap();
-    assert_eq!(uses(&file, ".allowed_nodes").len(), 1);
-    assert_eq!(uses(&file, "network.zone").len(), 1);
-    let _ = std::fs::remove_dir_all(&dir);
+    let src = "let n = &m.spec.allowed_nodes;\n\
+               // m.spec.allowed_nodes in a comment\n\
+               m.spec.allowed_nodes = vec![];\n\
+               if m.spec.allowed_nodes == x {}\n\
+               let z = spec.network.zone_label();\n\
+               let y = spec.network.zone;\n\
+               #[cfg(test)]\n\
+               let t = m.spec.allowed_nodes;\n";
+    assert_eq!(uses(production_code(src), ".allowed_nodes", true).len(), 2);
+    assert_eq!(uses(src, ".allowed_nodes", false).len(), 4);
+    assert_eq!(
+        uses(src, "network.zone", true),
+        ["let y = spec.network.zone;"]
+    );
 }
