@@ -533,9 +533,28 @@ async fn error_paths_map_to_variants() {
     assert_eq!(down.metrics()["GET /version"].calls, 2, "GET retried once");
     assert_eq!(down.metrics()["GET /version"].errors, 2);
 
-    // unknown route → 501 Api error
-    let err = client.vm_config("pve1", 4242).await.expect_err("x");
-    assert!(err.is_not_found());
+    // Forbidden: the token lacks VM.Allocate for deletions
+    let sim403 = Simulator::start(
+        Topology::example(),
+        SimOptions {
+            denied: vec![capmox::sim::DenyRule {
+                endpoint: "DELETE /nodes/{node}/qemu/{vmid}".into(),
+                privilege: "VM.Allocate".into(),
+            }],
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("sim");
+    let err = client_for(&sim403)
+        .delete_vm("pve1", 9000, DeleteParams::default())
+        .await
+        .expect_err("403");
+    assert!(
+        matches!(&err, ProxmoxError::Forbidden { reason } if reason == "Permission check failed (/vms/9000, VM.Allocate)"),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable());
 }
 
 fn faulty(rule: FaultRule, seed: u64) -> SimOptions {

@@ -19,7 +19,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub use server::{LoggedRequest, SIM_ROUTES, SimCounters};
 pub use state::{Cluster, SimError};
 pub use topology::{
-    FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec, Topology,
+    DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
+    Topology,
 };
 
 use server::{Rng, Shared};

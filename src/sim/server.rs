@@ -202,6 +202,28 @@ pub(crate) async fn handle(
         ));
     }
 
+    // Permissions: a denied privilege gives 403 with the ACL path, like pvedaemon.
+    if let Some(rule) = shared
+        .opts
+        .denied
+        .iter()
+        .find(|r| r.endpoint == "*" || r.endpoint == endpoint)
+    {
+        let acl = match segs.as_slice() {
+            ["nodes", _, "qemu", id, ..] => format!("/vms/{id}"),
+            ["nodes", _, "storage", st, ..] => format!("/storage/{st}"),
+            ["nodes", n, ..] => format!("/nodes/{n}"),
+            ["pools", ..] => "/pool".to_string(),
+            _ => "/".to_string(),
+        };
+        let reply = Reply::Error(SimError {
+            status: 403,
+            reason: format!("Permission check failed ({acl}, {})", rule.privilege),
+            errors: BTreeMap::new(),
+        });
+        return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+    }
+
     // Fault injection (seeded): latency, dropped connections, injected errors, lock contention.
     if let Some(rule) = shared
         .faults

@@ -823,7 +823,6 @@ impl Cluster {
                 "checksum mismatch (file change by other user?)",
             ));
         }
-        let running = vm.running;
         let mut errors = BTreeMap::new();
         for k in params.keys() {
             if !is_config_option(k)
@@ -914,7 +913,6 @@ impl Cluster {
                 new_config.remove(key);
             }
         }
-        let _ = running;
         if let Some(vm) = self.vms.get_mut(&vmid) {
             vm.config = new_config;
         }

@@ -160,6 +160,9 @@ pub struct SimSettings {
     /// Fault injection.
     #[serde(default)]
     pub faults: Option<FaultConfig>,
+    /// Privileges the token lacks.
+    #[serde(default)]
+    pub denied: Vec<DenyRule>,
 }
 
 fn yes() -> bool {
@@ -355,6 +358,18 @@ pub struct SimOptions {
     pub faults: FaultConfig,
     /// Maximum request log entries kept.
     pub request_log_capacity: usize,
+    /// Privileges the token lacks: matching requests get 403 `Permission check failed (...)`.
+    pub denied: Vec<DenyRule>,
+}
+
+/// A privilege the simulated token does not have on an endpoint.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DenyRule {
+    /// Endpoint template, e.g. `DELETE /nodes/{node}/qemu/{vmid}`, or `*`.
+    pub endpoint: String,
+    /// Privilege named in the error, e.g. `VM.Allocate`.
+    pub privilege: String,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -384,6 +399,7 @@ impl Default for SimOptions {
             version: "9.1.4".to_string(),
             faults: FaultConfig::default(),
             request_log_capacity: 10_000,
+            denied: Vec::new(),
         }
     }
 }
@@ -422,6 +438,7 @@ impl SimOptions {
         if let Some(v) = &s.faults {
             o.faults = v.clone();
         }
+        o.denied = s.denied.clone();
         o
     }
 }
