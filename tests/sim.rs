@@ -1042,7 +1042,7 @@ async fn topology_file_drives_the_simulator() {
     assert_eq!(guest.status.as_deref(), Some("running"));
     assert!(res.iter().any(|r| r.kind == ResourceType::Pool));
     let st = client.vm_status("pve3", 150).await.expect("status");
-    assert!(st.is_running() && st.uptime > 0);
+    assert!(st.is_running() && st.pid.is_some());
     // the template is on shared storage: it may be cloned to another node
     let upid = client
         .clone_vm(

@@ -493,7 +493,9 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
             ("GET", ["version"]) => Reply::Data(c.version()),
             ("GET", ["nodes"]) => Reply::Data(c.nodes()),
             ("GET", ["nodes", n, "status"]) => Reply::Data(c.node_status(n)?),
-            ("GET", ["cluster", "resources"]) => Reply::Data(c.cluster_resources(get("type"))?),
+            ("GET", ["cluster", "resources"]) => {
+                Reply::Data(c.cluster_resources(now, get("type"))?)
+            }
             ("GET", ["cluster", "nextid"]) => Reply::Data(c.next_id(get("vmid"))?),
             ("GET", ["cluster", "status"]) => Reply::Data(c.cluster_status()),
             ("GET", ["nodes", n, "qemu"]) => Reply::Data(c.list_vms(n)?),
@@ -567,7 +569,7 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
                 let (lines, total) = c.task_log(n, upid, start, limit)?;
                 Reply::DataWithTotal(lines, total)
             }
-            ("GET", ["pools"]) => Reply::Data(c.pools(get("poolid"))?),
+            ("GET", ["pools"]) => Reply::Data(c.pools(now, get("poolid"))?),
             ("POST", ["pools"]) => {
                 let id = get("poolid").ok_or_else(|| {
                     SimError::param("poolid", "property is missing and it is not optional")

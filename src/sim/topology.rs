@@ -148,6 +148,9 @@ pub struct SimSettings {
     /// Boot delay until the guest agent answers (ms).
     #[serde(default)]
     pub boot_ms: Option<u64>,
+    /// `/cluster/resources` lag after changes (ms).
+    #[serde(default)]
+    pub resources_lag_ms: Option<u64>,
     /// Make `cloud-init status` report this error.
     #[serde(default)]
     pub cloud_init_failure: Option<String>,
@@ -348,6 +351,8 @@ pub struct SimOptions {
     pub task_duration: Duration,
     /// Time from start until the guest agent answers.
     pub boot_delay: Duration,
+    /// How long `/cluster/resources` shows a changed guest as `unknown` without name/template.
+    pub resources_lag: Duration,
     /// `cloud-init status` result: `None` = done, `Some(text)` = error with that text.
     pub cloud_init_failure: Option<String>,
     /// Include `message` in error bodies (PVE ≥ 8.3 behaviour).
@@ -399,6 +404,7 @@ impl Default for SimOptions {
             version: "9.1.4".to_string(),
             faults: FaultConfig::default(),
             request_log_capacity: 10_000,
+            resources_lag: Duration::ZERO,
             denied: Vec::new(),
         }
     }
@@ -425,6 +431,9 @@ impl SimOptions {
         }
         if let Some(v) = s.boot_ms {
             o.boot_delay = Duration::from_millis(v);
+        }
+        if let Some(v) = s.resources_lag_ms {
+            o.resources_lag = Duration::from_millis(v);
         }
         if s.cloud_init_failure.is_some() {
             o.cloud_init_failure = s.cloud_init_failure.clone();
