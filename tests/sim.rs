@@ -1101,3 +1101,48 @@ async fn simulator_accepts_json_bodies_and_checks_booleans() {
     let cfg = client.vm_config("pve1", 120).await.expect("config");
     assert_eq!(cfg.name().as_deref(), Some("json-vm"));
 }
+
+#[tokio::test]
+async fn nextid_is_a_hint_parallel_clones_collide_and_retry() {
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("sim");
+    let client = client_for(&sim);
+    // two workers ask at once: both get the same id (no reservation)
+    let (a, b) = tokio::join!(client.next_id(None), client.next_id(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    assert_eq!(a, b);
+    let params = |newid| CloneParams {
+        newid,
+        ..Default::default()
+    };
+    let first = client
+        .clone_vm("pve1", 9000, &params(a))
+        .await
+        .expect("first clone");
+    let err = client
+        .clone_vm("pve1", 9000, &params(b))
+        .await
+        .expect_err("second clone with the same id");
+    assert!(
+        matches!(&err, ProxmoxError::AlreadyExists { reason, .. } if reason == &format!("unable to create VM {b}: config file already exists")),
+        "{err:?}"
+    );
+    // retry with a fresh id works, and parallel clones of one template are fine (shared lock)
+    let c = client.next_id(None).await.expect("next");
+    assert_ne!(c, a);
+    let second = client
+        .clone_vm("pve1", 9000, &params(c))
+        .await
+        .expect("retry");
+    client.wait_task(&first, &waits()).await.expect("first");
+    client.wait_task(&second, &waits()).await.expect("second");
+    let ids: Vec<u32> = client
+        .cluster_resources(Some(ResourceFilter::Vm))
+        .await
+        .expect("resources")
+        .iter()
+        .filter_map(|r| r.vmid)
+        .collect();
+    assert!(ids.contains(&a) && ids.contains(&c));
+}
