@@ -1098,3 +1098,60 @@ async fn nextid_is_a_hint_parallel_clones_collide_and_retry() {
         .collect();
     assert!(ids.contains(&a) && ids.contains(&c));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_clones_under_load() {
+    fn assert_shareable<T: Send + Sync + Clone + 'static>() {}
+    assert_shareable::<ProxmoxClient>();
+    let sim = Simulator::start(
+        Topology::example(),
+        SimOptions {
+            clone_duration: Duration::from_millis(100),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("sim");
+    let client = client_for(&sim);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..30u32 {
+        let client = client.clone();
+        set.spawn(async move {
+            let id = client.next_id(Some(1000 + i)).await?;
+            let upid = client
+                .clone_vm(
+                    "pve1",
+                    9000,
+                    &CloneParams {
+                        newid: id,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            client.wait_task(&upid, &waits()).await?;
+            Ok::<u32, ProxmoxError>(id)
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(r) = set.join_next().await {
+        ids.push(r.expect("join").expect("clone flow"));
+    }
+    ids.sort();
+    assert_eq!(ids, (1000..1030).collect::<Vec<_>>());
+    let vms = client.list_vms("pve1").await.expect("list");
+    assert_eq!(
+        vms.iter()
+            .filter(|v| (1000..1030).contains(&v.vmid))
+            .count(),
+        30
+    );
+    assert!(vms.iter().all(|v| v.lock.is_none()));
+    assert_eq!(
+        client.metrics()["POST /nodes/{node}/qemu/{vmid}/clone"].calls,
+        30
+    );
+    assert_eq!(
+        sim.counters()["POST /nodes/{node}/qemu/{vmid}/clone"].errors,
+        0
+    );
+}
