@@ -264,7 +264,7 @@ async fn machine_lifecycle_end_to_end() {
     let ifaces = eventually("guest agent", Duration::from_secs(10), || async {
         match client.agent_network_interfaces(node, newid).await {
             Ok(i) => Some(i),
-            Err(e) if e.reason() == Some("QEMU guest agent is not running") => None,
+            Err(e) if e.is_agent_unavailable() => None,
             Err(e) => panic!("unexpected agent error {e:?}"),
         }
     })
