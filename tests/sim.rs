@@ -902,6 +902,17 @@ async fn timeouts_deadlines_offline_nodes_and_cloud_init_failure() {
             .as_deref()
             .is_some_and(|e| e.contains("runcmd"))
     );
+    match client2
+        .cloud_init_status("pve1", 300, Duration::from_secs(5))
+        .await
+        .expect("status")
+    {
+        CloudInitStatus::Error { exitcode, output } => {
+            assert_eq!(exitcode, Some(1));
+            assert!(output.contains("runcmd"), "{output}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]
