@@ -264,7 +264,7 @@ async fn machine_lifecycle_end_to_end() {
     let ifaces = eventually("guest agent", Duration::from_secs(10), || async {
         match client.agent_network_interfaces(node, newid).await {
             Ok(i) => Some(i),
-            Err(e) if e.reason() == Some("QEMU guest agent is not running") => None,
+            Err(e) if e.is_agent_unavailable() => None,
             Err(e) => panic!("unexpected agent error {e:?}"),
         }
     })
@@ -533,9 +533,28 @@ async fn error_paths_map_to_variants() {
     assert_eq!(down.metrics()["GET /version"].calls, 2, "GET retried once");
     assert_eq!(down.metrics()["GET /version"].errors, 2);
 
-    // unknown route → 501 Api error
-    let err = client.vm_config("pve1", 4242).await.expect_err("x");
-    assert!(err.is_not_found());
+    // Forbidden: the token lacks VM.Allocate for deletions
+    let sim403 = Simulator::start(
+        Topology::example(),
+        SimOptions {
+            denied: vec![capmox::sim::DenyRule {
+                endpoint: "DELETE /nodes/{node}/qemu/{vmid}".into(),
+                privilege: "VM.Allocate".into(),
+            }],
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("sim");
+    let err = client_for(&sim403)
+        .delete_vm("pve1", 9000, DeleteParams::default())
+        .await
+        .expect_err("403");
+    assert!(
+        matches!(&err, ProxmoxError::Forbidden { reason } if reason == "Permission check failed (/vms/9000, VM.Allocate)"),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable());
 }
 
 fn faulty(rule: FaultRule, seed: u64) -> SimOptions {
@@ -883,54 +902,17 @@ async fn timeouts_deadlines_offline_nodes_and_cloud_init_failure() {
             .as_deref()
             .is_some_and(|e| e.contains("runcmd"))
     );
-}
-
-#[tokio::test]
-async fn secret_never_logged() {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("lock").extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let sim = Simulator::start(Topology::example(), SimOptions::default())
+    match client2
+        .cloud_init_status("pve1", 300, Duration::from_secs(5))
         .await
-        .expect("sim");
-    let secret = sim.token().rsplit_once('=').expect("token").1.to_string();
-    let client = client_for(&sim);
-    client.version().await.expect("ok");
-    let _ = client.vm_config("pve1", 4242).await.expect_err("missing");
-    let mut bad_cfg = ClientConfig::new(
-        sim.url(),
-        ApiToken::new("root@pam!capmox", Secret::new(format!("{secret}-x"))).expect("token"),
-    );
-    bad_cfg.retry.max_attempts = 1;
-    let bad = ProxmoxClient::new(&bad_cfg).expect("client");
-    let err = bad.version().await.expect_err("401");
-    tracing::info!(error = %err, error_debug = ?err, client = ?client, config = ?bad_cfg, "after calls");
-    let logs = String::from_utf8(buf.0.lock().expect("lock").clone()).expect("utf8");
-    assert!(logs.contains("after calls"), "logs captured");
-    assert!(
-        logs.contains("Proxmox request failed"),
-        "client debug logs captured"
-    );
-    assert!(!logs.contains(&secret), "secret leaked into logs");
+        .expect("status")
+    {
+        CloudInitStatus::Error { exitcode, output } => {
+            assert_eq!(exitcode, Some(1));
+            assert!(output.contains("runcmd"), "{output}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -1023,7 +1005,7 @@ async fn topology_file_drives_the_simulator() {
     assert_eq!(guest.status.as_deref(), Some("running"));
     assert!(res.iter().any(|r| r.kind == ResourceType::Pool));
     let st = client.vm_status("pve3", 150).await.expect("status");
-    assert!(st.is_running() && st.uptime > 0);
+    assert!(st.is_running() && st.pid.is_some());
     // the template is on shared storage: it may be cloned to another node
     let upid = client
         .clone_vm(
@@ -1081,4 +1063,106 @@ async fn simulator_accepts_json_bodies_and_checks_booleans() {
     let client = client_for(&sim);
     let cfg = client.vm_config("pve1", 120).await.expect("config");
     assert_eq!(cfg.name().as_deref(), Some("json-vm"));
+}
+
+#[tokio::test]
+async fn nextid_is_a_hint_parallel_clones_collide_and_retry() {
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("sim");
+    let client = client_for(&sim);
+    // two workers ask at once: both get the same id (no reservation)
+    let (a, b) = tokio::join!(client.next_id(None), client.next_id(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    assert_eq!(a, b);
+    let params = |newid| CloneParams {
+        newid,
+        ..Default::default()
+    };
+    let first = client
+        .clone_vm("pve1", 9000, &params(a))
+        .await
+        .expect("first clone");
+    let err = client
+        .clone_vm("pve1", 9000, &params(b))
+        .await
+        .expect_err("second clone with the same id");
+    assert!(
+        matches!(&err, ProxmoxError::AlreadyExists { reason, .. } if reason == &format!("unable to create VM {b}: config file already exists")),
+        "{err:?}"
+    );
+    // retry with a fresh id works, and parallel clones of one template are fine (shared lock)
+    let c = client.next_id(None).await.expect("next");
+    assert_ne!(c, a);
+    let second = client
+        .clone_vm("pve1", 9000, &params(c))
+        .await
+        .expect("retry");
+    client.wait_task(&first, &waits()).await.expect("first");
+    client.wait_task(&second, &waits()).await.expect("second");
+    let ids: Vec<u32> = client
+        .cluster_resources(Some(ResourceFilter::Vm))
+        .await
+        .expect("resources")
+        .iter()
+        .filter_map(|r| r.vmid)
+        .collect();
+    assert!(ids.contains(&a) && ids.contains(&c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_clones_under_load() {
+    fn assert_shareable<T: Send + Sync + Clone + 'static>() {}
+    assert_shareable::<ProxmoxClient>();
+    let sim = Simulator::start(
+        Topology::example(),
+        SimOptions {
+            clone_duration: Duration::from_millis(100),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("sim");
+    let client = client_for(&sim);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..30u32 {
+        let client = client.clone();
+        set.spawn(async move {
+            let id = client.next_id(Some(1000 + i)).await?;
+            let upid = client
+                .clone_vm(
+                    "pve1",
+                    9000,
+                    &CloneParams {
+                        newid: id,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            client.wait_task(&upid, &waits()).await?;
+            Ok::<u32, ProxmoxError>(id)
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(r) = set.join_next().await {
+        ids.push(r.expect("join").expect("clone flow"));
+    }
+    ids.sort();
+    assert_eq!(ids, (1000..1030).collect::<Vec<_>>());
+    let vms = client.list_vms("pve1").await.expect("list");
+    assert_eq!(
+        vms.iter()
+            .filter(|v| (1000..1030).contains(&v.vmid))
+            .count(),
+        30
+    );
+    assert!(vms.iter().all(|v| v.lock.is_none()));
+    assert_eq!(
+        client.metrics()["POST /nodes/{node}/qemu/{vmid}/clone"].calls,
+        30
+    );
+    assert_eq!(
+        sim.counters()["POST /nodes/{node}/qemu/{vmid}/clone"].errors,
+        0
+    );
 }

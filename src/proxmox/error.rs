@@ -125,6 +125,14 @@ impl ProxmoxError {
         matches!(self, Self::NotFound { .. })
     }
 
+    /// Whether a guest-agent call failed only because the agent does not answer yet
+    /// (guest still booting, or a qga timeout): retry later, it is not a configuration error.
+    pub fn is_agent_unavailable(&self) -> bool {
+        matches!(self, Self::Api { status: 500, reason }
+            if reason.contains("guest agent is not running")
+                || (reason.contains("qga command") && reason.contains("got timeout")))
+    }
+
     /// The server's reason text, when the error came from the server.
     pub fn reason(&self) -> Option<&str> {
         match self {
@@ -200,7 +208,10 @@ fn classify_500(reason: String, lower: &str) -> ProxmoxError {
             reason,
         };
     }
-    if lower.contains("got timeout") || lower.contains("got lock request timeout") {
+    // "qga command '...' failed - got timeout" is a hung guest agent, not a lock
+    if (lower.contains("got timeout") && !lower.contains("qga command"))
+        || lower.contains("got lock request timeout")
+    {
         return ProxmoxError::Locked {
             status,
             lock: "flock".to_string(),
@@ -280,6 +291,21 @@ mod tests {
             BTreeMap::new(),
         );
         assert!(matches!(e, ProxmoxError::Forbidden { .. }));
+        let e =
+            ProxmoxError::from_response(500, "QEMU guest agent is not running", BTreeMap::new());
+        assert!(e.is_agent_unavailable());
+        let e = ProxmoxError::from_response(
+            500,
+            "VM 101 qga command 'guest-network-get-interfaces' failed - got timeout",
+            BTreeMap::new(),
+        );
+        assert!(e.is_agent_unavailable(), "{e:?}");
+        assert!(
+            !e.is_retryable(),
+            "handled by the agent wait, not as a lock"
+        );
+        let e = ProxmoxError::from_response(500, "No QEMU guest agent configured", BTreeMap::new());
+        assert!(!e.is_agent_unavailable());
         let e =
             ProxmoxError::from_response(500, "shrinking disks is not supported", BTreeMap::new());
         assert!(matches!(e, ProxmoxError::Api { status: 500, .. }));

@@ -1,5 +1,24 @@
 //! Typed Proxmox VE REST client: API-token auth, verified TLS (CA bundle or pinned
 //! fingerprint), classified errors, tolerant decoding, task waiting, retries and counters.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use capmox::proxmox::*;
+//!
+//! # async fn demo(registry: &ClientRegistry) -> Result<()> {
+//! let token = ApiToken::new("capmox@pve!capi", Secret::new("3f2c9c8e-..."))?;
+//! let mut config = ClientConfig::new("https://pve1.example.com:8006", token);
+//! config.tls.fingerprints = vec!["AB:CD:...".into()]; // or config.tls.ca_pem
+//! let client = registry.get(&config)?; // shared per (URL, token, TLS)
+//! let vmid = client.next_id(None).await?;
+//! let upid = client
+//!     .clone_vm("pve1", 9000, &CloneParams { newid: vmid, full: Some(true), ..Default::default() })
+//!     .await?;
+//! client.wait_task(&upid, &WaitOptions::with_deadline(Duration::from_secs(600))).await?;
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod api;
 pub mod client;

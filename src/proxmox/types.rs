@@ -884,6 +884,26 @@ mod tests {
     }
 
     #[test]
+    fn task_outcomes() {
+        let t = |status: &str, exit: Option<&str>| TaskStatus {
+            upid: String::new(),
+            node: String::new(),
+            status: TaskState::from(status),
+            exitstatus: exit.map(str::to_string),
+            task_type: String::new(),
+            id: None,
+            user: String::new(),
+            pid: None,
+            starttime: None,
+        };
+        assert!(t("stopped", Some("OK")).is_success());
+        assert!(t("stopped", Some("WARNINGS: 2")).is_success());
+        assert!(!t("stopped", Some("unexpected status")).is_success());
+        assert!(!t("stopped", None).is_success());
+        assert!(!t("running", None).is_finished());
+    }
+
+    #[test]
     fn config_update_form() {
         let u = ConfigUpdate::default()
             .set("cores", 2)

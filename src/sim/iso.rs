@@ -248,6 +248,51 @@ mod tests {
         assert_eq!(img.files.len(), 3);
     }
 
+    /// A Joliet descriptor with UCS-2 names wins over mangled primary names.
+    #[test]
+    fn joliet_names() {
+        let data: &[u8] = b"version: 2\n";
+        let mut iso = build_iso("cidata", &[("NETWORK_.;1", data)]);
+        let file_extent = u32::from_le_bytes([
+            iso[20 * SECTOR + 34 * 2 + 2],
+            iso[20 * SECTOR + 34 * 2 + 3],
+            iso[20 * SECTOR + 34 * 2 + 4],
+            iso[20 * SECTOR + 34 * 2 + 5],
+        ]);
+        // append a Joliet root directory sector
+        let jroot = (iso.len() / SECTOR) as u32;
+        iso.extend(vec![0u8; SECTOR]);
+        let name: Vec<u8> = "network-config"
+            .encode_utf16()
+            .flat_map(u16::to_be_bytes)
+            .collect();
+        let mut rec = vec![0u8; 33 + name.len() + (1 - name.len() % 2)];
+        rec[0] = rec.len() as u8;
+        rec[2..6].copy_from_slice(&file_extent.to_le_bytes());
+        rec[10..14].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        rec[32] = name.len() as u8;
+        rec[33..33 + name.len()].copy_from_slice(&name);
+        let off = jroot as usize * SECTOR;
+        iso[off..off + rec.len()].copy_from_slice(&rec);
+        // sector 17 becomes the supplementary (Joliet) descriptor, 18 the terminator
+        let mut svd = iso[16 * SECTOR..17 * SECTOR].to_vec();
+        svd[0] = 2;
+        svd[88..91].copy_from_slice(&[0x25, 0x2F, 0x45]);
+        svd[156 + 2..156 + 6].copy_from_slice(&jroot.to_le_bytes());
+        svd[156 + 10..156 + 14].copy_from_slice(&(SECTOR as u32).to_le_bytes());
+        iso[17 * SECTOR..18 * SECTOR].copy_from_slice(&svd);
+        let term = &mut iso[18 * SECTOR..19 * SECTOR];
+        term.fill(0);
+        term[0] = 255;
+        term[1..6].copy_from_slice(b"CD001");
+        let img = IsoImage::parse(&iso).expect("parses");
+        assert_eq!(img.file("network-config"), Some(data));
+        // without Joliet the mangled name still resolves through the '_' alias
+        let plain =
+            IsoImage::parse(&build_iso("cidata", &[("NETWORK_CONFIG;1", data)])).expect("parses");
+        assert_eq!(plain.file("network-config"), Some(data));
+    }
+
     #[test]
     fn rejects_garbage() {
         assert!(IsoImage::parse(b"hello").is_err());

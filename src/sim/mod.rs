@@ -1,5 +1,19 @@
 //! Stateful Proxmox VE simulator served over HTTP(S) on 127.0.0.1, for tests,
 //! benchmarks, `capmox sandbox` and `capmox simulate-proxmox --topology FILE`.
+//!
+//! ```no_run
+//! use capmox::proxmox::{ApiToken, ClientConfig, ProxmoxClient};
+//! use capmox::sim::{SimOptions, Simulator, Topology};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let sim = Simulator::start(Topology::example(), SimOptions::default()).await?;
+//! let client = ProxmoxClient::new(&ClientConfig::new(sim.url(), ApiToken::parse(&sim.token())?))?;
+//! assert_eq!(client.version().await?.release, "9.1");
+//! println!("{:?}", sim.counters());
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod iso;
 pub mod server;
@@ -19,7 +33,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub use server::{LoggedRequest, SIM_ROUTES, SimCounters};
 pub use state::{Cluster, SimError};
 pub use topology::{
-    FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec, Topology,
+    DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
+    Topology,
 };
 
 use server::{Rng, Shared};

@@ -202,6 +202,28 @@ pub(crate) async fn handle(
         ));
     }
 
+    // Permissions: a denied privilege gives 403 with the ACL path, like pvedaemon.
+    if let Some(rule) = shared
+        .opts
+        .denied
+        .iter()
+        .find(|r| r.endpoint == "*" || r.endpoint == endpoint)
+    {
+        let acl = match segs.as_slice() {
+            ["nodes", _, "qemu", id, ..] => format!("/vms/{id}"),
+            ["nodes", _, "storage", st, ..] => format!("/storage/{st}"),
+            ["nodes", n, ..] => format!("/nodes/{n}"),
+            ["pools", ..] => "/pool".to_string(),
+            _ => "/".to_string(),
+        };
+        let reply = Reply::Error(SimError {
+            status: 403,
+            reason: format!("Permission check failed ({acl}, {})", rule.privilege),
+            errors: BTreeMap::new(),
+        });
+        return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+    }
+
     // Fault injection (seeded): latency, dropped connections, injected errors, lock contention.
     if let Some(rule) = shared
         .faults
@@ -471,7 +493,9 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
             ("GET", ["version"]) => Reply::Data(c.version()),
             ("GET", ["nodes"]) => Reply::Data(c.nodes()),
             ("GET", ["nodes", n, "status"]) => Reply::Data(c.node_status(n)?),
-            ("GET", ["cluster", "resources"]) => Reply::Data(c.cluster_resources(get("type"))?),
+            ("GET", ["cluster", "resources"]) => {
+                Reply::Data(c.cluster_resources(now, get("type"))?)
+            }
             ("GET", ["cluster", "nextid"]) => Reply::Data(c.next_id(get("vmid"))?),
             ("GET", ["cluster", "status"]) => Reply::Data(c.cluster_status()),
             ("GET", ["nodes", n, "qemu"]) => Reply::Data(c.list_vms(n)?),
@@ -545,7 +569,7 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
                 let (lines, total) = c.task_log(n, upid, start, limit)?;
                 Reply::DataWithTotal(lines, total)
             }
-            ("GET", ["pools"]) => Reply::Data(c.pools(get("poolid"))?),
+            ("GET", ["pools"]) => Reply::Data(c.pools(now, get("poolid"))?),
             ("POST", ["pools"]) => {
                 let id = get("poolid").ok_or_else(|| {
                     SimError::param("poolid", "property is missing and it is not optional")

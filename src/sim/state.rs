@@ -71,6 +71,8 @@ struct Vm {
     running: bool,
     started_at: Option<Instant>,
     pool: Option<String>,
+    /// Last creation/power change, for the `/cluster/resources` statistics lag.
+    changed_at: Option<Instant>,
 }
 
 impl Vm {
@@ -342,9 +344,12 @@ impl Cluster {
                 node: g.node.clone(),
                 config,
                 running: g.running && !template,
-                started_at: (g.running && !template)
-                    .then(|| Instant::now() - Duration::from_secs(3600)),
+                started_at: (g.running && !template).then(|| {
+                    let now = Instant::now();
+                    now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
+                }),
                 pool: None,
+                changed_at: None,
             },
         );
     }
@@ -417,6 +422,7 @@ impl Cluster {
                 }
                 if let Some(vm) = self.vms.get_mut(&newid) {
                     vm.config.remove("lock");
+                    vm.changed_at = Some(end);
                     if let Some(t) = target {
                         vm.node = t;
                     }
@@ -430,12 +436,14 @@ impl Cluster {
                 if let Some(vm) = self.vms.get_mut(&vmid) {
                     vm.running = true;
                     vm.started_at = Some(end);
+                    vm.changed_at = Some(end);
                 }
             }
             Effect::Stop { vmid } if ok => {
                 if let Some(vm) = self.vms.get_mut(&vmid) {
                     vm.running = false;
                     vm.started_at = None;
+                    vm.changed_at = Some(end);
                 }
             }
             Effect::Resize { vmid, disk, bytes } if ok => {
@@ -516,6 +524,20 @@ impl Cluster {
             },
         );
         upid
+    }
+
+    /// Whether an unfinished clone task reads from `vmid` (it holds the source's flock).
+    fn clone_running_from(&self, vmid: u32) -> bool {
+        let id = vmid.to_string();
+        self.tasks
+            .values()
+            .any(|t| !t.done && t.upid.task_type == "qmclone" && t.upid.id == id)
+    }
+
+    fn flock_timeout(vmid: u32) -> SimError {
+        SimError::e500(format!(
+            "can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout"
+        ))
     }
 
     fn node_checked(&self, node: &str) -> SimResult<&Node> {
@@ -631,7 +653,11 @@ impl Cluster {
         Value::Array(out)
     }
 
-    fn vm_resource(&self, vmid: u32, vm: &Vm) -> Value {
+    fn vm_resource(&self, now: Instant, vmid: u32, vm: &Vm) -> Value {
+        // name/status/template come from pvestatd's RRD broadcast and lag behind changes
+        let lagging = vm
+            .changed_at
+            .is_some_and(|c| now < c + self.opts.resources_lag);
         let mut r = json!({
             "id": format!("qemu/{vmid}"), "type": "qemu", "vmid": vmid, "node": vm.node,
             "status": if vm.running { "running" } else { "stopped" },
@@ -652,11 +678,18 @@ impl Cluster {
         if let Some(pool) = &vm.pool {
             r["pool"] = json!(pool);
         }
+        if lagging {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("name");
+                o.remove("template");
+            }
+            r["status"] = json!("unknown");
+        }
         r
     }
 
     /// `GET /cluster/resources[?type=]`.
-    pub fn cluster_resources(&self, kind: Option<&str>) -> SimResult<Value> {
+    pub fn cluster_resources(&self, now: Instant, kind: Option<&str>) -> SimResult<Value> {
         let mut out = Vec::new();
         let want = |k: &str| kind.is_none() || kind == Some(k);
         if let Some(k) = kind
@@ -694,7 +727,7 @@ impl Cluster {
         }
         if want("vm") {
             for (vmid, vm) in &self.vms {
-                out.push(self.vm_resource(*vmid, vm));
+                out.push(self.vm_resource(now, *vmid, vm));
             }
         }
         if kind.is_none() {
@@ -816,6 +849,9 @@ impl Cluster {
         {
             return Err(SimError::e500(format!("VM is locked ({lock})")));
         }
+        if self.clone_running_from(vmid) {
+            return Err(Self::flock_timeout(vmid));
+        }
         if let Some(d) = params.get("digest")
             && *d != vm.digest()
         {
@@ -823,7 +859,6 @@ impl Cluster {
                 "checksum mismatch (file change by other user?)",
             ));
         }
-        let running = vm.running;
         let mut errors = BTreeMap::new();
         for k in params.keys() {
             if !is_config_option(k)
@@ -914,7 +949,6 @@ impl Cluster {
                 new_config.remove(key);
             }
         }
-        let _ = running;
         if let Some(vm) = self.vms.get_mut(&vmid) {
             vm.config = new_config;
         }
@@ -969,6 +1003,10 @@ impl Cluster {
         }
         if let Some(lock) = src.lock() {
             return Err(SimError::e500(format!("VM is locked ({lock})")));
+        }
+        // a running (non-template) source is locked exclusively while it is cloned
+        if src.running && self.clone_running_from(vmid) {
+            return Err(Self::flock_timeout(vmid));
         }
         if let Some(existing) = self.vms.get(&newid) {
             return Err(if existing.node == node {
@@ -1134,6 +1172,7 @@ impl Cluster {
                 running: false,
                 started_at: None,
                 pool: None,
+                changed_at: Some(now),
             },
         );
         self.volumes.extend(new_volumes);
@@ -1706,7 +1745,7 @@ impl Cluster {
     // ---------------------------------------------------------------- pools
 
     /// `GET /pools[?poolid=]`.
-    pub fn pools(&self, poolid: Option<&str>) -> SimResult<Value> {
+    pub fn pools(&self, now: Instant, poolid: Option<&str>) -> SimResult<Value> {
         match poolid {
             None => Ok(Value::Array(
                 self.pools
@@ -1729,7 +1768,7 @@ impl Cluster {
                     .vms
                     .iter()
                     .filter(|(_, v)| v.pool.as_deref() == Some(id))
-                    .map(|(vmid, vm)| self.vm_resource(*vmid, vm))
+                    .map(|(vmid, vm)| self.vm_resource(now, *vmid, vm))
                     .collect();
                 let mut r = json!({"poolid": id, "members": members});
                 if let Some(c) = comment {
@@ -2104,5 +2143,51 @@ mod tests {
         c.advance(now);
         let e = c.delete_vm(now, "pve1", 100).expect_err("running");
         assert_eq!(e.reason, "VM 100 is running - destroy failed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resources_lag_and_flock_contention() {
+        let opts = SimOptions {
+            resources_lag: Duration::from_secs(10),
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let now = Instant::now();
+        c.clone_vm(now, "pve1", 9000, &p(&[("newid", "100"), ("name", "m1")]))
+            .expect("clone");
+        // while the clone runs, editing the template waits for its flock and times out
+        let e = c
+            .update_config(now, "pve1", 9000, &p(&[("description", "x")]), false)
+            .expect_err("flock");
+        assert_eq!(
+            e.reason,
+            "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout"
+        );
+        // a second clone of the (stopped) template is fine: shared lock
+        c.clone_vm(now, "pve1", 9000, &p(&[("newid", "101")]))
+            .expect("parallel clone");
+        let find = |c: &Cluster, t: Instant| {
+            let all = c.cluster_resources(t, Some("vm")).expect("resources");
+            all.as_array()
+                .expect("array")
+                .iter()
+                .find(|r| r["vmid"] == 100)
+                .cloned()
+                .expect("vm 100")
+        };
+        let r = find(&c, now);
+        assert_eq!(r["status"], "unknown");
+        assert!(r.get("name").is_none() && r.get("template").is_none());
+        assert_eq!(
+            r["lock"], "clone",
+            "lock comes from the config, not the RRD"
+        );
+        let later = now + Duration::from_secs(20);
+        c.advance(later);
+        let r = find(&c, later);
+        assert_eq!(r["status"], "stopped");
+        assert_eq!(r["name"], "m1");
+        c.update_config(later, "pve1", 9000, &p(&[("description", "x")]), false)
+            .expect("template editable again");
     }
 }

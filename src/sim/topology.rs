@@ -148,6 +148,9 @@ pub struct SimSettings {
     /// Boot delay until the guest agent answers (ms).
     #[serde(default)]
     pub boot_ms: Option<u64>,
+    /// `/cluster/resources` lag after changes (ms).
+    #[serde(default)]
+    pub resources_lag_ms: Option<u64>,
     /// Make `cloud-init status` report this error.
     #[serde(default)]
     pub cloud_init_failure: Option<String>,
@@ -160,6 +163,9 @@ pub struct SimSettings {
     /// Fault injection.
     #[serde(default)]
     pub faults: Option<FaultConfig>,
+    /// Privileges the token lacks.
+    #[serde(default)]
+    pub denied: Vec<DenyRule>,
 }
 
 fn yes() -> bool {
@@ -345,6 +351,8 @@ pub struct SimOptions {
     pub task_duration: Duration,
     /// Time from start until the guest agent answers.
     pub boot_delay: Duration,
+    /// How long `/cluster/resources` shows a changed guest as `unknown` without name/template.
+    pub resources_lag: Duration,
     /// `cloud-init status` result: `None` = done, `Some(text)` = error with that text.
     pub cloud_init_failure: Option<String>,
     /// Include `message` in error bodies (PVE ≥ 8.3 behaviour).
@@ -355,6 +363,18 @@ pub struct SimOptions {
     pub faults: FaultConfig,
     /// Maximum request log entries kept.
     pub request_log_capacity: usize,
+    /// Privileges the token lacks: matching requests get 403 `Permission check failed (...)`.
+    pub denied: Vec<DenyRule>,
+}
+
+/// A privilege the simulated token does not have on an endpoint.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DenyRule {
+    /// Endpoint template, e.g. `DELETE /nodes/{node}/qemu/{vmid}`, or `*`.
+    pub endpoint: String,
+    /// Privilege named in the error, e.g. `VM.Allocate`.
+    pub privilege: String,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -384,6 +404,8 @@ impl Default for SimOptions {
             version: "9.1.4".to_string(),
             faults: FaultConfig::default(),
             request_log_capacity: 10_000,
+            resources_lag: Duration::ZERO,
+            denied: Vec::new(),
         }
     }
 }
@@ -410,6 +432,9 @@ impl SimOptions {
         if let Some(v) = s.boot_ms {
             o.boot_delay = Duration::from_millis(v);
         }
+        if let Some(v) = s.resources_lag_ms {
+            o.resources_lag = Duration::from_millis(v);
+        }
         if s.cloud_init_failure.is_some() {
             o.cloud_init_failure = s.cloud_init_failure.clone();
         }
@@ -422,6 +447,7 @@ impl SimOptions {
         if let Some(v) = &s.faults {
             o.faults = v.clone();
         }
+        o.denied = s.denied.clone();
         o
     }
 }
