@@ -21,6 +21,9 @@ pub enum CliError {
     /// The controller manager stopped with an error.
     #[error(transparent)]
     Manager(#[from] crate::controller::ManagerError),
+    /// The simulator could not start.
+    #[error(transparent)]
+    Simulator(#[from] crate::sim::SimStartError),
     /// The log filter was malformed.
     #[error("invalid log filter (RUST_LOG syntax, e.g. `info,capmox=debug`): {0}")]
     LogFilter(String),
@@ -54,12 +57,28 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controller manager against the cluster from KUBECONFIG or the in-cluster config.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as a multi-document YAML stream.
     Crds {
         /// Write one file per CRD (`<group>_<plural>.yaml`) into this directory instead.
         #[arg(long)]
         output_dir: Option<std::path::PathBuf>,
+    },
+    /// Serve a simulated Proxmox VE API on 127.0.0.1 to try capmox without a Proxmox cluster.
+    SimulateProxmox {
+        /// Topology file (YAML): nodes, storages, templates, guests, simulation settings.
+        /// A built-in three-node example is used when unset.
+        #[arg(long)]
+        topology: Option<std::path::PathBuf>,
+        /// Loopback address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8006")]
+        listen: std::net::SocketAddr,
+        /// PEM certificate to serve HTTPS with (plain HTTP without it).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// PEM private key of `--tls-cert`.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
     },
     /// Print the capmox version.
     Version,
@@ -95,6 +114,24 @@ pub struct RunArgs {
     /// Only watch this namespace (all namespaces when unset, as clusterctl installs providers).
     #[arg(long)]
     pub namespace: Option<String>,
+    /// Proxmox VE URL for clusters without a credentialsRef, e.g. `https://pve1:8006`.
+    #[arg(long, env = "PROXMOX_URL")]
+    pub proxmox_url: Option<String>,
+    /// Proxmox API token id for clusters without a credentialsRef, e.g. `capmox@pve!capi`.
+    #[arg(long, env = "PROXMOX_TOKEN")]
+    pub proxmox_token: Option<String>,
+    /// Proxmox API token secret (prefer the environment variable; it is never logged).
+    #[arg(long, env = "PROXMOX_SECRET", hide_env_values = true, value_parser = parse_secret)]
+    pub proxmox_secret: Option<crate::proxmox::Secret>,
+    /// PEM file of extra CA certificates to trust for the global Proxmox URL.
+    #[arg(long, env = "PROXMOX_ROOT_CA_FILE")]
+    pub proxmox_root_ca_file: Option<std::path::PathBuf>,
+    /// SHA-256 fingerprint of the Proxmox server certificate to pin (`AA:BB:...`).
+    #[arg(long, env = "PROXMOX_FINGERPRINT")]
+    pub proxmox_fingerprint: Option<String>,
+    /// Skip TLS verification for the global Proxmox URL (labs only; logged as a warning).
+    #[arg(long, env = "PROXMOX_INSECURE")]
+    pub proxmox_insecure: bool,
     /// ProxmoxClusters reconciled at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxcluster_concurrency: u16,
@@ -122,6 +159,40 @@ impl RunArgs {
             watch_namespace: self.namespace.clone(),
             cluster_concurrency: self.proxmoxcluster_concurrency,
             machine_concurrency: self.proxmoxmachine_concurrency,
+        }
+    }
+}
+
+fn parse_secret(text: &str) -> Result<crate::proxmox::Secret, String> {
+    Ok(crate::proxmox::Secret::new(text))
+}
+
+impl RunArgs {
+    /// The controller-wide Proxmox credentials; empty values count as unset.
+    pub fn global_credentials(&self) -> crate::controller::GlobalCredentials {
+        let non_empty = |value: &Option<String>| value.clone().filter(|v| !v.trim().is_empty());
+        let ca_pem = self.proxmox_root_ca_file.as_ref().and_then(|path| {
+            std::fs::read_to_string(path)
+                .map_err(|error| tracing::error!(path = %path.display(), %error, "cannot read the Proxmox CA file; ignoring it"))
+                .ok()
+        });
+        if self.proxmox_insecure {
+            tracing::warn!(
+                "TLS verification of the global Proxmox URL is disabled (--proxmox-insecure)"
+            );
+        }
+        crate::controller::GlobalCredentials {
+            url: non_empty(&self.proxmox_url),
+            token_id: non_empty(&self.proxmox_token),
+            secret: self
+                .proxmox_secret
+                .clone()
+                .filter(|s| !s.expose().trim().is_empty()),
+            tls: crate::proxmox::TlsOptions {
+                ca_pem,
+                fingerprints: non_empty(&self.proxmox_fingerprint).into_iter().collect(),
+                insecure: self.proxmox_insecure,
+            },
         }
     }
 }
@@ -169,6 +240,27 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
+        Command::SimulateProxmox {
+            topology,
+            listen,
+            tls_cert,
+            tls_key,
+        } => {
+            init_logging(cli.log_format, cli.log_filter.as_deref())?;
+            let tls = match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => Some(crate::sim::TlsMaterial::from_files(&cert, &key)?),
+                _ => None,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(crate::sim::run_simulate_proxmox(
+                topology.as_deref(),
+                listen,
+                tls,
+            ))?;
+            Ok(())
+        }
         Command::Version => {
             println!("capmox {}", env!("CARGO_PKG_VERSION"));
             Ok(())
@@ -178,7 +270,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(run(args))
+            runtime.block_on(run(*args))
         }
     }
 }
@@ -212,7 +304,7 @@ async fn run(args: RunArgs) -> Result<(), CliError> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let config = args.manager_config(replica_identity());
-    crate::controller::run(client, config, shutdown).await?;
+    crate::controller::run(client, config, args.global_credentials(), shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

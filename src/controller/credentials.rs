@@ -139,20 +139,20 @@ pub fn from_secret_data(
 
 /// The `ProxmoxAvailable` reason for a failed reachability check, so the user knows what to fix.
 pub fn unreachable_reason(error: &ProxmoxError) -> &'static str {
+    let text = error.to_string().to_ascii_lowercase();
+    let tls = [
+        "certificate",
+        "tls verification",
+        "unknownissuer",
+        "fingerprint",
+    ]
+    .iter()
+    .any(|k| text.contains(k));
     match error {
         ProxmoxError::Unauthorized { .. } | ProxmoxError::Forbidden { .. } => "Unauthorized",
+        _ if tls => "TLSVerificationFailed",
         ProxmoxError::Config(_) => "CredentialsInvalid",
-        other => {
-            let text = other.to_string().to_ascii_lowercase();
-            if ["certificate", "tls", "unknownissuer", "fingerprint"]
-                .iter()
-                .any(|k| text.contains(k))
-            {
-                "TLSVerificationFailed"
-            } else {
-                "ProxmoxUnreachable"
-            }
-        }
+        _ => "ProxmoxUnreachable",
     }
 }
 
@@ -266,6 +266,10 @@ mod tests {
             reason: "invalid peer certificate: UnknownIssuer".into(),
         };
         assert_eq!(unreachable_reason(&tls), "TLSVerificationFailed");
+        let rejected = ProxmoxError::Config(
+            "TLS verification of the Proxmox VE server failed (invalid peer certificate: UnknownIssuer)".into(),
+        );
+        assert_eq!(unreachable_reason(&rejected), "TLSVerificationFailed");
         let down = ProxmoxError::Transient {
             status: None,
             reason: "connection refused".into(),

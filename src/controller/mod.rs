@@ -1,6 +1,7 @@
 //! The controller manager: probes and metrics, leader election, graceful shutdown, and the
 //! reconcilers it runs while leading.
 
+pub mod cluster;
 pub mod conditions;
 pub mod credentials;
 pub mod http;
@@ -8,12 +9,16 @@ pub mod leader;
 pub mod metrics;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::proxmox::ClientRegistry;
+
+pub use credentials::GlobalCredentials;
 pub use http::{EndpointServer, HttpError, Readiness};
 pub use leader::{LeaderElectionConfig, LeaderElectionError};
 pub use metrics::Metrics;
@@ -55,12 +60,34 @@ pub struct Context {
     pub metrics: Metrics,
     /// Manager settings.
     pub config: ManagerConfig,
+    /// One Proxmox client per (URL, token, TLS settings), shared by all reconciles.
+    pub proxmox: Arc<ClientRegistry>,
+    /// Credentials for clusters without a `credentialsRef`.
+    pub global_credentials: GlobalCredentials,
+}
+
+impl Context {
+    /// A context for reconcilers outside a manager (tests, benchmarks, the sandbox).
+    pub fn new(
+        client: Client,
+        config: ManagerConfig,
+        global_credentials: GlobalCredentials,
+    ) -> Self {
+        Self {
+            client,
+            metrics: Metrics::new(),
+            config,
+            proxmox: Arc::new(ClientRegistry::new()),
+            global_credentials,
+        }
+    }
 }
 
 /// Runs the manager until `shutdown` is cancelled or leadership is lost.
 pub async fn run(
     client: Client,
     config: ManagerConfig,
+    global_credentials: GlobalCredentials,
     shutdown: CancellationToken,
 ) -> Result<(), ManagerError> {
     let metrics = Metrics::new();
@@ -91,13 +118,21 @@ pub async fn run(
             client,
             metrics,
             config,
+            proxmox: Arc::new(ClientRegistry::new()),
+            global_credentials,
         };
         readiness.set(true);
+        // A shutdown signal reaches the reconcilers through the child token; so does the loss of
+        // leadership. Either way the reconciles in flight finish before the manager returns.
+        let controllers_stop = shutdown.child_token();
+        let mut controllers =
+            tokio::spawn(run_controllers(Arc::new(context), controllers_stop.clone()));
         tokio::select! {
-            () = shutdown.cancelled() => {}
-            () = run_controllers(context) => {}
+            _ = &mut controllers => {}
             _ = leading.wait_for(|leading| !*leading) => {
                 tracing::error!("leadership lost; stopping all reconcilers");
+                controllers_stop.cancel();
+                let _ = controllers.await;
             }
         }
         readiness.set(false);
@@ -131,12 +166,13 @@ async fn bind_endpoints(
     Ok(servers)
 }
 
-/// The reconcilers of this manager; they run until the manager stops them.
-async fn run_controllers(context: Context) {
+/// The reconcilers of this manager; they run until `shutdown` is cancelled, then finish the
+/// reconciles in flight.
+pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken) {
     tracing::info!(
         cluster_concurrency = context.config.cluster_concurrency,
         machine_concurrency = context.config.machine_concurrency,
-        "leading; no reconciler is registered yet"
+        "starting reconcilers"
     );
-    std::future::pending::<()>().await;
+    cluster::run(context, shutdown).await;
 }

@@ -91,6 +91,21 @@ pub(crate) fn quoted_list(items: &[String]) -> String {
         .join(", ")
 }
 
+/// Every (zone, node) pair the zones name, in spec order, so the cluster controller can check the
+/// nodes exist in Proxmox without reading the zone configuration itself.
+pub fn zone_nodes(cluster: &ProxmoxCluster) -> Vec<(String, String)> {
+    cluster
+        .spec
+        .zone_config
+        .iter()
+        .flat_map(|zone| {
+            zone.nodes
+                .iter()
+                .map(|node| (zone.zone.clone(), node.clone()))
+        })
+        .collect()
+}
+
 /// Computes the CAPI failure domains of a cluster: one per zone with nodes, sorted by name, with
 /// `controlPlane` always explicit, or every configuration problem found.
 pub fn failure_domains(cluster: &ProxmoxCluster) -> Result<Vec<FailureDomain>, ZoneConfigError> {
@@ -165,6 +180,41 @@ pub fn failure_domains(cluster: &ProxmoxCluster) -> Result<Vec<FailureDomain>, Z
         Ok(domains)
     } else {
         Err(ZoneConfigError { problems })
+    }
+}
+
+#[cfg(test)]
+mod zone_node_tests {
+    use super::*;
+    use crate::api::{ProxmoxClusterSpec, ZoneConfigSpec};
+
+    #[test]
+    fn zone_nodes_lists_every_pair_in_spec_order() {
+        let zone = |name: &str, nodes: &[&str]| ZoneConfigSpec {
+            zone: name.into(),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            ..ZoneConfigSpec::default()
+        };
+        let cluster = ProxmoxCluster::new(
+            "c",
+            ProxmoxClusterSpec {
+                zone_config: vec![
+                    zone("rack-a", &["pve1", "pve2"]),
+                    zone("net-only", &[]),
+                    zone("rack-b", &["pve3"]),
+                ],
+                ..ProxmoxClusterSpec::default()
+            },
+        );
+        let pairs = zone_nodes(&cluster);
+        let pairs: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(z, n)| (z.as_str(), n.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [("rack-a", "pve1"), ("rack-a", "pve2"), ("rack-b", "pve3")]
+        );
     }
 }
 

@@ -41,7 +41,9 @@ mod fixtures;
 #[cfg(test)]
 mod tests;
 
-pub use failure_domains::{MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, failure_domains};
+pub use failure_domains::{
+    MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, failure_domains, zone_nodes,
+};
 pub use pools::{
     ClusterPool, IN_CLUSTER_IP_POOL_KIND, IpFamily, PoolRef, address_family, claim_name,
     cluster_pools, pool_name,

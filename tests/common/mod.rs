@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 //! Shared helpers for integration tests: a Proxmox fixture server and testkit fixtures.
 
+pub mod env;
 pub mod fixture_server;
 
 use std::path::Path;

@@ -1,0 +1,722 @@
+//! The ProxmoxCluster reconciler: the InfraCluster half of the CAPI v1beta2 contract.
+//!
+//! Each reconcile observes the ProxmoxCluster, its owner `Cluster`, the credentials and Proxmox,
+//! then writes what it owns with server-side apply (field manager [`FIELD_MANAGER`]):
+//! `status.conditions` (`Ready`, `Paused`, `ProxmoxAvailable`, `FailureDomainsReady`),
+//! `status.initialization`, `status.failureDomains`, `status.inClusterIPPoolRef`,
+//! `status.inClusterZoneRef`, and one `InClusterIPPool` per family for the cluster and for each
+//! zone with its own IP config. `status.nodeLocations` is never written here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::Context;
+use super::conditions::{self, Decided};
+use super::credentials::{self, CredentialsError};
+use crate::api::{
+    self, InClusterZoneRef, Initialization, LocalObjectReference, ProxmoxCluster,
+    ProxmoxClusterStatus, ProxmoxMachine, annotations, finalizers, labels,
+};
+use crate::capi::{self, InClusterIPPool, PoolAddresses};
+use crate::placement::{self, ClusterPool, IpFamily};
+use crate::proxmox::{ClientConfig, ProxmoxClient};
+
+/// Field manager of everything this controller writes.
+pub const FIELD_MANAGER: &str = "capmox-proxmoxcluster";
+/// Controller name in metrics and logs.
+pub const CONTROLLER: &str = "proxmoxcluster";
+
+/// How often a healthy cluster is looked at again (Proxmox reachability, node list).
+const RESYNC: Duration = Duration::from_secs(300);
+/// How soon a cluster that waits on something not watched (machines going away) is retried.
+const SHORT_RETRY: Duration = Duration::from_secs(2);
+
+/// Why a reconcile failed; it is retried with back-off.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    /// An object could not be converted to or from JSON.
+    #[error("cannot encode object: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The object lacks a name or namespace (never true for objects read from the API).
+    #[error("ProxmoxCluster without name or namespace")]
+    MissingIdentity,
+}
+
+/// Runs the controller until `shutdown` is cancelled.
+pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
+    let client = context.client.clone();
+    let (clusters, capi_clusters, pools): (
+        Api<ProxmoxCluster>,
+        Api<capi::Cluster>,
+        Api<InClusterIPPool>,
+    ) = match &context.config.watch_namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
+    };
+    let config = ControllerConfig::default().concurrency(context.config.cluster_concurrency);
+    Controller::new(clusters, watcher::Config::default())
+        .owns(pools, watcher::Config::default())
+        .watches(capi_clusters, watcher::Config::default(), |cluster| {
+            let reference = cluster.spec.infrastructure_ref.as_ref()?;
+            (reference.kind == "ProxmoxCluster" && reference.api_group == api::GROUP).then(|| {
+                ObjectRef::new(&reference.name).within(cluster.namespace().as_deref().unwrap_or_default())
+            })
+        })
+        .with_config(config)
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(controller = CONTROLLER, %error, "reconcile finished with an error");
+            }
+        })
+        .await;
+}
+
+fn error_policy(cluster: Arc<ProxmoxCluster>, error: &ClusterError, _: Arc<Context>) -> Action {
+    tracing::warn!(controller = CONTROLLER, cluster = %cluster.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// One reconcile, with its duration and outcome recorded in the metrics.
+pub async fn reconcile(
+    cluster: Arc<ProxmoxCluster>,
+    context: Arc<Context>,
+) -> Result<Action, ClusterError> {
+    let started = Instant::now();
+    let result = reconcile_inner(&cluster, &context).await;
+    context
+        .metrics
+        .reconciled(CONTROLLER, started.elapsed(), result.is_err());
+    result
+}
+
+async fn reconcile_inner(
+    cluster: &ProxmoxCluster,
+    context: &Context,
+) -> Result<Action, ClusterError> {
+    let namespace = cluster.namespace().ok_or(ClusterError::MissingIdentity)?;
+    let name = cluster
+        .metadata
+        .name
+        .clone()
+        .ok_or(ClusterError::MissingIdentity)?;
+    let api: Api<ProxmoxCluster> = Api::namespaced(context.client.clone(), &namespace);
+
+    let Some(owner) = owner_cluster_name(cluster) else {
+        tracing::info!(cluster = %name, "waiting for the CAPI Cluster controller to set the owner reference");
+        return Ok(Action::await_change());
+    };
+    let capi_cluster = Api::<capi::Cluster>::namespaced(context.client.clone(), &namespace)
+        .get_opt(&owner)
+        .await?;
+    let Some(capi_cluster) = capi_cluster else {
+        tracing::info!(cluster = %name, owner = %owner, "owner Cluster not found yet");
+        return Ok(Action::requeue(SHORT_RETRY));
+    };
+
+    let current = cluster.status.clone().unwrap_or_default();
+    if is_paused(cluster, &capi_cluster) {
+        // Nothing but the Paused condition is written while paused, and only once.
+        if conditions::is_true(&current.conditions, api::conditions::PAUSED) {
+            return Ok(Action::await_change());
+        }
+        let mut status = owned_status(&current);
+        status.conditions = with_paused(&current.conditions, true, cluster.metadata.generation);
+        apply_status_if_changed(&api, &name, &current, status).await?;
+        return Ok(Action::await_change());
+    }
+
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return reconcile_delete(cluster, context, &namespace, &name, &owner).await;
+    }
+
+    ensure_finalizer(&api, cluster, finalizers::CLUSTER).await?;
+
+    let mut decided = vec![Decided {
+        type_: api::conditions::PAUSED,
+        status: conditions::Status::False,
+        reason: "NotPaused".into(),
+        message: String::new(),
+    }];
+    let mut status = owned_status(&current);
+
+    // Failure domains: a bad zone configuration keeps the last good list.
+    let zone_problem = match placement::failure_domains(cluster) {
+        Ok(domains) => {
+            status.failure_domains = domains;
+            None
+        }
+        Err(error) => Some(error.to_string()),
+    };
+
+    // IP pools for the cluster and each zone with its own IP config.
+    let desired_pools = placement::cluster_pools(cluster);
+    reconcile_pools(context, cluster, &namespace, &desired_pools).await?;
+    record_pools(&mut status, &desired_pools);
+
+    // Credentials and Proxmox reachability.
+    let mut requeue = RESYNC;
+    let proxmox = match client_config(context, cluster, &namespace).await? {
+        Ok(config) => match context.proxmox.get(&config) {
+            Ok(client) => Some(client),
+            Err(error) => {
+                decided.push(Decided::failed(
+                    api::conditions::PROXMOX_AVAILABLE,
+                    credentials::unreachable_reason(&error),
+                    error.to_string(),
+                ));
+                None
+            }
+        },
+        Err(error) => {
+            decided.push(Decided::failed(
+                api::conditions::PROXMOX_AVAILABLE,
+                error.reason(),
+                error.to_string(),
+            ));
+            requeue = Duration::from_secs(30);
+            None
+        }
+    };
+    let mut unknown_nodes = Vec::new();
+    if let Some(proxmox) = proxmox {
+        match check_proxmox(&proxmox, cluster).await {
+            Ok(unknown) => {
+                decided.push(Decided::ok(
+                    api::conditions::PROXMOX_AVAILABLE,
+                    "Available",
+                    "",
+                ));
+                unknown_nodes = unknown;
+            }
+            Err(error) => {
+                decided.push(Decided::failed(
+                    api::conditions::PROXMOX_AVAILABLE,
+                    credentials::unreachable_reason(&error),
+                    error.to_string(),
+                ));
+                requeue = Duration::from_secs(30);
+            }
+        }
+    }
+
+    decided.push(match (&zone_problem, unknown_nodes.is_empty()) {
+        (Some(problem), _) => Decided::failed(
+            api::conditions::FAILURE_DOMAINS_READY,
+            "InvalidZoneConfig",
+            problem.clone(),
+        ),
+        (None, false) => Decided::failed(
+            api::conditions::FAILURE_DOMAINS_READY,
+            "UnknownNode",
+            format!(
+                "Proxmox does not know {}; fix spec.zoneConfig or add the nodes",
+                unknown_nodes
+                    .iter()
+                    .map(|(zone, node)| format!("node {node:?} of zone {zone:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        (None, true) => Decided::ok(api::conditions::FAILURE_DOMAINS_READY, "Ready", ""),
+    });
+
+    // The control plane endpoint must be known before CAPI may proceed.
+    let endpoint_known = cluster
+        .spec
+        .control_plane_endpoint
+        .as_ref()
+        .is_some_and(|endpoint| {
+            endpoint.host.as_deref().is_some_and(|h| !h.is_empty()) && endpoint.port.is_some()
+        });
+    if !endpoint_known {
+        decided.push(Decided::failed(
+            "ControlPlaneEndpointAvailable",
+            "MissingControlPlaneEndpoint",
+            "spec.controlPlaneEndpoint is not set yet; set it, or let the external control plane provider set it",
+        ));
+        requeue = requeue.min(Duration::from_secs(10));
+    }
+
+    let proxmox_ok = decided.iter().any(|d| {
+        d.type_ == api::conditions::PROXMOX_AVAILABLE && d.status == conditions::Status::True
+    });
+    if proxmox_ok && endpoint_known {
+        status.initialization = Some(Initialization {
+            provisioned: Some(true),
+        });
+    } else if status.initialization.as_ref().and_then(|i| i.provisioned) != Some(true) {
+        status.initialization = None;
+    }
+    status.conditions = conditions::merge(
+        &current.conditions,
+        &decided,
+        cluster.metadata.generation,
+        Timestamp::now(),
+    );
+    apply_status_if_changed(&api, &name, &current, status).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// Name of the owning CAPI Cluster, from the owner references CAPI sets.
+fn owner_cluster_name(cluster: &ProxmoxCluster) -> Option<String> {
+    cluster
+        .owner_references()
+        .iter()
+        .find(|o| {
+            o.kind == "Cluster"
+                && o.api_version
+                    .starts_with(&format!("{}/", capi::CLUSTER_API_GROUP))
+        })
+        .map(|o| o.name.clone())
+}
+
+/// Paused by the CAPI Cluster (`spec.paused`, used by `clusterctl move`) or by annotation.
+pub fn is_paused(cluster: &ProxmoxCluster, capi_cluster: &capi::Cluster) -> bool {
+    capi_cluster.spec.paused == Some(true)
+        || cluster.annotations().contains_key(annotations::PAUSED)
+        || capi_cluster.annotations().contains_key(annotations::PAUSED)
+}
+
+/// The status fields this controller owns, as currently recorded.
+fn owned_status(current: &ProxmoxClusterStatus) -> ProxmoxClusterStatus {
+    ProxmoxClusterStatus {
+        conditions: current
+            .conditions
+            .iter()
+            .filter(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()))
+            .cloned()
+            .collect(),
+        initialization: current.initialization.clone(),
+        failure_domains: current.failure_domains.clone(),
+        in_cluster_ip_pool_ref: current.in_cluster_ip_pool_ref.clone(),
+        in_cluster_zone_ref: current.in_cluster_zone_ref.clone(),
+        node_locations: None,
+    }
+}
+
+const OWNED_CONDITIONS: &[&str] = &[
+    api::conditions::READY,
+    api::conditions::PAUSED,
+    api::conditions::PROXMOX_AVAILABLE,
+    api::conditions::FAILURE_DOMAINS_READY,
+    "ControlPlaneEndpointAvailable",
+];
+
+/// The owned conditions with `Paused` set, keeping every other condition as it was.
+fn with_paused(current: &[Condition], paused: bool, generation: Option<i64>) -> Vec<Condition> {
+    let mut conditions: Vec<Condition> = current
+        .iter()
+        .filter(|c| {
+            OWNED_CONDITIONS.contains(&c.type_.as_str()) && c.type_ != api::conditions::PAUSED
+        })
+        .cloned()
+        .collect();
+    let decided = if paused {
+        Decided::ok(
+            api::conditions::PAUSED,
+            "Paused",
+            "reconciliation is paused by the Cluster or an annotation",
+        )
+    } else {
+        Decided::failed(api::conditions::PAUSED, "NotPaused", "")
+    };
+    let previous: Vec<Condition> = current
+        .iter()
+        .filter(|c| c.type_ == api::conditions::PAUSED)
+        .cloned()
+        .collect();
+    // `merge` adds a Ready summary of what it is given; keep the recorded Ready instead.
+    let merged = conditions::merge(&previous, &[decided], generation, Timestamp::now());
+    conditions.extend(
+        merged
+            .into_iter()
+            .filter(|c| c.type_ == api::conditions::PAUSED),
+    );
+    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+    conditions
+}
+
+async fn apply_status_if_changed(
+    api: &Api<ProxmoxCluster>,
+    name: &str,
+    current: &ProxmoxClusterStatus,
+    desired: ProxmoxClusterStatus,
+) -> Result<(), ClusterError> {
+    if owned_status(current) == desired {
+        return Ok(());
+    }
+    let body = json!({
+        "apiVersion": ProxmoxCluster::api_version(&()),
+        "kind": ProxmoxCluster::kind(&()),
+        "status": desired,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Adds `finalizer` with a JSON patch guarded by the resourceVersion (a concurrent change makes it
+/// fail and the reconcile retry, instead of overwriting someone else's finalizers).
+async fn ensure_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if object.finalizers().iter().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    let name = object
+        .meta()
+        .name
+        .clone()
+        .ok_or(ClusterError::MissingIdentity)?;
+    let patch = if object.meta().finalizers.is_none() {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}
+        ])
+    } else {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}
+        ])
+    };
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch)?),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Removes `finalizer` (and, for Secrets, our owner reference) with a guarded JSON patch.
+async fn release<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+    owner_uid: Option<&str>,
+) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let name = object
+        .meta()
+        .name
+        .clone()
+        .ok_or(ClusterError::MissingIdentity)?;
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version}),
+    ];
+    if let Some(uid) = owner_uid
+        && let Some(index) = object.owner_references().iter().position(|o| o.uid == uid)
+    {
+        ops.push(json!({"op": "remove", "path": format!("/metadata/ownerReferences/{index}")}));
+    }
+    if let Some(index) = object.finalizers().iter().position(|f| f == finalizer) {
+        ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}));
+    }
+    if ops.len() == 1 {
+        return Ok(());
+    }
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn reconcile_delete(
+    cluster: &ProxmoxCluster,
+    context: &Context,
+    namespace: &str,
+    name: &str,
+    capi_cluster: &str,
+) -> Result<Action, ClusterError> {
+    let machines: Api<ProxmoxMachine> = Api::namespaced(context.client.clone(), namespace);
+    let remaining = machines
+        .list_metadata(
+            &ListParams::default().labels(&format!("{}={capi_cluster}", labels::CLUSTER_NAME)),
+        )
+        .await?;
+    if !remaining.items.is_empty() {
+        tracing::info!(cluster = %name, machines = remaining.items.len(), "waiting for the cluster's ProxmoxMachines to be deleted");
+        return Ok(Action::requeue(SHORT_RETRY));
+    }
+    if let Some(reference) = &cluster.spec.credentials_ref
+        && let Some(secret_name) = &reference.name
+    {
+        let secret_namespace = reference.namespace.as_deref().unwrap_or(namespace);
+        let secrets: Api<Secret> = Api::namespaced(context.client.clone(), secret_namespace);
+        if let Some(secret) = secrets.get_opt(secret_name).await? {
+            release(
+                &secrets,
+                &secret,
+                finalizers::CLUSTER_SECRET,
+                cluster.metadata.uid.as_deref(),
+            )
+            .await?;
+        }
+    }
+    let api: Api<ProxmoxCluster> = Api::namespaced(context.client.clone(), namespace);
+    release(&api, cluster, finalizers::CLUSTER, None).await?;
+    tracing::info!(cluster = %name, "released; IP pools go with owner garbage collection");
+    Ok(Action::await_change())
+}
+
+/// The client configuration for this cluster: its `credentialsRef` if set (adopting the Secret
+/// with an owner reference and finalizer), else the controller's global credentials.
+async fn client_config(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
+    let Some(reference) = &cluster.spec.credentials_ref else {
+        return Ok(match context.global_credentials.client_config() {
+            Some(Ok(config)) => Ok(config),
+            Some(Err(problem)) => Err(CredentialsError::Invalid {
+                namespace: "controller".into(),
+                name: "PROXMOX_* settings".into(),
+                problem,
+            }),
+            None => Err(CredentialsError::NotConfigured),
+        });
+    };
+    let secret_namespace = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace.to_owned());
+    let secret_name = reference.name.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(context.client.clone(), &secret_namespace);
+    let Some(secret) = secrets.get_opt(&secret_name).await? else {
+        return Ok(Err(CredentialsError::SecretNotFound {
+            namespace: secret_namespace,
+            name: secret_name,
+        }));
+    };
+    adopt_secret(&secrets, &secret, cluster).await?;
+    let data = secret.data.clone().unwrap_or_default();
+    let mut data: BTreeMap<_, _> = data;
+    for (key, value) in secret.string_data.clone().unwrap_or_default() {
+        data.insert(key, k8s_openapi::ByteString(value.into_bytes()));
+    }
+    Ok(credentials::from_secret_data(
+        &secret_namespace,
+        &secret_name,
+        &data,
+    ))
+}
+
+/// Owner reference and finalizer on the credentials Secret, so it outlives the cluster's machines.
+async fn adopt_secret(
+    secrets: &Api<Secret>,
+    secret: &Secret,
+    cluster: &ProxmoxCluster,
+) -> Result<(), ClusterError> {
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let has_owner = secret.owner_references().iter().any(|o| o.uid == uid);
+    let has_finalizer = secret
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::CLUSTER_SECRET);
+    if has_owner && has_finalizer {
+        return Ok(());
+    }
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": secret.metadata.resource_version}),
+    ];
+    if !has_owner {
+        let owner = owner_reference(cluster, false);
+        if secret.metadata.owner_references.is_none() {
+            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]}));
+        } else {
+            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}));
+        }
+    }
+    if !has_finalizer {
+        if secret.metadata.finalizers.is_none() {
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizers::CLUSTER_SECRET]}));
+        } else {
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizers::CLUSTER_SECRET}));
+        }
+    }
+    secrets
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),
+        )
+        .await?;
+    Ok(())
+}
+
+fn owner_reference(cluster: &ProxmoxCluster, controller: bool) -> OwnerReference {
+    OwnerReference {
+        api_version: ProxmoxCluster::api_version(&()).into_owned(),
+        kind: ProxmoxCluster::kind(&()).into_owned(),
+        name: cluster.metadata.name.clone().unwrap_or_default(),
+        uid: cluster.metadata.uid.clone().unwrap_or_default(),
+        controller: controller.then_some(true),
+        block_owner_deletion: controller.then_some(true),
+    }
+}
+
+/// Proxmox answers `/version`; returns the zone nodes Proxmox does not know.
+async fn check_proxmox(
+    proxmox: &ProxmoxClient,
+    cluster: &ProxmoxCluster,
+) -> Result<Vec<(String, String)>, crate::proxmox::ProxmoxError> {
+    proxmox.version().await?;
+    let zone_nodes = placement::zone_nodes(cluster);
+    if zone_nodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let known: Vec<String> = proxmox.nodes().await?.into_iter().map(|n| n.node).collect();
+    Ok(zone_nodes
+        .into_iter()
+        .filter(|(_, node)| !known.contains(node))
+        .collect())
+}
+
+/// Creates or updates the desired pools and deletes the ones this cluster no longer asks for.
+async fn reconcile_pools(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+    desired: &[ClusterPool],
+) -> Result<(), ClusterError> {
+    let api: Api<InClusterIPPool> = Api::namespaced(context.client.clone(), namespace);
+    let owner = owner_reference(cluster, true);
+    for pool in desired {
+        let mut annotations_map = BTreeMap::from([
+            (
+                annotations::IP_FAMILY.to_owned(),
+                pool.family.annotation_value().to_owned(),
+            ),
+            (
+                annotations::GATEWAY_METRIC.to_owned(),
+                pool.config
+                    .metric
+                    .map(|m| m.to_string())
+                    .unwrap_or_default(),
+            ),
+        ]);
+        if let Some(metric) = pool.config.metric {
+            // The legacy annotation the Go provider also writes.
+            annotations_map.insert("metric".to_owned(), metric.to_string());
+        }
+        let mut object = InClusterIPPool::new(
+            &pool.name,
+            capi::InClusterIpPoolSpec {
+                pool: PoolAddresses {
+                    addresses: pool.config.addresses.clone(),
+                    prefix: pool.config.prefix,
+                    gateway: Some(pool.config.gateway.clone()),
+                },
+            },
+        );
+        object.metadata.namespace = Some(namespace.to_owned());
+        object.metadata.labels = Some(BTreeMap::from([(
+            labels::PROXMOX_ZONE.to_owned(),
+            pool.zone_label().to_owned(),
+        )]));
+        object.metadata.annotations = Some(annotations_map);
+        object.metadata.owner_references = Some(vec![owner.clone()]);
+        let unchanged = api.get_opt(&pool.name).await?.is_some_and(|live| {
+            live.spec == object.spec
+                && live.labels().get(labels::PROXMOX_ZONE)
+                    == object.labels().get(labels::PROXMOX_ZONE)
+                && object
+                    .annotations()
+                    .iter()
+                    .all(|(k, v)| live.annotations().get(k) == Some(v))
+                && live.owner_references().iter().any(|o| o.uid == owner.uid)
+        });
+        if !unchanged {
+            api.patch(
+                &pool.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&object),
+            )
+            .await?;
+        }
+    }
+    // Pools of zones that were removed or lost their IP config.
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    for live in api.list(&ListParams::default()).await? {
+        let ours = live
+            .owner_references()
+            .iter()
+            .any(|o| o.uid == uid && o.controller == Some(true));
+        let name = live.name_any();
+        if ours && !desired.iter().any(|p| p.name == name) {
+            tracing::info!(pool = %name, "deleting an IP pool the cluster no longer configures");
+            api.delete(&name, &Default::default()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Records the pools in `status.inClusterIPPoolRef` and `status.inClusterZoneRef`.
+fn record_pools(status: &mut ProxmoxClusterStatus, pools: &[ClusterPool]) {
+    status.in_cluster_ip_pool_ref = pools
+        .iter()
+        .map(|p| LocalObjectReference {
+            name: p.name.clone(),
+        })
+        .collect();
+    let mut zones: Vec<InClusterZoneRef> = Vec::new();
+    for pool in pools {
+        let zone = pool.zone_label().to_owned();
+        let index = match zones.iter().position(|z| z.zone == zone) {
+            Some(index) => index,
+            None => {
+                zones.push(InClusterZoneRef {
+                    zone,
+                    ..InClusterZoneRef::default()
+                });
+                zones.len() - 1
+            }
+        };
+        let reference = Some(LocalObjectReference {
+            name: pool.name.clone(),
+        });
+        match pool.family {
+            IpFamily::V4 => zones[index].in_cluster_ip_pool_ref_v4 = reference,
+            IpFamily::V6 => zones[index].in_cluster_ip_pool_ref_v6 = reference,
+        }
+    }
+    status.in_cluster_zone_ref = zones;
+}

@@ -1,0 +1,207 @@
+//! A management cluster on one machine: the in-process Kubernetes API with capmox's and the
+//! upstream CRDs (objects validated against their schemas, as the API server would), and the
+//! Proxmox VE simulator.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capmox::api::ProxmoxCluster;
+use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
+use capmox::sim::{SimOptions, Simulator, Topology};
+use capmox::testkit::ApiServer;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// Upper bound for anything a test waits on.
+pub const ENV_WAIT: Duration = Duration::from_secs(30);
+
+/// Five nodes: rack-a (pve1, pve2), rack-b (pve3, pve4) and a spare (pve5).
+pub const TOPOLOGY: &str = r#"
+cluster_name: sim
+nodes:
+  - {name: pve1, memory_mib: 65536, cores: 16}
+  - {name: pve2, memory_mib: 65536, cores: 16}
+  - {name: pve3, memory_mib: 65536, cores: 16}
+  - {name: pve4, memory_mib: 65536, cores: 16}
+  - {name: pve5, memory_mib: 65536, cores: 16}
+storages:
+  - {name: local, type: dir, content: [iso, vztmpl, snippets, images]}
+  - {name: ceph, type: rbd, shared: true, content: [images], size_gib: 4096}
+templates:
+  - {vmid: 9000, name: ubuntu-2404-kube, node: pve1, tags: [capmox, ubuntu], storage: ceph, disk_gib: 10, config: {agent: "1", net0: "virtio=BC:24:11:00:90:00,bridge=vmbr0"}}
+"#;
+
+/// The running environment; dropping it stops the controllers.
+pub struct Env {
+    pub server: ApiServer,
+    pub sim: Simulator,
+    pub context: Arc<Context>,
+    stop: CancellationToken,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Env {
+    /// API server with every CRD registered and schema validation on, plus the simulator.
+    pub async fn start() -> Env {
+        let server = ApiServer::new();
+        server.register_builtin_kinds();
+        server
+            .register_crd_dir("crds")
+            .expect("capmox CRDs register");
+        server
+            .register_crd_dir("../shared/external-crds")
+            .expect("upstream CRDs register (../shared/external-crds)");
+        for crd in capmox::api::crd::all().expect("CRDs render") {
+            let schema = capmox::api::crd::schema_json(&crd).expect("schema");
+            server
+                .set_validator(&crd.spec.names.plural, move |object| {
+                    capmox::schema::validate_object(&schema, object, None)
+                        .map(|_| ())
+                        .map_err(|violations| {
+                            violations
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        })
+                })
+                .expect("kind registered");
+        }
+        let topology = Topology::from_yaml(TOPOLOGY, "test topology").expect("topology");
+        let sim = Simulator::start(topology, SimOptions::default())
+            .await
+            .expect("simulator starts");
+        let config = ManagerConfig {
+            metrics_address: "127.0.0.1:0".parse().expect("addr"),
+            health_address: "127.0.0.1:0".parse().expect("addr"),
+            leader_election: None,
+            watch_namespace: None,
+            cluster_concurrency: 2,
+            machine_concurrency: 4,
+        };
+        let context = Arc::new(Context::new(
+            server.client(),
+            config,
+            GlobalCredentials::default(),
+        ));
+        Env {
+            server,
+            sim,
+            context,
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Starts the reconcilers; they stop when the environment is dropped.
+    pub fn run_controllers(&self) {
+        tokio::spawn(capmox::controller::run_controllers(
+            self.context.clone(),
+            self.stop.clone(),
+        ));
+    }
+
+    pub fn client(&self) -> kube::Client {
+        self.server.client()
+    }
+
+    /// A credentials Secret for the simulator; `secret` overrides the token secret.
+    pub async fn create_credentials(&self, name: &str, secret: Option<&str>) {
+        let token = self.sim.token();
+        let (id, real_secret) = token.split_once('=').expect("token id=secret");
+        let secret_value = secret.unwrap_or(real_secret);
+        let object: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "default"},
+            "stringData": {"url": self.sim.url(), "token": id, "secret": secret_value}
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(self.client(), "default")
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("secret created");
+    }
+
+    /// A CAPI Cluster `name` whose infrastructure is the ProxmoxCluster `name`; returns its uid.
+    pub async fn create_capi_cluster(&self, name: &str) -> String {
+        let cluster: capmox::capi::Cluster = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ProxmoxCluster", "name": name}}
+        }))
+        .expect("cluster");
+        let created = Api::<capmox::capi::Cluster>::namespaced(self.client(), "default")
+            .create(&PostParams::default(), &cluster)
+            .await
+            .expect("cluster created");
+        created.metadata.uid.expect("uid")
+    }
+
+    /// A ProxmoxCluster owned by the CAPI Cluster of the same name.
+    pub async fn create_proxmox_cluster(
+        &self,
+        name: &str,
+        owner_uid: &str,
+        spec: Value,
+    ) -> ProxmoxCluster {
+        let object: ProxmoxCluster = serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxCluster",
+            "metadata": {
+                "name": name, "namespace": "default",
+                "labels": {"cluster.x-k8s.io/cluster-name": name},
+                "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": name, "uid": owner_uid}]
+            },
+            "spec": spec
+        }))
+        .expect("proxmox cluster");
+        Api::<ProxmoxCluster>::namespaced(self.client(), "default")
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("proxmox cluster created")
+    }
+
+    /// Waits until the ProxmoxCluster satisfies `condition`, returning it.
+    pub async fn wait_cluster(
+        &self,
+        name: &str,
+        what: &str,
+        condition: impl Fn(&ProxmoxCluster) -> bool,
+    ) -> ProxmoxCluster {
+        let api = Api::<ProxmoxCluster>::namespaced(self.client(), "default");
+        let found = tokio::time::timeout(
+            ENV_WAIT,
+            await_condition(api.clone(), name, move |c: Option<&ProxmoxCluster>| {
+                c.is_some_and(&condition)
+            }),
+        )
+        .await;
+        match found {
+            Ok(Ok(Some(cluster))) => cluster,
+            other => {
+                let now = api.get_opt(name).await.ok().flatten();
+                panic!(
+                    "timed out waiting for {what}: {other:?}\nlast seen: {:#?}",
+                    now.and_then(|c| c.status)
+                );
+            }
+        }
+    }
+}
+
+/// The condition of `type_` on a ProxmoxCluster, as (status, reason, message).
+pub fn condition(cluster: &ProxmoxCluster, type_: &str) -> Option<(String, String, String)> {
+    cluster
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
