@@ -9,6 +9,7 @@
 pub mod api;
 pub mod capi;
 pub mod cli;
+pub mod cloudinit;
 pub mod controller;
 pub mod placement;
 pub mod proxmox;

@@ -1,5 +1,6 @@
 //! A tiny ISO9660 reader (root directory files, with Joliet and Rock Ridge names) so the
-//! simulator can read a NoCloud seed image, plus a minimal writer for tests and demos.
+//! simulator can read a NoCloud seed image, re-exporting the
+//! NoCloud image writer of [`crate::cloudinit::iso`] for tests and demos.
 
 use std::collections::BTreeMap;
 
@@ -137,96 +138,8 @@ fn rock_ridge_name(su: &[u8]) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-/// Writes a minimal ISO9660 image (primary descriptor only, files in the root directory).
-/// Enough for NoCloud seeds in tests; names are stored as given.
-pub fn build_iso(volume_id: &str, files: &[(&str, &[u8])]) -> Vec<u8> {
-    fn both32(v: u32) -> [u8; 8] {
-        let mut out = [0u8; 8];
-        out[..4].copy_from_slice(&v.to_le_bytes());
-        out[4..].copy_from_slice(&v.to_be_bytes());
-        out
-    }
-    fn both16(v: u16) -> [u8; 4] {
-        let mut out = [0u8; 4];
-        out[..2].copy_from_slice(&v.to_le_bytes());
-        out[2..].copy_from_slice(&v.to_be_bytes());
-        out
-    }
-    fn record(extent: u32, size: u32, flags: u8, name: &[u8]) -> Vec<u8> {
-        let mut len = 33 + name.len();
-        if len % 2 == 1 {
-            len += 1;
-        }
-        let mut r = vec![0u8; len];
-        r[0] = len as u8;
-        r[2..10].copy_from_slice(&both32(extent));
-        r[10..18].copy_from_slice(&both32(size));
-        r[18..25].copy_from_slice(&[126, 1, 1, 0, 0, 0, 0]);
-        r[25] = flags;
-        r[28..32].copy_from_slice(&both16(1));
-        r[32] = name.len() as u8;
-        r[33..33 + name.len()].copy_from_slice(name);
-        r
-    }
-    // layout: 0-15 system area, 16 PVD, 17 terminator, 18 L path table, 19 M path table,
-    // 20 root directory (one sector), 21.. file data
-    let root_sector = 20u32;
-    let mut next = 21u32;
-    let mut extents = Vec::new();
-    for (_, data) in files {
-        extents.push(next);
-        next += (data.len().max(1)).div_ceil(SECTOR) as u32;
-    }
-    let total = next;
-    let mut img = vec![0u8; total as usize * SECTOR];
-
-    let mut dir = Vec::new();
-    dir.extend(record(root_sector, SECTOR as u32, 2, &[0]));
-    dir.extend(record(root_sector, SECTOR as u32, 2, &[1]));
-    for ((name, data), extent) in files.iter().zip(&extents) {
-        dir.extend(record(*extent, data.len() as u32, 0, name.as_bytes()));
-    }
-    let root_off = root_sector as usize * SECTOR;
-    let dir_len = dir.len().min(SECTOR);
-    img[root_off..root_off + dir_len].copy_from_slice(&dir[..dir_len]);
-    for ((_, data), extent) in files.iter().zip(&extents) {
-        let off = *extent as usize * SECTOR;
-        img[off..off + data.len()].copy_from_slice(data);
-    }
-
-    let pvd = &mut img[16 * SECTOR..17 * SECTOR];
-    pvd[0] = 1;
-    pvd[1..6].copy_from_slice(b"CD001");
-    pvd[6] = 1;
-    pvd[8..40].fill(b' ');
-    pvd[40..72].fill(b' ');
-    let vid = volume_id.as_bytes();
-    pvd[40..40 + vid.len().min(32)].copy_from_slice(&vid[..vid.len().min(32)]);
-    pvd[80..88].copy_from_slice(&both32(total));
-    pvd[120..124].copy_from_slice(&both16(1));
-    pvd[124..128].copy_from_slice(&both16(1));
-    pvd[128..132].copy_from_slice(&both16(SECTOR as u16));
-    pvd[132..140].copy_from_slice(&both32(10));
-    pvd[140..144].copy_from_slice(&18u32.to_le_bytes());
-    pvd[148..152].copy_from_slice(&19u32.to_be_bytes());
-    let root = record(root_sector, SECTOR as u32, 2, &[0]);
-    pvd[156..156 + 34].copy_from_slice(&root[..34]);
-    pvd[881] = 1;
-    let term = &mut img[17 * SECTOR..18 * SECTOR];
-    term[0] = 255;
-    term[1..6].copy_from_slice(b"CD001");
-    term[6] = 1;
-    // path tables: one entry for the root
-    let l = &mut img[18 * SECTOR..18 * SECTOR + 10];
-    l[0] = 1;
-    l[2..6].copy_from_slice(&root_sector.to_le_bytes());
-    l[6..8].copy_from_slice(&1u16.to_le_bytes());
-    let m = &mut img[19 * SECTOR..19 * SECTOR + 10];
-    m[0] = 1;
-    m[2..6].copy_from_slice(&root_sector.to_be_bytes());
-    m[6..8].copy_from_slice(&1u16.to_be_bytes());
-    img
-}
+/// The image writer lives with the NoCloud renderers; the simulator and its tests use it too.
+pub use crate::cloudinit::iso::build_iso;
 
 #[cfg(test)]
 mod tests {
@@ -248,49 +161,15 @@ mod tests {
         assert_eq!(img.files.len(), 3);
     }
 
-    /// A Joliet descriptor with UCS-2 names wins over mangled primary names.
+    /// The Joliet (UCS-2) names of a seed image resolve to the full NoCloud file names.
     #[test]
     fn joliet_names() {
         let data: &[u8] = b"version: 2\n";
-        let mut iso = build_iso("cidata", &[("NETWORK_.;1", data)]);
-        let file_extent = u32::from_le_bytes([
-            iso[20 * SECTOR + 34 * 2 + 2],
-            iso[20 * SECTOR + 34 * 2 + 3],
-            iso[20 * SECTOR + 34 * 2 + 4],
-            iso[20 * SECTOR + 34 * 2 + 5],
-        ]);
-        // append a Joliet root directory sector
-        let jroot = (iso.len() / SECTOR) as u32;
-        iso.extend(vec![0u8; SECTOR]);
-        let name: Vec<u8> = "network-config"
-            .encode_utf16()
-            .flat_map(u16::to_be_bytes)
-            .collect();
-        let mut rec = vec![0u8; 33 + name.len() + (1 - name.len() % 2)];
-        rec[0] = rec.len() as u8;
-        rec[2..6].copy_from_slice(&file_extent.to_le_bytes());
-        rec[10..14].copy_from_slice(&(data.len() as u32).to_le_bytes());
-        rec[32] = name.len() as u8;
-        rec[33..33 + name.len()].copy_from_slice(&name);
-        let off = jroot as usize * SECTOR;
-        iso[off..off + rec.len()].copy_from_slice(&rec);
-        // sector 17 becomes the supplementary (Joliet) descriptor, 18 the terminator
-        let mut svd = iso[16 * SECTOR..17 * SECTOR].to_vec();
-        svd[0] = 2;
-        svd[88..91].copy_from_slice(&[0x25, 0x2F, 0x45]);
-        svd[156 + 2..156 + 6].copy_from_slice(&jroot.to_le_bytes());
-        svd[156 + 10..156 + 14].copy_from_slice(&(SECTOR as u32).to_le_bytes());
-        iso[17 * SECTOR..18 * SECTOR].copy_from_slice(&svd);
-        let term = &mut iso[18 * SECTOR..19 * SECTOR];
-        term.fill(0);
-        term[0] = 255;
-        term[1..6].copy_from_slice(b"CD001");
+        let iso = build_iso("cidata", &[("network-config", data), ("user-data", b"#cloud-config\n")]);
         let img = IsoImage::parse(&iso).expect("parses");
         assert_eq!(img.file("network-config"), Some(data));
-        // without Joliet the mangled name still resolves through the '_' alias
-        let plain =
-            IsoImage::parse(&build_iso("cidata", &[("NETWORK_CONFIG;1", data)])).expect("parses");
-        assert_eq!(plain.file("network-config"), Some(data));
+        assert_eq!(img.file("user-data"), Some(&b"#cloud-config\n"[..]));
+        assert_eq!(img.file("meta-data"), None);
     }
 
     #[test]

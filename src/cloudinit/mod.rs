@@ -1,0 +1,199 @@
+//! The NoCloud seed a machine boots with: `user-data` (the bootstrap data), `meta-data`,
+//! `network-config` (netplan v2) and the ISO9660 image (volume `cidata`) that carries them.
+//! Pure code: the machine reconciler reads the bootstrap Secret, the VM config (SMBIOS UUID,
+//! MACs) and the bound IPAddresses, and passes plain data here with the [`Placement`].
+//!
+//! # Where capmox differs from the Go provider (on purpose)
+//!
+//! - Two pool gateways of one IP family with the same metric no longer fail the machine
+//!   (Go bug 13): the default pool's gateway keeps the default route, the other is left out.
+//! - Route/rule collisions and validation errors name the route and the field to fix.
+//! - MAC addresses are written lower-case and quoted; `linkMtu: 1` ("inherit") writes no `mtu`.
+//! - `ethernets` are written in NIC order (`eth2` before `eth10`), not sorted as strings.
+//! - Ignition (Flatcar) bootstrap data is not supported yet: [`CloudInitError::Unsupported`].
+
+pub mod iso;
+mod network;
+
+#[cfg(test)]
+mod tests;
+
+use serde::Serialize;
+
+use crate::placement::Placement;
+
+pub use network::{AssignedAddress, NetworkConfigError, NicAddresses, render_network_config};
+
+/// Why the NoCloud files cannot be rendered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CloudInitError {
+    /// The machine has no hostname.
+    #[error("meta-data needs a hostname; the ProxmoxMachine has no name")]
+    MissingHostname,
+    /// The VM's SMBIOS UUID is not known.
+    #[error("meta-data needs an instance-id; the VM config has no smbios1 uuid")]
+    MissingInstanceId,
+    /// The bootstrap Secret's `format` is neither `cloud-config` nor `ignition`.
+    #[error(
+        "bootstrap data format {0:?} is unknown; the bootstrap Secret's format must be cloud-config or ignition"
+    )]
+    UnknownFormat(String),
+    /// The bootstrap data is in a format capmox cannot deliver yet.
+    #[error(
+        "bootstrap data format {0} is not supported yet; use a cloud-config bootstrap provider (e.g. kubeadm)"
+    )]
+    Unsupported(BootstrapFormat),
+    /// The network-config is invalid.
+    #[error(transparent)]
+    Network(#[from] NetworkConfigError),
+    /// serde_yaml refused the document (a bug in capmox).
+    #[error("rendering meta-data as YAML failed: {0}")]
+    Yaml(String),
+}
+
+/// Format of the bootstrap data (the bootstrap Secret's `format` key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BootstrapFormat {
+    /// `cloud-config` (the default when the key is absent).
+    #[default]
+    CloudConfig,
+    /// `ignition` (Flatcar).
+    Ignition,
+}
+
+impl std::fmt::Display for BootstrapFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::CloudConfig => "cloud-config",
+            Self::Ignition => "ignition",
+        })
+    }
+}
+
+impl BootstrapFormat {
+    /// Reads the Secret's `format` value (absent or empty means `cloud-config`, as in CAPI).
+    pub fn parse(format: Option<&str>) -> Result<Self, CloudInitError> {
+        match format.map(str::trim).unwrap_or("") {
+            "" | "cloud-config" => Ok(Self::CloudConfig),
+            "ignition" => Ok(Self::Ignition),
+            other => Err(CloudInitError::UnknownFormat(other.to_owned())),
+        }
+    }
+}
+
+/// The bootstrap Secret's content: `value` and `format`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootstrapData {
+    /// The `value` key, unchanged.
+    pub value: Vec<u8>,
+    /// The `format` key.
+    pub format: BootstrapFormat,
+}
+
+/// What goes into `meta-data`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct MetaData {
+    /// The VM's SMBIOS UUID (cloud-init re-runs per instance when it changes).
+    pub instance_id: String,
+    /// The machine name, as `local-hostname` and `hostname`.
+    pub hostname: String,
+    /// `proxmox://<uuid>` when `metadataSettings.providerIDInjection` is true (see [`provider_id`]).
+    pub provider_id: Option<String>,
+    /// `Machine.spec.version`, for templates that read `ds.meta_data.kubernetes_version`.
+    pub kubernetes_version: Option<String>,
+}
+
+/// The four NoCloud files, ready for [`build_nocloud_iso`].
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct NoCloudFiles {
+    /// `user-data`: the bootstrap data.
+    pub user_data: Vec<u8>,
+    /// `meta-data`.
+    pub meta_data: Vec<u8>,
+    /// `network-config`.
+    pub network_config: Vec<u8>,
+    /// `vendor-data`, written only when present.
+    pub vendor_data: Option<Vec<u8>>,
+}
+
+/// The provider ID of a VM, `proxmox://<SMBIOS uuid>`, as CAPI and the cloud provider expect it.
+pub fn provider_id(instance_id: &str) -> String {
+    format!("proxmox://{instance_id}")
+}
+
+#[derive(Serialize)]
+struct MetaDataDoc<'a> {
+    #[serde(rename = "instance-id")]
+    instance_id: &'a str,
+    #[serde(rename = "local-hostname")]
+    local_hostname: &'a str,
+    hostname: &'a str,
+    #[serde(rename = "provider-id", skip_serializing_if = "Option::is_none")]
+    provider_id: Option<&'a str>,
+    #[serde(rename = "kubernetes-version", skip_serializing_if = "Option::is_none")]
+    kubernetes_version: Option<&'a str>,
+}
+
+/// Renders `meta-data` with the Go provider's keys and order.
+pub fn render_meta_data(meta: &MetaData) -> Result<String, CloudInitError> {
+    if meta.hostname.trim().is_empty() {
+        return Err(CloudInitError::MissingHostname);
+    }
+    if meta.instance_id.trim().is_empty() {
+        return Err(CloudInitError::MissingInstanceId);
+    }
+    let doc = MetaDataDoc {
+        instance_id: &meta.instance_id,
+        local_hostname: &meta.hostname,
+        hostname: &meta.hostname,
+        provider_id: non_empty(&meta.provider_id),
+        kubernetes_version: non_empty(&meta.kubernetes_version),
+    };
+    serde_yaml::to_string(&doc).map_err(|e| CloudInitError::Yaml(e.to_string()))
+}
+
+fn non_empty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().filter(|v| !v.trim().is_empty())
+}
+
+/// Returns `user-data`: the bootstrap data unchanged; Ignition is refused for now.
+pub fn render_user_data(bootstrap: &BootstrapData) -> Result<Vec<u8>, CloudInitError> {
+    match bootstrap.format {
+        BootstrapFormat::CloudConfig => Ok(bootstrap.value.clone()),
+        BootstrapFormat::Ignition => Err(CloudInitError::Unsupported(BootstrapFormat::Ignition)),
+    }
+}
+
+/// Renders all NoCloud files for a machine: NIC settings come from `placement`, addresses and
+/// MACs from `assigned` (one entry per NIC, by `netN` name).
+pub fn render_nocloud(
+    placement: &Placement,
+    meta: &MetaData,
+    assigned: &[NicAddresses],
+    bootstrap: &BootstrapData,
+) -> Result<NoCloudFiles, CloudInitError> {
+    let user_data = render_user_data(bootstrap)?;
+    let meta_data = render_meta_data(meta)?;
+    let network_config =
+        render_network_config(placement.network_devices(), placement.vrfs(), assigned)?;
+    Ok(NoCloudFiles {
+        user_data,
+        meta_data: meta_data.into_bytes(),
+        network_config: network_config.into_bytes(),
+        vendor_data: None,
+    })
+}
+
+/// Builds the NoCloud seed image: ISO9660 with Joliet and Rock Ridge names, volume id `cidata`,
+/// byte-for-byte the same for the same files.
+pub fn build_nocloud_iso(files: &NoCloudFiles) -> Vec<u8> {
+    let mut entries: Vec<(&str, &[u8])> = vec![
+        ("user-data", &files.user_data),
+        ("meta-data", &files.meta_data),
+        ("network-config", &files.network_config),
+    ];
+    if let Some(v) = &files.vendor_data {
+        entries.push(("vendor-data", v));
+    }
+    iso::build_iso(iso::NOCLOUD_VOLUME_ID, &entries)
+}
