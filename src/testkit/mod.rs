@@ -273,6 +273,12 @@ impl ApiServer {
         self.store.compact();
     }
 
+    /// End every open watch with a 410 Expired ERROR event, as a real server does when its
+    /// watch cache falls behind; kube's watcher must then relist.
+    pub fn expire_watches(&self) {
+        self.store.expire_watches();
+    }
+
     /// Bound the watch history kept per resource.
     pub fn set_history_limit(&self, events: usize) {
         self.store.set_history_limit(events);

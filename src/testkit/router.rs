@@ -556,6 +556,7 @@ fn watch(
         }
     };
     let interval = store.bookmark_interval();
+    let mut expiry = store.expiry();
     tokio::spawn(async move {
         let matches = |o: &Value| {
             ns.as_deref()
@@ -594,6 +595,11 @@ fn watch(
             let line = tokio::select! {
                 _ = &mut deadline => break,
                 _ = tx.closed() => break,
+                _ = expiry.changed() => {
+                    let e = ApiError::Gone { requested: last_rv, oldest: last_rv + 1 };
+                    let _ = tx.send(event_line("ERROR", &e.to_status())).await;
+                    break;
+                }
                 _ = ticker.tick(), if bookmarks => Some(bookmark(&kind, &version, last_rv, false)),
                 r = rx.recv() => match r {
                     Ok(rec) => {

@@ -230,6 +230,7 @@ pub struct Store {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<WatchRecord>>,
     counts: Mutex<RequestCounts>,
+    expire: tokio::sync::watch::Sender<u64>,
 }
 
 /// Current time as RFC 3339 with second precision, like `metav1.Time`.
@@ -715,6 +716,7 @@ impl Store {
             }),
             tx,
             counts: Mutex::new(RequestCounts::default()),
+            expire: tokio::sync::watch::channel(0).0,
         }
     }
 
@@ -804,6 +806,16 @@ impl Store {
             h.events.clear();
             h.compacted = rv;
         }
+    }
+
+    /// End every open watch with a 410 Expired ERROR event (clients must relist).
+    pub fn expire_watches(&self) {
+        self.expire.send_modify(|n| *n += 1);
+    }
+
+    /// Notified by [`Store::expire_watches`].
+    pub fn expiry(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.expire.subscribe()
     }
 
     /// Count one request.
