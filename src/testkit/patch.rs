@@ -413,7 +413,9 @@ pub fn server_side_apply(
         .unwrap_or_default();
     let mut result = live.clone();
     let mut removed: Vec<&FieldPath> = old_paths.difference(&new_paths).collect();
-    removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    // Shallow first: removing a list-map item takes its fields with it (its key fields
+    // must still be present to find it).
+    removed.sort_by_key(|p| p.len());
     for p in removed {
         let owned_elsewhere = managed
             .iter()

@@ -1311,6 +1311,10 @@ impl Store {
         let (ns, name) = key;
         match meta(&applied)["name"].as_str() {
             Some(n) if n == name => {}
+            // Like the real server, a missing name is taken from the URL.
+            None | Some("") => {
+                meta_mut(&mut applied).insert("name".into(), json!(name));
+            }
             other => {
                 return Err(ApiError::BadRequest(format!(
                     "the name of the object ({}) does not match the name on the URL ({name})",
