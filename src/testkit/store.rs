@@ -174,13 +174,21 @@ impl RequestCounts {
         self.by_verb.get(verb).copied().unwrap_or(0)
     }
 
-    /// Requests with this verb on a resource (`plural` or `plural.group`).
+    /// Requests with this verb on a resource: `plural` or `plural.group`, with a `/status`
+    /// suffix for the status subresource.
     pub fn resource_verb(&self, resource: &str, verb: &str) -> u64 {
+        let split = |r: &str| -> (String, String) {
+            let (base, sub) = r.split_once('/').unwrap_or((r, ""));
+            (base.to_string(), sub.to_string())
+        };
+        let (qb, qs) = split(resource);
         self.by_resource
             .iter()
             .filter(|((r, v), _)| {
+                let (rb, rs) = split(r);
                 v == verb
-                    && (r == resource || r.split_once('.').is_some_and(|(p, _)| p == resource))
+                    && rs == qs
+                    && (rb == qb || rb.split_once('.').is_some_and(|(p, _)| p == qb))
             })
             .map(|(_, n)| n)
             .sum()

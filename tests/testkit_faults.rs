@@ -1,0 +1,141 @@
+//! Conformance: fault injection, validation hooks and request counters.
+
+mod common;
+
+use capmox::testkit::{FaultKind, TestkitError};
+use common::*;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+#[tokio::test]
+async fn injected_faults_fail_exactly_the_next_n_writes() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    let cases = [
+        (FaultKind::Conflict, 409, "Conflict"),
+        (FaultKind::InternalError, 500, "InternalError"),
+        (FaultKind::Timeout, 504, "Timeout"),
+        (FaultKind::TooManyRequests, 429, "TooManyRequests"),
+    ];
+    for (i, (fault, want_code, want_reason)) in cases.into_iter().enumerate() {
+        server.fail_next_writes("Widget", 2, fault).unwrap();
+        let name = format!("w{i}");
+        for _ in 0..2 {
+            let err = api
+                .create(&PostParams::default(), &widget(&name, 1))
+                .await
+                .unwrap_err();
+            assert_eq!(code(err), (want_code, want_reason.to_string()));
+        }
+        api.get_opt(&name).await.expect("reads are not affected");
+        api.create(&PostParams::default(), &widget(&name, 1))
+            .await
+            .expect("faults used up");
+    }
+    server
+        .fail_next_writes("wd", 3, FaultKind::InternalError)
+        .unwrap();
+    let p = Patch::Merge(json!({"spec": {"size": 2}}));
+    assert_eq!(
+        code(
+            api.patch("w0", &PatchParams::default(), &p)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        500
+    );
+    assert_eq!(
+        code(
+            api.replace_status("w0", &PostParams::default(), &api.get("w0").await.unwrap())
+                .await
+                .unwrap_err()
+        )
+        .0,
+        500
+    );
+    assert_eq!(
+        code(
+            api.delete("w0", &DeleteParams::default())
+                .await
+                .unwrap_err()
+        )
+        .0,
+        500
+    );
+    api.delete("w0", &DeleteParams::default()).await.unwrap();
+    assert!(matches!(
+        server.fail_next_writes("nosuchkind", 1, FaultKind::Conflict),
+        Err(TestkitError::UnknownKind(_))
+    ));
+}
+
+#[tokio::test]
+async fn validator_hook_rejects_invalid_objects_with_422() {
+    let server = widget_server();
+    server
+        .set_validator("widgets.example.com", |obj| {
+            match obj["spec"]["size"].as_i64() {
+                Some(s) if s >= 0 => Ok(()),
+                _ => Err("spec.size: Invalid value: must be >= 0".into()),
+            }
+        })
+        .unwrap();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    let err = api
+        .create(&PostParams::default(), &widget("bad", -1))
+        .await
+        .unwrap_err();
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+            assert!(s.message.contains("spec.size"), "{}", s.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    api.create(&PostParams::default(), &widget("good", 1))
+        .await
+        .unwrap();
+    let p = Patch::Merge(json!({"spec": {"size": -5}}));
+    assert_eq!(
+        code(
+            api.patch("good", &PatchParams::default(), &p)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
+    assert_eq!(api.get("good").await.unwrap().spec.size, 1);
+}
+
+#[tokio::test]
+async fn request_counters_by_verb_and_resource() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    server.reset_request_counts();
+    api.create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    api.get("w").await.unwrap();
+    api.get("w").await.unwrap();
+    api.list(&ListParams::default()).await.unwrap();
+    let p = Patch::Merge(json!({"status": {"phase": "x"}}));
+    api.patch_status("w", &PatchParams::default(), &p)
+        .await
+        .unwrap();
+    api.delete("w", &DeleteParams::default()).await.unwrap();
+    let c = server.request_counts();
+    assert_eq!(c.verb("create"), 1);
+    assert_eq!(c.verb("get"), 2);
+    assert_eq!(c.verb("list"), 1);
+    assert_eq!(c.verb("patch"), 1);
+    assert_eq!(c.verb("delete"), 1);
+    assert_eq!(c.resource_verb("widgets.example.com/status", "patch"), 1);
+    assert_eq!(
+        c.resource_verb("widgets", "patch"),
+        0,
+        "status writes are counted on widgets/status"
+    );
+    assert_eq!(server.request_count(), 6);
+}
