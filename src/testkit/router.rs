@@ -170,24 +170,43 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
     result.unwrap_or_else(|e| error_response(&e))
 }
 
+/// Kubernetes version priority: GA before beta before alpha, higher numbers first
+/// (`v2 > v1 > v1beta2 > v1beta1 > v1alpha1`), as the API server orders group versions.
+fn version_priority(v: &str) -> (u8, u64, u64) {
+    let rest = v.strip_prefix('v').unwrap_or(v);
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let major = digits.parse().unwrap_or(0);
+    let tail = &rest[digits.len()..];
+    let (tier, minor) = if tail.is_empty() {
+        (3, 0)
+    } else if let Some(n) = tail.strip_prefix("beta") {
+        (2, n.parse().unwrap_or(0))
+    } else if let Some(n) = tail.strip_prefix("alpha") {
+        (1, n.parse().unwrap_or(0))
+    } else {
+        (0, 0)
+    };
+    (tier, major, minor)
+}
+
 fn group_list(store: &Store) -> Value {
-    let mut groups: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for k in store.kinds() {
         if k.group.is_empty() {
             continue;
         }
-        let entry = groups
-            .entry(k.group.clone())
-            .or_insert_with(|| (k.storage_version().to_string(), Vec::new()));
+        let entry = groups.entry(k.group.clone()).or_default();
         for v in &k.versions {
-            if !entry.1.contains(v) {
-                entry.1.push(v.clone());
+            if !entry.contains(v) {
+                entry.push(v.clone());
             }
         }
     }
     let groups: Vec<Value> = groups
         .into_iter()
-        .map(|(g, (pref, versions))| {
+        .map(|(g, mut versions)| {
+            versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
+            let pref = versions.first().cloned().unwrap_or_default();
             json!({
                 "name": g,
                 "versions": versions.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect::<Vec<_>>(),
@@ -450,11 +469,30 @@ fn wants_table(headers: &HeaderMap) -> bool {
 }
 
 /// Evaluate a simple JSONPath (`.a.b.c`) of a printer column.
+/// A backslash escapes a dot inside a key (`cluster\.x-k8s\.io/cluster-name`).
 fn simple_json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
-    path.trim_start_matches('.')
-        .split('.')
+    let mut segs = vec![String::new()];
+    let mut chars = path.trim_start_matches('.').chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next()
+                    && let Some(last) = segs.last_mut()
+                {
+                    last.push(n);
+                }
+            }
+            '.' => segs.push(String::new()),
+            c => {
+                if let Some(last) = segs.last_mut() {
+                    last.push(c);
+                }
+            }
+        }
+    }
+    segs.iter()
         .filter(|s| !s.is_empty())
-        .try_fold(obj, |cur, seg| cur.get(seg))
+        .try_fold(obj, |cur, seg| cur.get(seg.as_str()))
 }
 
 /// A `meta.k8s.io/v1 Table` for kubectl (Name, printer columns, or Name + Age).
@@ -626,4 +664,30 @@ fn watch(
         tracing::trace!(kind = %kind.kind, "testkit watch ended");
     });
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_priority;
+
+    #[test]
+    fn printer_column_paths_honour_escaped_dots() {
+        let o =
+            serde_json::json!({"metadata": {"labels": {"cluster.x-k8s.io/cluster-name": "c1"}}});
+        let p = r".metadata.labels.cluster\.x-k8s\.io/cluster-name";
+        assert_eq!(
+            super::simple_json_path(&o, p),
+            Some(&serde_json::json!("c1"))
+        );
+    }
+
+    #[test]
+    fn versions_sort_like_the_api_server() {
+        let mut v = vec!["v1alpha1", "v1beta1", "v1", "v2", "v1beta2", "v1alpha2"];
+        v.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
+        assert_eq!(
+            v,
+            ["v2", "v1", "v1beta2", "v1beta1", "v1alpha2", "v1alpha1"]
+        );
+    }
 }

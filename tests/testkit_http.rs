@@ -1,0 +1,165 @@
+//! The HTTP form: a kube client built from the generated kubeconfig, streaming watches over
+//! the wire, discovery, and `kubectl get proxmoxmachines`.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::discovery::Discovery;
+use serde_json::json;
+
+async fn http_client(kubeconfig: &str) -> kube::Client {
+    let kc = Kubeconfig::from_yaml(kubeconfig).expect("generated kubeconfig parses");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig is usable");
+    kube::Client::try_from(cfg).expect("client builds")
+}
+
+#[tokio::test]
+async fn kube_client_over_http_with_streaming_watch() {
+    let server = widget_server();
+    let http = server.serve_http().await.unwrap();
+    assert!(http.addr().ip().is_loopback());
+    let client = http_client(&http.kubeconfig()).await;
+    let api: Api<Widget> = Api::namespaced(client, "default");
+    api.create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    assert_eq!(api.get("w").await.unwrap().spec.size, 1);
+    let rv = server.resource_version().to_string();
+    let mut s = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    // The event is produced after the watch response started: it must be streamed.
+    api.create(&PostParams::default(), &widget("later", 2))
+        .await
+        .unwrap();
+    let ev = tokio::time::timeout(WAIT, s.next())
+        .await
+        .expect("streamed in time")
+        .unwrap()
+        .unwrap();
+    match ev {
+        WatchEvent::Added(w) => assert_eq!(w.metadata.name.as_deref(), Some("later")),
+        other => panic!("{other:?}"),
+    }
+    let missing = api.get("nope").await.unwrap_err();
+    assert_eq!(code(missing), (404, "NotFound".into()));
+}
+
+#[tokio::test]
+async fn discovery_finds_registered_groups() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let http = server.serve_http().await.unwrap();
+    let client = http_client(&http.kubeconfig()).await;
+    let discovery = Discovery::new(client).run().await.unwrap();
+    let found: Vec<String> = discovery
+        .groups()
+        .flat_map(|g| {
+            g.resources_by_stability()
+                .into_iter()
+                .map(|(ar, _)| ar.plural)
+        })
+        .collect();
+    for plural in [
+        "proxmoxmachines",
+        "machines",
+        "ipaddressclaims",
+        "secrets",
+        "leases",
+        "namespaces",
+    ] {
+        assert!(found.iter().any(|p| p == plural), "{plural} in {found:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_proxmoxmachines() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        println!("SKIPPED: kubectl not on PATH");
+        return;
+    }
+    let client = server.client();
+    let pm = dynamic(
+        &client,
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha2",
+        "ProxmoxMachine",
+        "proxmoxmachines",
+        Some("default"),
+    );
+    let obj: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxMachine",
+        "metadata": {"name": "machine-a", "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
+        "spec": {"sourceNode": "pve1"}
+    }))
+    .unwrap();
+    pm.create(&PostParams::default(), &obj).await.unwrap();
+    assert_eq!(
+        pm.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+
+    let http = server.serve_http().await.unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "capmox-testkit-{}-{}.kubeconfig",
+        std::process::id(),
+        http.addr().port()
+    ));
+    http.write_kubeconfig(&path).unwrap();
+    let run = |path: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(path)
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        let table = run(&path, &["get", "proxmoxmachines"]);
+        let json = run(&path, &["get", "proxmoxmachine", "machine-a", "-o", "json"]);
+        let _ = std::fs::remove_file(&path);
+        (
+            table.0 && json.0,
+            format!("{}\n{}", table.1, json.1),
+            format!("{}\n{}", table.2, json.2),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "kubectl failed: {stderr}");
+    let table_line = stdout
+        .lines()
+        .find(|l| l.starts_with("machine-a"))
+        .unwrap_or("");
+    let header = stdout.lines().next().unwrap_or("");
+    assert!(
+        header.starts_with("NAME") && header.contains("CLUSTER"),
+        "CRD printer columns: {stdout}"
+    );
+    assert!(
+        table_line.split_whitespace().nth(1) == Some("c1"),
+        "cluster column: {stdout}"
+    );
+    assert!(stdout.contains("\"sourceNode\": \"pve1\""), "{stdout}");
+}
