@@ -386,7 +386,17 @@ async fn delete_without_finalizers_removes_immediately() {
     };
     assert_eq!(code(api.delete("w", &wrong_uid).await.unwrap_err()).0, 409);
     let res = api.delete("w", &DeleteParams::default()).await.unwrap();
-    assert!(res.is_left(), "the deleted object is returned");
+    let status = res
+        .right()
+        .expect("an immediately deleted object answers with a Status");
+    assert_eq!(
+        status.status,
+        Some(kube::core::response::StatusSummary::Success)
+    );
+    assert_eq!(
+        status.details.unwrap().uid,
+        created.metadata.uid.clone().unwrap()
+    );
     assert!(api.get_opt("w").await.unwrap().is_none());
     let _ = created;
 }

@@ -409,7 +409,16 @@ async fn resource(
             count("delete");
             let dopts = delete_options(&body, query)?;
             let obj = store.delete(&kind, &ns_key, name, &dopts)?;
-            Ok(respond(StatusCode::OK, obj))
+            if dopts.dry_run || store.get(&kind, &ns_key, name).is_ok() {
+                // Still there (finalizers): the object, with its deletionTimestamp.
+                return Ok(respond(StatusCode::OK, obj));
+            }
+            // Gone: a Success Status, as for the real CRD and most built-in stores.
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "group": kind.group, "kind": kind.plural, "uid": obj["metadata"]["uid"]}}),
+            ))
         }
         (&Method::DELETE, None) => {
             count("deletecollection");

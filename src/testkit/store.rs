@@ -570,6 +570,20 @@ impl Inner {
     /// Owner-reference garbage collection, foreground/orphan finalizers and namespace
     /// termination, run synchronously to a fixed point after every write.
     fn run_gc(&mut self, tx: &broadcast::Sender<Arc<WatchRecord>>) {
+        // Fast path without cloning anything: nothing was removed and nothing is waiting for
+        // the collector (foreground/orphan finalizers, terminating namespaces).
+        let pending = self.objects.iter().any(|(gr, objs)| {
+            objs.values().any(|s| {
+                is_deleting(&s.obj)
+                    && (finalizers(&s.obj)
+                        .iter()
+                        .any(|f| f == "foregroundDeletion" || f == "orphan")
+                        || (gr.group.is_empty() && gr.resource == "namespaces"))
+            })
+        });
+        if self.removed_uids.is_empty() && !pending {
+            return;
+        }
         for _round in 0..10_000 {
             let mut progressed = false;
             let all = self.all_objects();
