@@ -136,6 +136,13 @@ async fn kubectl_get_proxmoxmachines() {
         )
     };
     let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        let manifest = path.with_extension("yaml");
+        let yaml = "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2\nkind: ProxmoxMachine\nmetadata:\n  name: machine-b\n  namespace: default\nspec:\n  sourceNode: pve2\n";
+        std::fs::write(&manifest, yaml).expect("temp dir is writable");
+        let manifest_arg = manifest.to_string_lossy().to_string();
+        let applied = run(&path, &["apply", "--server-side", "--validate=false", "-f", &manifest_arg]);
+        let _ = std::fs::remove_file(&manifest);
+        assert!(applied.0, "kubectl apply --server-side: {}", applied.2);
         let table = run(&path, &["get", "proxmoxmachines"]);
         let json = run(&path, &["get", "proxmoxmachine", "machine-a", "-o", "json"]);
         let _ = std::fs::remove_file(&path);
@@ -162,4 +169,14 @@ async fn kubectl_get_proxmoxmachines() {
         "cluster column: {stdout}"
     );
     assert!(stdout.contains("\"sourceNode\": \"pve1\""), "{stdout}");
+    let b = pm.get("machine-b").await.expect("applied by kubectl");
+    assert_eq!(b.data["spec"]["sourceNode"], "pve2");
+    let managers: Vec<_> = b
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, ["kubectl"]);
 }

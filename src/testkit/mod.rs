@@ -78,7 +78,10 @@
 //! - **Not implemented**: authentication/authorization (everything is allowed),
 //!   admission webhooks, `gracePeriodSeconds` (deletion is immediate once finalizers are
 //!   gone), other subresources (`scale`, `eviction`, ...), field selectors other than
-//!   `metadata.name`/`metadata.namespace`, protobuf, aggregated discovery (kubectl falls
+//!   `metadata.name`/`metadata.namespace`, protobuf (typed kubectl commands for built-in
+//!   kinds such as `kubectl create secret` send protobuf and get 415; `kubectl apply` sends
+//!   JSON/YAML and works), Table watch events (`kubectl get -w` falls back to its own
+//!   columns), aggregated discovery (kubectl falls
 //!   back to the legacy documents), OpenAPI documents (`/openapi/v2`, `/openapi/v3` return
 //!   404; `kubectl` only needs them for `explain` and client-side validation, so use
 //!   `--validate=false` with `kubectl apply`), TLS (HTTP only, on 127.0.0.1).

@@ -246,6 +246,12 @@ fn selectors(query: &HashMap<String, String>) -> Result<Selectors, ApiError> {
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.starts_with(b"k8s\0") {
+        return Err(ApiError::UnsupportedMediaType(
+            "application/json, application/yaml (the capmox testkit does not decode protobuf)"
+                .into(),
+        ));
+    }
     serde_json::from_slice(body).or_else(|_| {
         serde_yaml::from_slice(body)
             .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
@@ -504,26 +510,53 @@ fn simple_json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
         .try_fold(obj, |cur, seg| cur.get(seg.as_str()))
 }
 
+/// kubectl's `HumanDuration` rendering of the age of an RFC 3339 timestamp (`42s`, `5m3s`, `2d`).
+fn human_age(ts: &str) -> Option<String> {
+    let then: k8s_openapi::jiff::Timestamp = ts.parse().ok()?;
+    let secs = (k8s_openapi::jiff::Timestamp::now().as_second() - then.as_second()).max(0);
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86_400);
+    Some(match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 600 => format!("{m}m{}s", s % 60),
+        s if s < 3 * 3600 => format!("{m}m"),
+        s if s < 8 * 3600 => format!("{h}h{}m", (s % 3600) / 60),
+        s if s < 48 * 3600 => format!("{h}h"),
+        s if s < 8 * 86_400 => format!("{d}d{}h", (s % 86_400) / 3600),
+        _ => format!("{d}d"),
+    })
+}
+
 /// A `meta.k8s.io/v1 Table` for kubectl (Name, printer columns, or Name + Age).
 fn table(kind: &KindInfo, items: &[Value], rv: u64) -> Value {
     let mut cols =
         vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name"})];
     let mut paths = Vec::new();
     if kind.printer_columns.is_empty() {
-        cols.push(json!({"name": "Age", "type": "date", "format": "", "description": "Age"}));
-        paths.push(".metadata.creationTimestamp".to_string());
+        cols.push(json!({"name": "Age", "type": "string", "format": "", "description": "Age"}));
+        paths.push((".metadata.creationTimestamp".to_string(), true));
     } else {
         for c in &kind.printer_columns {
-            cols.push(json!({"name": c["name"], "type": c["type"], "format": c.get("format").cloned().unwrap_or(json!("")), "description": c.get("description").cloned().unwrap_or(json!(""))}));
-            paths.push(c["jsonPath"].as_str().unwrap_or("").to_string());
+            // Dates are rendered as ages by the server, like the real table convertor.
+            let date = c["type"] == "date";
+            let ty = if date {
+                json!("string")
+            } else {
+                c["type"].clone()
+            };
+            cols.push(json!({"name": c["name"], "type": ty, "format": c.get("format").cloned().unwrap_or(json!("")), "description": c.get("description").cloned().unwrap_or(json!(""))}));
+            paths.push((c["jsonPath"].as_str().unwrap_or("").to_string(), date));
         }
     }
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
             let mut cells = vec![o["metadata"]["name"].clone()];
-            for p in &paths {
-                cells.push(simple_json_path(o, p).cloned().unwrap_or(Value::Null));
+            for (p, date) in &paths {
+                let v = simple_json_path(o, p).cloned().unwrap_or(Value::Null);
+                cells.push(match v.as_str().filter(|_| *date).and_then(human_age) {
+                    Some(age) => json!(age),
+                    None => v,
+                });
             }
             json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}})
         })
@@ -688,6 +721,19 @@ mod tests {
             super::simple_json_path(&o, p),
             Some(&serde_json::json!("c1"))
         );
+    }
+
+    #[test]
+    fn ages_render_like_kubectl() {
+        let ago = |s: i64| {
+            let t = k8s_openapi::jiff::Timestamp::now()
+                - k8s_openapi::jiff::SignedDuration::from_secs(s);
+            super::human_age(&t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()).unwrap()
+        };
+        assert_eq!(ago(5), "5s");
+        assert_eq!(ago(3 * 60 + 7), "3m7s");
+        assert_eq!(ago(3 * 86_400 + 2 * 3600 + 5), "3d2h");
+        assert_eq!(super::human_age("not a time"), None);
     }
 
     #[test]
