@@ -139,3 +139,65 @@ async fn request_counters_by_verb_and_resource() {
     );
     assert_eq!(server.request_count(), 6);
 }
+
+#[tokio::test]
+async fn schema_validator_hook_runs_crd_cel_rules_with_old_object() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    server
+        .set_schema_validator("proxmoxmachines", |input| {
+            let schema = input.schema.ok_or("CRD kinds have a schema")?;
+            kube_cel::Validator::new()
+                .validate(schema, input.object, input.old_object)
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
+    let client = server.client();
+    let pm = dynamic(
+        &client,
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha2",
+        "ProxmoxMachine",
+        "proxmoxmachines",
+        Some("default"),
+    );
+    let mut spec =
+        json!({"sourceNode": "pve1", "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 10}}});
+    let machine = |spec: &serde_json::Value| -> kube::api::DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxMachine",
+            "metadata": {"name": "m"}, "spec": spec
+        }))
+        .unwrap()
+    };
+    let (c, _) = code(
+        pm.create(&PostParams::default(), &machine(&spec))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        c, 422,
+        "the CRD's CEL rules require a templateID or templateSelector"
+    );
+    spec["templateID"] = json!(100);
+    pm.create(&PostParams::default(), &machine(&spec))
+        .await
+        .unwrap();
+    let grow = Patch::Merge(json!({"spec": {"disks": {"bootVolume": {"sizeGb": 20}}}}));
+    match pm
+        .patch("m", &PatchParams::default(), &grow)
+        .await
+        .unwrap_err()
+    {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 422);
+            assert!(s.message.contains("Value is immutable"), "{}", s.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    let label = Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}));
+    pm.patch("m", &PatchParams::default(), &label)
+        .await
+        .expect("unrelated change passes");
+}

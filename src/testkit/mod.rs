@@ -46,7 +46,9 @@
 //! - **No conversion**: all served versions of a kind share one store; objects are returned
 //!   with the requested `apiVersion` but their fields are not converted.
 //! - **No defaulting, pruning or OpenAPI/CEL validation** by itself: plug a validator in
-//!   with [`ApiServer::set_validator`]. Unknown fields are kept.
+//!   with [`ApiServer::set_validator`] or [`ApiServer::set_schema_validator`] (which gets the
+//!   CRD schema and the old object; the conformance suite plugs `kube-cel` in this way).
+//!   Unknown fields are kept, and defaults a validator computes are not stored.
 //! - **Strategic merge patch** is treated as a JSON merge patch for built-in kinds
 //!   (lists are replaced, not merged by patch-merge-key); CRDs get 415 as on a real server.
 //! - **Server-side apply is simplified**: ownership is tracked per leaf path, list-map item
@@ -104,7 +106,7 @@ pub use error::ApiError;
 pub use kinds::{GroupResource, KindError, KindInfo};
 pub use router::ResponseBody;
 pub use service::{ApiService, HttpServer, ServeError};
-pub use store::{FaultKind, RequestCounts, Validator};
+pub use store::{FaultKind, RequestCounts, ValidationInput, Validator};
 
 use store::Store;
 
@@ -244,6 +246,18 @@ impl ApiServer {
         &self,
         kind: &str,
         validator: impl Fn(&Value) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Result<(), TestkitError> {
+        self.set_schema_validator(kind, move |input: &ValidationInput<'_>| {
+            validator(input.object)
+        })
+    }
+
+    /// Validate every create/update of a kind with access to the CRD schema of the object's
+    /// version and the old object (for CEL transition rules); replaces any previous hook.
+    pub fn set_schema_validator(
+        &self,
+        kind: &str,
+        validator: impl Fn(&ValidationInput<'_>) -> Result<(), String> + Send + Sync + 'static,
     ) -> Result<(), TestkitError> {
         let k = self.kind(kind)?;
         self.store

@@ -14,8 +14,20 @@ use super::kinds::{GroupResource, KindInfo};
 use super::patch::{self, ManagedEntry};
 use super::selector::Selectors;
 
+/// What a validation hook sees for one create or update.
+pub struct ValidationInput<'a> {
+    /// The object about to be stored.
+    pub object: &'a Value,
+    /// The stored object it replaces (`None` on create), for transition rules (`oldSelf`).
+    pub old_object: Option<&'a Value>,
+    /// The CRD's OpenAPI v3 schema for the object's version (`None` for built-ins).
+    pub schema: Option<&'a Value>,
+    /// The kind being written.
+    pub kind: &'a KindInfo,
+}
+
 /// Per-kind validation hook: `Err(message)` rejects the write with 422 Invalid.
-pub type Validator = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
+pub type Validator = Arc<dyn Fn(&ValidationInput<'_>) -> Result<(), String> + Send + Sync>;
 
 /// An injected failure for the next writes of a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,10 +424,21 @@ impl Inner {
         let _ = tx.send(rec);
     }
 
-    fn validate(&self, kind: &KindInfo, obj: &Value) -> Result<(), ApiError> {
-        if let Some(v) = self.validators.get(&kind.group_resource())
-            && let Err(msg) = v(obj)
-        {
+    fn validate(&self, kind: &KindInfo, obj: &Value, old: Option<&Value>) -> Result<(), ApiError> {
+        let Some(v) = self.validators.get(&kind.group_resource()) else {
+            return Ok(());
+        };
+        let version = obj["apiVersion"]
+            .as_str()
+            .map(|av| av.rsplit('/').next().unwrap_or(av))
+            .unwrap_or("");
+        let input = ValidationInput {
+            object: obj,
+            old_object: old,
+            schema: kind.schemas.get(version).or_else(|| kind.schema()),
+            kind,
+        };
+        if let Err(msg) = v(&input) {
             return Err(ApiError::Invalid {
                 message: format!(
                     "{}.{} \"{}\" is invalid: {msg}",
@@ -1043,7 +1066,7 @@ impl Store {
             obj["status"] = json!({"phase": "Active"});
         }
         normalize_meta(&mut obj);
-        g.validate(kind, &obj)?;
+        g.validate(kind, &obj, None)?;
         let managed = managed.unwrap_or_else(|| {
             let mut mf = Vec::new();
             patch::record_update(&json!({}), &obj, kind.schema(), &mut mf, &opts.manager, "");
@@ -1163,6 +1186,7 @@ impl Store {
         let Some(stored) = g.objects.get(&gr).and_then(|m| m.get(key)) else {
             return Err(Self::not_found(kind, &key.1));
         };
+        let old_obj = stored.obj.clone();
         let managed = managed.unwrap_or_else(|| {
             let mut mf = stored.managed.clone();
             patch::record_update(
@@ -1181,7 +1205,7 @@ impl Store {
             s.managed = managed;
             return Ok(s.view());
         }
-        g.validate(kind, &new)?;
+        g.validate(kind, &new, Some(&old_obj))?;
         if opts.dry_run {
             return Ok(new);
         }
