@@ -459,3 +459,35 @@ async fn shared_crds_register_and_serve() {
             .is_empty()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_read_modify_write_loses_no_update() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    api.create(&PostParams::default(), &widget("counter", 0))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let api = api.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conflicts = 0u32;
+            for _ in 0..10 {
+                loop {
+                    let mut w = api.get("counter").await.unwrap();
+                    w.spec.size += 1;
+                    match api.replace("counter", &PostParams::default(), &w).await {
+                        Ok(_) => break,
+                        Err(kube::Error::Api(s)) if s.code == 409 => conflicts += 1,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }
+            conflicts
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(api.get("counter").await.unwrap().spec.size, 80);
+}

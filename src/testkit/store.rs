@@ -1555,3 +1555,106 @@ fn items_last_key(items: &[Value]) -> Key {
         })
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind() -> KindInfo {
+        let yaml = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: things.example.com}
+spec:
+  group: example.com
+  names: {kind: Thing, plural: things}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, subresources: {status: {}}}]
+"#;
+        KindInfo::from_crd_yaml(yaml).unwrap().remove(0)
+    }
+
+    fn opts() -> WriteOptions {
+        WriteOptions {
+            manager: "test".into(),
+            ..Default::default()
+        }
+    }
+
+    fn thing(name: &str) -> Value {
+        json!({"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": name}, "spec": {"a": 1}})
+    }
+
+    #[test]
+    fn uids_and_generated_names_look_like_kubernetes() {
+        let store = Store::new();
+        let mut g = store.lock();
+        let uid = g.new_uid();
+        assert_eq!(uid.len(), 36);
+        assert_eq!(uid.matches('-').count(), 4);
+        assert_ne!(uid, g.new_uid());
+        let suffix = g.name_suffix();
+        assert_eq!(suffix.len(), 5);
+        assert!(
+            suffix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
+    }
+
+    #[test]
+    fn normalize_drops_empty_metadata_collections() {
+        let mut o = json!({"metadata": {"name": "x", "finalizers": [], "labels": {}, "annotations": null,
+            "ownerReferences": [], "managedFields": [{"manager": "m"}]}});
+        normalize_meta(&mut o);
+        assert_eq!(o, json!({"metadata": {"name": "x"}}));
+    }
+
+    #[test]
+    fn bounded_history_makes_old_resource_versions_gone() {
+        let store = Store::new();
+        let k = kind();
+        store.register(k.clone());
+        store.set_history_limit(2);
+        let start = store.resource_version();
+        for i in 0..4 {
+            store
+                .create(&k, "ns", thing(&format!("t{i}")), &opts())
+                .unwrap();
+        }
+        assert!(matches!(
+            store.watch(&k, Some(start), false),
+            Err(ApiError::Gone { .. })
+        ));
+        let recent = store.resource_version() - 1;
+        let w = store.watch(&k, Some(recent), false).unwrap();
+        assert_eq!(
+            w.initial.len(),
+            1,
+            "only the newest event is after {recent}"
+        );
+    }
+
+    #[test]
+    fn no_op_update_keeps_resource_version_and_emits_nothing() {
+        let store = Store::new();
+        let k = kind();
+        store.register(k.clone());
+        let created = store.create(&k, "ns", thing("t"), &opts()).unwrap();
+        let mut rx = store
+            .watch(&k, Some(store.resource_version()), false)
+            .unwrap()
+            .rx;
+        let same = store
+            .update(&k, "ns", "t", created.clone(), Sub::Main, &opts())
+            .unwrap();
+        assert_eq!(
+            same["metadata"]["resourceVersion"],
+            created["metadata"]["resourceVersion"]
+        );
+        assert!(matches!(
+            rx.try_recv(),
+            Err(broadcast::error::TryRecvError::Empty)
+        ));
+    }
+}
