@@ -201,3 +201,46 @@ async fn schema_validator_hook_runs_crd_cel_rules_with_old_object() {
         .await
         .expect("unrelated change passes");
 }
+
+#[tokio::test(start_paused = true)]
+async fn delay_fault_slows_the_next_write_then_performs_it() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    server
+        .fail_next_writes(
+            "widgets",
+            1,
+            FaultKind::Delay(std::time::Duration::from_secs(30)),
+        )
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let slow = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        api.create(&PostParams::default(), &widget("slow", 1)),
+    )
+    .await;
+    assert!(
+        slow.is_err(),
+        "a 5 s client timeout fires before the 30 s delay"
+    );
+    // The abandoned request never reached the store; the next write is not delayed.
+    api.create(&PostParams::default(), &widget("fast", 1))
+        .await
+        .unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(6));
+    assert!(api.get_opt("slow").await.unwrap().is_none());
+    // A patient client gets the write done after the delay.
+    server
+        .fail_next_writes(
+            "widgets",
+            1,
+            FaultKind::Delay(std::time::Duration::from_secs(2)),
+        )
+        .unwrap();
+    let before = tokio::time::Instant::now();
+    api.create(&PostParams::default(), &widget("patient", 1))
+        .await
+        .unwrap();
+    assert!(before.elapsed() >= std::time::Duration::from_secs(2));
+    assert!(api.get_opt("patient").await.unwrap().is_some());
+}

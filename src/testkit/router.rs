@@ -329,6 +329,14 @@ async fn resource(
     );
     let count = |verb: &str| store.count(&counted, verb);
     let opts = write_options(query, headers);
+    let is_write = matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    if is_write && let Some(d) = store.take_delay(&kind.group_resource()) {
+        tracing::debug!(resource = %counted, delay = ?d, "testkit: delaying write (fault)");
+        tokio::time::sleep(d).await;
+    }
     let respond = |code: StatusCode, mut obj: Value| {
         set_version(&mut obj, &kind, version);
         json_response(code, &obj)

@@ -40,6 +40,9 @@ pub enum FaultKind {
     Timeout,
     /// 429 TooManyRequests (throttling).
     TooManyRequests,
+    /// Answer only after this delay, then perform the write normally: a slow server, or a
+    /// client-side timeout when the delay exceeds the client's timeout.
+    Delay(Duration),
 }
 
 impl FaultKind {
@@ -60,6 +63,7 @@ impl FaultKind {
             FaultKind::TooManyRequests => {
                 ApiError::TooManyRequests("Too many requests (testkit fault)".into())
             }
+            FaultKind::Delay(_) => unreachable!("delays are taken by take_delay, never as errors"),
         }
     }
 }
@@ -389,6 +393,7 @@ impl Inner {
 
     fn take_fault(&mut self, gr: &GroupResource) -> Result<(), ApiError> {
         if let Some(q) = self.faults.get_mut(gr)
+            && q.front().is_some_and(|f| !matches!(f, FaultKind::Delay(_)))
             && let Some(f) = q.pop_front()
         {
             tracing::debug!(resource = %gr.qualified(), fault = ?f, "testkit: injecting fault");
@@ -819,6 +824,20 @@ impl Store {
             .entry(gr)
             .or_default()
             .extend(std::iter::repeat_n(fault, n));
+    }
+
+    /// If the next queued fault of `gr` is a delay, take it.
+    pub fn take_delay(&self, gr: &GroupResource) -> Option<Duration> {
+        let mut g = self.lock();
+        let q = g.faults.get_mut(gr)?;
+        match q.front() {
+            Some(FaultKind::Delay(d)) => {
+                let d = *d;
+                q.pop_front();
+                Some(d)
+            }
+            _ => None,
+        }
     }
 
     /// Current global resourceVersion.
