@@ -258,3 +258,34 @@ async fn namespace_deletion_removes_content_and_refuses_new_objects() {
         "empty namespace is removed"
     );
 }
+
+#[tokio::test]
+async fn missing_namespace_is_404_when_required() {
+    let server = widget_server();
+    let widgets: Api<Widget> = Api::namespaced(server.client(), "nowhere");
+    widgets
+        .create(&PostParams::default(), &widget("a", 1))
+        .await
+        .expect("lenient by default");
+    server.require_namespaces(true);
+    let err = widgets
+        .create(&PostParams::default(), &widget("b", 1))
+        .await
+        .unwrap_err();
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"));
+            assert!(
+                s.message.contains("namespaces \"nowhere\" not found"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let default: Api<Widget> = Api::namespaced(server.client(), "default");
+    default
+        .create(&PostParams::default(), &widget("c", 1))
+        .await
+        .expect("default exists");
+}

@@ -68,7 +68,8 @@
 //!   the owner's removal (the real GC is asynchronous). Objects whose owners never existed
 //!   are not collected (envtest has no GC at all). Foreground deletion deletes dependents
 //!   with foreground propagation too.
-//! - **Namespaces** need not exist for namespaced objects to be created; deleting a namespace
+//! - **Namespaces** need not exist for namespaced objects to be created unless
+//!   [`ApiServer::require_namespaces`] is on; deleting a namespace
 //!   marks it `Terminating`, refuses new content, deletes its content and removes it once
 //!   empty. `default`, `kube-system` and `kube-public` are created by
 //!   [`ApiServer::register_builtin_kinds`].
@@ -294,6 +295,13 @@ impl ApiServer {
     /// watch cache falls behind; kube's watcher must then relist.
     pub fn expire_watches(&self) {
         self.store.expire_watches();
+    }
+
+    /// Make creating a namespaced object in a missing namespace fail with 404 NotFound, as on
+    /// a real server (off by default so tests need not create namespaces).
+    pub fn require_namespaces(&self, on: bool) -> &Self {
+        self.store.set_require_namespaces(on);
+        self
     }
 
     /// Bound the watch history kept per resource.

@@ -342,9 +342,29 @@ async fn resource(
         json_response(code, &obj)
     };
     match (method, name) {
+        (&Method::GET, Some(name))
+            if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
+        {
+            // Watch of one object by path (deprecated upstream, still served).
+            count("watch");
+            let mut sel = selectors(query)?;
+            sel.fields = FieldSelector::parse(&format!("metadata.name={name}"))?;
+            watch(
+                store,
+                kind,
+                version,
+                ns,
+                sel,
+                query,
+                wants_metadata(headers),
+            )
+        }
         (&Method::GET, Some(name)) => {
             count("get");
             let obj = store.get(&kind, &ns_key, name)?;
+            if wants_metadata(headers) {
+                return Ok(json_response(StatusCode::OK, &partial(&obj)));
+            }
             if wants_table(headers) {
                 return Ok(json_response(
                     StatusCode::OK,
@@ -357,7 +377,15 @@ async fn resource(
             let sel = selectors(query)?;
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
                 count("watch");
-                return watch(store, kind, version, ns, sel, query);
+                return watch(
+                    store,
+                    kind,
+                    version,
+                    ns,
+                    sel,
+                    query,
+                    wants_metadata(headers),
+                );
             }
             count("list");
             let limit = query.get("limit").and_then(|l| l.parse().ok());
@@ -371,12 +399,19 @@ async fn resource(
             if wants_table(headers) {
                 return Ok(json_response(StatusCode::OK, &table(&kind, &items, rv)));
             }
-            for i in &mut items {
-                set_version(i, &kind, version);
-            }
             let mut meta = json!({"resourceVersion": rv.to_string()});
             if let Some(c) = cont {
                 meta["continue"] = json!(c);
+            }
+            if wants_metadata(headers) {
+                let items: Vec<Value> = items.iter().map(partial).collect();
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": meta, "items": items}),
+                ));
+            }
+            for i in &mut items {
+                set_version(i, &kind, version);
             }
             Ok(json_response(
                 StatusCode::OK,
@@ -482,6 +517,19 @@ fn delete_options(
             .is_some_and(|d| d.iter().any(|x| x == "All"))
             || query.get("dryRun").is_some_and(|d| d == "All"),
     })
+}
+
+/// Whether the client asked for `PartialObjectMetadata` (kube's `*_metadata` calls).
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+/// The `meta.k8s.io/v1 PartialObjectMetadata` view of an object.
+fn partial(obj: &Value) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": obj["metadata"]})
 }
 
 fn wants_table(headers: &HeaderMap) -> bool {
@@ -609,6 +657,7 @@ fn watch(
     ns: Option<String>,
     sel: Selectors,
     query: &HashMap<String, String>,
+    metadata_only: bool,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let rv = match query.get("resourceVersion").map(String::as_str) {
         None | Some("") => None,
@@ -653,6 +702,9 @@ fn watch(
         };
         let render = |rec: &WatchRecord| {
             visible(rec, &matches).map(|t| {
+                if metadata_only {
+                    return event_line(t, &partial(&rec.object));
+                }
                 let mut obj = rec.object.clone();
                 set_version(&mut obj, &kind, &version);
                 event_line(t, &obj)

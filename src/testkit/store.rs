@@ -247,6 +247,7 @@ struct Inner {
     rng: u64,
     removed_uids: Vec<String>,
     bookmark_interval: Duration,
+    require_namespaces: bool,
 }
 
 /// The shared state behind every client, service and HTTP connection of one fake server.
@@ -456,7 +457,7 @@ impl Inner {
         Ok(())
     }
 
-    fn namespace_terminating(&self, ns: &str) -> bool {
+    fn namespace_object(&self, ns: &str) -> Option<&Value> {
         let gr = GroupResource {
             group: String::new(),
             resource: "namespaces".into(),
@@ -464,7 +465,11 @@ impl Inner {
         self.objects
             .get(&gr)
             .and_then(|m| m.get(&(String::new(), ns.to_string())))
-            .is_some_and(|s| is_deleting(&s.obj))
+            .map(|s| &s.obj)
+    }
+
+    fn namespace_terminating(&self, ns: &str) -> bool {
+        self.namespace_object(ns).is_some_and(is_deleting)
     }
 
     /// Store `new` as the next version of `key`; removes it instead when it is deleting
@@ -763,6 +768,7 @@ impl Store {
                 rng: seed,
                 removed_uids: Vec::new(),
                 bookmark_interval: Duration::from_secs(5),
+                require_namespaces: false,
             }),
             tx,
             counts: Mutex::new(RequestCounts::default()),
@@ -853,6 +859,12 @@ impl Store {
     /// Change the bookmark interval for watches started afterwards.
     pub fn set_bookmark_interval(&self, d: Duration) {
         self.lock().bookmark_interval = d;
+    }
+
+    /// Refuse to create namespaced objects in a namespace that does not exist (404), as a
+    /// real server does.
+    pub fn set_require_namespaces(&self, on: bool) {
+        self.lock().require_namespaces = on;
     }
 
     /// Bound the watch history per resource (older resourceVersions get 410 Gone).
@@ -1044,6 +1056,12 @@ impl Store {
                 });
             }
             name = format!("{prefix}{}", g.name_suffix());
+        }
+        if kind.namespaced && g.require_namespaces && g.namespace_object(ns).is_none() {
+            return Err(ApiError::NotFound {
+                qualified: "namespaces".into(),
+                name: ns.to_string(),
+            });
         }
         if kind.namespaced && g.namespace_terminating(ns) {
             return Err(ApiError::Forbidden(format!(
