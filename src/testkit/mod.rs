@@ -19,27 +19,42 @@
 //!
 //! # What is implemented
 //!
-//! - Any registered kind (from CRD YAML, or the built-ins Secret, ConfigMap, ServiceAccount,
-//!   Event in `v1` and `events.k8s.io/v1`, Namespace, `coordination.k8s.io/v1` Lease),
-//!   namespaced or cluster-scoped, at `/api/v1/...` and `/apis/{group}/{version}/...`.
+//! - Any registered kind (from CRD YAML with [`ApiServer::register_crd_yaml`] /
+//!   [`ApiServer::register_crd_dir`], or the built-ins of [`ApiServer::register_builtin_kinds`]:
+//!   Secret, ConfigMap, ServiceAccount, Event in `v1` and `events.k8s.io/v1`, Namespace,
+//!   `coordination.k8s.io/v1` Lease), namespaced or cluster-scoped, at `/api/v1/...` and
+//!   `/apis/{group}/{version}/...`, for every served version.
 //! - create (`generateName`, `uid`, `creationTimestamp`, `resourceVersion`, `generation: 1`),
 //!   get, list (label selectors, `metadata.name`/`metadata.namespace` field selectors,
-//!   `limit`/`continue`, list `resourceVersion`), replace with optimistic concurrency,
-//!   delete (preconditions, propagation policies), deletecollection.
-//! - JSON merge patch, JSON patch (RFC 6902 incl. `test`), server-side apply with field
+//!   `limit`/`continue`, the list's `resourceVersion`), replace with optimistic concurrency
+//!   (409 on a stale `resourceVersion`), delete (preconditions, propagation policies),
+//!   deletecollection. A write that changes nothing keeps the resourceVersion and emits no
+//!   event, as on a real server (controllers rely on it to avoid hot loops).
+//! - JSON merge patch, JSON patch (RFC 6902 incl. `test`; a `test` of `null` on a missing
+//!   path succeeds, which kube's finalizer helper needs), server-side apply with field
 //!   managers (conflicts, `force`, list-map merge by `x-kubernetes-list-map-keys`, sets by
-//!   `x-kubernetes-list-type: set`, removal of fields a manager stops applying).
-//! - `/status` subresource; `generation` bumps only on non-metadata, non-status changes.
-//! - Finalizers and `deletionTimestamp`; no new finalizers on a deleting object.
+//!   `x-kubernetes-list-type: set`, removal of fields a manager stops applying), `dryRun`.
+//! - `/status` subresource: writes to it change only status, writes to the main resource
+//!   ignore status; `generation` bumps only on non-metadata, non-status changes.
+//! - Finalizers and `deletionTimestamp`; no new finalizers on a deleting object; empty
+//!   `finalizers`/`ownerReferences`/`labels`/`annotations` are dropped.
 //! - Owner references: background, foreground (`foregroundDeletion`, `blockOwnerDeletion`)
 //!   and orphan propagation; namespace deletion removes the namespace's content.
 //! - Watch from a resourceVersion with ADDED/MODIFIED/DELETED, BOOKMARK, streaming lists
-//!   (`sendInitialEvents`), `410 Gone` (as an ERROR event) for a compacted resourceVersion,
-//!   `timeoutSeconds`; label-selector transitions appear as ADDED/DELETED like the real server.
+//!   (`sendInitialEvents` + the `k8s.io/initial-events-end` bookmark), `410 Gone` (as an
+//!   ERROR event) for a compacted resourceVersion, `timeoutSeconds`, watch of one object by
+//!   path; label-selector transitions appear as ADDED/DELETED like the real server. Watches
+//!   stream newline-delimited JSON, in process and over HTTP.
+//! - `PartialObjectMetadata` answers for kube's `get_metadata`/`list_metadata`/metadata
+//!   watchers, and `Table` answers for kubectl (CRD printer columns, ages).
 //! - `Status` error bodies with the real `reason` and `code`.
-//! - Validation hooks per kind, fault injection, per-verb request counters.
-//! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`) and
-//!   `Table` output, so `kubectl get` works against [`ApiServer::serve_http`].
+//! - Validation hooks per kind ([`ApiServer::set_validator`],
+//!   [`ApiServer::set_schema_validator`]), fault injection ([`ApiServer::fail_next_writes`],
+//!   [`ApiServer::expire_watches`], [`ApiServer::compact`]), per-verb request counters
+//!   ([`ApiServer::request_counts`]) and direct reads for assertions ([`ApiServer::object`]).
+//! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`, with
+//!   preferred versions by Kubernetes version priority), so kube's `Discovery` and
+//!   `kubectl get`/`apply --server-side` work against [`ApiServer::serve_http`].
 //!
 //! # Known differences from a real API server
 //!
@@ -53,41 +68,50 @@
 //!   (lists are replaced, not merged by patch-merge-key); CRDs get 415 as on a real server.
 //! - **Server-side apply is simplified**: ownership is tracked per leaf path, list-map item
 //!   and set item; conflicts are only detected on exactly equal paths (not between a parent
-//!   owned atomically and a child); `managedFields` are rendered in a FieldsV1-like form but
-//!   `time` and `apiVersion` are omitted, and `managedFields` sent by clients are ignored.
-//!   Without a schema every list is atomic. The default manager of non-apply writes is the
-//!   user agent's product token (e.g. `kubectl`), or `unknown`.
-//! - **Lists always read the latest state**: `resourceVersion`/`resourceVersionMatch` on a
-//!   list are ignored, and `continue` pages see the current state, not a snapshot.
+//!   owned atomically and a child); conflict errors carry the fields in the message but no
+//!   `details.causes`; `managedFields` are rendered in a FieldsV1-like form without `time`
+//!   and `apiVersion`, and `managedFields` sent by clients are ignored. Without a schema
+//!   every list is atomic (ObjectMeta's `finalizers` is a set and `ownerReferences` a map by
+//!   `uid` for every kind). A `null` in an applied configuration removes the field. The
+//!   default manager of non-apply writes is the user agent's product token (e.g. `kubectl`),
+//!   or `unknown` when there is none (kube's client sends none).
+//! - **Reads always see the latest state**: `resourceVersion`/`resourceVersionMatch` on get
+//!   and list are ignored, and `continue` pages see the current state, not a snapshot.
 //! - **Watch history** is bounded per resource (10 000 events by default,
-//!   [`ApiServer::set_history_limit`]); [`ApiServer::compact`] simulates an etcd compaction.
-//!   A watch whose live buffer overflows ends with a 410 ERROR event. BOOKMARKs are sent
-//!   every [`ApiServer::set_bookmark_interval`] (5 s default, real: about a minute). A watch
-//!   without `timeoutSeconds` lives until the client disconnects.
+//!   [`ApiServer::set_history_limit`]); [`ApiServer::compact`] simulates an etcd compaction
+//!   and [`ApiServer::expire_watches`] a watch-cache expiry. A watch whose live buffer
+//!   overflows ends with a 410 ERROR event. BOOKMARKs are sent every
+//!   [`ApiServer::set_bookmark_interval`] (5 s default; real: about a minute). A watch
+//!   without `timeoutSeconds` lives until the client disconnects (real: 30–60 min).
 //! - **Garbage collection is synchronous**: dependents are handled in the same request as
-//!   the owner's removal (the real GC is asynchronous). Objects whose owners never existed
-//!   are not collected (envtest has no GC at all). Foreground deletion deletes dependents
-//!   with foreground propagation too.
+//!   the owner's removal (the real GC is asynchronous, so tests see the end state at once).
+//!   Objects whose owners never existed are not collected (envtest has no GC at all).
+//!   Foreground deletion deletes dependents with foreground propagation too.
 //! - **Namespaces** need not exist for namespaced objects to be created unless
-//!   [`ApiServer::require_namespaces`] is on; deleting a namespace
-//!   marks it `Terminating`, refuses new content, deletes its content and removes it once
-//!   empty. `default`, `kube-system` and `kube-public` are created by
-//!   [`ApiServer::register_builtin_kinds`].
+//!   [`ApiServer::require_namespaces`] is on; deleting a namespace marks it `Terminating`,
+//!   refuses new content, deletes its content and removes it once empty. `default`,
+//!   `kube-system` and `kube-public` are created by [`ApiServer::register_builtin_kinds`].
 //! - **Generation** is tracked for CRDs only (built-ins keep what clients send).
 //! - **Unconditional updates** (PUT without `resourceVersion`) are refused for CRDs (as on a
 //!   real server) and accepted for built-ins.
+//! - **Delete answers**: an object kept by finalizers is returned; an object removed at once
+//!   answers with a `Success` Status for every kind (real ServiceAccounts and Pods return
+//!   the object instead).
 //! - **dryRun=All** is honoured for create, update, patch and delete (nothing stored), but
 //!   the answer does not carry a resourceVersion bump.
+//! - **Transport**: [`ApiServer::client`] must be called inside a tokio runtime (kube's
+//!   client spawns its buffer worker). HTTP/1.1 only, plain HTTP on 127.0.0.1, no TLS.
 //! - **Not implemented**: authentication/authorization (everything is allowed),
 //!   admission webhooks, `gracePeriodSeconds` (deletion is immediate once finalizers are
-//!   gone), other subresources (`scale`, `eviction`, ...), field selectors other than
-//!   `metadata.name`/`metadata.namespace`, protobuf (typed kubectl commands for built-in
-//!   kinds such as `kubectl create secret` send protobuf and get 415; `kubectl apply` sends
-//!   JSON/YAML and works), Table watch events (`kubectl get -w` falls back to its own
-//!   columns), aggregated discovery (kubectl falls
-//!   back to the legacy documents), OpenAPI documents (`/openapi/v2`, `/openapi/v3` return
-//!   404; `kubectl` only needs them for `explain` and client-side validation, so use
-//!   `--validate=false` with `kubectl apply`), TLS (HTTP only, on 127.0.0.1).
+//!   gone), subresources other than `status` (`scale`, `eviction`, ...), field selectors
+//!   other than `metadata.name`/`metadata.namespace`, `selfLink`, protobuf (typed kubectl
+//!   commands for built-in kinds such as `kubectl create secret` send protobuf and get 415;
+//!   `kubectl apply` sends JSON/YAML and works), Table watch events (`kubectl get -w` falls
+//!   back to its own columns), aggregated discovery (kubectl falls back to the legacy
+//!   documents), OpenAPI documents (`/openapi/v2`, `/openapi/v3` return 404; kubectl only
+//!   needs them for `explain` and client-side validation, so use `--validate=false` with
+//!   `kubectl apply`), CustomResourceDefinition objects themselves (kinds are registered
+//!   through the Rust API, not by creating CRDs).
 
 mod error;
 mod kinds;
