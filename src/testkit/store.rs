@@ -46,8 +46,9 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    fn to_error(self, gr: &GroupResource) -> ApiError {
-        match self {
+    /// The error this fault answers with (`None` for a delay, which is not an error).
+    fn to_error(self, gr: &GroupResource) -> Option<ApiError> {
+        Some(match self {
             FaultKind::Conflict => ApiError::Conflict {
                 message: format!(
                     "Operation cannot be fulfilled on {}: injected conflict (testkit fault)",
@@ -63,8 +64,8 @@ impl FaultKind {
             FaultKind::TooManyRequests => {
                 ApiError::TooManyRequests("Too many requests (testkit fault)".into())
             }
-            FaultKind::Delay(_) => unreachable!("delays are taken by take_delay, never as errors"),
-        }
+            FaultKind::Delay(_) => return None,
+        })
     }
 }
 
@@ -393,12 +394,13 @@ impl Inner {
     }
 
     fn take_fault(&mut self, gr: &GroupResource) -> Result<(), ApiError> {
-        if let Some(q) = self.faults.get_mut(gr)
-            && q.front().is_some_and(|f| !matches!(f, FaultKind::Delay(_)))
-            && let Some(f) = q.pop_front()
-        {
-            tracing::debug!(resource = %gr.qualified(), fault = ?f, "testkit: injecting fault");
-            return Err(f.to_error(gr));
+        let Some(q) = self.faults.get_mut(gr) else {
+            return Ok(());
+        };
+        if let Some(e) = q.front().and_then(|f| f.to_error(gr)) {
+            tracing::debug!(resource = %gr.qualified(), error = %e, "testkit: injecting fault");
+            q.pop_front();
+            return Err(e);
         }
         Ok(())
     }
