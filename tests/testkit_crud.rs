@@ -491,3 +491,50 @@ async fn concurrent_read_modify_write_loses_no_update() {
     }
     assert_eq!(api.get("counter").await.unwrap().spec.size, 80);
 }
+
+#[tokio::test]
+async fn create_yaml_seeds_objects_with_status() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let created = server
+        .create_yaml(
+            r#"
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata: {name: c1}
+spec: {}
+status:
+  initialization: {infrastructureProvisioned: true}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: s1, namespace: capmox-system}
+stringData: {token: x}
+"#,
+        )
+        .unwrap();
+    assert_eq!(created.len(), 2);
+    let clusters = dynamic(
+        &server.client(),
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "Cluster",
+        "clusters",
+        Some("default"),
+    );
+    let c = clusters.get("c1").await.unwrap();
+    assert_eq!(
+        c.data["status"]["initialization"]["infrastructureProvisioned"],
+        true
+    );
+    let secrets: Api<Secret> = Api::namespaced(server.client(), "capmox-system");
+    assert!(secrets.get_opt("s1").await.unwrap().is_some());
+    let err = server
+        .create_yaml("apiVersion: example.com/v9\nkind: Nope\nmetadata: {name: x}\n")
+        .unwrap_err();
+    assert!(
+        matches!(err, capmox::testkit::TestkitError::UnknownKind(_)),
+        "{err}"
+    );
+}

@@ -147,6 +147,12 @@ pub enum TestkitError {
     /// A name given to a helper does not match any registered kind.
     #[error("no registered kind matches {0:?}")]
     UnknownKind(String),
+    /// A manifest given to [`ApiServer::create_yaml`] did not parse.
+    #[error("invalid manifest YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    /// The server refused an object given to [`ApiServer::create_yaml`].
+    #[error("{0}")]
+    Api(#[from] ApiError),
 }
 
 /// A fake Kubernetes API server; clones share the same state.
@@ -353,5 +359,61 @@ impl ApiServer {
     pub fn objects(&self, kind: &str) -> Result<Vec<Value>, TestkitError> {
         let k = self.kind(kind)?;
         Ok(self.store.peek_all(&k.group_resource()))
+    }
+
+    /// Create every object of a (multi-document) YAML manifest, synchronously, as field
+    /// manager `testkit`; namespaced objects without a namespace go to `default`. A `status`
+    /// in the manifest is written through `/status` after the create, so fixtures can seed
+    /// what other controllers would have reported. Returns the stored objects.
+    pub fn create_yaml(&self, yaml: &str) -> Result<Vec<Value>, TestkitError> {
+        let opts = store::WriteOptions {
+            manager: "testkit".into(),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(yaml) {
+            let obj = <Value as serde::Deserialize>::deserialize(doc)?;
+            if obj.is_null() {
+                continue;
+            }
+            let api_version = obj["apiVersion"].as_str().unwrap_or("");
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let kind_name = obj["kind"].as_str().unwrap_or("");
+            let kind = self
+                .store
+                .kinds()
+                .into_iter()
+                .find(|k| {
+                    k.group == group
+                        && k.kind == kind_name
+                        && k.versions.iter().any(|v| v == version)
+                })
+                .ok_or_else(|| TestkitError::UnknownKind(format!("{api_version} {kind_name}")))?;
+            let ns = if kind.namespaced {
+                obj["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_string()
+            } else {
+                String::new()
+            };
+            let status = obj.get("status").cloned();
+            let mut created = self.store.create(&kind, &ns, obj, &opts)?;
+            if kind.status_subresource
+                && let Some(status) = status
+            {
+                let name = created["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                let mut with_status = created.clone();
+                with_status["status"] = status;
+                created =
+                    self.store
+                        .update(&kind, &ns, &name, with_status, store::Sub::Status, &opts)?;
+            }
+            out.push(created);
+        }
+        Ok(out)
     }
 }
