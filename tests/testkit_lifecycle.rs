@@ -289,3 +289,36 @@ async fn missing_namespace_is_404_when_required() {
         .await
         .expect("default exists");
 }
+
+#[tokio::test]
+async fn dependent_created_after_its_owner_was_deleted_is_collected() {
+    let server = widget_server();
+    let widgets: Api<Widget> = Api::namespaced(server.client(), "default");
+    let owner = widgets
+        .create(&PostParams::default(), &widget("owner", 1))
+        .await
+        .unwrap();
+    widgets
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut late = widget("late", 1);
+    late.metadata.owner_references = Some(vec![owner_ref(&owner, false)]);
+    widgets.create(&PostParams::default(), &late).await.unwrap();
+    assert!(
+        widgets.get_opt("late").await.unwrap().is_none(),
+        "collected like the real GC would"
+    );
+    let mut fixture = widget("fixture", 1);
+    let mut never = owner_ref(&owner, false);
+    never.uid = "00000000-0000-0000-0000-000000000000".into();
+    fixture.metadata.owner_references = Some(vec![never]);
+    widgets
+        .create(&PostParams::default(), &fixture)
+        .await
+        .unwrap();
+    assert!(
+        widgets.get_opt("fixture").await.unwrap().is_some(),
+        "unknown owner uids are left alone"
+    );
+}

@@ -85,7 +85,9 @@
 //!   without `timeoutSeconds` lives until the client disconnects (real: 30–60 min).
 //! - **Garbage collection is synchronous**: dependents are handled in the same request as
 //!   the owner's removal (the real GC is asynchronous, so tests see the end state at once).
-//!   Objects whose owners never existed are not collected (envtest has no GC at all).
+//!   An object written with only owners that were deleted before is collected at once (the
+//!   real GC would find them missing); owner uids that never existed are left alone, so
+//!   hand-written fixtures keep working (envtest has no GC at all).
 //!   Foreground deletion deletes dependents with foreground propagation too.
 //! - **Namespaces** need not exist for namespaced objects to be created unless
 //!   [`ApiServer::require_namespaces`] is on; deleting a namespace marks it `Terminating`,

@@ -247,6 +247,8 @@ struct Inner {
     validators: HashMap<GroupResource, Validator>,
     rng: u64,
     removed_uids: Vec<String>,
+    /// Every uid ever removed: a dependent written later with only such owners is garbage.
+    deleted_uids: std::collections::HashSet<String>,
     bookmark_interval: Duration,
     require_namespaces: bool,
 }
@@ -500,6 +502,7 @@ impl Inner {
                 None => new,
             };
             self.removed_uids.push(uid_of(&view));
+            self.deleted_uids.insert(uid_of(&view));
             self.emit(&gr, EventType::Deleted, view.clone(), prev, tx);
             return view;
         }
@@ -522,6 +525,13 @@ impl Inner {
         } else {
             EventType::Added
         };
+        // Owners that are already gone (e.g. a controller re-created a dependent just after
+        // its owner was deleted): let the collector look at this object, as the real GC does.
+        let gone: Vec<String> = owner_uids(&view)
+            .into_iter()
+            .filter(|u| self.deleted_uids.contains(u))
+            .collect();
+        self.removed_uids.extend(gone);
         self.emit(&gr, event, view.clone(), prev, tx);
         view
     }
@@ -539,6 +549,7 @@ impl Inner {
         meta_mut(&mut stored.obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let view = stored.view();
         self.removed_uids.push(uid_of(&view));
+        self.deleted_uids.insert(uid_of(&view));
         self.emit(&gr, EventType::Deleted, view.clone(), None, tx);
         Some(view)
     }
@@ -769,6 +780,7 @@ impl Store {
                 validators: HashMap::new(),
                 rng: seed,
                 removed_uids: Vec::new(),
+                deleted_uids: Default::default(),
                 bookmark_interval: Duration::from_secs(5),
                 require_namespaces: false,
             }),
@@ -1114,7 +1126,9 @@ impl Store {
         if opts.dry_run {
             return Ok(obj);
         }
-        Ok(g.write(kind, &key, obj, Some(managed), &self.tx))
+        let view = g.write(kind, &key, obj, Some(managed), &self.tx);
+        g.run_gc(&self.tx);
+        Ok(view)
     }
 
     /// The object after a write to `sub` of `old`, with system fields, status handling,
