@@ -96,6 +96,44 @@ async fn errors_carry_status_code_and_reason() {
         ),
         (404, "NotFound".into())
     );
+    let mut copied = api.get("w").await.unwrap();
+    copied.metadata.name = Some("copy".into());
+    assert_eq!(
+        code(
+            api.create(&PostParams::default(), &copied)
+                .await
+                .unwrap_err()
+        ),
+        (500, "InternalError".into()),
+        "creating an object that still carries a resourceVersion fails as on a real server"
+    );
+    copied.metadata.resource_version = None;
+    copied.metadata.uid = Some("stale".into());
+    api.create(&PostParams::default(), &copied)
+        .await
+        .expect("uid is reset on create");
+    let mut wrong_uid = api.get("w").await.unwrap();
+    wrong_uid.metadata.uid = Some("someone-else".into());
+    assert_eq!(
+        code(
+            api.replace("w", &PostParams::default(), &wrong_uid)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        409
+    );
+    let mut wrong_ns = api.get("w").await.unwrap();
+    wrong_ns.metadata.namespace = Some("elsewhere".into());
+    assert_eq!(
+        code(
+            api.replace("w", &PostParams::default(), &wrong_ns)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        400
+    );
 }
 
 #[tokio::test]

@@ -27,7 +27,9 @@
 //! - create (`generateName`, `uid`, `creationTimestamp`, `resourceVersion`, `generation: 1`),
 //!   get, list (label selectors, `metadata.name`/`metadata.namespace` field selectors,
 //!   `limit`/`continue`, the list's `resourceVersion`), replace with optimistic concurrency
-//!   (409 on a stale `resourceVersion`), delete (preconditions, propagation policies),
+//!   (409 on a stale `resourceVersion` or a different `uid`; a create that carries a
+//!   `resourceVersion` fails with 500 like the real storage layer), delete (preconditions,
+//!   propagation policies),
 //!   deletecollection. A write that changes nothing keeps the resourceVersion and emits no
 //!   event, as on a real server (controllers rely on it to avoid hot loops).
 //! - JSON merge patch, JSON patch (RFC 6902 incl. `test`; a `test` of `null` on a missing

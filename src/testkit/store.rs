@@ -1038,6 +1038,15 @@ impl Store {
         } else {
             m.remove("namespace");
         }
+        if m.get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|rv| !rv.is_empty())
+        {
+            // The real server's storage layer refuses this with a 500 as well.
+            return Err(ApiError::Internal(
+                "resourceVersion should not be set on objects to be created".into(),
+            ));
+        }
         for f in [
             "uid",
             "resourceVersion",
@@ -1303,7 +1312,28 @@ impl Store {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
+        if kind.namespaced
+            && let Some(body_ns) = meta(&body)["namespace"].as_str()
+            && !body_ns.is_empty()
+            && body_ns != ns
+        {
+            return Err(ApiError::BadRequest(
+                "the namespace of the provided object does not match the namespace sent on the request".into(),
+            ));
+        }
         let (old, _) = Self::stored_obj(&g, kind, &key)?;
+        if let Some(uid) = meta(&body)["uid"].as_str()
+            && !uid.is_empty()
+            && Some(uid) != meta(&old)["uid"].as_str()
+        {
+            return Err(ApiError::Conflict {
+                message: format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    kind.group_resource().qualified(),
+                    uid_of(&old)
+                ),
+            });
+        }
         match meta(&body)["resourceVersion"].as_str() {
             Some(rv) if !rv.is_empty() && Some(rv) != meta(&old)["resourceVersion"].as_str() => {
                 return Err(Self::conflict(kind, name));
