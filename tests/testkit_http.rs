@@ -180,3 +180,91 @@ async fn kubectl_get_proxmoxmachines() {
         .collect();
     assert_eq!(managers, ["kubectl"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_of_a_crd_registers_its_kind() {
+    let crd_path = std::path::Path::new(
+        "../shared/go-provider/crds/infrastructure.cluster.x-k8s.io_proxmoxclusters.yaml",
+    );
+    if !crd_path.is_file() {
+        println!("SKIPPED: {} not found", crd_path.display());
+        return;
+    }
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        println!("SKIPPED: kubectl not on PATH");
+        return;
+    }
+    let server = widget_server();
+    assert!(server.kinds().iter().all(|k| k.kind != "ProxmoxCluster"));
+    let http = server.serve_http().await.unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "capmox-testkit-crd-{}-{}.kubeconfig",
+        std::process::id(),
+        http.addr().port()
+    ));
+    http.write_kubeconfig(&path).unwrap();
+    let crd = crd_path.to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&path)
+            .args(["apply", "--server-side", "--validate=false", "-f"])
+            .arg(&crd)
+            .output()
+            .expect("kubectl runs");
+        let _ = std::fs::remove_file(&path);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(server.kinds().iter().any(|k| k.kind == "ProxmoxCluster"));
+    let crds = server.objects("crd").unwrap();
+    let established = crds[0]["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Established");
+    assert!(established, "{}", crds[0]["status"]);
+    let clusters = dynamic(
+        &server.client(),
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha2",
+        "ProxmoxCluster",
+        "proxmoxclusters",
+        Some("default"),
+    );
+    assert!(
+        clusters
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let crd_api = dynamic(
+        &server.client(),
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        None,
+    );
+    crd_api
+        .delete(
+            "proxmoxclusters.infrastructure.cluster.x-k8s.io",
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+    assert!(server.kinds().iter().all(|k| k.kind != "ProxmoxCluster"));
+}

@@ -23,7 +23,9 @@
 //!   [`ApiServer::register_crd_dir`], or the built-ins of [`ApiServer::register_builtin_kinds`]:
 //!   Secret, ConfigMap, ServiceAccount, Event in `v1` and `events.k8s.io/v1`, Namespace,
 //!   `coordination.k8s.io/v1` Lease), namespaced or cluster-scoped, at `/api/v1/...` and
-//!   `/apis/{group}/{version}/...`, for every served version.
+//!   `/apis/{group}/{version}/...`, for every served version. Creating a
+//!   `CustomResourceDefinition` through the API (e.g. `kubectl apply -f crds/`) registers its
+//!   kind and reports it `Established`; deleting it stops serving the kind.
 //! - create (`generateName`, `uid`, `creationTimestamp`, `resourceVersion`, `generation: 1`),
 //!   get, list (label selectors, `metadata.name`/`metadata.namespace` field selectors,
 //!   `limit`/`continue`, the list's `resourceVersion`), replace with optimistic concurrency
@@ -114,8 +116,9 @@
 //!   back to its own columns), aggregated discovery (kubectl falls back to the legacy
 //!   documents), OpenAPI documents (`/openapi/v2`, `/openapi/v3` return 404; kubectl only
 //!   needs them for `explain` and client-side validation, so use `--validate=false` with
-//!   `kubectl apply`), CustomResourceDefinition objects themselves (kinds are registered
-//!   through the Rust API, not by creating CRDs).
+//!   `kubectl apply`). Deleting a CustomResourceDefinition stops serving its kind but keeps
+//!   the stored objects (a real server deletes them); CRD validation is limited to what
+//!   registering needs (group, names, versions).
 
 mod error;
 mod kinds;
@@ -198,11 +201,32 @@ impl ApiServer {
     }
 
     /// Register every CustomResourceDefinition in a (multi-document) YAML string.
+    /// When the built-in kinds are registered, the CRD objects are stored too (so
+    /// `kubectl get crds` lists them).
     pub fn register_crd_yaml(&self, yaml: &str) -> Result<Vec<KindInfo>, TestkitError> {
-        let kinds = KindInfo::from_crd_yaml(yaml)?;
-        for k in &kinds {
+        let crd_kind = self
+            .store
+            .find_kind("customresourcedefinitions.apiextensions.k8s.io");
+        let opts = store::WriteOptions {
+            manager: "testkit".into(),
+            ..Default::default()
+        };
+        let mut kinds = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(yaml) {
+            let crd = <Value as serde::Deserialize>::deserialize(doc).map_err(KindError::from)?;
+            if crd.is_null() {
+                continue;
+            }
+            let k = KindInfo::from_crd(&crd)?;
             tracing::debug!(kind = %k.kind, group = %k.group, "testkit: registered CRD");
             self.store.register(k.clone());
+            if let Some(ck) = &crd_kind {
+                match self.store.create(ck, "", crd, &opts) {
+                    Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            kinds.push(k);
         }
         Ok(kinds)
     }

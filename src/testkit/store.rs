@@ -361,6 +361,39 @@ fn is_namespace_kind(kind: &KindInfo) -> bool {
     kind.group.is_empty() && kind.plural == "namespaces"
 }
 
+fn is_crd_kind(kind: &KindInfo) -> bool {
+    kind.group == "apiextensions.k8s.io" && kind.plural == "customresourcedefinitions"
+}
+
+/// For a CustomResourceDefinition being written: the kind it defines, with the status the
+/// real apiextensions controller would report (names accepted, established).
+fn crd_accept(kind: &KindInfo, obj: &mut Value) -> Result<Option<KindInfo>, ApiError> {
+    if !is_crd_kind(kind) {
+        return Ok(None);
+    }
+    let defined = KindInfo::from_crd(obj).map_err(|e| ApiError::Invalid {
+        message: format!(
+            "CustomResourceDefinition.apiextensions.k8s.io \"{}\" is invalid: {e}",
+            meta(obj)["name"].as_str().unwrap_or("")
+        ),
+    })?;
+    let established = obj["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "Established"));
+    let conditions = if established {
+        obj["status"]["conditions"].clone()
+    } else {
+        let cond = |t: &str| json!({"type": t, "status": "True", "reason": t, "message": "", "lastTransitionTime": now_rfc3339()});
+        json!([cond("NamesAccepted"), cond("Established")])
+    };
+    obj["status"] = json!({
+        "acceptedNames": obj["spec"]["names"],
+        "conditions": conditions,
+        "storedVersions": [defined.storage_version()],
+    });
+    Ok(Some(defined))
+}
+
 impl Inner {
     fn next_rand(&mut self) -> u64 {
         // splitmix64: enough randomness for names and uids, no dependency.
@@ -501,8 +534,7 @@ impl Inner {
                 }
                 None => new,
             };
-            self.removed_uids.push(uid_of(&view));
-            self.deleted_uids.insert(uid_of(&view));
+            self.forget(kind, &view);
             self.emit(&gr, EventType::Deleted, view.clone(), prev, tx);
             return view;
         }
@@ -536,6 +568,18 @@ impl Inner {
         view
     }
 
+    /// Bookkeeping for a removed object: garbage-collect its dependents, and stop serving the
+    /// kind a removed CustomResourceDefinition defined.
+    fn forget(&mut self, kind: &KindInfo, view: &Value) {
+        self.removed_uids.push(uid_of(view));
+        self.deleted_uids.insert(uid_of(view));
+        if is_crd_kind(kind)
+            && let Ok(defined) = KindInfo::from_crd(view)
+        {
+            self.kinds.remove(&defined.group_resource());
+        }
+    }
+
     /// Remove `key` now (no finalizers left), emitting DELETED.
     fn remove(
         &mut self,
@@ -548,8 +592,7 @@ impl Inner {
         self.rv += 1;
         meta_mut(&mut stored.obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let view = stored.view();
-        self.removed_uids.push(uid_of(&view));
-        self.deleted_uids.insert(uid_of(&view));
+        self.forget(kind, &view);
         self.emit(&gr, EventType::Deleted, view.clone(), None, tx);
         Some(view)
     }
@@ -1126,6 +1169,7 @@ impl Store {
             obj["status"] = json!({"phase": "Active"});
         }
         normalize_meta(&mut obj);
+        let defined = crd_accept(kind, &mut obj)?;
         g.validate(kind, &obj, None)?;
         let managed = managed.unwrap_or_else(|| {
             let mut mf = Vec::new();
@@ -1136,6 +1180,9 @@ impl Store {
             return Ok(obj);
         }
         let view = g.write(kind, &key, obj, Some(managed), &self.tx);
+        if let Some(k) = defined {
+            g.kinds.insert(k.group_resource(), Arc::new(k));
+        }
         g.run_gc(&self.tx);
         Ok(view)
     }
@@ -1239,11 +1286,12 @@ impl Store {
         g: &mut Inner,
         kind: &KindInfo,
         key: &Key,
-        new: Value,
+        mut new: Value,
         sub: Sub,
         opts: &WriteOptions,
         managed: Option<Vec<ManagedEntry>>,
     ) -> Result<Value, ApiError> {
+        let defined = crd_accept(kind, &mut new)?;
         let gr = kind.group_resource();
         let Some(stored) = g.objects.get(&gr).and_then(|m| m.get(key)) else {
             return Err(Self::not_found(kind, &key.1));
@@ -1272,6 +1320,11 @@ impl Store {
             return Ok(new);
         }
         let view = g.write(kind, key, new, Some(managed), &self.tx);
+        if let Some(k) = defined
+            && meta(&view).get("deletionTimestamp").is_none()
+        {
+            g.kinds.insert(k.group_resource(), Arc::new(k));
+        }
         g.run_gc(&self.tx);
         Ok(view)
     }
