@@ -318,3 +318,55 @@ async fn dry_run_does_not_persist() {
     assert!(api.get_opt("w").await.unwrap().is_none());
     assert_eq!(server.resource_version(), rv);
 }
+
+#[tokio::test]
+async fn lease_takeover_with_server_side_apply() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let server = widget_server();
+    let leases: Api<Lease> = Api::namespaced(server.client(), "kube-system");
+    let claim = |holder: &str| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "capmox"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}})
+    };
+    let a = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-a"),
+            &Patch::Apply(claim("pod-a")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.spec.unwrap().holder_identity.as_deref(), Some("pod-a"));
+    let err = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-b"),
+            &Patch::Apply(claim("pod-b")),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 409, "holderIdentity is owned by pod-a");
+    // Taking over with a stale resourceVersion fails; with the current one and force it works.
+    let mut stale = claim("pod-b");
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let err = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-b").force(),
+            &Patch::Apply(stale),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 409);
+    let mut current = claim("pod-b");
+    current["metadata"]["resourceVersion"] = json!(a.metadata.resource_version);
+    let b = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-b").force(),
+            &Patch::Apply(current),
+        )
+        .await
+        .unwrap();
+    assert_eq!(b.spec.unwrap().holder_identity.as_deref(), Some("pod-b"));
+}
