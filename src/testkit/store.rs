@@ -1482,12 +1482,26 @@ impl Store {
                 "an apply patch must be an object".into(),
             ));
         }
-        if let Some(k) = applied["kind"].as_str()
-            && k != kind.kind
-        {
+        // Unlike create and update, apply needs the type in the body, as on a real server.
+        let Some(k) = applied["kind"].as_str().filter(|k| !k.is_empty()) else {
+            return Err(ApiError::BadRequest(
+                "Object 'Kind' is missing in the apply patch".into(),
+            ));
+        };
+        if k != kind.kind {
             return Err(ApiError::BadRequest(format!(
                 "the kind in the data ({k}) does not match the expected kind ({})",
                 kind.kind
+            )));
+        }
+        let group_ok = applied["apiVersion"].as_str().is_some_and(|av| {
+            let group = av.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+            group == kind.group
+        });
+        if !group_ok {
+            return Err(ApiError::BadRequest(format!(
+                "apiVersion {} does not match the group {:?} of the URL",
+                applied["apiVersion"], kind.group
             )));
         }
         let (ns, name) = key;
