@@ -188,6 +188,23 @@ async fn server_side_apply_creates_tracks_managers_and_detects_conflicts() {
         .await
         .unwrap();
     assert_eq!((out.spec.size, out.spec.color), (2, None));
+    let untyped = json!({"metadata": {"name": "w"}, "spec": {"size": 3}});
+    let err = api
+        .patch("w", &PatchParams::apply("alice"), &Patch::Apply(&untyped))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 400, "apply needs apiVersion and kind");
+    let wrong_group =
+        json!({"apiVersion": "other.io/v1", "kind": "Widget", "metadata": {"name": "w"}});
+    let err = api
+        .patch(
+            "w",
+            &PatchParams::apply("alice"),
+            &Patch::Apply(&wrong_group),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 400);
 }
 
 #[tokio::test]
