@@ -244,3 +244,65 @@ async fn delay_fault_slows_the_next_write_then_performs_it() {
     assert!(before.elapsed() >= std::time::Duration::from_secs(2));
     assert!(api.get_opt("patient").await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn fault_hook_targets_single_requests() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    api.create(&PostParams::default(), &widget("a", 1))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &widget("b", 1))
+        .await
+        .unwrap();
+    server.set_fault_hook(|req| {
+        (req.verb == "patch" && req.subresource == Some("status") && req.name == Some("a"))
+            .then_some(FaultKind::InternalError)
+    });
+    let p = Patch::Merge(json!({"status": {"phase": "x"}}));
+    assert_eq!(
+        code(
+            api.patch_status("a", &PatchParams::default(), &p)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        500
+    );
+    assert_eq!(
+        code(
+            api.patch_status("a", &PatchParams::default(), &p)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        500
+    );
+    api.patch_status("b", &PatchParams::default(), &p)
+        .await
+        .expect("other objects unaffected");
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 2}})),
+    )
+    .await
+    .expect("main resource unaffected");
+    server.set_fault_hook(|req| (req.verb == "list").then_some(FaultKind::TooManyRequests));
+    assert_eq!(
+        code(api.list(&ListParams::default()).await.unwrap_err()).0,
+        429
+    );
+    server.clear_fault_hook();
+    assert_eq!(
+        api.list(&ListParams::default()).await.unwrap().items.len(),
+        2
+    );
+    assert_eq!(
+        server
+            .request_counts()
+            .resource_verb("widgets/status", "patch"),
+        3,
+        "failed requests are counted"
+    );
+}

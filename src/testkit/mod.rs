@@ -138,7 +138,7 @@ pub use error::ApiError;
 pub use kinds::{GroupResource, KindError, KindInfo};
 pub use router::ResponseBody;
 pub use service::{ApiService, HttpServer, ServeError};
-pub use store::{FaultKind, RequestCounts, ValidationInput, Validator};
+pub use store::{FaultHook, FaultKind, RequestCounts, RequestInfo, ValidationInput, Validator};
 
 use store::Store;
 
@@ -298,6 +298,21 @@ impl ApiServer {
         let k = self.kind(kind)?;
         self.store.fail_next_writes(k.group_resource(), n, fault);
         Ok(())
+    }
+
+    /// Decide per request (any verb, any kind) whether to inject a fault, e.g. fail only
+    /// status patches of one object; replaces any previous hook. Runs after the queued
+    /// faults of [`ApiServer::fail_next_writes`]; requests are counted either way.
+    pub fn set_fault_hook(
+        &self,
+        hook: impl Fn(&RequestInfo<'_>) -> Option<FaultKind> + Send + Sync + 'static,
+    ) {
+        self.store.set_fault_hook(Some(Arc::new(hook)));
+    }
+
+    /// Remove the per-request fault hook.
+    pub fn clear_fault_hook(&self) {
+        self.store.set_fault_hook(None);
     }
 
     /// Validate every create/update of a kind; `Err(msg)` becomes a 422 Invalid.

@@ -17,7 +17,10 @@ use tokio::sync::{broadcast, mpsc};
 use super::error::ApiError;
 use super::kinds::KindInfo;
 use super::selector::{FieldSelector, LabelSelector, Selectors};
-use super::store::{DeleteOptions, EventType, PatchKind, Store, Sub, WatchRecord, WriteOptions};
+use super::store::{
+    DeleteOptions, EventType, FaultKind, PatchKind, RequestInfo, Store, Sub, WatchRecord,
+    WriteOptions,
+};
 
 /// Response body: a complete buffer, or a stream of newline-delimited watch events.
 pub struct ResponseBody(BodyInner);
@@ -327,7 +330,19 @@ async fn resource(
         kind.group_resource().qualified(),
         if sub == Sub::Status { "/status" } else { "" }
     );
-    let count = |verb: &str| store.count(&counted, verb);
+    let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (method, name) {
+        (&Method::GET, _) if watching => "watch",
+        (&Method::GET, Some(_)) => "get",
+        (&Method::GET, None) => "list",
+        (&Method::POST, None) => "create",
+        (&Method::PUT, Some(_)) => "update",
+        (&Method::PATCH, Some(_)) => "patch",
+        (&Method::DELETE, Some(_)) => "delete",
+        (&Method::DELETE, None) => "deletecollection",
+        _ => return Err(ApiError::MethodNotAllowed),
+    };
+    store.count(&counted, verb);
     let opts = write_options(query, headers);
     let is_write = matches!(
         *method,
@@ -336,6 +351,26 @@ async fn resource(
     if is_write && let Some(d) = store.take_delay(&kind.group_resource()) {
         tracing::debug!(resource = %counted, delay = ?d, "testkit: delaying write (fault)");
         tokio::time::sleep(d).await;
+    }
+    if let Some(hook) = store.fault_hook() {
+        let info = RequestInfo {
+            verb,
+            group: &kind.group,
+            resource: &kind.plural,
+            subresource: (sub == Sub::Status).then_some("status"),
+            namespace: ns.as_deref(),
+            name,
+        };
+        match hook(&info) {
+            Some(FaultKind::Delay(d)) => tokio::time::sleep(d).await,
+            Some(fault) => {
+                if let Some(e) = fault.to_error(&kind.group_resource()) {
+                    tracing::debug!(resource = %counted, verb, error = %e, "testkit: fault hook");
+                    return Err(e);
+                }
+            }
+            None => {}
+        }
     }
     let respond = |code: StatusCode, mut obj: Value| {
         set_version(&mut obj, &kind, version);
@@ -346,7 +381,6 @@ async fn resource(
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
         {
             // Watch of one object by path (deprecated upstream, still served).
-            count("watch");
             let mut sel = selectors(query)?;
             sel.fields = FieldSelector::parse(&format!("metadata.name={name}"))?;
             watch(
@@ -360,7 +394,6 @@ async fn resource(
             )
         }
         (&Method::GET, Some(name)) => {
-            count("get");
             let obj = store.get(&kind, &ns_key, name)?;
             if wants_metadata(headers) {
                 return Ok(json_response(StatusCode::OK, &partial(&obj)));
@@ -376,7 +409,6 @@ async fn resource(
         (&Method::GET, None) => {
             let sel = selectors(query)?;
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                count("watch");
                 return watch(
                     store,
                     kind,
@@ -387,7 +419,6 @@ async fn resource(
                     wants_metadata(headers),
                 );
             }
-            count("list");
             let limit = query.get("limit").and_then(|l| l.parse().ok());
             let (mut items, rv, cont) = store.list(
                 &kind,
@@ -419,17 +450,14 @@ async fn resource(
             ))
         }
         (&Method::POST, None) => {
-            count("create");
             let obj = store.create(&kind, &ns_key, parse_body(&body)?, &opts)?;
             Ok(respond(StatusCode::CREATED, obj))
         }
         (&Method::PUT, Some(name)) => {
-            count("update");
             let obj = store.update(&kind, &ns_key, name, parse_body(&body)?, sub, &opts)?;
             Ok(respond(StatusCode::OK, obj))
         }
         (&Method::PATCH, Some(name)) => {
-            count("patch");
             let ct = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|c| c.to_str().ok())
@@ -455,7 +483,6 @@ async fn resource(
             Ok(respond(code, obj))
         }
         (&Method::DELETE, Some(name)) => {
-            count("delete");
             let dopts = delete_options(&body, query)?;
             let obj = store.delete(&kind, &ns_key, name, &dopts)?;
             if dopts.dry_run || store.get(&kind, &ns_key, name).is_ok() {
@@ -470,7 +497,6 @@ async fn resource(
             ))
         }
         (&Method::DELETE, None) => {
-            count("deletecollection");
             let dopts = delete_options(&body, query)?;
             let sel = selectors(query)?;
             let (items, rv, _) = store.list(&kind, ns.as_deref(), &sel, None, None)?;

@@ -47,7 +47,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// The error this fault answers with (`None` for a delay, which is not an error).
-    fn to_error(self, gr: &GroupResource) -> Option<ApiError> {
+    pub(crate) fn to_error(self, gr: &GroupResource) -> Option<ApiError> {
         Some(match self {
             FaultKind::Conflict => ApiError::Conflict {
                 message: format!(
@@ -68,6 +68,26 @@ impl FaultKind {
         })
     }
 }
+
+/// What a fault hook sees of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestInfo<'a> {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete` or `deletecollection`.
+    pub verb: &'a str,
+    /// API group (empty for core).
+    pub group: &'a str,
+    /// Plural resource name.
+    pub resource: &'a str,
+    /// `Some("status")` for the status subresource.
+    pub subresource: Option<&'a str>,
+    /// Namespace from the path, if any.
+    pub namespace: Option<&'a str>,
+    /// Object name from the path, if any.
+    pub name: Option<&'a str>,
+}
+
+/// Decides per request whether to inject a fault (`None`: serve normally).
+pub type FaultHook = Arc<dyn Fn(&RequestInfo<'_>) -> Option<FaultKind> + Send + Sync>;
 
 /// Kind of a watch event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +267,7 @@ struct Inner {
     validators: HashMap<GroupResource, Validator>,
     rng: u64,
     removed_uids: Vec<String>,
+    fault_hook: Option<FaultHook>,
     /// Every uid ever removed: a dependent written later with only such owners is garbage.
     deleted_uids: std::collections::HashSet<String>,
     bookmark_interval: Duration,
@@ -823,6 +844,7 @@ impl Store {
                 validators: HashMap::new(),
                 rng: seed,
                 removed_uids: Vec::new(),
+                fault_hook: None,
                 deleted_uids: Default::default(),
                 bookmark_interval: Duration::from_secs(5),
                 require_namespaces: false,
@@ -887,6 +909,16 @@ impl Store {
             .entry(gr)
             .or_default()
             .extend(std::iter::repeat_n(fault, n));
+    }
+
+    /// Install (or with `None` remove) the per-request fault hook.
+    pub fn set_fault_hook(&self, hook: Option<FaultHook>) {
+        self.lock().fault_hook = hook;
+    }
+
+    /// The per-request fault hook, if any.
+    pub fn fault_hook(&self) -> Option<FaultHook> {
+        self.lock().fault_hook.clone()
     }
 
     /// If the next queued fault of `gr` is a delay, take it.
