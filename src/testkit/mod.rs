@@ -53,7 +53,8 @@
 //!   watchers, and `Table` answers for kubectl (CRD printer columns, ages).
 //! - `Status` error bodies with the real `reason` and `code`.
 //! - Validation hooks per kind ([`ApiServer::set_validator`],
-//!   [`ApiServer::set_schema_validator`]), fault injection ([`ApiServer::fail_next_writes`],
+//!   [`ApiServer::set_schema_validator`]), fault injection ([`ApiServer::fail_next_writes`]
+//!   with 409/500/504/429 or a delay, [`ApiServer::set_fault_hook`] for any single request,
 //!   [`ApiServer::expire_watches`], [`ApiServer::compact`]), per-verb request counters
 //!   ([`ApiServer::request_counts`]) and direct reads for assertions ([`ApiServer::object`]).
 //! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`, with
