@@ -24,6 +24,13 @@ async fn kube_client_over_http_with_streaming_watch() {
     let http = server.serve_http().await.unwrap();
     assert!(http.addr().ip().is_loopback());
     let client = http_client(&http.kubeconfig()).await;
+    let health = client
+        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(health, "ok");
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.major, "1");
     let api: Api<Widget> = Api::namespaced(client, "default");
     api.create(&PostParams::default(), &widget("w", 1))
         .await

@@ -603,4 +603,81 @@ mod tests {
         assert_eq!(e.to_json()["fieldsV1"], json!({"f:spec": {"f:a": {}}}));
         assert_eq!(e.to_json()["operation"], "Apply");
     }
+
+    #[test]
+    fn finalizers_are_a_set_per_manager() {
+        let mut managed = Vec::new();
+        let cfg = |fins: Value| json!({"metadata": {"name": "x", "finalizers": fins}});
+        let live = server_side_apply(
+            &json!({}),
+            &cfg(json!(["a/x"])),
+            None,
+            &mut managed,
+            "a",
+            "",
+            false,
+        )
+        .unwrap();
+        let live = server_side_apply(
+            &live,
+            &cfg(json!(["b/y"])),
+            None,
+            &mut managed,
+            "b",
+            "",
+            false,
+        )
+        .unwrap();
+        assert_eq!(live["metadata"]["finalizers"], json!(["a/x", "b/y"]));
+        // "a" stops applying its finalizer: only that set item goes.
+        let live =
+            server_side_apply(&live, &cfg(json!([])), None, &mut managed, "a", "", false).unwrap();
+        assert_eq!(live["metadata"]["finalizers"], json!(["b/y"]));
+    }
+
+    #[test]
+    fn nested_list_maps_merge_by_key_at_every_level() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "zones": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["zone"],
+                "items": {"type": "object", "properties": {
+                    "nodes": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object"}}}}}}}}});
+        let mut managed = Vec::new();
+        let a = json!({"spec": {"zones": [{"zone": "z1", "nodes": [{"name": "n1", "w": 1}]}]}});
+        let b = json!({"spec": {"zones": [{"zone": "z1", "nodes": [{"name": "n2", "w": 2}]}, {"zone": "z2"}]}});
+        let live =
+            server_side_apply(&json!({}), &a, Some(&schema), &mut managed, "a", "", false).unwrap();
+        let live =
+            server_side_apply(&live, &b, Some(&schema), &mut managed, "b", "", false).unwrap();
+        assert_eq!(
+            live["spec"]["zones"],
+            json!([{"zone": "z1", "nodes": [{"name": "n1", "w": 1}, {"name": "n2", "w": 2}]}, {"zone": "z2"}])
+        );
+    }
+
+    #[test]
+    fn atomic_lists_conflict_as_a_whole() {
+        let mut managed = Vec::new();
+        let live = server_side_apply(
+            &json!({}),
+            &json!({"spec": {"l": [1, 2]}}),
+            None,
+            &mut managed,
+            "a",
+            "",
+            false,
+        )
+        .unwrap();
+        let err = server_side_apply(
+            &live,
+            &json!({"spec": {"l": [1, 2, 3]}}),
+            None,
+            &mut managed,
+            "b",
+            "",
+            false,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains(".spec.l"), "{err}");
+    }
 }

@@ -102,6 +102,14 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
                 &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-capmox-testkit", "platform": "linux/amd64"}),
             ))
         }
+        ["healthz" | "readyz" | "livez"] => {
+            let mut resp = Response::new(ResponseBody::full("ok"));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain"),
+            );
+            Ok(resp)
+        }
         ["api"] => {
             store.count("", "discovery");
             Ok(json_response(
