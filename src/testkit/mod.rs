@@ -329,6 +329,7 @@ impl ApiServer {
 
     /// Validate every create/update of a kind with access to the CRD schema of the object's
     /// version and the old object (for CEL transition rules); replaces any previous hook.
+    /// Validators run while the store is locked: they must not call back into the server.
     pub fn set_schema_validator(
         &self,
         kind: &str,
