@@ -267,6 +267,9 @@ struct Inner {
     validators: HashMap<GroupResource, Validator>,
     rng: u64,
     removed_uids: Vec<String>,
+    /// Deleting objects the collector must revisit (foreground/orphan finalizers,
+    /// terminating namespaces), so that ordinary writes skip the collector in O(1).
+    gc_waiting: BTreeSet<(GroupResource, Key)>,
     fault_hook: Option<FaultHook>,
     /// Every uid ever removed: a dependent written later with only such owners is garbage.
     deleted_uids: std::collections::HashSet<String>,
@@ -545,6 +548,17 @@ impl Inner {
         let rv = self.rv;
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
         let finalize = is_deleting(&new) && finalizers(&new).is_empty() && !is_namespace_kind(kind);
+        let waiting = !finalize
+            && is_deleting(&new)
+            && (is_namespace_kind(kind)
+                || finalizers(&new)
+                    .iter()
+                    .any(|f| f == "foregroundDeletion" || f == "orphan"));
+        if waiting {
+            self.gc_waiting.insert((gr.clone(), key.clone()));
+        } else {
+            self.gc_waiting.remove(&(gr.clone(), key.clone()));
+        }
         let objects = self.objects.entry(gr.clone()).or_default();
         let prev = objects.get(key).map(Stored::view);
         if finalize {
@@ -610,6 +624,7 @@ impl Inner {
     ) -> Option<Value> {
         let gr = kind.group_resource();
         let mut stored = self.objects.get_mut(&gr)?.remove(key)?;
+        self.gc_waiting.remove(&(gr.clone(), key.clone()));
         self.rv += 1;
         meta_mut(&mut stored.obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let view = stored.view();
@@ -682,16 +697,7 @@ impl Inner {
     fn run_gc(&mut self, tx: &broadcast::Sender<Arc<WatchRecord>>) {
         // Fast path without cloning anything: nothing was removed and nothing is waiting for
         // the collector (foreground/orphan finalizers, terminating namespaces).
-        let pending = self.objects.iter().any(|(gr, objs)| {
-            objs.values().any(|s| {
-                is_deleting(&s.obj)
-                    && (finalizers(&s.obj)
-                        .iter()
-                        .any(|f| f == "foregroundDeletion" || f == "orphan")
-                        || (gr.group.is_empty() && gr.resource == "namespaces"))
-            })
-        });
-        if self.removed_uids.is_empty() && !pending {
+        if self.removed_uids.is_empty() && self.gc_waiting.is_empty() {
             return;
         }
         for _round in 0..10_000 {
@@ -844,6 +850,7 @@ impl Store {
                 validators: HashMap::new(),
                 rng: seed,
                 removed_uids: Vec::new(),
+                gc_waiting: BTreeSet::new(),
                 fault_hook: None,
                 deleted_uids: Default::default(),
                 bookmark_interval: Duration::from_secs(5),
