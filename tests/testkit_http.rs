@@ -152,6 +152,8 @@ async fn kubectl_get_proxmoxmachines() {
         assert!(applied.0, "kubectl apply --server-side: {}", applied.2);
         let table = run(&path, &["get", "proxmoxmachines"]);
         let json = run(&path, &["get", "proxmoxmachine", "machine-a", "-o", "json"]);
+        let describe = run(&path, &["describe", "proxmoxmachine", "machine-a"]);
+        assert!(describe.0 && describe.1.contains("Events:"), "kubectl describe (event field selectors): {} {}", describe.1, describe.2);
         let _ = std::fs::remove_file(&path);
         (
             table.0 && json.0,

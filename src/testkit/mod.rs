@@ -111,7 +111,8 @@
 //! - **Not implemented**: authentication/authorization (everything is allowed),
 //!   admission webhooks, `gracePeriodSeconds` (deletion is immediate once finalizers are
 //!   gone), subresources other than `status` (`scale`, `eviction`, ...), field selectors
-//!   other than `metadata.name`/`metadata.namespace`, `selfLink`, protobuf (typed kubectl
+//!   on custom resources other than `metadata.name`/`metadata.namespace` (built-in kinds
+//!   accept any dotted path, more than a real server), `selfLink`, protobuf (typed kubectl
 //!   commands for built-in kinds such as `kubectl create secret` send protobuf and get 415;
 //!   `kubectl apply` sends JSON/YAML and works), Table watch events (`kubectl get -w` falls
 //!   back to its own columns), aggregated discovery (kubectl falls back to the legacy

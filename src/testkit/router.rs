@@ -249,10 +249,18 @@ fn set_version(obj: &mut Value, kind: &KindInfo, version: &str) {
     }
 }
 
-fn selectors(query: &HashMap<String, String>) -> Result<Selectors, ApiError> {
+/// Label and field selectors of a request; built-in kinds accept field selectors on any
+/// path (real built-ins support a per-kind list, e.g. Events' `involvedObject.*` that
+/// `kubectl describe` uses), custom resources only `metadata.name`/`metadata.namespace`.
+fn selectors(query: &HashMap<String, String>, kind: &KindInfo) -> Result<Selectors, ApiError> {
+    let fields = query.get("fieldSelector").map(String::as_str).unwrap_or("");
     Ok(Selectors {
         labels: LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?,
-        fields: FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""))?,
+        fields: if kind.custom {
+            FieldSelector::parse(fields)?
+        } else {
+            FieldSelector::parse_any_field(fields)?
+        },
     })
 }
 
@@ -389,7 +397,7 @@ async fn resource(
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
         {
             // Watch of one object by path (deprecated upstream, still served).
-            let mut sel = selectors(query)?;
+            let mut sel = selectors(query, &kind)?;
             sel.fields = FieldSelector::parse(&format!("metadata.name={name}"))?;
             watch(
                 store,
@@ -415,7 +423,7 @@ async fn resource(
             Ok(respond(StatusCode::OK, obj))
         }
         (&Method::GET, None) => {
-            let sel = selectors(query)?;
+            let sel = selectors(query, &kind)?;
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
                 return watch(
                     store,
@@ -506,7 +514,7 @@ async fn resource(
         }
         (&Method::DELETE, None) => {
             let dopts = delete_options(&body, query)?;
-            let sel = selectors(query)?;
+            let sel = selectors(query, &kind)?;
             let (items, rv, _) = store.list(&kind, ns.as_deref(), &sel, None, None)?;
             let mut out = Vec::new();
             for i in items {
