@@ -277,3 +277,25 @@ async fn kubectl_apply_of_a_crd_registers_its_kind() {
         .unwrap();
     assert!(server.kinds().iter().all(|k| k.kind != "ProxmoxCluster"));
 }
+
+#[tokio::test]
+async fn dropping_the_http_server_closes_open_watches() {
+    let server = widget_server();
+    let http = server.serve_http().await.unwrap();
+    let client = http_client(&http.kubeconfig()).await;
+    let api: Api<Widget> = Api::namespaced(client, "default");
+    let rv = server.resource_version().to_string();
+    let mut s = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    drop(http);
+    let end = tokio::time::timeout(WAIT, s.next())
+        .await
+        .expect("the watch ends when the server goes");
+    assert!(
+        !matches!(end, Some(Ok(_))),
+        "no event after shutdown: {end:?}"
+    );
+}
