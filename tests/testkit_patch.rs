@@ -158,6 +158,9 @@ async fn server_side_apply_creates_tracks_managers_and_detects_conflicts() {
     let mf = out.metadata.managed_fields.clone().unwrap();
     assert_eq!(mf[0].manager.as_deref(), Some("alice"));
     assert_eq!(mf[0].operation.as_deref(), Some("Apply"));
+    assert!(mf[0].time.is_some());
+    assert_eq!(mf[0].api_version.as_deref(), Some("example.com/v1"));
+    assert_eq!(mf[0].fields_type.as_deref(), Some("FieldsV1"));
 
     let bob = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 2}});
     let err = api

@@ -76,6 +76,10 @@ pub struct ManagedEntry {
     pub subresource: String,
     /// Owned leaf and list-item paths.
     pub fields: BTreeSet<FieldPath>,
+    /// `apiVersion` of the last write that changed this entry (empty until stamped).
+    pub api_version: String,
+    /// RFC 3339 time of the last write that changed this entry (empty until stamped).
+    pub time: String,
 }
 
 impl ManagedEntry {
@@ -109,7 +113,38 @@ impl ManagedEntry {
         if !self.subresource.is_empty() {
             e["subresource"] = json!(self.subresource);
         }
+        if !self.api_version.is_empty() {
+            e["apiVersion"] = json!(self.api_version);
+        }
+        if !self.time.is_empty() {
+            e["time"] = json!(self.time);
+        }
         e
+    }
+}
+
+/// Set `time` and `apiVersion` on the entries this write changed (those that differ from
+/// `previous`); unchanged entries keep their stamps.
+pub fn stamp(
+    managed: &mut [ManagedEntry],
+    previous: &[ManagedEntry],
+    api_version: &str,
+    now: &str,
+) {
+    for e in managed.iter_mut() {
+        let before = previous.iter().find(|p| {
+            p.manager == e.manager && p.apply == e.apply && p.subresource == e.subresource
+        });
+        match before {
+            Some(p) if p.fields == e.fields => {
+                e.time = p.time.clone();
+                e.api_version = p.api_version.clone();
+            }
+            _ => {
+                e.time = now.to_string();
+                e.api_version = api_version.to_string();
+            }
+        }
     }
 }
 
@@ -433,6 +468,8 @@ pub fn server_side_apply(
             apply: true,
             subresource: subresource.to_string(),
             fields: new_paths,
+            api_version: String::new(),
+            time: String::new(),
         }),
     }
     managed.retain(|e| !e.fields.is_empty());
@@ -471,6 +508,8 @@ pub fn record_update(
             apply: false,
             subresource: subresource.to_string(),
             fields: changed,
+            api_version: String::new(),
+            time: String::new(),
         }),
     }
     managed.retain(|e| !e.fields.is_empty());
@@ -599,9 +638,25 @@ mod tests {
             apply: true,
             subresource: "status".into(),
             fields: collect_paths(&json!({"spec": {"a": 1}}), None),
+            api_version: String::new(),
+            time: String::new(),
         };
         assert_eq!(e.to_json()["fieldsV1"], json!({"f:spec": {"f:a": {}}}));
         assert_eq!(e.to_json()["operation"], "Apply");
+        let mut stamped = vec![e.clone()];
+        stamp(&mut stamped, &[], "example.com/v1", "2026-01-01T00:00:00Z");
+        assert_eq!(stamped[0].to_json()["time"], "2026-01-01T00:00:00Z");
+        let mut again = vec![e];
+        stamp(
+            &mut again,
+            &stamped,
+            "example.com/v2",
+            "2027-01-01T00:00:00Z",
+        );
+        assert_eq!(
+            again[0].api_version, "example.com/v1",
+            "unchanged entries keep their stamp"
+        );
     }
 
     #[test]

@@ -1210,11 +1210,13 @@ impl Store {
         normalize_meta(&mut obj);
         let defined = crd_accept(kind, &mut obj)?;
         g.validate(kind, &obj, None)?;
-        let managed = managed.unwrap_or_else(|| {
+        let mut managed = managed.unwrap_or_else(|| {
             let mut mf = Vec::new();
             patch::record_update(&json!({}), &obj, kind.schema(), &mut mf, &opts.manager, "");
             mf
         });
+        let api_version = obj["apiVersion"].as_str().unwrap_or("").to_string();
+        patch::stamp(&mut managed, &[], &api_version, &now_rfc3339());
         if opts.dry_run {
             return Ok(obj);
         }
@@ -1336,7 +1338,8 @@ impl Store {
             return Err(Self::not_found(kind, &key.1));
         };
         let old_obj = stored.obj.clone();
-        let managed = managed.unwrap_or_else(|| {
+        let previous = stored.managed.clone();
+        let mut managed = managed.unwrap_or_else(|| {
             let mut mf = stored.managed.clone();
             patch::record_update(
                 &stored.obj,
@@ -1348,6 +1351,8 @@ impl Store {
             );
             mf
         });
+        let api_version = new["apiVersion"].as_str().unwrap_or("").to_string();
+        patch::stamp(&mut managed, &previous, &api_version, &now_rfc3339());
         if new == stored.obj
             && let Some(s) = g.objects.get_mut(&gr).and_then(|m| m.get_mut(key))
         {
