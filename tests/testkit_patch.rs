@@ -175,6 +175,10 @@ async fn server_side_apply_creates_tracks_managers_and_detects_conflicts() {
                 "{}",
                 s.message
             );
+            let causes = s.details.expect("conflict details").causes;
+            assert_eq!(causes.len(), 1);
+            assert_eq!(causes[0].reason, "FieldManagerConflict");
+            assert_eq!(causes[0].field, ".spec.size");
         }
         other => panic!("{other:?}"),
     }

@@ -73,8 +73,7 @@
 //!   (lists are replaced, not merged by patch-merge-key); CRDs get 415 as on a real server.
 //! - **Server-side apply is simplified**: ownership is tracked per leaf path, list-map item
 //!   and set item; conflicts are only detected on exactly equal paths (not between a parent
-//!   owned atomically and a child); conflict errors carry the fields in the message but no
-//!   `details.causes`; `managedFields` are rendered in the FieldsV1 form (`apiVersion` is
+//!   owned atomically and a child); `managedFields` are rendered in the FieldsV1 form (`apiVersion` is
 //!   the stored object's), and `managedFields` sent by clients are ignored. Without a schema
 //!   every list is atomic (ObjectMeta's `finalizers` is a set and `ownerReferences` a map by
 //!   `uid` for every kind). A `null` in an applied configuration removes the field. The

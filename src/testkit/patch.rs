@@ -427,12 +427,16 @@ pub fn server_side_apply(
                 .iter()
                 .map(|(m, p)| format!("conflict with \"{m}\": {}", path_string(p)))
                 .collect();
-            return Err(ApiError::Conflict {
+            return Err(ApiError::ApplyConflict {
                 message: format!(
                     "Apply failed with {n} conflict{}: {}",
                     if n == 1 { "" } else { "s" },
                     list.join("; ")
                 ),
+                causes: conflicts
+                    .iter()
+                    .map(|(m, p)| (format!("conflict with \"{m}\""), path_string(p)))
+                    .collect(),
             });
         }
         for e in managed.iter_mut().filter(|e| !is_me(e)) {
