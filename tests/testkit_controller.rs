@@ -137,6 +137,15 @@ async fn controller_adds_and_removes_its_finalizer() {
         .await
         .unwrap();
     wait_for(&api, "w", ready_with_finalizer).await;
+    // The same wait through the server's own helper, on the raw object.
+    let ready = server
+        .wait_for("widgets", "default", "w", WAIT, |o| {
+            o.is_some_and(|o| o["status"]["phase"] == "Ready")
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ready["metadata"]["finalizers"], json!([FINALIZER]));
 
     let events: Api<K8sEvent> = Api::namespaced(server.client(), "default");
     let published = events.list(&ListParams::default()).await.unwrap();
@@ -149,6 +158,10 @@ async fn controller_adds_and_removes_its_finalizer() {
 
     api.delete("w", &DeleteParams::default()).await.unwrap();
     wait_for(&api, "w", |w| w.is_none()).await;
+    server
+        .wait_for("widgets", "default", "w", WAIT, |o| o.is_none())
+        .await
+        .unwrap();
     assert_eq!(ctx.cleanups.load(Ordering::SeqCst), 1);
     assert_eq!(ctx.errors.load(Ordering::SeqCst), 0);
 }

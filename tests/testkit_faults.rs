@@ -306,3 +306,45 @@ async fn fault_hook_targets_single_requests() {
         "failed requests are counted"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn wait_for_times_out_with_the_last_state() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    api.create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    let err = server
+        .wait_for(
+            "widgets",
+            "default",
+            "w",
+            std::time::Duration::from_secs(3),
+            |o| o.is_some_and(|o| o["spec"]["size"] == 2),
+        )
+        .await
+        .unwrap_err();
+    match err {
+        TestkitError::Timeout { last, .. } => assert_eq!(last["spec"]["size"], 1),
+        other => panic!("{other:?}"),
+    }
+    let waiter = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server
+                .wait_for("widgets", "default", "w", WAIT, |o| {
+                    o.is_some_and(|o| o["spec"]["size"] == 2)
+                })
+                .await
+        })
+    };
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 2}})),
+    )
+    .await
+    .unwrap();
+    let found = waiter.await.unwrap().unwrap().unwrap();
+    assert_eq!(found["spec"]["size"], 2);
+}

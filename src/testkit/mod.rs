@@ -56,7 +56,8 @@
 //!   [`ApiServer::set_schema_validator`]), fault injection ([`ApiServer::fail_next_writes`]
 //!   with 409/500/504/429 or a delay, [`ApiServer::set_fault_hook`] for any single request,
 //!   [`ApiServer::expire_watches`], [`ApiServer::compact`]), per-verb request counters
-//!   ([`ApiServer::request_counts`]) and direct reads for assertions ([`ApiServer::object`]).
+//!   ([`ApiServer::request_counts`]), direct reads for assertions ([`ApiServer::object`]),
+//!   event-driven waiting ([`ApiServer::wait_for`]) and fixtures ([`ApiServer::create_yaml`]).
 //! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`, with
 //!   preferred versions by Kubernetes version priority), so kube's `Discovery` and
 //!   `kubectl get`/`apply --server-side` work against [`ApiServer::serve_http`].
@@ -155,6 +156,16 @@ pub enum TestkitError {
     /// A name given to a helper does not match any registered kind.
     #[error("no registered kind matches {0:?}")]
     UnknownKind(String),
+    /// [`ApiServer::wait_for`] ran out of time; carries the last state seen.
+    #[error("timed out after {timeout:?} waiting for {what}; last state: {last}")]
+    Timeout {
+        /// What was awaited (`kind namespace/name`).
+        what: String,
+        /// The timeout.
+        timeout: Duration,
+        /// The last state seen (`null` when absent).
+        last: Value,
+    },
     /// A manifest given to [`ApiServer::create_yaml`] did not parse.
     #[error("invalid manifest YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),
@@ -404,6 +415,62 @@ impl ApiServer {
     pub fn objects(&self, kind: &str) -> Result<Vec<Value>, TestkitError> {
         let k = self.kind(kind)?;
         Ok(self.store.peek_all(&k.group_resource()))
+    }
+
+    /// Wait until one object satisfies `pred` (called with `None` while it does not exist),
+    /// driven by the server's change feed rather than polling or sleeps; returns the
+    /// matching state. `namespace` is `""` for cluster-scoped kinds.
+    pub async fn wait_for(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+        pred: impl Fn(Option<&Value>) -> bool,
+    ) -> Result<Option<Value>, TestkitError> {
+        let k = self.kind(kind)?;
+        let gr = k.group_resource();
+        let (mut current, mut rx) = self.store.observe(&gr, namespace, name);
+        let wait = async {
+            loop {
+                if pred(current.as_ref()) {
+                    return Ok(current.clone());
+                }
+                match rx.recv().await {
+                    Ok(rec) => {
+                        let m = &rec.object["metadata"];
+                        if rec.gr == gr
+                            && m["name"] == name
+                            && m["namespace"].as_str().unwrap_or("") == namespace
+                        {
+                            current = match rec.event {
+                                store::EventType::Deleted => None,
+                                _ => Some(rec.object.clone()),
+                            };
+                        }
+                    }
+                    // Missed events: re-read the state and keep waiting.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        let (now, fresh) = self.store.observe(&gr, namespace, name);
+                        current = now;
+                        rx = fresh;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Err(current.clone());
+                    }
+                }
+            }
+        };
+        let last = match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(found)) => return Ok(found),
+            Ok(Err(last)) => last,
+            Err(_) => self.store.peek(&gr, namespace, name),
+        };
+        Err(TestkitError::Timeout {
+            what: format!("{} {namespace}/{name}", k.kind),
+            timeout,
+            last: last.unwrap_or(Value::Null),
+        })
     }
 
     /// Create every object of a (multi-document) YAML manifest, synchronously, as field

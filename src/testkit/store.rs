@@ -1728,6 +1728,24 @@ impl Store {
             .map(Stored::view)
     }
 
+    /// The current state of one object and a subscription to later changes, taken
+    /// atomically (for waiting on a condition without missing an event).
+    pub fn observe(
+        &self,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+    ) -> (Option<Value>, broadcast::Receiver<Arc<WatchRecord>>) {
+        let g = self.lock();
+        let rx = self.tx.subscribe();
+        let current = g
+            .objects
+            .get(gr)
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .map(Stored::view);
+        (current, rx)
+    }
+
     /// All objects of a resource (for test assertions).
     pub fn peek_all(&self, gr: &GroupResource) -> Vec<Value> {
         self.lock()
