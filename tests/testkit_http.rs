@@ -260,6 +260,10 @@ async fn kubectl_apply_of_a_crd_registers_its_kind() {
             .items
             .is_empty()
     );
+    server
+        .create_yaml("apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2\nkind: ProxmoxCluster\nmetadata: {name: pc}\nspec: {}\n")
+        .unwrap();
+    assert_eq!(server.objects("proxmoxclusters").unwrap().len(), 1);
     let crd_api = dynamic(
         &server.client(),
         "apiextensions.k8s.io",
@@ -276,6 +280,15 @@ async fn kubectl_apply_of_a_crd_registers_its_kind() {
         .await
         .unwrap();
     assert!(server.kinds().iter().all(|k| k.kind != "ProxmoxCluster"));
+    assert!(
+        server.objects("proxmoxclusters").is_err(),
+        "kind no longer served"
+    );
+    server.register_crd_file(crd_path).unwrap();
+    assert!(
+        server.objects("proxmoxclusters").unwrap().is_empty(),
+        "custom resources went with their CRD"
+    );
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@
 //!   `coordination.k8s.io/v1` Lease), namespaced or cluster-scoped, at `/api/v1/...` and
 //!   `/apis/{group}/{version}/...`, for every served version. Creating a
 //!   `CustomResourceDefinition` through the API (e.g. `kubectl apply -f crds/`) registers its
-//!   kind and reports it `Established`; deleting it stops serving the kind.
+//!   kind and reports it `Established`; deleting it removes its objects and the kind.
 //! - create (`generateName`, `uid`, `creationTimestamp`, `resourceVersion`, `generation: 1`),
 //!   get, list (label selectors, `metadata.name`/`metadata.namespace` field selectors,
 //!   `limit`/`continue`, the list's `resourceVersion`), replace with optimistic concurrency
@@ -118,9 +118,10 @@
 //!   back to its own columns), aggregated discovery (kubectl falls back to the legacy
 //!   documents), OpenAPI documents (`/openapi/v2`, `/openapi/v3` return 404; kubectl only
 //!   needs them for `explain` and client-side validation, so use `--validate=false` with
-//!   `kubectl apply`). Deleting a CustomResourceDefinition stops serving its kind but keeps
-//!   the stored objects (a real server deletes them); CRD validation is limited to what
-//!   registering needs (group, names, versions).
+//!   `kubectl apply`). Deleting a CustomResourceDefinition removes its custom resources at
+//!   once, ignoring their finalizers (a real server deletes them one by one, honouring
+//!   finalizers); CRD validation is limited to what registering needs (group, names,
+//!   versions).
 
 mod error;
 mod kinds;

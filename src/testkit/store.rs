@@ -569,7 +569,7 @@ impl Inner {
                 }
                 None => new,
             };
-            self.forget(kind, &view);
+            self.forget(kind, &view, tx);
             self.emit(&gr, EventType::Deleted, view.clone(), prev, tx);
             return view;
         }
@@ -605,12 +605,22 @@ impl Inner {
 
     /// Bookkeeping for a removed object: garbage-collect its dependents, and stop serving the
     /// kind a removed CustomResourceDefinition defined.
-    fn forget(&mut self, kind: &KindInfo, view: &Value) {
+    fn forget(&mut self, kind: &KindInfo, view: &Value, tx: &broadcast::Sender<Arc<WatchRecord>>) {
         self.removed_uids.push(uid_of(view));
         self.deleted_uids.insert(uid_of(view));
         if is_crd_kind(kind)
             && let Ok(defined) = KindInfo::from_crd(view)
         {
+            // Like the apiextensions cleanup finalizer: the custom resources go with the CRD
+            // (removed at once, their own finalizers notwithstanding).
+            let keys: Vec<Key> = self
+                .objects
+                .get(&defined.group_resource())
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            for key in keys {
+                self.remove(&defined, &key, tx);
+            }
             self.kinds.remove(&defined.group_resource());
         }
     }
@@ -628,7 +638,7 @@ impl Inner {
         self.rv += 1;
         meta_mut(&mut stored.obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let view = stored.view();
-        self.forget(kind, &view);
+        self.forget(kind, &view, tx);
         self.emit(&gr, EventType::Deleted, view.clone(), None, tx);
         Some(view)
     }
