@@ -137,6 +137,15 @@ async fn controller_adds_and_removes_its_finalizer() {
         .await
         .unwrap();
     wait_for(&api, "w", ready_with_finalizer).await;
+    // The same wait through the server's own helper, on the raw object.
+    let ready = server
+        .wait_for("widgets", "default", "w", WAIT, |o| {
+            o.is_some_and(|o| o["status"]["phase"] == "Ready")
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ready["metadata"]["finalizers"], json!([FINALIZER]));
 
     let events: Api<K8sEvent> = Api::namespaced(server.client(), "default");
     let published = events.list(&ListParams::default()).await.unwrap();
@@ -149,6 +158,10 @@ async fn controller_adds_and_removes_its_finalizer() {
 
     api.delete("w", &DeleteParams::default()).await.unwrap();
     wait_for(&api, "w", |w| w.is_none()).await;
+    server
+        .wait_for("widgets", "default", "w", WAIT, |o| o.is_none())
+        .await
+        .unwrap();
     assert_eq!(ctx.cleanups.load(Ordering::SeqCst), 1);
     assert_eq!(ctx.errors.load(Ordering::SeqCst), 0);
 }
@@ -179,4 +192,110 @@ async fn controller_recovers_from_injected_write_faults() {
         patches >= 4,
         "3 failed finalizer patches, then a successful one ({patches})"
     );
+}
+
+/// A controller that owns a Secret per Widget and re-creates it when it is deleted.
+async fn reconcile_owner(w: Arc<Widget>, client: Arc<kube::Client>) -> Result<Action, kube::Error> {
+    let ns = w.namespace().unwrap_or_default();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced((*client).clone(), &ns);
+    let oref = w
+        .controller_owner_ref(&())
+        .expect("widgets from the API have name and uid");
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{}-data", w.name_any()), "ownerReferences": [oref]},
+        "stringData": {"size": w.spec.size.to_string()}
+    });
+    secrets
+        .patch(
+            &format!("{}-data", w.name_any()),
+            &PatchParams::apply("owner-ctrl").force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(Action::await_change())
+}
+
+fn owner_error_policy(_w: Arc<Widget>, _e: &kube::Error, _c: Arc<kube::Client>) -> Action {
+    Action::requeue(Duration::from_millis(10))
+}
+
+async fn next_secret<T: std::fmt::Debug, S: futures::Stream<Item = kube::Result<T>> + Unpin>(
+    s: &mut S,
+) -> T {
+    match tokio::time::timeout(WAIT, s.next())
+        .await
+        .expect("secret event in time")
+    {
+        Some(Ok(ev)) => ev,
+        other => panic!("unexpected watch item {other:?}"),
+    }
+}
+
+async fn run_owner_controller_scenario(controller_client: kube::Client, server: &ApiServer) {
+    let widgets: Api<Widget> = Api::all(controller_client.clone());
+    let secrets_all: Api<k8s_openapi::api::core::v1::Secret> = Api::all(controller_client.clone());
+    let ctx = Arc::new(controller_client);
+    let handle = tokio::spawn(async move {
+        Controller::new(widgets, watcher::Config::default())
+            .owns(secrets_all, watcher::Config::default())
+            .run(reconcile_owner, owner_error_policy, ctx)
+            .for_each(|_| async {})
+            .await;
+    });
+    let client = server.client();
+    let api: Api<Widget> = Api::namespaced(client.clone(), "default");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    let mut events = secrets
+        .watch(&kube::api::WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    assert!(matches!(
+        next_secret(&mut events).await,
+        kube::api::WatchEvent::Added(_)
+    ));
+    // Deleting the owned secret wakes the owner's reconcile, which re-creates it.
+    secrets
+        .delete("w-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_secret(&mut events).await,
+        kube::api::WatchEvent::Deleted(_)
+    ));
+    assert!(matches!(
+        next_secret(&mut events).await,
+        kube::api::WatchEvent::Added(_)
+    ));
+    // Deleting the owner garbage-collects the secret.
+    api.delete("w", &DeleteParams::default()).await.unwrap();
+    assert!(matches!(
+        next_secret(&mut events).await,
+        kube::api::WatchEvent::Deleted(_)
+    ));
+    assert!(secrets.get_opt("w-data").await.unwrap().is_none());
+    handle.abort();
+}
+
+#[tokio::test]
+async fn controller_owns_secrets_in_process() {
+    let server = widget_server();
+    run_owner_controller_scenario(server.client(), &server).await;
+}
+
+#[tokio::test]
+async fn controller_owns_secrets_over_http() {
+    let server = widget_server();
+    let http = server.serve_http().await.unwrap();
+    let kc = kube::config::Kubeconfig::from_yaml(&http.kubeconfig()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(cfg).unwrap();
+    run_owner_controller_scenario(client, &server).await;
 }

@@ -96,6 +96,44 @@ async fn errors_carry_status_code_and_reason() {
         ),
         (404, "NotFound".into())
     );
+    let mut copied = api.get("w").await.unwrap();
+    copied.metadata.name = Some("copy".into());
+    assert_eq!(
+        code(
+            api.create(&PostParams::default(), &copied)
+                .await
+                .unwrap_err()
+        ),
+        (500, "InternalError".into()),
+        "creating an object that still carries a resourceVersion fails as on a real server"
+    );
+    copied.metadata.resource_version = None;
+    copied.metadata.uid = Some("stale".into());
+    api.create(&PostParams::default(), &copied)
+        .await
+        .expect("uid is reset on create");
+    let mut wrong_uid = api.get("w").await.unwrap();
+    wrong_uid.metadata.uid = Some("someone-else".into());
+    assert_eq!(
+        code(
+            api.replace("w", &PostParams::default(), &wrong_uid)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        409
+    );
+    let mut wrong_ns = api.get("w").await.unwrap();
+    wrong_ns.metadata.namespace = Some("elsewhere".into());
+    assert_eq!(
+        code(
+            api.replace("w", &PostParams::default(), &wrong_ns)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        400
+    );
 }
 
 #[tokio::test]
@@ -386,7 +424,17 @@ async fn delete_without_finalizers_removes_immediately() {
     };
     assert_eq!(code(api.delete("w", &wrong_uid).await.unwrap_err()).0, 409);
     let res = api.delete("w", &DeleteParams::default()).await.unwrap();
-    assert!(res.is_left(), "the deleted object is returned");
+    let status = res
+        .right()
+        .expect("an immediately deleted object answers with a Status");
+    assert_eq!(
+        status.status,
+        Some(kube::core::response::StatusSummary::Success)
+    );
+    assert_eq!(
+        status.details.unwrap().uid,
+        created.metadata.uid.clone().unwrap()
+    );
     assert!(api.get_opt("w").await.unwrap().is_none());
     let _ = created;
 }
@@ -447,5 +495,84 @@ async fn shared_crds_register_and_serve() {
             .unwrap()
             .items
             .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_read_modify_write_loses_no_update() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    api.create(&PostParams::default(), &widget("counter", 0))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let api = api.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conflicts = 0u32;
+            for _ in 0..10 {
+                loop {
+                    let mut w = api.get("counter").await.unwrap();
+                    w.spec.size += 1;
+                    match api.replace("counter", &PostParams::default(), &w).await {
+                        Ok(_) => break,
+                        Err(kube::Error::Api(s)) if s.code == 409 => conflicts += 1,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }
+            conflicts
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(api.get("counter").await.unwrap().spec.size, 80);
+}
+
+#[tokio::test]
+async fn create_yaml_seeds_objects_with_status() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let created = server
+        .create_yaml(
+            r#"
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata: {name: c1}
+spec: {}
+status:
+  initialization: {infrastructureProvisioned: true}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: s1, namespace: capmox-system}
+stringData: {token: x}
+"#,
+        )
+        .unwrap();
+    assert_eq!(created.len(), 2);
+    let clusters = dynamic(
+        &server.client(),
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "Cluster",
+        "clusters",
+        Some("default"),
+    );
+    let c = clusters.get("c1").await.unwrap();
+    assert_eq!(
+        c.data["status"]["initialization"]["infrastructureProvisioned"],
+        true
+    );
+    let secrets: Api<Secret> = Api::namespaced(server.client(), "capmox-system");
+    assert!(secrets.get_opt("s1").await.unwrap().is_some());
+    let err = server
+        .create_yaml("apiVersion: example.com/v9\nkind: Nope\nmetadata: {name: x}\n")
+        .unwrap_err();
+    assert!(
+        matches!(err, capmox::testkit::TestkitError::UnknownKind(_)),
+        "{err}"
     );
 }

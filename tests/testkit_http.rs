@@ -24,6 +24,13 @@ async fn kube_client_over_http_with_streaming_watch() {
     let http = server.serve_http().await.unwrap();
     assert!(http.addr().ip().is_loopback());
     let client = http_client(&http.kubeconfig()).await;
+    let health = client
+        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(health, "ok");
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.major, "1");
     let api: Api<Widget> = Api::namespaced(client, "default");
     api.create(&PostParams::default(), &widget("w", 1))
         .await
@@ -136,8 +143,17 @@ async fn kubectl_get_proxmoxmachines() {
         )
     };
     let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        let manifest = path.with_extension("yaml");
+        let yaml = "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2\nkind: ProxmoxMachine\nmetadata:\n  name: machine-b\n  namespace: default\nspec:\n  sourceNode: pve2\n";
+        std::fs::write(&manifest, yaml).expect("temp dir is writable");
+        let manifest_arg = manifest.to_string_lossy().to_string();
+        let applied = run(&path, &["apply", "--server-side", "--validate=false", "-f", &manifest_arg]);
+        let _ = std::fs::remove_file(&manifest);
+        assert!(applied.0, "kubectl apply --server-side: {}", applied.2);
         let table = run(&path, &["get", "proxmoxmachines"]);
         let json = run(&path, &["get", "proxmoxmachine", "machine-a", "-o", "json"]);
+        let describe = run(&path, &["describe", "proxmoxmachine", "machine-a"]);
+        assert!(describe.0 && describe.1.contains("Events:"), "kubectl describe (event field selectors): {} {}", describe.1, describe.2);
         let _ = std::fs::remove_file(&path);
         (
             table.0 && json.0,
@@ -162,4 +178,137 @@ async fn kubectl_get_proxmoxmachines() {
         "cluster column: {stdout}"
     );
     assert!(stdout.contains("\"sourceNode\": \"pve1\""), "{stdout}");
+    let b = pm.get("machine-b").await.expect("applied by kubectl");
+    assert_eq!(b.data["spec"]["sourceNode"], "pve2");
+    let managers: Vec<_> = b
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, ["kubectl"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_of_a_crd_registers_its_kind() {
+    let crd_path = std::path::Path::new(
+        "../shared/go-provider/crds/infrastructure.cluster.x-k8s.io_proxmoxclusters.yaml",
+    );
+    if !crd_path.is_file() {
+        println!("SKIPPED: {} not found", crd_path.display());
+        return;
+    }
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        println!("SKIPPED: kubectl not on PATH");
+        return;
+    }
+    let server = widget_server();
+    assert!(server.kinds().iter().all(|k| k.kind != "ProxmoxCluster"));
+    let http = server.serve_http().await.unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "capmox-testkit-crd-{}-{}.kubeconfig",
+        std::process::id(),
+        http.addr().port()
+    ));
+    http.write_kubeconfig(&path).unwrap();
+    let crd = crd_path.to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&path)
+            .args(["apply", "--server-side", "--validate=false", "-f"])
+            .arg(&crd)
+            .output()
+            .expect("kubectl runs");
+        let _ = std::fs::remove_file(&path);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(server.kinds().iter().any(|k| k.kind == "ProxmoxCluster"));
+    let crds = server.objects("crd").unwrap();
+    let established = crds[0]["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Established");
+    assert!(established, "{}", crds[0]["status"]);
+    let clusters = dynamic(
+        &server.client(),
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha2",
+        "ProxmoxCluster",
+        "proxmoxclusters",
+        Some("default"),
+    );
+    assert!(
+        clusters
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    server
+        .create_yaml("apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2\nkind: ProxmoxCluster\nmetadata: {name: pc}\nspec: {}\n")
+        .unwrap();
+    assert_eq!(server.objects("proxmoxclusters").unwrap().len(), 1);
+    let crd_api = dynamic(
+        &server.client(),
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        None,
+    );
+    crd_api
+        .delete(
+            "proxmoxclusters.infrastructure.cluster.x-k8s.io",
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+    assert!(server.kinds().iter().all(|k| k.kind != "ProxmoxCluster"));
+    assert!(
+        server.objects("proxmoxclusters").is_err(),
+        "kind no longer served"
+    );
+    server.register_crd_file(crd_path).unwrap();
+    assert!(
+        server.objects("proxmoxclusters").unwrap().is_empty(),
+        "custom resources went with their CRD"
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_http_server_closes_open_watches() {
+    let server = widget_server();
+    let http = server.serve_http().await.unwrap();
+    let client = http_client(&http.kubeconfig()).await;
+    let api: Api<Widget> = Api::namespaced(client, "default");
+    let rv = server.resource_version().to_string();
+    let mut s = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    drop(http);
+    let end = tokio::time::timeout(WAIT, s.next())
+        .await
+        .expect("the watch ends when the server goes");
+    assert!(
+        !matches!(end, Some(Ok(_))),
+        "no event after shutdown: {end:?}"
+    );
 }

@@ -258,3 +258,67 @@ async fn namespace_deletion_removes_content_and_refuses_new_objects() {
         "empty namespace is removed"
     );
 }
+
+#[tokio::test]
+async fn missing_namespace_is_404_when_required() {
+    let server = widget_server();
+    let widgets: Api<Widget> = Api::namespaced(server.client(), "nowhere");
+    widgets
+        .create(&PostParams::default(), &widget("a", 1))
+        .await
+        .expect("lenient by default");
+    server.require_namespaces(true);
+    let err = widgets
+        .create(&PostParams::default(), &widget("b", 1))
+        .await
+        .unwrap_err();
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"));
+            assert!(
+                s.message.contains("namespaces \"nowhere\" not found"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let default: Api<Widget> = Api::namespaced(server.client(), "default");
+    default
+        .create(&PostParams::default(), &widget("c", 1))
+        .await
+        .expect("default exists");
+}
+
+#[tokio::test]
+async fn dependent_created_after_its_owner_was_deleted_is_collected() {
+    let server = widget_server();
+    let widgets: Api<Widget> = Api::namespaced(server.client(), "default");
+    let owner = widgets
+        .create(&PostParams::default(), &widget("owner", 1))
+        .await
+        .unwrap();
+    widgets
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut late = widget("late", 1);
+    late.metadata.owner_references = Some(vec![owner_ref(&owner, false)]);
+    widgets.create(&PostParams::default(), &late).await.unwrap();
+    assert!(
+        widgets.get_opt("late").await.unwrap().is_none(),
+        "collected like the real GC would"
+    );
+    let mut fixture = widget("fixture", 1);
+    let mut never = owner_ref(&owner, false);
+    never.uid = "00000000-0000-0000-0000-000000000000".into();
+    fixture.metadata.owner_references = Some(vec![never]);
+    widgets
+        .create(&PostParams::default(), &fixture)
+        .await
+        .unwrap();
+    assert!(
+        widgets.get_opt("fixture").await.unwrap().is_some(),
+        "unknown owner uids are left alone"
+    );
+}

@@ -158,6 +158,9 @@ async fn server_side_apply_creates_tracks_managers_and_detects_conflicts() {
     let mf = out.metadata.managed_fields.clone().unwrap();
     assert_eq!(mf[0].manager.as_deref(), Some("alice"));
     assert_eq!(mf[0].operation.as_deref(), Some("Apply"));
+    assert!(mf[0].time.is_some());
+    assert_eq!(mf[0].api_version.as_deref(), Some("example.com/v1"));
+    assert_eq!(mf[0].fields_type.as_deref(), Some("FieldsV1"));
 
     let bob = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 2}});
     let err = api
@@ -172,6 +175,10 @@ async fn server_side_apply_creates_tracks_managers_and_detects_conflicts() {
                 "{}",
                 s.message
             );
+            let causes = s.details.expect("conflict details").causes;
+            assert_eq!(causes.len(), 1);
+            assert_eq!(causes[0].reason, "FieldManagerConflict");
+            assert_eq!(causes[0].field, ".spec.size");
         }
         other => panic!("{other:?}"),
     }
@@ -188,6 +195,23 @@ async fn server_side_apply_creates_tracks_managers_and_detects_conflicts() {
         .await
         .unwrap();
     assert_eq!((out.spec.size, out.spec.color), (2, None));
+    let untyped = json!({"metadata": {"name": "w"}, "spec": {"size": 3}});
+    let err = api
+        .patch("w", &PatchParams::apply("alice"), &Patch::Apply(&untyped))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 400, "apply needs apiVersion and kind");
+    let wrong_group =
+        json!({"apiVersion": "other.io/v1", "kind": "Widget", "metadata": {"name": "w"}});
+    let err = api
+        .patch(
+            "w",
+            &PatchParams::apply("alice"),
+            &Patch::Apply(&wrong_group),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 400);
 }
 
 #[tokio::test]
@@ -317,4 +341,56 @@ async fn dry_run_does_not_persist() {
     assert_eq!(out.metadata.name.as_deref(), Some("w"));
     assert!(api.get_opt("w").await.unwrap().is_none());
     assert_eq!(server.resource_version(), rv);
+}
+
+#[tokio::test]
+async fn lease_takeover_with_server_side_apply() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let server = widget_server();
+    let leases: Api<Lease> = Api::namespaced(server.client(), "kube-system");
+    let claim = |holder: &str| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "capmox"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}})
+    };
+    let a = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-a"),
+            &Patch::Apply(claim("pod-a")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.spec.unwrap().holder_identity.as_deref(), Some("pod-a"));
+    let err = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-b"),
+            &Patch::Apply(claim("pod-b")),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 409, "holderIdentity is owned by pod-a");
+    // Taking over with a stale resourceVersion fails; with the current one and force it works.
+    let mut stale = claim("pod-b");
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let err = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-b").force(),
+            &Patch::Apply(stale),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err).0, 409);
+    let mut current = claim("pod-b");
+    current["metadata"]["resourceVersion"] = json!(a.metadata.resource_version);
+    let b = leases
+        .patch(
+            "capmox",
+            &PatchParams::apply("pod-b").force(),
+            &Patch::Apply(current),
+        )
+        .await
+        .unwrap();
+    assert_eq!(b.spec.unwrap().holder_identity.as_deref(), Some("pod-b"));
 }

@@ -328,3 +328,81 @@ async fn watcher_survives_many_server_side_watch_timeouts() {
         "no relist needed"
     );
 }
+
+#[tokio::test]
+async fn metadata_only_get_list_and_watcher() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    let mut w = widget("a", 1);
+    w.metadata.labels = Some([("k".to_string(), "v".to_string())].into());
+    api.create(&PostParams::default(), &w).await.unwrap();
+    let m = api.get_metadata("a").await.unwrap();
+    assert_eq!(m.metadata.labels.unwrap()["k"], "v");
+    assert_eq!(m.types.unwrap().kind, "PartialObjectMetadata");
+    let l = api
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(l.items.len(), 1);
+    let meta_api: Api<kube::core::PartialObjectMeta<Widget>> =
+        Api::namespaced(server.client(), "default");
+    let mut s = watcher(meta_api, watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    assert_eq!(
+        next(&mut s).await.unwrap().metadata.name.as_deref(),
+        Some("a")
+    );
+    api.create(&PostParams::default(), &widget("b", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut s).await.unwrap().metadata.name.as_deref(),
+        Some("b")
+    );
+}
+
+#[tokio::test]
+async fn watch_of_a_single_object_by_name_path() {
+    let server = widget_server();
+    let api: Api<Widget> = Api::namespaced(server.client(), "default");
+    api.create(&PostParams::default(), &widget("a", 1))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &widget("b", 1))
+        .await
+        .unwrap();
+    let req = http::Request::get(
+        "/apis/example.com/v1/namespaces/default/widgets/b?watch=true&resourceVersion=0",
+    )
+    .body(Vec::new())
+    .unwrap();
+    let mut s = server
+        .client()
+        .request_events::<Widget>(req)
+        .await
+        .unwrap()
+        .boxed();
+    match next(&mut s).await.unwrap() {
+        WatchEvent::Added(w) => assert_eq!(name_of(&w), "b"),
+        other => panic!("{other:?}"),
+    }
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 2}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 3}})),
+    )
+    .await
+    .unwrap();
+    match next(&mut s).await.unwrap() {
+        WatchEvent::Modified(w) => assert_eq!((name_of(&w), w.spec.size), ("b", 3)),
+        other => panic!("{other:?}"),
+    }
+}

@@ -165,7 +165,10 @@ mod tests {
     #[test]
     fn joliet_names() {
         let data: &[u8] = b"version: 2\n";
-        let iso = build_iso("cidata", &[("network-config", data), ("user-data", b"#cloud-config\n")]);
+        let iso = build_iso(
+            "cidata",
+            &[("network-config", data), ("user-data", b"#cloud-config\n")],
+        );
         let img = IsoImage::parse(&iso).expect("parses");
         assert_eq!(img.file("network-config"), Some(data));
         assert_eq!(img.file("user-data"), Some(&b"#cloud-config\n"[..]));

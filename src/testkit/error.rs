@@ -31,6 +31,14 @@ pub enum ApiError {
         /// Full message.
         message: String,
     },
+    /// 409 from server-side apply: fields owned by other managers.
+    #[error("{message}")]
+    ApplyConflict {
+        /// Full message.
+        message: String,
+        /// `(message, field)` per conflicting field, rendered as `details.causes`.
+        causes: Vec<(String, String)>,
+    },
     /// 422: the object is invalid (validation, forbidden finalizer, missing fields).
     #[error("{message}")]
     Invalid {
@@ -73,7 +81,9 @@ impl ApiError {
     pub fn code(&self) -> u16 {
         match self {
             ApiError::NotFound { .. } | ApiError::NoRoute => 404,
-            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::AlreadyExists { .. }
+            | ApiError::Conflict { .. }
+            | ApiError::ApplyConflict { .. } => 409,
             ApiError::Invalid { .. } => 422,
             ApiError::BadRequest(_) => 400,
             ApiError::Forbidden(_) => 403,
@@ -91,7 +101,7 @@ impl ApiError {
         match self {
             ApiError::NotFound { .. } | ApiError::NoRoute => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
-            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
             ApiError::Invalid { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::Forbidden(_) => "Forbidden",
@@ -122,6 +132,13 @@ impl ApiError {
                 .split_once('.')
                 .unwrap_or((qualified.as_str(), ""));
             status["details"] = json!({"name": name, "group": group, "kind": kind});
+        }
+        if let ApiError::ApplyConflict { causes, .. } = self {
+            let causes: Vec<Value> = causes
+                .iter()
+                .map(|(message, field)| json!({"reason": "FieldManagerConflict", "message": message, "field": field}))
+                .collect();
+            status["details"] = json!({"causes": causes});
         }
         status
     }

@@ -139,7 +139,8 @@ impl KindInfo {
     }
 
     /// The built-in kinds capmox uses: Secret, ConfigMap, Event (core and events.k8s.io),
-    /// Namespace, Lease, ServiceAccount.
+    /// Namespace, Lease, ServiceAccount, and CustomResourceDefinition (creating one registers
+    /// its kind).
     pub fn builtins() -> Vec<KindInfo> {
         let mut ns = KindInfo::builtin("", "v1", "Namespace", "namespaces", false);
         ns.status_subresource = true;
@@ -150,6 +151,15 @@ impl KindInfo {
         ev.short_names = vec!["ev".into()];
         let mut ev2 = KindInfo::builtin("events.k8s.io", "v1", "Event", "events", true);
         ev2.short_names = vec!["ev".into()];
+        let mut crd = KindInfo::builtin(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            false,
+        );
+        crd.status_subresource = true;
+        crd.short_names = vec!["crd".into(), "crds".into()];
         let mut sa = KindInfo::builtin("", "v1", "ServiceAccount", "serviceaccounts", true);
         sa.short_names = vec!["sa".into()];
         vec![
@@ -160,6 +170,7 @@ impl KindInfo {
             sa,
             ev2,
             KindInfo::builtin("coordination.k8s.io", "v1", "Lease", "leases", true),
+            crd,
         ]
     }
 

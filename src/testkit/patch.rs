@@ -76,6 +76,10 @@ pub struct ManagedEntry {
     pub subresource: String,
     /// Owned leaf and list-item paths.
     pub fields: BTreeSet<FieldPath>,
+    /// `apiVersion` of the last write that changed this entry (empty until stamped).
+    pub api_version: String,
+    /// RFC 3339 time of the last write that changed this entry (empty until stamped).
+    pub time: String,
 }
 
 impl ManagedEntry {
@@ -109,7 +113,38 @@ impl ManagedEntry {
         if !self.subresource.is_empty() {
             e["subresource"] = json!(self.subresource);
         }
+        if !self.api_version.is_empty() {
+            e["apiVersion"] = json!(self.api_version);
+        }
+        if !self.time.is_empty() {
+            e["time"] = json!(self.time);
+        }
         e
+    }
+}
+
+/// Set `time` and `apiVersion` on the entries this write changed (those that differ from
+/// `previous`); unchanged entries keep their stamps.
+pub fn stamp(
+    managed: &mut [ManagedEntry],
+    previous: &[ManagedEntry],
+    api_version: &str,
+    now: &str,
+) {
+    for e in managed.iter_mut() {
+        let before = previous.iter().find(|p| {
+            p.manager == e.manager && p.apply == e.apply && p.subresource == e.subresource
+        });
+        match before {
+            Some(p) if p.fields == e.fields => {
+                e.time = p.time.clone();
+                e.api_version = p.api_version.clone();
+            }
+            _ => {
+                e.time = now.to_string();
+                e.api_version = api_version.to_string();
+            }
+        }
     }
 }
 
@@ -392,12 +427,16 @@ pub fn server_side_apply(
                 .iter()
                 .map(|(m, p)| format!("conflict with \"{m}\": {}", path_string(p)))
                 .collect();
-            return Err(ApiError::Conflict {
+            return Err(ApiError::ApplyConflict {
                 message: format!(
                     "Apply failed with {n} conflict{}: {}",
                     if n == 1 { "" } else { "s" },
                     list.join("; ")
                 ),
+                causes: conflicts
+                    .iter()
+                    .map(|(m, p)| (format!("conflict with \"{m}\""), path_string(p)))
+                    .collect(),
             });
         }
         for e in managed.iter_mut().filter(|e| !is_me(e)) {
@@ -433,6 +472,8 @@ pub fn server_side_apply(
             apply: true,
             subresource: subresource.to_string(),
             fields: new_paths,
+            api_version: String::new(),
+            time: String::new(),
         }),
     }
     managed.retain(|e| !e.fields.is_empty());
@@ -471,6 +512,8 @@ pub fn record_update(
             apply: false,
             subresource: subresource.to_string(),
             fields: changed,
+            api_version: String::new(),
+            time: String::new(),
         }),
     }
     managed.retain(|e| !e.fields.is_empty());
@@ -599,8 +642,101 @@ mod tests {
             apply: true,
             subresource: "status".into(),
             fields: collect_paths(&json!({"spec": {"a": 1}}), None),
+            api_version: String::new(),
+            time: String::new(),
         };
         assert_eq!(e.to_json()["fieldsV1"], json!({"f:spec": {"f:a": {}}}));
         assert_eq!(e.to_json()["operation"], "Apply");
+        let mut stamped = vec![e.clone()];
+        stamp(&mut stamped, &[], "example.com/v1", "2026-01-01T00:00:00Z");
+        assert_eq!(stamped[0].to_json()["time"], "2026-01-01T00:00:00Z");
+        let mut again = vec![e];
+        stamp(
+            &mut again,
+            &stamped,
+            "example.com/v2",
+            "2027-01-01T00:00:00Z",
+        );
+        assert_eq!(
+            again[0].api_version, "example.com/v1",
+            "unchanged entries keep their stamp"
+        );
+    }
+
+    #[test]
+    fn finalizers_are_a_set_per_manager() {
+        let mut managed = Vec::new();
+        let cfg = |fins: Value| json!({"metadata": {"name": "x", "finalizers": fins}});
+        let live = server_side_apply(
+            &json!({}),
+            &cfg(json!(["a/x"])),
+            None,
+            &mut managed,
+            "a",
+            "",
+            false,
+        )
+        .unwrap();
+        let live = server_side_apply(
+            &live,
+            &cfg(json!(["b/y"])),
+            None,
+            &mut managed,
+            "b",
+            "",
+            false,
+        )
+        .unwrap();
+        assert_eq!(live["metadata"]["finalizers"], json!(["a/x", "b/y"]));
+        // "a" stops applying its finalizer: only that set item goes.
+        let live =
+            server_side_apply(&live, &cfg(json!([])), None, &mut managed, "a", "", false).unwrap();
+        assert_eq!(live["metadata"]["finalizers"], json!(["b/y"]));
+    }
+
+    #[test]
+    fn nested_list_maps_merge_by_key_at_every_level() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "zones": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["zone"],
+                "items": {"type": "object", "properties": {
+                    "nodes": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object"}}}}}}}}});
+        let mut managed = Vec::new();
+        let a = json!({"spec": {"zones": [{"zone": "z1", "nodes": [{"name": "n1", "w": 1}]}]}});
+        let b = json!({"spec": {"zones": [{"zone": "z1", "nodes": [{"name": "n2", "w": 2}]}, {"zone": "z2"}]}});
+        let live =
+            server_side_apply(&json!({}), &a, Some(&schema), &mut managed, "a", "", false).unwrap();
+        let live =
+            server_side_apply(&live, &b, Some(&schema), &mut managed, "b", "", false).unwrap();
+        assert_eq!(
+            live["spec"]["zones"],
+            json!([{"zone": "z1", "nodes": [{"name": "n1", "w": 1}, {"name": "n2", "w": 2}]}, {"zone": "z2"}])
+        );
+    }
+
+    #[test]
+    fn atomic_lists_conflict_as_a_whole() {
+        let mut managed = Vec::new();
+        let live = server_side_apply(
+            &json!({}),
+            &json!({"spec": {"l": [1, 2]}}),
+            None,
+            &mut managed,
+            "a",
+            "",
+            false,
+        )
+        .unwrap();
+        let err = server_side_apply(
+            &live,
+            &json!({"spec": {"l": [1, 2, 3]}}),
+            None,
+            &mut managed,
+            "b",
+            "",
+            false,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains(".spec.l"), "{err}");
     }
 }

@@ -17,7 +17,10 @@ use tokio::sync::{broadcast, mpsc};
 use super::error::ApiError;
 use super::kinds::KindInfo;
 use super::selector::{FieldSelector, LabelSelector, Selectors};
-use super::store::{DeleteOptions, EventType, PatchKind, Store, Sub, WatchRecord, WriteOptions};
+use super::store::{
+    DeleteOptions, EventType, FaultKind, PatchKind, RequestInfo, Store, Sub, WatchRecord,
+    WriteOptions,
+};
 
 /// Response body: a complete buffer, or a stream of newline-delimited watch events.
 pub struct ResponseBody(BodyInner);
@@ -98,6 +101,14 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
                 StatusCode::OK,
                 &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-capmox-testkit", "platform": "linux/amd64"}),
             ))
+        }
+        ["healthz" | "readyz" | "livez"] => {
+            let mut resp = Response::new(ResponseBody::full("ok"));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain"),
+            );
+            Ok(resp)
         }
         ["api"] => {
             store.count("", "discovery");
@@ -238,14 +249,28 @@ fn set_version(obj: &mut Value, kind: &KindInfo, version: &str) {
     }
 }
 
-fn selectors(query: &HashMap<String, String>) -> Result<Selectors, ApiError> {
+/// Label and field selectors of a request; built-in kinds accept field selectors on any
+/// path (real built-ins support a per-kind list, e.g. Events' `involvedObject.*` that
+/// `kubectl describe` uses), custom resources only `metadata.name`/`metadata.namespace`.
+fn selectors(query: &HashMap<String, String>, kind: &KindInfo) -> Result<Selectors, ApiError> {
+    let fields = query.get("fieldSelector").map(String::as_str).unwrap_or("");
     Ok(Selectors {
         labels: LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?,
-        fields: FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""))?,
+        fields: if kind.custom {
+            FieldSelector::parse(fields)?
+        } else {
+            FieldSelector::parse_any_field(fields)?
+        },
     })
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.starts_with(b"k8s\0") {
+        return Err(ApiError::UnsupportedMediaType(
+            "application/json, application/yaml (the capmox testkit does not decode protobuf)"
+                .into(),
+        ));
+    }
     serde_json::from_slice(body).or_else(|_| {
         serde_yaml::from_slice(body)
             .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
@@ -321,16 +346,74 @@ async fn resource(
         kind.group_resource().qualified(),
         if sub == Sub::Status { "/status" } else { "" }
     );
-    let count = |verb: &str| store.count(&counted, verb);
+    let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (method, name) {
+        (&Method::GET, _) if watching => "watch",
+        (&Method::GET, Some(_)) => "get",
+        (&Method::GET, None) => "list",
+        (&Method::POST, None) => "create",
+        (&Method::PUT, Some(_)) => "update",
+        (&Method::PATCH, Some(_)) => "patch",
+        (&Method::DELETE, Some(_)) => "delete",
+        (&Method::DELETE, None) => "deletecollection",
+        _ => return Err(ApiError::MethodNotAllowed),
+    };
+    store.count(&counted, verb);
     let opts = write_options(query, headers);
+    let is_write = matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    if is_write && let Some(d) = store.take_delay(&kind.group_resource()) {
+        tracing::debug!(resource = %counted, delay = ?d, "testkit: delaying write (fault)");
+        tokio::time::sleep(d).await;
+    }
+    if let Some(hook) = store.fault_hook() {
+        let info = RequestInfo {
+            verb,
+            group: &kind.group,
+            resource: &kind.plural,
+            subresource: (sub == Sub::Status).then_some("status"),
+            namespace: ns.as_deref(),
+            name,
+        };
+        match hook(&info) {
+            Some(FaultKind::Delay(d)) => tokio::time::sleep(d).await,
+            Some(fault) => {
+                if let Some(e) = fault.to_error(&kind.group_resource()) {
+                    tracing::debug!(resource = %counted, verb, error = %e, "testkit: fault hook");
+                    return Err(e);
+                }
+            }
+            None => {}
+        }
+    }
     let respond = |code: StatusCode, mut obj: Value| {
         set_version(&mut obj, &kind, version);
         json_response(code, &obj)
     };
     match (method, name) {
+        (&Method::GET, Some(name))
+            if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
+        {
+            // Watch of one object by path (deprecated upstream, still served).
+            let mut sel = selectors(query, &kind)?;
+            sel.fields = FieldSelector::parse(&format!("metadata.name={name}"))?;
+            watch(
+                store,
+                kind,
+                version,
+                ns,
+                sel,
+                query,
+                wants_metadata(headers),
+            )
+        }
         (&Method::GET, Some(name)) => {
-            count("get");
             let obj = store.get(&kind, &ns_key, name)?;
+            if wants_metadata(headers) {
+                return Ok(json_response(StatusCode::OK, &partial(&obj)));
+            }
             if wants_table(headers) {
                 return Ok(json_response(
                     StatusCode::OK,
@@ -340,12 +423,18 @@ async fn resource(
             Ok(respond(StatusCode::OK, obj))
         }
         (&Method::GET, None) => {
-            let sel = selectors(query)?;
+            let sel = selectors(query, &kind)?;
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                count("watch");
-                return watch(store, kind, version, ns, sel, query);
+                return watch(
+                    store,
+                    kind,
+                    version,
+                    ns,
+                    sel,
+                    query,
+                    wants_metadata(headers),
+                );
             }
-            count("list");
             let limit = query.get("limit").and_then(|l| l.parse().ok());
             let (mut items, rv, cont) = store.list(
                 &kind,
@@ -357,12 +446,19 @@ async fn resource(
             if wants_table(headers) {
                 return Ok(json_response(StatusCode::OK, &table(&kind, &items, rv)));
             }
-            for i in &mut items {
-                set_version(i, &kind, version);
-            }
             let mut meta = json!({"resourceVersion": rv.to_string()});
             if let Some(c) = cont {
                 meta["continue"] = json!(c);
+            }
+            if wants_metadata(headers) {
+                let items: Vec<Value> = items.iter().map(partial).collect();
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": meta, "items": items}),
+                ));
+            }
+            for i in &mut items {
+                set_version(i, &kind, version);
             }
             Ok(json_response(
                 StatusCode::OK,
@@ -370,17 +466,14 @@ async fn resource(
             ))
         }
         (&Method::POST, None) => {
-            count("create");
             let obj = store.create(&kind, &ns_key, parse_body(&body)?, &opts)?;
             Ok(respond(StatusCode::CREATED, obj))
         }
         (&Method::PUT, Some(name)) => {
-            count("update");
             let obj = store.update(&kind, &ns_key, name, parse_body(&body)?, sub, &opts)?;
             Ok(respond(StatusCode::OK, obj))
         }
         (&Method::PATCH, Some(name)) => {
-            count("patch");
             let ct = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|c| c.to_str().ok())
@@ -406,15 +499,22 @@ async fn resource(
             Ok(respond(code, obj))
         }
         (&Method::DELETE, Some(name)) => {
-            count("delete");
             let dopts = delete_options(&body, query)?;
             let obj = store.delete(&kind, &ns_key, name, &dopts)?;
-            Ok(respond(StatusCode::OK, obj))
+            if dopts.dry_run || store.get(&kind, &ns_key, name).is_ok() {
+                // Still there (finalizers): the object, with its deletionTimestamp.
+                return Ok(respond(StatusCode::OK, obj));
+            }
+            // Gone: a Success Status, as for the real CRD and most built-in stores.
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "group": kind.group, "kind": kind.plural, "uid": obj["metadata"]["uid"]}}),
+            ))
         }
         (&Method::DELETE, None) => {
-            count("deletecollection");
             let dopts = delete_options(&body, query)?;
-            let sel = selectors(query)?;
+            let sel = selectors(query, &kind)?;
             let (items, rv, _) = store.list(&kind, ns.as_deref(), &sel, None, None)?;
             let mut out = Vec::new();
             for i in items {
@@ -461,6 +561,19 @@ fn delete_options(
     })
 }
 
+/// Whether the client asked for `PartialObjectMetadata` (kube's `*_metadata` calls).
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+/// The `meta.k8s.io/v1 PartialObjectMetadata` view of an object.
+fn partial(obj: &Value) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": obj["metadata"]})
+}
+
 fn wants_table(headers: &HeaderMap) -> bool {
     headers
         .get(header::ACCEPT)
@@ -495,26 +608,53 @@ fn simple_json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
         .try_fold(obj, |cur, seg| cur.get(seg.as_str()))
 }
 
+/// kubectl's `HumanDuration` rendering of the age of an RFC 3339 timestamp (`42s`, `5m3s`, `2d`).
+fn human_age(ts: &str) -> Option<String> {
+    let then: k8s_openapi::jiff::Timestamp = ts.parse().ok()?;
+    let secs = (k8s_openapi::jiff::Timestamp::now().as_second() - then.as_second()).max(0);
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86_400);
+    Some(match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 600 => format!("{m}m{}s", s % 60),
+        s if s < 3 * 3600 => format!("{m}m"),
+        s if s < 8 * 3600 => format!("{h}h{}m", (s % 3600) / 60),
+        s if s < 48 * 3600 => format!("{h}h"),
+        s if s < 8 * 86_400 => format!("{d}d{}h", (s % 86_400) / 3600),
+        _ => format!("{d}d"),
+    })
+}
+
 /// A `meta.k8s.io/v1 Table` for kubectl (Name, printer columns, or Name + Age).
 fn table(kind: &KindInfo, items: &[Value], rv: u64) -> Value {
     let mut cols =
         vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name"})];
     let mut paths = Vec::new();
     if kind.printer_columns.is_empty() {
-        cols.push(json!({"name": "Age", "type": "date", "format": "", "description": "Age"}));
-        paths.push(".metadata.creationTimestamp".to_string());
+        cols.push(json!({"name": "Age", "type": "string", "format": "", "description": "Age"}));
+        paths.push((".metadata.creationTimestamp".to_string(), true));
     } else {
         for c in &kind.printer_columns {
-            cols.push(json!({"name": c["name"], "type": c["type"], "format": c.get("format").cloned().unwrap_or(json!("")), "description": c.get("description").cloned().unwrap_or(json!(""))}));
-            paths.push(c["jsonPath"].as_str().unwrap_or("").to_string());
+            // Dates are rendered as ages by the server, like the real table convertor.
+            let date = c["type"] == "date";
+            let ty = if date {
+                json!("string")
+            } else {
+                c["type"].clone()
+            };
+            cols.push(json!({"name": c["name"], "type": ty, "format": c.get("format").cloned().unwrap_or(json!("")), "description": c.get("description").cloned().unwrap_or(json!(""))}));
+            paths.push((c["jsonPath"].as_str().unwrap_or("").to_string(), date));
         }
     }
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
             let mut cells = vec![o["metadata"]["name"].clone()];
-            for p in &paths {
-                cells.push(simple_json_path(o, p).cloned().unwrap_or(Value::Null));
+            for (p, date) in &paths {
+                let v = simple_json_path(o, p).cloned().unwrap_or(Value::Null);
+                cells.push(match v.as_str().filter(|_| *date).and_then(human_age) {
+                    Some(age) => json!(age),
+                    None => v,
+                });
             }
             json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}})
         })
@@ -559,6 +699,7 @@ fn watch(
     ns: Option<String>,
     sel: Selectors,
     query: &HashMap<String, String>,
+    metadata_only: bool,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let rv = match query.get("resourceVersion").map(String::as_str) {
         None | Some("") => None,
@@ -603,6 +744,9 @@ fn watch(
         };
         let render = |rec: &WatchRecord| {
             visible(rec, &matches).map(|t| {
+                if metadata_only {
+                    return event_line(t, &partial(&rec.object));
+                }
                 let mut obj = rec.object.clone();
                 set_version(&mut obj, &kind, &version);
                 event_line(t, &obj)
@@ -679,6 +823,19 @@ mod tests {
             super::simple_json_path(&o, p),
             Some(&serde_json::json!("c1"))
         );
+    }
+
+    #[test]
+    fn ages_render_like_kubectl() {
+        let ago = |s: i64| {
+            let t = k8s_openapi::jiff::Timestamp::now()
+                - k8s_openapi::jiff::SignedDuration::from_secs(s);
+            super::human_age(&t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()).unwrap()
+        };
+        assert_eq!(ago(5), "5s");
+        assert_eq!(ago(3 * 60 + 7), "3m7s");
+        assert_eq!(ago(3 * 86_400 + 2 * 3600 + 5), "3d2h");
+        assert_eq!(super::human_age("not a time"), None);
     }
 
     #[test]

@@ -98,14 +98,24 @@ impl LabelSelector {
     }
 }
 
-/// A parsed field selector; only `metadata.name` and `metadata.namespace` are supported,
-/// as for custom resources on a real server.
+/// A parsed field selector: `metadata.name` and `metadata.namespace` for every kind (as for
+/// custom resources on a real server), any dotted path when parsed with
+/// [`FieldSelector::parse_any_field`] (built-ins such as Events' `involvedObject.name`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldSelector(Vec<(String, bool, String)>);
 
 impl FieldSelector {
     /// Parse `metadata.name=x,metadata.namespace!=y`.
     pub fn parse(s: &str) -> Result<Self, ApiError> {
+        Self::parse_with(s, false)
+    }
+
+    /// Parse a selector over any dotted field path (`involvedObject.uid=...`).
+    pub fn parse_any_field(s: &str) -> Result<Self, ApiError> {
+        Self::parse_with(s, true)
+    }
+
+    fn parse_with(s: &str, any_field: bool) -> Result<Self, ApiError> {
         let mut reqs = Vec::new();
         for part in split_top_level(s) {
             let (field, eq, value) = if let Some((k, v)) = part.split_once("!=") {
@@ -120,7 +130,7 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" {
+            if !any_field && field != "metadata.name" && field != "metadata.namespace" {
                 return Err(ApiError::BadRequest(format!(
                     "field label not supported: {field}"
                 )));
@@ -133,12 +143,16 @@ impl FieldSelector {
     /// Whether the object satisfies every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(field, eq, value)| {
-            let actual = match field.as_str() {
-                "metadata.name" => obj["metadata"]["name"].as_str(),
-                _ => obj["metadata"]["namespace"].as_str(),
-            }
-            .unwrap_or("");
-            (actual == value) == *eq
+            let actual = field
+                .split('.')
+                .try_fold(obj, |cur, seg| cur.get(seg))
+                .map(|v| match v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => String::new(),
+                    other => other.to_string(),
+                })
+                .unwrap_or_default();
+            (actual == *value) == *eq
         })
     }
 }
@@ -208,5 +222,27 @@ mod tests {
             FieldSelector::parse("spec.x=1"),
             Err(ApiError::BadRequest(_))
         ));
+        let ev = json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "ProxmoxMachine", "name": "m1"}, "count": 2});
+        let sel = FieldSelector::parse_any_field(
+            "involvedObject.name=m1,involvedObject.kind=ProxmoxMachine",
+        )
+        .unwrap();
+        assert!(sel.matches(&ev));
+        assert!(
+            FieldSelector::parse_any_field("count=2")
+                .unwrap()
+                .matches(&ev)
+        );
+        assert!(
+            FieldSelector::parse_any_field("involvedObject.uid=")
+                .unwrap()
+                .matches(&ev),
+            "missing is empty"
+        );
+        assert!(
+            !FieldSelector::parse_any_field("involvedObject.name!=m1")
+                .unwrap()
+                .matches(&ev)
+        );
     }
 }

@@ -14,8 +14,20 @@ use super::kinds::{GroupResource, KindInfo};
 use super::patch::{self, ManagedEntry};
 use super::selector::Selectors;
 
+/// What a validation hook sees for one create or update.
+pub struct ValidationInput<'a> {
+    /// The object about to be stored.
+    pub object: &'a Value,
+    /// The stored object it replaces (`None` on create), for transition rules (`oldSelf`).
+    pub old_object: Option<&'a Value>,
+    /// The CRD's OpenAPI v3 schema for the object's version (`None` for built-ins).
+    pub schema: Option<&'a Value>,
+    /// The kind being written.
+    pub kind: &'a KindInfo,
+}
+
 /// Per-kind validation hook: `Err(message)` rejects the write with 422 Invalid.
-pub type Validator = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
+pub type Validator = Arc<dyn Fn(&ValidationInput<'_>) -> Result<(), String> + Send + Sync>;
 
 /// An injected failure for the next writes of a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,11 +40,15 @@ pub enum FaultKind {
     Timeout,
     /// 429 TooManyRequests (throttling).
     TooManyRequests,
+    /// Answer only after this delay, then perform the write normally: a slow server, or a
+    /// client-side timeout when the delay exceeds the client's timeout.
+    Delay(Duration),
 }
 
 impl FaultKind {
-    fn to_error(self, gr: &GroupResource) -> ApiError {
-        match self {
+    /// The error this fault answers with (`None` for a delay, which is not an error).
+    pub(crate) fn to_error(self, gr: &GroupResource) -> Option<ApiError> {
+        Some(match self {
             FaultKind::Conflict => ApiError::Conflict {
                 message: format!(
                     "Operation cannot be fulfilled on {}: injected conflict (testkit fault)",
@@ -48,9 +64,30 @@ impl FaultKind {
             FaultKind::TooManyRequests => {
                 ApiError::TooManyRequests("Too many requests (testkit fault)".into())
             }
-        }
+            FaultKind::Delay(_) => return None,
+        })
     }
 }
+
+/// What a fault hook sees of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestInfo<'a> {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete` or `deletecollection`.
+    pub verb: &'a str,
+    /// API group (empty for core).
+    pub group: &'a str,
+    /// Plural resource name.
+    pub resource: &'a str,
+    /// `Some("status")` for the status subresource.
+    pub subresource: Option<&'a str>,
+    /// Namespace from the path, if any.
+    pub namespace: Option<&'a str>,
+    /// Object name from the path, if any.
+    pub name: Option<&'a str>,
+}
+
+/// Decides per request whether to inject a fault (`None`: serve normally).
+pub type FaultHook = Arc<dyn Fn(&RequestInfo<'_>) -> Option<FaultKind> + Send + Sync>;
 
 /// Kind of a watch event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,7 +267,14 @@ struct Inner {
     validators: HashMap<GroupResource, Validator>,
     rng: u64,
     removed_uids: Vec<String>,
+    /// Deleting objects the collector must revisit (foreground/orphan finalizers,
+    /// terminating namespaces), so that ordinary writes skip the collector in O(1).
+    gc_waiting: BTreeSet<(GroupResource, Key)>,
+    fault_hook: Option<FaultHook>,
+    /// Every uid ever removed: a dependent written later with only such owners is garbage.
+    deleted_uids: std::collections::HashSet<String>,
     bookmark_interval: Duration,
+    require_namespaces: bool,
 }
 
 /// The shared state behind every client, service and HTTP connection of one fake server.
@@ -341,6 +385,39 @@ fn is_namespace_kind(kind: &KindInfo) -> bool {
     kind.group.is_empty() && kind.plural == "namespaces"
 }
 
+fn is_crd_kind(kind: &KindInfo) -> bool {
+    kind.group == "apiextensions.k8s.io" && kind.plural == "customresourcedefinitions"
+}
+
+/// For a CustomResourceDefinition being written: the kind it defines, with the status the
+/// real apiextensions controller would report (names accepted, established).
+fn crd_accept(kind: &KindInfo, obj: &mut Value) -> Result<Option<KindInfo>, ApiError> {
+    if !is_crd_kind(kind) {
+        return Ok(None);
+    }
+    let defined = KindInfo::from_crd(obj).map_err(|e| ApiError::Invalid {
+        message: format!(
+            "CustomResourceDefinition.apiextensions.k8s.io \"{}\" is invalid: {e}",
+            meta(obj)["name"].as_str().unwrap_or("")
+        ),
+    })?;
+    let established = obj["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "Established"));
+    let conditions = if established {
+        obj["status"]["conditions"].clone()
+    } else {
+        let cond = |t: &str| json!({"type": t, "status": "True", "reason": t, "message": "", "lastTransitionTime": now_rfc3339()});
+        json!([cond("NamesAccepted"), cond("Established")])
+    };
+    obj["status"] = json!({
+        "acceptedNames": obj["spec"]["names"],
+        "conditions": conditions,
+        "storedVersions": [defined.storage_version()],
+    });
+    Ok(Some(defined))
+}
+
 impl Inner {
     fn next_rand(&mut self) -> u64 {
         // splitmix64: enough randomness for names and uids, no dependency.
@@ -376,11 +453,13 @@ impl Inner {
     }
 
     fn take_fault(&mut self, gr: &GroupResource) -> Result<(), ApiError> {
-        if let Some(q) = self.faults.get_mut(gr)
-            && let Some(f) = q.pop_front()
-        {
-            tracing::debug!(resource = %gr.qualified(), fault = ?f, "testkit: injecting fault");
-            return Err(f.to_error(gr));
+        let Some(q) = self.faults.get_mut(gr) else {
+            return Ok(());
+        };
+        if let Some(e) = q.front().and_then(|f| f.to_error(gr)) {
+            tracing::debug!(resource = %gr.qualified(), error = %e, "testkit: injecting fault");
+            q.pop_front();
+            return Err(e);
         }
         Ok(())
     }
@@ -412,10 +491,21 @@ impl Inner {
         let _ = tx.send(rec);
     }
 
-    fn validate(&self, kind: &KindInfo, obj: &Value) -> Result<(), ApiError> {
-        if let Some(v) = self.validators.get(&kind.group_resource())
-            && let Err(msg) = v(obj)
-        {
+    fn validate(&self, kind: &KindInfo, obj: &Value, old: Option<&Value>) -> Result<(), ApiError> {
+        let Some(v) = self.validators.get(&kind.group_resource()) else {
+            return Ok(());
+        };
+        let version = obj["apiVersion"]
+            .as_str()
+            .map(|av| av.rsplit('/').next().unwrap_or(av))
+            .unwrap_or("");
+        let input = ValidationInput {
+            object: obj,
+            old_object: old,
+            schema: kind.schemas.get(version).or_else(|| kind.schema()),
+            kind,
+        };
+        if let Err(msg) = v(&input) {
             return Err(ApiError::Invalid {
                 message: format!(
                     "{}.{} \"{}\" is invalid: {msg}",
@@ -428,7 +518,7 @@ impl Inner {
         Ok(())
     }
 
-    fn namespace_terminating(&self, ns: &str) -> bool {
+    fn namespace_object(&self, ns: &str) -> Option<&Value> {
         let gr = GroupResource {
             group: String::new(),
             resource: "namespaces".into(),
@@ -436,7 +526,11 @@ impl Inner {
         self.objects
             .get(&gr)
             .and_then(|m| m.get(&(String::new(), ns.to_string())))
-            .is_some_and(|s| is_deleting(&s.obj))
+            .map(|s| &s.obj)
+    }
+
+    fn namespace_terminating(&self, ns: &str) -> bool {
+        self.namespace_object(ns).is_some_and(is_deleting)
     }
 
     /// Store `new` as the next version of `key`; removes it instead when it is deleting
@@ -454,6 +548,17 @@ impl Inner {
         let rv = self.rv;
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
         let finalize = is_deleting(&new) && finalizers(&new).is_empty() && !is_namespace_kind(kind);
+        let waiting = !finalize
+            && is_deleting(&new)
+            && (is_namespace_kind(kind)
+                || finalizers(&new)
+                    .iter()
+                    .any(|f| f == "foregroundDeletion" || f == "orphan"));
+        if waiting {
+            self.gc_waiting.insert((gr.clone(), key.clone()));
+        } else {
+            self.gc_waiting.remove(&(gr.clone(), key.clone()));
+        }
         let objects = self.objects.entry(gr.clone()).or_default();
         let prev = objects.get(key).map(Stored::view);
         if finalize {
@@ -464,7 +569,7 @@ impl Inner {
                 }
                 None => new,
             };
-            self.removed_uids.push(uid_of(&view));
+            self.forget(kind, &view, tx);
             self.emit(&gr, EventType::Deleted, view.clone(), prev, tx);
             return view;
         }
@@ -487,8 +592,37 @@ impl Inner {
         } else {
             EventType::Added
         };
+        // Owners that are already gone (e.g. a controller re-created a dependent just after
+        // its owner was deleted): let the collector look at this object, as the real GC does.
+        let gone: Vec<String> = owner_uids(&view)
+            .into_iter()
+            .filter(|u| self.deleted_uids.contains(u))
+            .collect();
+        self.removed_uids.extend(gone);
         self.emit(&gr, event, view.clone(), prev, tx);
         view
+    }
+
+    /// Bookkeeping for a removed object: garbage-collect its dependents, and stop serving the
+    /// kind a removed CustomResourceDefinition defined.
+    fn forget(&mut self, kind: &KindInfo, view: &Value, tx: &broadcast::Sender<Arc<WatchRecord>>) {
+        self.removed_uids.push(uid_of(view));
+        self.deleted_uids.insert(uid_of(view));
+        if is_crd_kind(kind)
+            && let Ok(defined) = KindInfo::from_crd(view)
+        {
+            // Like the apiextensions cleanup finalizer: the custom resources go with the CRD
+            // (removed at once, their own finalizers notwithstanding).
+            let keys: Vec<Key> = self
+                .objects
+                .get(&defined.group_resource())
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            for key in keys {
+                self.remove(&defined, &key, tx);
+            }
+            self.kinds.remove(&defined.group_resource());
+        }
     }
 
     /// Remove `key` now (no finalizers left), emitting DELETED.
@@ -500,10 +634,11 @@ impl Inner {
     ) -> Option<Value> {
         let gr = kind.group_resource();
         let mut stored = self.objects.get_mut(&gr)?.remove(key)?;
+        self.gc_waiting.remove(&(gr.clone(), key.clone()));
         self.rv += 1;
         meta_mut(&mut stored.obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let view = stored.view();
-        self.removed_uids.push(uid_of(&view));
+        self.forget(kind, &view, tx);
         self.emit(&gr, EventType::Deleted, view.clone(), None, tx);
         Some(view)
     }
@@ -570,6 +705,11 @@ impl Inner {
     /// Owner-reference garbage collection, foreground/orphan finalizers and namespace
     /// termination, run synchronously to a fixed point after every write.
     fn run_gc(&mut self, tx: &broadcast::Sender<Arc<WatchRecord>>) {
+        // Fast path without cloning anything: nothing was removed and nothing is waiting for
+        // the collector (foreground/orphan finalizers, terminating namespaces).
+        if self.removed_uids.is_empty() && self.gc_waiting.is_empty() {
+            return;
+        }
         for _round in 0..10_000 {
             let mut progressed = false;
             let all = self.all_objects();
@@ -720,7 +860,11 @@ impl Store {
                 validators: HashMap::new(),
                 rng: seed,
                 removed_uids: Vec::new(),
+                gc_waiting: BTreeSet::new(),
+                fault_hook: None,
+                deleted_uids: Default::default(),
                 bookmark_interval: Duration::from_secs(5),
+                require_namespaces: false,
             }),
             tx,
             counts: Mutex::new(RequestCounts::default()),
@@ -784,6 +928,30 @@ impl Store {
             .extend(std::iter::repeat_n(fault, n));
     }
 
+    /// Install (or with `None` remove) the per-request fault hook.
+    pub fn set_fault_hook(&self, hook: Option<FaultHook>) {
+        self.lock().fault_hook = hook;
+    }
+
+    /// The per-request fault hook, if any.
+    pub fn fault_hook(&self) -> Option<FaultHook> {
+        self.lock().fault_hook.clone()
+    }
+
+    /// If the next queued fault of `gr` is a delay, take it.
+    pub fn take_delay(&self, gr: &GroupResource) -> Option<Duration> {
+        let mut g = self.lock();
+        let q = g.faults.get_mut(gr)?;
+        match q.front() {
+            Some(FaultKind::Delay(d)) => {
+                let d = *d;
+                q.pop_front();
+                Some(d)
+            }
+            _ => None,
+        }
+    }
+
     /// Current global resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.lock().rv
@@ -797,6 +965,12 @@ impl Store {
     /// Change the bookmark interval for watches started afterwards.
     pub fn set_bookmark_interval(&self, d: Duration) {
         self.lock().bookmark_interval = d;
+    }
+
+    /// Refuse to create namespaced objects in a namespace that does not exist (404), as a
+    /// real server does.
+    pub fn set_require_namespaces(&self, on: bool) {
+        self.lock().require_namespaces = on;
     }
 
     /// Bound the watch history per resource (older resourceVersions get 410 Gone).
@@ -956,6 +1130,15 @@ impl Store {
         } else {
             m.remove("namespace");
         }
+        if m.get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|rv| !rv.is_empty())
+        {
+            // The real server's storage layer refuses this with a 500 as well.
+            return Err(ApiError::Internal(
+                "resourceVersion should not be set on objects to be created".into(),
+            ));
+        }
         for f in [
             "uid",
             "resourceVersion",
@@ -988,6 +1171,12 @@ impl Store {
                 });
             }
             name = format!("{prefix}{}", g.name_suffix());
+        }
+        if kind.namespaced && g.require_namespaces && g.namespace_object(ns).is_none() {
+            return Err(ApiError::NotFound {
+                qualified: "namespaces".into(),
+                name: ns.to_string(),
+            });
         }
         if kind.namespaced && g.namespace_terminating(ns) {
             return Err(ApiError::Forbidden(format!(
@@ -1029,16 +1218,24 @@ impl Store {
             obj["status"] = json!({"phase": "Active"});
         }
         normalize_meta(&mut obj);
-        g.validate(kind, &obj)?;
-        let managed = managed.unwrap_or_else(|| {
+        let defined = crd_accept(kind, &mut obj)?;
+        g.validate(kind, &obj, None)?;
+        let mut managed = managed.unwrap_or_else(|| {
             let mut mf = Vec::new();
             patch::record_update(&json!({}), &obj, kind.schema(), &mut mf, &opts.manager, "");
             mf
         });
+        let api_version = obj["apiVersion"].as_str().unwrap_or("").to_string();
+        patch::stamp(&mut managed, &[], &api_version, &now_rfc3339());
         if opts.dry_run {
             return Ok(obj);
         }
-        Ok(g.write(kind, &key, obj, Some(managed), &self.tx))
+        let view = g.write(kind, &key, obj, Some(managed), &self.tx);
+        if let Some(k) = defined {
+            g.kinds.insert(k.group_resource(), Arc::new(k));
+        }
+        g.run_gc(&self.tx);
+        Ok(view)
     }
 
     /// The object after a write to `sub` of `old`, with system fields, status handling,
@@ -1140,16 +1337,19 @@ impl Store {
         g: &mut Inner,
         kind: &KindInfo,
         key: &Key,
-        new: Value,
+        mut new: Value,
         sub: Sub,
         opts: &WriteOptions,
         managed: Option<Vec<ManagedEntry>>,
     ) -> Result<Value, ApiError> {
+        let defined = crd_accept(kind, &mut new)?;
         let gr = kind.group_resource();
         let Some(stored) = g.objects.get(&gr).and_then(|m| m.get(key)) else {
             return Err(Self::not_found(kind, &key.1));
         };
-        let managed = managed.unwrap_or_else(|| {
+        let old_obj = stored.obj.clone();
+        let previous = stored.managed.clone();
+        let mut managed = managed.unwrap_or_else(|| {
             let mut mf = stored.managed.clone();
             patch::record_update(
                 &stored.obj,
@@ -1161,17 +1361,24 @@ impl Store {
             );
             mf
         });
+        let api_version = new["apiVersion"].as_str().unwrap_or("").to_string();
+        patch::stamp(&mut managed, &previous, &api_version, &now_rfc3339());
         if new == stored.obj
             && let Some(s) = g.objects.get_mut(&gr).and_then(|m| m.get_mut(key))
         {
             s.managed = managed;
             return Ok(s.view());
         }
-        g.validate(kind, &new)?;
+        g.validate(kind, &new, Some(&old_obj))?;
         if opts.dry_run {
             return Ok(new);
         }
         let view = g.write(kind, key, new, Some(managed), &self.tx);
+        if let Some(k) = defined
+            && meta(&view).get("deletionTimestamp").is_none()
+        {
+            g.kinds.insert(k.group_resource(), Arc::new(k));
+        }
         g.run_gc(&self.tx);
         Ok(view)
     }
@@ -1212,7 +1419,28 @@ impl Store {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
+        if kind.namespaced
+            && let Some(body_ns) = meta(&body)["namespace"].as_str()
+            && !body_ns.is_empty()
+            && body_ns != ns
+        {
+            return Err(ApiError::BadRequest(
+                "the namespace of the provided object does not match the namespace sent on the request".into(),
+            ));
+        }
         let (old, _) = Self::stored_obj(&g, kind, &key)?;
+        if let Some(uid) = meta(&body)["uid"].as_str()
+            && !uid.is_empty()
+            && Some(uid) != meta(&old)["uid"].as_str()
+        {
+            return Err(ApiError::Conflict {
+                message: format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    kind.group_resource().qualified(),
+                    uid_of(&old)
+                ),
+            });
+        }
         match meta(&body)["resourceVersion"].as_str() {
             Some(rv) if !rv.is_empty() && Some(rv) != meta(&old)["resourceVersion"].as_str() => {
                 return Err(Self::conflict(kind, name));
@@ -1308,12 +1536,26 @@ impl Store {
                 "an apply patch must be an object".into(),
             ));
         }
-        if let Some(k) = applied["kind"].as_str()
-            && k != kind.kind
-        {
+        // Unlike create and update, apply needs the type in the body, as on a real server.
+        let Some(k) = applied["kind"].as_str().filter(|k| !k.is_empty()) else {
+            return Err(ApiError::BadRequest(
+                "Object 'Kind' is missing in the apply patch".into(),
+            ));
+        };
+        if k != kind.kind {
             return Err(ApiError::BadRequest(format!(
                 "the kind in the data ({k}) does not match the expected kind ({})",
                 kind.kind
+            )));
+        }
+        let group_ok = applied["apiVersion"].as_str().is_some_and(|av| {
+            let group = av.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+            group == kind.group
+        });
+        if !group_ok {
+            return Err(ApiError::BadRequest(format!(
+                "apiVersion {} does not match the group {:?} of the URL",
+                applied["apiVersion"], kind.group
             )));
         }
         let (ns, name) = key;
@@ -1496,6 +1738,24 @@ impl Store {
             .map(Stored::view)
     }
 
+    /// The current state of one object and a subscription to later changes, taken
+    /// atomically (for waiting on a condition without missing an event).
+    pub fn observe(
+        &self,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+    ) -> (Option<Value>, broadcast::Receiver<Arc<WatchRecord>>) {
+        let g = self.lock();
+        let rx = self.tx.subscribe();
+        let current = g
+            .objects
+            .get(gr)
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .map(Stored::view);
+        (current, rx)
+    }
+
     /// All objects of a resource (for test assertions).
     pub fn peek_all(&self, gr: &GroupResource) -> Vec<Value> {
         self.lock()
@@ -1516,4 +1776,107 @@ fn items_last_key(items: &[Value]) -> Key {
             )
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind() -> KindInfo {
+        let yaml = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: things.example.com}
+spec:
+  group: example.com
+  names: {kind: Thing, plural: things}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, subresources: {status: {}}}]
+"#;
+        KindInfo::from_crd_yaml(yaml).unwrap().remove(0)
+    }
+
+    fn opts() -> WriteOptions {
+        WriteOptions {
+            manager: "test".into(),
+            ..Default::default()
+        }
+    }
+
+    fn thing(name: &str) -> Value {
+        json!({"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": name}, "spec": {"a": 1}})
+    }
+
+    #[test]
+    fn uids_and_generated_names_look_like_kubernetes() {
+        let store = Store::new();
+        let mut g = store.lock();
+        let uid = g.new_uid();
+        assert_eq!(uid.len(), 36);
+        assert_eq!(uid.matches('-').count(), 4);
+        assert_ne!(uid, g.new_uid());
+        let suffix = g.name_suffix();
+        assert_eq!(suffix.len(), 5);
+        assert!(
+            suffix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
+    }
+
+    #[test]
+    fn normalize_drops_empty_metadata_collections() {
+        let mut o = json!({"metadata": {"name": "x", "finalizers": [], "labels": {}, "annotations": null,
+            "ownerReferences": [], "managedFields": [{"manager": "m"}]}});
+        normalize_meta(&mut o);
+        assert_eq!(o, json!({"metadata": {"name": "x"}}));
+    }
+
+    #[test]
+    fn bounded_history_makes_old_resource_versions_gone() {
+        let store = Store::new();
+        let k = kind();
+        store.register(k.clone());
+        store.set_history_limit(2);
+        let start = store.resource_version();
+        for i in 0..4 {
+            store
+                .create(&k, "ns", thing(&format!("t{i}")), &opts())
+                .unwrap();
+        }
+        assert!(matches!(
+            store.watch(&k, Some(start), false),
+            Err(ApiError::Gone { .. })
+        ));
+        let recent = store.resource_version() - 1;
+        let w = store.watch(&k, Some(recent), false).unwrap();
+        assert_eq!(
+            w.initial.len(),
+            1,
+            "only the newest event is after {recent}"
+        );
+    }
+
+    #[test]
+    fn no_op_update_keeps_resource_version_and_emits_nothing() {
+        let store = Store::new();
+        let k = kind();
+        store.register(k.clone());
+        let created = store.create(&k, "ns", thing("t"), &opts()).unwrap();
+        let mut rx = store
+            .watch(&k, Some(store.resource_version()), false)
+            .unwrap()
+            .rx;
+        let same = store
+            .update(&k, "ns", "t", created.clone(), Sub::Main, &opts())
+            .unwrap();
+        assert_eq!(
+            same["metadata"]["resourceVersion"],
+            created["metadata"]["resourceVersion"]
+        );
+        assert!(matches!(
+            rx.try_recv(),
+            Err(broadcast::error::TryRecvError::Empty)
+        ));
+    }
 }
