@@ -8,12 +8,14 @@
 //! - Two pool gateways of one IP family with the same metric no longer fail the machine
 //!   (Go bug 13): the default pool's gateway keeps the default route, the other is left out.
 //! - Route/rule collisions and validation errors name the route and the field to fix.
-//! - MAC addresses are written lower-case and quoted; `linkMtu: 1` ("inherit") writes no `mtu`.
+//! - Strings YAML 1.1 (cloud-init's PyYAML) would misread are quoted, e.g. the QEMU MAC
+//!   `52:54:00:12:34:56` (a base-60 integer there) or a VRF named `on`; MACs are lower-case; `linkMtu: 1` ("inherit") writes no `mtu`.
 //! - `ethernets` are written in NIC order (`eth2` before `eth10`), not sorted as strings.
 //! - Ignition (Flatcar) bootstrap data is not supported yet: [`CloudInitError::Unsupported`].
 
 pub mod iso;
 mod network;
+mod yaml;
 
 #[cfg(test)]
 mod tests;
@@ -149,7 +151,7 @@ pub fn render_meta_data(meta: &MetaData) -> Result<String, CloudInitError> {
         provider_id: non_empty(&meta.provider_id),
         kubernetes_version: non_empty(&meta.kubernetes_version),
     };
-    serde_yaml::to_string(&doc).map_err(|e| CloudInitError::Yaml(e.to_string()))
+    yaml::to_string(&doc).map_err(CloudInitError::Yaml)
 }
 
 fn non_empty(s: &Option<String>) -> Option<&str> {

@@ -766,5 +766,5 @@ pub fn render_network_config(
             vrfs: Ordered(vrf_out),
         },
     };
-    serde_yaml::to_string(&doc).map_err(|e| NetworkConfigError::Yaml(e.to_string()))
+    super::yaml::to_string(&doc).map_err(NetworkConfigError::Yaml)
 }
