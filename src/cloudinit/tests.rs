@@ -607,6 +607,33 @@ fn every_validation_error_says_what_to_fix() {
              spec.network.networkDevices (devices: net0)",
         ),
         (
+            "duplicate nic",
+            render_err(&[nic("net0")], &[], &[v4[0].clone(), v4[0].clone()]),
+            "network device net0 was given two address entries; pass one NicAddresses per NIC",
+        ),
+        (
+            "nic in two vrfs",
+            render_err(
+                &[nic("net0")],
+                &[
+                    VrfDevice {
+                        name: "vrf-a".into(),
+                        table: 10,
+                        interfaces: vec!["net0".into()],
+                        ..Default::default()
+                    },
+                    VrfDevice {
+                        name: "vrf-b".into(),
+                        table: 11,
+                        interfaces: vec!["net0".into()],
+                        ..Default::default()
+                    },
+                ],
+                &v4,
+            ),
+            "network device net0 is an interface of VRF vrf-a and of VRF vrf-b; a NIC can be in one VRF only",
+        ),
+        (
             "prefix",
             render_err(
                 &[nic("net0")],
@@ -987,4 +1014,25 @@ fn network_errors_surface_through_render_nocloud() {
             nic: "net1".to_owned()
         })
     );
+}
+
+#[test]
+fn an_unset_pool_metric_and_metric_0_are_the_same_default_route() {
+    let a = vec![
+        assigned("net0", MAC0, vec![addr("10.0.0.5", 24, Some("10.0.0.1"))]),
+        assigned(
+            "net1",
+            MAC1,
+            vec![AssignedAddress {
+                metric: Some(0),
+                ..addr("192.168.1.5", 24, Some("192.168.1.1"))
+            }],
+        ),
+    ];
+    let doc = render(&[nic("net0"), nic("net1")], &[], &a);
+    assert_eq!(
+        doc["network"]["ethernets"]["eth0"]["routes"],
+        yaml("[{to: 0.0.0.0/0, via: 10.0.0.1}]")
+    );
+    assert!(doc["network"]["ethernets"]["eth1"].get("routes").is_none());
 }
