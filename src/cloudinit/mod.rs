@@ -53,6 +53,33 @@ pub enum CloudInitError {
     Yaml(String),
 }
 
+impl CloudInitError {
+    /// Condition reason for the machine's `VirtualMachineProvisioned` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::MissingHostname | Self::MissingInstanceId => "MetadataIncomplete",
+            Self::UnknownFormat(_) | Self::Unsupported(_) => "BootstrapFormatUnsupported",
+            Self::Network(
+                NetworkConfigError::MissingAddresses { .. } | NetworkConfigError::MissingMac { .. },
+            ) => "WaitingForNetwork",
+            Self::Network(_) => "InvalidNetworkConfig",
+            Self::Yaml(_) => "CloudInitRenderFailed",
+        }
+    }
+
+    /// True when the input may still arrive (IP claims bound, VM config read): retry, don't fail.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::MissingInstanceId
+                | Self::Network(
+                    NetworkConfigError::MissingAddresses { .. }
+                        | NetworkConfigError::MissingMac { .. }
+                )
+        )
+    }
+}
+
 /// Format of the bootstrap data (the bootstrap Secret's `format` key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BootstrapFormat {

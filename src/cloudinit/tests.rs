@@ -1036,3 +1036,19 @@ fn an_unset_pool_metric_and_metric_0_are_the_same_default_route() {
     );
     assert!(doc["network"]["ethernets"]["eth1"].get("routes").is_none());
 }
+
+#[test]
+fn errors_tell_the_reconciler_whether_to_wait_or_report() {
+    let waiting = CloudInitError::Network(NetworkConfigError::MissingAddresses {
+        nic: "net1".to_owned(),
+    });
+    assert!(waiting.is_retryable());
+    assert_eq!(waiting.reason(), "WaitingForNetwork");
+    assert!(CloudInitError::MissingInstanceId.is_retryable());
+    let user = CloudInitError::Network(NetworkConfigError::MissingDefaultRoute);
+    assert!(!user.is_retryable());
+    assert_eq!(user.reason(), "InvalidNetworkConfig");
+    let ignition = CloudInitError::Unsupported(BootstrapFormat::Ignition);
+    assert!(!ignition.is_retryable());
+    assert_eq!(ignition.reason(), "BootstrapFormatUnsupported");
+}
