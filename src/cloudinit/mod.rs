@@ -15,6 +15,7 @@
 
 pub mod iso;
 mod network;
+mod vmconfig;
 mod yaml;
 
 #[cfg(test)]
@@ -25,6 +26,7 @@ use serde::Serialize;
 use crate::placement::Placement;
 
 pub use network::{AssignedAddress, NetworkConfigError, NicAddresses, render_network_config};
+pub use vmconfig::{instance_id_from_smbios, mac_from_net_config};
 
 /// Why the NoCloud files cannot be rendered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
