@@ -3,6 +3,14 @@
 //! Pure code: the machine reconciler reads the bootstrap Secret, the VM config (SMBIOS UUID,
 //! MACs) and the bound IPAddresses, and passes plain data here with the [`Placement`].
 //!
+//! # Flow (machine reconciler)
+//!
+//! 1. [`BootstrapFormat::parse`] the Secret's `format`; [`instance_id_from_smbios`] and
+//!    [`mac_from_net_config`] on the VM config; the bound IPAddresses as [`NicAddresses`].
+//! 2. [`render_nocloud`] → [`NoCloudFiles`]; on error set the condition from
+//!    [`CloudInitError::reason`] and retry only when [`CloudInitError::is_retryable`].
+//! 3. [`build_nocloud_iso`] and upload it as [`seed_iso_name`], attach it as `ide0`.
+//!
 //! # Where capmox differs from the Go provider (on purpose)
 //!
 //! - Two pool gateways of one IP family with the same metric no longer fail the machine
@@ -213,6 +221,12 @@ pub fn render_nocloud(
         network_config: network_config.into_bytes(),
         vendor_data: None,
     })
+}
+
+/// File name of a VM's seed image on the Proxmox ISO storage, as the Go provider names it
+/// (`user-data-<vmid>.iso`), so capmox finds and replaces images of adopted machines.
+pub fn seed_iso_name(vmid: u32) -> String {
+    format!("user-data-{vmid}.iso")
 }
 
 /// Builds the NoCloud seed image: ISO9660 with Joliet and Rock Ridge names, volume id `cidata`,

@@ -1052,3 +1052,8 @@ fn errors_tell_the_reconciler_whether_to_wait_or_report() {
     assert!(!ignition.is_retryable());
     assert_eq!(ignition.reason(), "BootstrapFormatUnsupported");
 }
+
+#[test]
+fn the_seed_image_keeps_the_go_provider_file_name() {
+    assert_eq!(seed_iso_name(1234), "user-data-1234.iso");
+}
