@@ -226,7 +226,7 @@ fn directory(records: Vec<Vec<u8>>) -> Vec<u8> {
 }
 
 /// Writes an ISO9660 image with Joliet and Rock Ridge names and the files (name, bytes) in its
-/// root directory, in the given data order. Names are kept as given (Joliet keeps up to 64 characters).
+/// root directory, in the given data order. Names are kept as given, up to 64 characters.
 pub fn build_iso(volume_id: &str, files: &[(&str, &[u8])]) -> Vec<u8> {
     // Data extents first (their positions depend on the directory sizes, so size those first).
     let mut short = Vec::new();
@@ -234,7 +234,11 @@ pub fn build_iso(volume_id: &str, files: &[(&str, &[u8])]) -> Vec<u8> {
         let s = short_name(name, &short);
         short.push(s);
     }
-    let rr_file = |name: &str| [rr_px(0o100_444, 1), rr_nm(name)].concat();
+    // Names are capped at 64 characters (Joliet's limit) so every record fits its length byte.
+    let rr_file = |name: &str| {
+        let name: String = name.chars().take(64).collect();
+        [rr_px(0o100_444, 1), rr_nm(&name)].concat()
+    };
     let rr_dir = rr_px(0o040_555, 2);
     let primary_len = |root: u32, extents: &[u32], dir_size: u32| {
         let mut recs = vec![

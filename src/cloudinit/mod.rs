@@ -3,17 +3,28 @@
 //! Pure code: the machine reconciler reads the bootstrap Secret, the VM config (SMBIOS UUID,
 //! MACs) and the bound IPAddresses, and passes plain data here with the [`Placement`].
 //!
+//! # Flow (machine reconciler)
+//!
+//! 1. [`BootstrapFormat::parse`] the Secret's `format`; [`instance_id_from_smbios`] and
+//!    [`mac_from_net_config`] on the VM config; the bound IPAddresses as [`NicAddresses`].
+//! 2. [`render_nocloud`] → [`NoCloudFiles`]; on error set the condition from
+//!    [`CloudInitError::reason`] and retry only when [`CloudInitError::is_retryable`].
+//! 3. [`build_nocloud_iso`] and upload it as [`seed_iso_name`], attach it as `ide0`.
+//!
 //! # Where capmox differs from the Go provider (on purpose)
 //!
 //! - Two pool gateways of one IP family with the same metric no longer fail the machine
 //!   (Go bug 13): the default pool's gateway keeps the default route, the other is left out.
 //! - Route/rule collisions and validation errors name the route and the field to fix.
-//! - MAC addresses are written lower-case and quoted; `linkMtu: 1` ("inherit") writes no `mtu`.
+//! - Strings YAML 1.1 (cloud-init's PyYAML) would misread are quoted, e.g. the QEMU MAC
+//!   `52:54:00:12:34:56` (a base-60 integer there) or a VRF named `on`; MACs are lower-case; `linkMtu: 1` ("inherit") writes no `mtu`.
 //! - `ethernets` are written in NIC order (`eth2` before `eth10`), not sorted as strings.
 //! - Ignition (Flatcar) bootstrap data is not supported yet: [`CloudInitError::Unsupported`].
 
 pub mod iso;
 mod network;
+mod vmconfig;
+mod yaml;
 
 #[cfg(test)]
 mod tests;
@@ -23,6 +34,7 @@ use serde::Serialize;
 use crate::placement::Placement;
 
 pub use network::{AssignedAddress, NetworkConfigError, NicAddresses, render_network_config};
+pub use vmconfig::{instance_id_from_smbios, mac_from_net_config};
 
 /// Why the NoCloud files cannot be rendered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +61,33 @@ pub enum CloudInitError {
     /// serde_yaml refused the document (a bug in capmox).
     #[error("rendering meta-data as YAML failed: {0}")]
     Yaml(String),
+}
+
+impl CloudInitError {
+    /// Condition reason for the machine's `VirtualMachineProvisioned` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::MissingHostname | Self::MissingInstanceId => "MetadataIncomplete",
+            Self::UnknownFormat(_) | Self::Unsupported(_) => "BootstrapFormatUnsupported",
+            Self::Network(
+                NetworkConfigError::MissingAddresses { .. } | NetworkConfigError::MissingMac { .. },
+            ) => "WaitingForNetwork",
+            Self::Network(_) => "InvalidNetworkConfig",
+            Self::Yaml(_) => "CloudInitRenderFailed",
+        }
+    }
+
+    /// True when the input may still arrive (IP claims bound, VM config read): retry, don't fail.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::MissingInstanceId
+                | Self::Network(
+                    NetworkConfigError::MissingAddresses { .. }
+                        | NetworkConfigError::MissingMac { .. }
+                )
+        )
+    }
 }
 
 /// Format of the bootstrap data (the bootstrap Secret's `format` key).
@@ -149,7 +188,7 @@ pub fn render_meta_data(meta: &MetaData) -> Result<String, CloudInitError> {
         provider_id: non_empty(&meta.provider_id),
         kubernetes_version: non_empty(&meta.kubernetes_version),
     };
-    serde_yaml::to_string(&doc).map_err(|e| CloudInitError::Yaml(e.to_string()))
+    yaml::to_string(&doc).map_err(CloudInitError::Yaml)
 }
 
 fn non_empty(s: &Option<String>) -> Option<&str> {
@@ -182,6 +221,12 @@ pub fn render_nocloud(
         network_config: network_config.into_bytes(),
         vendor_data: None,
     })
+}
+
+/// File name of a VM's seed image on the Proxmox ISO storage, as the Go provider names it
+/// (`user-data-<vmid>.iso`), so capmox finds and replaces images of adopted machines.
+pub fn seed_iso_name(vmid: u32) -> String {
+    format!("user-data-{vmid}.iso")
 }
 
 /// Builds the NoCloud seed image: ISO9660 with Joliet and Rock Ridge names, volume id `cidata`,

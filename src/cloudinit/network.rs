@@ -83,6 +83,24 @@ pub enum NetworkConfigError {
         /// The machine's NICs, comma-separated.
         known: String,
     },
+    /// Two address entries for one NIC (a caller bug: merge them).
+    #[error("network device {nic} was given two address entries; pass one NicAddresses per NIC")]
+    DuplicateNic {
+        /// The NIC (`netN`).
+        nic: String,
+    },
+    /// One NIC enslaved to two VRFs (or listed twice).
+    #[error(
+        "network device {nic} is an interface of VRF {first} and of VRF {second}; a NIC can be in one VRF only"
+    )]
+    VrfInterfaceTwice {
+        /// The NIC (`netN`).
+        nic: String,
+        /// The first VRF listing it.
+        first: String,
+        /// The second VRF listing it.
+        second: String,
+    },
     /// A prefix length longer than the address family allows.
     #[error(
         "network device {nic} has address {address}/{prefix}: the prefix is longer than {max}; fix the IP pool's prefix"
@@ -581,15 +599,25 @@ pub fn render_network_config(
             known: known_nics(nics),
         });
     }
+    // The entry of each NIC, in NIC order.
+    let mut per_nic: Vec<Option<&NicAddresses>> = Vec::with_capacity(nics.len());
+    for nic in nics {
+        let mut mine = assigned.iter().filter(|a| a.nic == nic.name);
+        let first = mine.next();
+        if mine.next().is_some() {
+            return Err(NetworkConfigError::DuplicateNic {
+                nic: nic.name.clone(),
+            });
+        }
+        per_nic.push(first);
+    }
 
     // Default routes from pool gateways: one per (family, metric), default pool first.
     let mut gateways: Vec<(usize, usize, &AssignedAddress)> = Vec::new();
-    for (i, nic) in nics.iter().enumerate() {
-        for a in assigned.iter().filter(|a| a.nic == nic.name) {
-            for (j, addr) in a.addresses.iter().enumerate() {
-                if addr.gateway.is_some() {
-                    gateways.push((i, j, addr));
-                }
+    for (i, entry) in per_nic.iter().enumerate() {
+        for (j, addr) in entry.iter().flat_map(|a| &a.addresses).enumerate() {
+            if addr.gateway.is_some() {
+                gateways.push((i, j, addr));
             }
         }
     }
@@ -597,7 +625,8 @@ pub fn render_network_config(
     let mut taken = BTreeMap::new();
     let mut keep = Vec::new();
     for (i, j, a) in gateways {
-        if taken.insert((a.address.is_ipv6(), a.metric), ()).is_none() {
+        let key = (a.address.is_ipv6(), a.metric.unwrap_or(0));
+        if taken.insert(key, ()).is_none() {
             keep.push((i, j));
         }
     }
@@ -605,19 +634,17 @@ pub fn render_network_config(
     let mut collisions = Collisions::default();
     let mut has_default = false;
     let mut ethernets = Vec::new();
-    for (i, nic) in nics.iter().enumerate() {
+    for (i, (nic, entry)) in nics.iter().zip(&per_nic).enumerate() {
         let eth = format!("eth{i}");
-        let mine: Vec<&NicAddresses> = assigned.iter().filter(|a| a.nic == nic.name).collect();
-        let addresses: Vec<&AssignedAddress> = mine.iter().flat_map(|a| &a.addresses).collect();
+        let addresses: Vec<&AssignedAddress> = entry.iter().flat_map(|a| &a.addresses).collect();
         if addresses.is_empty() {
             return Err(NetworkConfigError::MissingAddresses {
                 nic: nic.name.clone(),
             });
         }
-        let raw_mac = mine
-            .iter()
+        let raw_mac = entry
             .map(|a| a.mac.trim())
-            .find(|m| !m.is_empty())
+            .filter(|m| !m.is_empty())
             .ok_or_else(|| NetworkConfigError::MissingMac {
                 nic: nic.name.clone(),
             })?;
@@ -715,6 +742,7 @@ pub fn render_network_config(
     }
 
     let mut vrf_out = Vec::new();
+    let mut enslaved: BTreeMap<&str, &str> = BTreeMap::new();
     for vrf in vrfs {
         let at = |what: &str, k: usize| format!("VRF {} {what} {}", vrf.name, k + 1);
         let table = non_negative(&format!("VRF {}", vrf.name), "table", Some(vrf.table))?
@@ -728,6 +756,13 @@ pub fn render_network_config(
                     known: known_nics(nics),
                 }
             })?;
+            if let Some(first) = enslaved.insert(iface, &vrf.name) {
+                return Err(NetworkConfigError::VrfInterfaceTwice {
+                    nic: iface.clone(),
+                    first: first.to_owned(),
+                    second: vrf.name.clone(),
+                });
+            }
             interfaces.push(format!("eth{idx}"));
         }
         let mut routes = Vec::new();
@@ -766,5 +801,5 @@ pub fn render_network_config(
             vrfs: Ordered(vrf_out),
         },
     };
-    serde_yaml::to_string(&doc).map_err(|e| NetworkConfigError::Yaml(e.to_string()))
+    super::yaml::to_string(&doc).map_err(NetworkConfigError::Yaml)
 }
