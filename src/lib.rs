@@ -13,6 +13,7 @@ pub mod cloudinit;
 pub mod controller;
 pub mod placement;
 pub mod proxmox;
+pub mod sandbox;
 pub mod schema;
 pub mod sim;
 pub mod testkit;

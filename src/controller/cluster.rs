@@ -538,6 +538,44 @@ async fn client_config(
     ))
 }
 
+/// The client configuration for a cluster without touching the Secret (for the machine
+/// controller; the cluster controller adopts the Secret).
+pub(crate) async fn client_config_for(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
+    let Some(reference) = &cluster.spec.credentials_ref else {
+        return client_config(context, cluster, namespace).await;
+    };
+    let secret_namespace = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace.to_owned());
+    let secret_name = reference.name.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(context.client.clone(), &secret_namespace);
+    let Some(secret) = secrets.get_opt(&secret_name).await? else {
+        return Ok(Err(CredentialsError::SecretNotFound {
+            namespace: secret_namespace,
+            name: secret_name,
+        }));
+    };
+    Ok(credentials::from_secret_data(
+        &secret_namespace,
+        &secret_name,
+        &secret_data(&secret),
+    ))
+}
+
+/// A Secret's data with `stringData` folded in (as the API server does on write).
+fn secret_data(secret: &Secret) -> BTreeMap<String, k8s_openapi::ByteString> {
+    let mut data = secret.data.clone().unwrap_or_default();
+    for (key, value) in secret.string_data.clone().unwrap_or_default() {
+        data.insert(key, k8s_openapi::ByteString(value.into_bytes()));
+    }
+    data
+}
+
 /// Owner reference and finalizer on the credentials Secret, so it outlives the cluster's machines.
 async fn adopt_secret(
     secrets: &Api<Secret>,

@@ -6,6 +6,7 @@ pub mod conditions;
 pub mod credentials;
 pub mod http;
 pub mod leader;
+pub mod machine;
 pub mod metrics;
 
 use std::net::SocketAddr;
@@ -64,6 +65,9 @@ pub struct Context {
     pub proxmox: Arc<ClientRegistry>,
     /// Credentials for clusters without a `credentialsRef`.
     pub global_credentials: GlobalCredentials,
+    /// Memory promised to machines whose VMs are still being created, so parallel reconciles
+    /// never both take the last slot on a node.
+    pub reservations: Arc<tokio::sync::Mutex<crate::placement::Reservations>>,
 }
 
 impl Context {
@@ -79,6 +83,7 @@ impl Context {
             config,
             proxmox: Arc::new(ClientRegistry::new()),
             global_credentials,
+            reservations: Arc::default(),
         }
     }
 }
@@ -120,6 +125,7 @@ pub async fn run(
             config,
             proxmox: Arc::new(ClientRegistry::new()),
             global_credentials,
+            reservations: Arc::default(),
         };
         readiness.set(true);
         // A shutdown signal reaches the reconcilers through the child token; so does the loss of
@@ -174,5 +180,8 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
         machine_concurrency = context.config.machine_concurrency,
         "starting reconcilers"
     );
-    cluster::run(context, shutdown).await;
+    tokio::join!(
+        cluster::run(context.clone(), shutdown.clone()),
+        machine::run(context, shutdown)
+    );
 }

@@ -100,12 +100,129 @@ impl Env {
         }
     }
 
-    /// Starts the reconcilers; they stop when the environment is dropped.
+    /// Starts the reconcilers and the IPAM stand-in; they stop when the environment is dropped.
     pub fn run_controllers(&self) {
         tokio::spawn(capmox::controller::run_controllers(
             self.context.clone(),
             self.stop.clone(),
         ));
+        tokio::spawn(capmox::sandbox::ipam::run(self.client(), self.stop.clone()));
+    }
+
+    /// Plays CAPI core for a provisioned ProxmoxCluster: marks the Cluster's infrastructure
+    /// provisioned and copies the failure domains.
+    pub async fn mark_cluster_provisioned(&self, name: &str, cluster: &ProxmoxCluster) {
+        let domains = cluster
+            .status
+            .as_ref()
+            .map(|s| s.failure_domains.clone())
+            .unwrap_or_default();
+        Api::<capmox::capi::Cluster>::namespaced(self.client(), "default")
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"status": {
+                    "initialization": {"infrastructureProvisioned": true},
+                    "failureDomains": domains
+                }})),
+            )
+            .await
+            .expect("cluster status patched");
+    }
+
+    /// A CAPI Machine with its bootstrap Secret and a ProxmoxMachine it owns.
+    pub async fn create_machine(
+        &self,
+        cluster: &str,
+        name: &str,
+        failure_domain: Option<&str>,
+        control_plane: bool,
+        spec: Value,
+    ) {
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("{name}-bootstrap"), "namespace": "default"},
+            "stringData": {"value": "#cloud-config\nruncmd: [echo hello]\n", "format": "cloud-config"}
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(self.client(), "default")
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("bootstrap secret");
+        let mut labels = json!({"cluster.x-k8s.io/cluster-name": cluster});
+        if control_plane {
+            labels["cluster.x-k8s.io/control-plane"] = json!("");
+        }
+        let mut machine_spec = json!({
+            "clusterName": cluster,
+            "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ProxmoxMachine", "name": name}
+        });
+        if let Some(domain) = failure_domain {
+            machine_spec["failureDomain"] = json!(domain);
+        }
+        let machine: capmox::capi::Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+            "spec": machine_spec
+        }))
+        .expect("machine");
+        let created = Api::<capmox::capi::Machine>::namespaced(self.client(), "default")
+            .create(&PostParams::default(), &machine)
+            .await
+            .expect("machine created");
+        let proxmox_machine: capmox::api::ProxmoxMachine = serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxMachine",
+            "metadata": {
+                "name": name, "namespace": "default", "labels": labels,
+                "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": name,
+                    "uid": created.metadata.uid.expect("uid"), "controller": true}]
+            },
+            "spec": spec
+        }))
+        .expect("proxmox machine");
+        Api::<capmox::api::ProxmoxMachine>::namespaced(self.client(), "default")
+            .create(&PostParams::default(), &proxmox_machine)
+            .await
+            .expect("proxmox machine created");
+    }
+
+    /// Waits until the ProxmoxMachine satisfies `condition`, returning it.
+    pub async fn wait_machine(
+        &self,
+        name: &str,
+        what: &str,
+        condition: impl Fn(&capmox::api::ProxmoxMachine) -> bool,
+    ) -> capmox::api::ProxmoxMachine {
+        let api = Api::<capmox::api::ProxmoxMachine>::namespaced(self.client(), "default");
+        let found = tokio::time::timeout(
+            ENV_WAIT,
+            await_condition(
+                api.clone(),
+                name,
+                move |m: Option<&capmox::api::ProxmoxMachine>| m.is_some_and(&condition),
+            ),
+        )
+        .await;
+        match found {
+            Ok(Ok(Some(machine))) => machine,
+            other => {
+                let now = api.get_opt(name).await.ok().flatten();
+                panic!(
+                    "timed out waiting for {what}: {other:?}\nlast seen: {:#?}",
+                    now.and_then(|m| m.status)
+                );
+            }
+        }
+    }
+
+    /// A Proxmox client for the simulator.
+    pub fn proxmox(&self) -> capmox::proxmox::ProxmoxClient {
+        let config = capmox::proxmox::ClientConfig::new(
+            self.sim.url(),
+            capmox::proxmox::ApiToken::parse(&self.sim.token()).expect("token"),
+        );
+        capmox::proxmox::ProxmoxClient::new(&config).expect("client")
     }
 
     pub fn client(&self) -> kube::Client {

@@ -1,0 +1,1578 @@
+//! The ProxmoxMachine reconciler: the InfraMachine half of the CAPI v1beta2 contract.
+//!
+//! Level-triggered: each reconcile observes the VM (by the VMID in status, else by the machine's
+//! tag) and takes the next needed step. The VMID, node and zone are written to status before
+//! the clone request, so a crash never leaks a second VM. The phase is derived from what exists;
+//! no condition reason is used as state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::Context;
+use super::cluster::{self, ClusterError};
+use super::conditions::{self, Decided, Status};
+use crate::api::{
+    self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
+    ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, annotations, finalizers, labels,
+};
+use crate::capi::{self, IPAddress, IPAddressClaim, IpPoolReference};
+use crate::placement::{
+    self, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory, PlacedMachine, Placement,
+    ScheduleRequest, TemplateInfo, TemplateSource,
+};
+use crate::proxmox::{
+    CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
+    ProxmoxError, ResourceType, VmConfig, WaitOptions,
+};
+
+/// Field manager of everything this controller writes.
+pub const FIELD_MANAGER: &str = "capmox-proxmoxmachine";
+/// Controller name in metrics and logs.
+pub const CONTROLLER: &str = "proxmoxmachine";
+/// Condition that tracks the VM.
+const PROVISIONED: &str = api::conditions::VIRTUAL_MACHINE_PROVISIONED;
+/// Prefix of the tag that ties a VM to its ProxmoxMachine.
+const MACHINE_TAG_PREFIX: &str = "capmox-";
+
+/// Why a reconcile failed; it is retried with back-off.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    /// A Proxmox call failed.
+    #[error("Proxmox: {0}")]
+    Proxmox(#[from] ProxmoxError),
+    /// An object could not be encoded.
+    #[error("cannot encode object: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Shared cluster plumbing failed.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The object lacks a name or namespace (never true for objects read from the API).
+    #[error("ProxmoxMachine without name or namespace")]
+    MissingIdentity,
+}
+
+/// The tag that marks a VM as this machine's: derived from the ProxmoxMachine's UID, so a VM
+/// can be traced to its machine (and adopted after a crash) and never mistaken for another's.
+pub fn machine_tag(machine: &ProxmoxMachine) -> String {
+    let uid = machine.metadata.uid.as_deref().unwrap_or_default();
+    let short: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(16)
+        .collect();
+    format!("{MACHINE_TAG_PREFIX}{}", short.to_ascii_lowercase())
+}
+
+/// Runs the controller until `shutdown` is cancelled.
+pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
+    let client = context.client.clone();
+    let namespace = context.config.watch_namespace.clone();
+    let api = |client: &kube::Client| -> (
+        Api<ProxmoxMachine>,
+        Api<capi::Machine>,
+        Api<ProxmoxCluster>,
+        Api<IPAddressClaim>,
+    ) {
+        match &namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+            ),
+        }
+    };
+    let (machines, capi_machines, clusters, claims) = api(&client);
+    let controller = Controller::new(machines, watcher::Config::default());
+    let store = controller.store();
+    controller
+        .owns(claims, watcher::Config::default())
+        .watches(capi_machines, watcher::Config::default(), |machine| {
+            let reference = machine.spec.infrastructure_ref.as_ref()?;
+            (reference.kind == "ProxmoxMachine").then(|| {
+                ObjectRef::new(&reference.name).within(machine.namespace().as_deref().unwrap_or_default())
+            })
+        })
+        // A cluster change (failure domains, pools, readiness) wakes the machines waiting on it.
+        .watches(clusters, watcher::Config::default(), move |cluster| {
+            let name = cluster.labels().get(labels::CLUSTER_NAME).cloned().unwrap_or_else(|| cluster.name_any());
+            let namespace = cluster.namespace();
+            store
+                .state()
+                .into_iter()
+                .filter(|m| m.namespace() == namespace && m.labels().get(labels::CLUSTER_NAME) == Some(&name))
+                .map(|m| ObjectRef::from_obj(&*m))
+                .collect::<Vec<_>>()
+        })
+        .with_config(ControllerConfig::default().concurrency(context.config.machine_concurrency))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(controller = CONTROLLER, %error, "reconcile finished with an error");
+            }
+        })
+        .await;
+}
+
+fn error_policy(machine: Arc<ProxmoxMachine>, error: &MachineError, _: Arc<Context>) -> Action {
+    tracing::warn!(controller = CONTROLLER, machine = %machine.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// One reconcile, with its duration and outcome recorded in the metrics.
+pub async fn reconcile(
+    machine: Arc<ProxmoxMachine>,
+    context: Arc<Context>,
+) -> Result<Action, MachineError> {
+    let started = Instant::now();
+    let result = Reconcile::new(&machine, &context).and_then_run().await;
+    context
+        .metrics
+        .reconciled(CONTROLLER, started.elapsed(), result.is_err());
+    result
+}
+
+/// What a step decided: go on, or stop this reconcile with a condition and a requeue.
+enum Step {
+    Continue,
+    Stop(Decided, Action),
+}
+
+fn waiting(reason: &str, message: impl Into<String>, action: Action) -> Step {
+    Step::Stop(
+        Decided {
+            type_: PROVISIONED,
+            status: Status::False,
+            reason: reason.to_owned(),
+            message: message.into(),
+        },
+        action,
+    )
+}
+
+/// Task-aware waiting: short, growing poll intervals, bounded so a reconcile never blocks long.
+fn task_wait() -> WaitOptions {
+    WaitOptions {
+        initial_interval: Duration::from_millis(50),
+        factor: 1.6,
+        max_interval: Duration::from_secs(2),
+        deadline: Duration::from_secs(120),
+    }
+}
+
+struct Reconcile<'a> {
+    machine: &'a ProxmoxMachine,
+    context: &'a Context,
+}
+
+/// Everything a provisioning pass works with once the prerequisites are met.
+struct Scope {
+    namespace: String,
+    name: String,
+    api: Api<ProxmoxMachine>,
+    capi_machine: capi::Machine,
+    cluster_name: String,
+    proxmox_cluster: ProxmoxCluster,
+    current: ProxmoxMachineStatus,
+    status: ProxmoxMachineStatus,
+}
+
+impl<'a> Reconcile<'a> {
+    fn new(machine: &'a ProxmoxMachine, context: &'a Context) -> Self {
+        Self { machine, context }
+    }
+
+    async fn and_then_run(self) -> Result<Action, MachineError> {
+        let namespace = self
+            .machine
+            .namespace()
+            .ok_or(MachineError::MissingIdentity)?;
+        let name = self
+            .machine
+            .metadata
+            .name
+            .clone()
+            .ok_or(MachineError::MissingIdentity)?;
+        let api: Api<ProxmoxMachine> = Api::namespaced(self.context.client.clone(), &namespace);
+        let current = self.machine.status.clone().unwrap_or_default();
+
+        let Some(owner) = self
+            .machine
+            .owner_references()
+            .iter()
+            .find(|o| {
+                o.kind == "Machine"
+                    && o.api_version
+                        .starts_with(&format!("{}/", capi::CLUSTER_API_GROUP))
+            })
+            .map(|o| o.name.clone())
+        else {
+            // Deleted before CAPI adopted it: nothing was created, nothing to clean up.
+            if self.machine.metadata.deletion_timestamp.is_some() {
+                remove_finalizer(&api, self.machine).await?;
+            }
+            tracing::debug!(machine = %name, "waiting for the CAPI Machine to set the owner reference");
+            return Ok(Action::await_change());
+        };
+        let capi_machine =
+            Api::<capi::Machine>::namespaced(self.context.client.clone(), &namespace)
+                .get_opt(&owner)
+                .await?;
+        let Some(capi_machine) = capi_machine else {
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        };
+        let cluster_name = if capi_machine.spec.cluster_name.is_empty() {
+            self.machine
+                .labels()
+                .get(labels::CLUSTER_NAME)
+                .cloned()
+                .unwrap_or_default()
+        } else {
+            capi_machine.spec.cluster_name.clone()
+        };
+        let capi_cluster =
+            Api::<capi::Cluster>::namespaced(self.context.client.clone(), &namespace)
+                .get_opt(&cluster_name)
+                .await?;
+        let Some(capi_cluster) = capi_cluster else {
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        };
+        let infra_name = capi_cluster
+            .spec
+            .infrastructure_ref
+            .as_ref()
+            .map(|r| r.name.clone())
+            .unwrap_or_else(|| cluster_name.clone());
+        let proxmox_cluster =
+            Api::<ProxmoxCluster>::namespaced(self.context.client.clone(), &namespace)
+                .get_opt(&infra_name)
+                .await?;
+
+        let paused = capi_cluster.spec.paused == Some(true)
+            || self.machine.annotations().contains_key(annotations::PAUSED)
+            || capi_cluster.annotations().contains_key(annotations::PAUSED);
+        if paused {
+            if !conditions::is_true(&current.conditions, api::conditions::PAUSED) {
+                let mut status = owned_status(&current);
+                status.conditions = paused_conditions(&current, self.machine.metadata.generation);
+                apply_status(&api, &name, &current, &status).await?;
+            }
+            return Ok(Action::await_change());
+        }
+
+        let mut scope = Scope {
+            namespace,
+            name,
+            api,
+            capi_machine,
+            cluster_name,
+            proxmox_cluster: proxmox_cluster
+                .clone()
+                .unwrap_or_else(|| ProxmoxCluster::new(&infra_name, Default::default())),
+            status: owned_status(&current),
+            current,
+        };
+
+        if self.machine.metadata.deletion_timestamp.is_some() {
+            return self.delete(&mut scope, proxmox_cluster.is_some()).await;
+        }
+        let step = self
+            .provision(&mut scope, proxmox_cluster.is_some(), &capi_cluster)
+            .await?;
+        let (decided, action) = match step {
+            Step::Continue => (
+                Decided::ok(PROVISIONED, "Provisioned", ""),
+                Action::requeue(Duration::from_secs(600)),
+            ),
+            Step::Stop(decided, action) => (decided, action),
+        };
+        let decided = [
+            Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
+            decided,
+        ];
+        scope.status.conditions = conditions::merge(
+            &scope.current.conditions,
+            &decided,
+            self.machine.metadata.generation,
+            Timestamp::now(),
+        );
+        apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await?;
+        Ok(action)
+    }
+
+    async fn provision(
+        &self,
+        scope: &mut Scope,
+        cluster_found: bool,
+        capi_cluster: &capi::Cluster,
+    ) -> Result<Step, MachineError> {
+        let provisioned = capi_cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.infrastructure_provisioned)
+            == Some(true);
+        if !cluster_found || !provisioned {
+            return Ok(waiting(
+                "WaitingForClusterInfrastructure",
+                "the ProxmoxCluster is not provisioned yet",
+                Action::await_change(),
+            ));
+        }
+        let Some(bootstrap_secret) = scope
+            .capi_machine
+            .spec
+            .bootstrap
+            .as_ref()
+            .and_then(|b| b.data_secret_name.clone())
+        else {
+            return Ok(waiting(
+                "WaitingForBootstrapData",
+                "the Machine has no bootstrap data yet",
+                Action::await_change(),
+            ));
+        };
+        ensure_finalizer(&scope.api, self.machine).await?;
+
+        let placement =
+            match Placement::resolve(&scope.proxmox_cluster, self.machine, &scope.capi_machine) {
+                Ok(placement) => placement,
+                Err(error) => {
+                    // Retried when the ProxmoxCluster or the Machine changes (both are watched).
+                    return Ok(waiting(
+                        error.reason(),
+                        error.to_string(),
+                        Action::requeue(Duration::from_secs(60)),
+                    ));
+                }
+            };
+        let proxmox = match self.proxmox_client(scope).await? {
+            Ok(client) => client,
+            Err(message) => {
+                return Ok(waiting(
+                    "ProxmoxUnavailable",
+                    message,
+                    Action::requeue(Duration::from_secs(30)),
+                ));
+            }
+        };
+
+        // The VM: find it, or create it.
+        let resources = proxmox.cluster_resources(None).await?;
+        let vm = match self.find_vm(scope, &resources, &proxmox).await? {
+            Some(vm) => vm,
+            None => {
+                return self
+                    .create_vm(scope, &placement, &proxmox, &resources)
+                    .await;
+            }
+        };
+        let node = vm.node.clone().unwrap_or_default();
+        let vmid = vm.vmid.unwrap_or_default();
+        scope.status.proxmox_node = Some(node.clone());
+        scope.status.virtual_machine_id = Some(i64::from(vmid));
+        scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
+        if vm.lock.as_deref() == Some("clone") {
+            return Ok(waiting(
+                "Cloning",
+                format!("VM {vmid} is being cloned on {node}"),
+                Action::requeue(Duration::from_secs(1)),
+            ));
+        }
+
+        let config = proxmox.vm_config(&node, vmid).await?;
+        let running = vm.status.as_deref() == Some("running");
+        if !running {
+            self.configure(scope, &placement, &proxmox, &node, vmid, &config)
+                .await?;
+        }
+
+        // Static addresses from the placement's pools.
+        let Some(addresses) = self.addresses(scope, &placement).await? else {
+            return Ok(waiting(
+                "WaitingForStaticIPAllocation",
+                "waiting for the IP address claims to be bound",
+                Action::requeue(Duration::from_secs(30)),
+            ));
+        };
+        scope.status.ip_addresses = addresses.status.clone();
+
+        if !running {
+            let config = proxmox.vm_config(&node, vmid).await?;
+            if let Some(step) = self
+                .bootstrap(
+                    scope,
+                    &placement,
+                    &proxmox,
+                    &node,
+                    vmid,
+                    &config,
+                    &bootstrap_secret,
+                    &addresses,
+                )
+                .await?
+            {
+                return Ok(step);
+            }
+            let task = proxmox.power(&node, vmid, PowerAction::Start).await?;
+            proxmox.wait_task_ref(&task, &task_wait()).await?;
+            self.event(scope, "PoweredOn", &format!("started VM {vmid} on {node}"))
+                .await;
+        }
+
+        let checks = self.machine.spec.checks.clone().unwrap_or_default();
+        if checks.skip_qemu_guest_agent != Some(true) && checks.skip_cloud_init_status != Some(true)
+        {
+            match proxmox
+                .cloud_init_status(&node, vmid, Duration::from_secs(5))
+                .await
+            {
+                Ok(crate::proxmox::CloudInitStatus::Done) => {}
+                Ok(crate::proxmox::CloudInitStatus::Degraded(text)) => {
+                    self.event(
+                        scope,
+                        "CloudInitDegraded",
+                        &format!("cloud-init finished with recoverable errors: {text}"),
+                    )
+                    .await;
+                }
+                Ok(crate::proxmox::CloudInitStatus::Running) => {
+                    return Ok(waiting(
+                        "WaitingForCloudInit",
+                        "cloud-init is still running",
+                        Action::requeue(Duration::from_secs(2)),
+                    ));
+                }
+                Ok(crate::proxmox::CloudInitStatus::Error { exitcode, output }) => {
+                    return Ok(waiting(
+                        "CloudInitFailed",
+                        format!("cloud-init failed (exit code {exitcode:?}): {output}"),
+                        Action::requeue(Duration::from_secs(60)),
+                    ));
+                }
+                Err(error) if error.is_agent_unavailable() || error.is_retryable() => {
+                    return Ok(waiting(
+                        "WaitingForGuestAgent",
+                        "the QEMU guest agent does not answer yet",
+                        Action::requeue(Duration::from_secs(2)),
+                    ));
+                }
+                Err(error) => return Err(error.into()),
+            }
+        } else if checks.skip_qemu_guest_agent != Some(true)
+            && proxmox.agent_ping(&node, vmid).await.is_err()
+        {
+            return Ok(waiting(
+                "WaitingForGuestAgent",
+                "the QEMU guest agent does not answer yet",
+                Action::requeue(Duration::from_secs(2)),
+            ));
+        }
+
+        // Provisioned: provider ID, addresses, placement, readiness.
+        let uuid = smbios_uuid(&config).ok_or_else(|| ProxmoxError::Decode {
+            endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
+            message: format!("VM {vmid} has no smbios1 uuid"),
+        })?;
+        let provider_id = format!("proxmox://{uuid}");
+        if self.machine.spec.provider_id.as_deref() != Some(provider_id.as_str()) {
+            scope
+                .api
+                .patch(
+                    &scope.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"providerID": provider_id}})),
+                )
+                .await?;
+        }
+        scope.status.addresses = machine_addresses(&scope.name, &addresses.status);
+        scope.status.vm_status = Some(VirtualMachineState::Ready);
+        scope.status.bootstrap_data_provided = Some(true);
+        scope.status.initialization = Some(Initialization {
+            provisioned: Some(true),
+        });
+        if scope
+            .capi_machine
+            .status
+            .as_ref()
+            .and_then(|s| s.node_ref.as_ref())
+            .is_some()
+        {
+            self.remove_iso(&proxmox, &node, vmid, &config).await?;
+        }
+        Ok(Step::Continue)
+    }
+
+    /// The Proxmox client for the machine's cluster (credentials resolved as the cluster controller does).
+    async fn proxmox_client(
+        &self,
+        scope: &Scope,
+    ) -> Result<Result<ProxmoxClient, String>, MachineError> {
+        let config =
+            cluster::client_config_for(self.context, &scope.proxmox_cluster, &scope.namespace)
+                .await?;
+        Ok(match config {
+            Ok(config) => self.context.proxmox.get(&config).map_err(|e| e.to_string()),
+            Err(error) => Err(error.to_string()),
+        })
+    }
+
+    /// The machine's VM: by recorded VMID (if it still is ours), else by the machine's tag.
+    async fn find_vm(
+        &self,
+        scope: &mut Scope,
+        resources: &[ClusterResource],
+        proxmox: &ProxmoxClient,
+    ) -> Result<Option<ClusterResource>, MachineError> {
+        let tag = machine_tag(self.machine);
+        let vms = || {
+            resources
+                .iter()
+                .filter(|r| r.kind == ResourceType::Qemu && !r.template)
+        };
+        let recorded = scope
+            .current
+            .virtual_machine_id
+            .or(self.machine.spec.virtual_machine_id)
+            .and_then(|id| u32::try_from(id).ok());
+        if let Some(vmid) = recorded
+            && let Some(vm) = vms().find(|r| r.vmid == Some(vmid))
+        {
+            if self.owns(vm, &tag, &scope.name) {
+                return Ok(Some(vm.clone()));
+            }
+            // The VMID belongs to someone else now: forget it and create ours elsewhere.
+            tracing::warn!(machine = %scope.name, vmid, "the recorded VMID belongs to another VM; choosing a new one");
+            scope.status.virtual_machine_id = None;
+            scope.current.virtual_machine_id = None;
+        }
+        if let Some(vm) = vms().find(|r| r.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag))) {
+            return Ok(Some(vm.clone()));
+        }
+        // A clone in flight is not tagged yet: it is ours if it carries our VMID and name.
+        if let Some(vmid) = recorded
+            && let Some(node) = scope.current.proxmox_node.clone()
+            && let Ok(config) = proxmox.vm_config(&node, vmid).await
+            && config.name().as_deref() == Some(scope.name.as_str())
+        {
+            if let Some(found) = resources.iter().find(|r| r.vmid == Some(vmid)) {
+                return Ok(Some(found.clone()));
+            }
+            // Not in /cluster/resources yet (its statistics lag): describe it from its config.
+            let described: ClusterResource = serde_json::from_value(json!({
+                "id": format!("qemu/{vmid}"), "type": "qemu", "vmid": vmid, "node": node,
+                "name": scope.name, "lock": config.lock(), "status": "stopped"
+            }))?;
+            return Ok(Some(described));
+        }
+        Ok(None)
+    }
+
+    fn owns(&self, vm: &ClusterResource, tag: &str, name: &str) -> bool {
+        vm.tags.iter().any(|t| t.eq_ignore_ascii_case(tag))
+            || (vm.name.as_deref() == Some(name)
+                && !vm.tags.iter().any(|t| t.starts_with(MACHINE_TAG_PREFIX)))
+    }
+
+    async fn create_vm(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<Step, MachineError> {
+        // Template and node.
+        let templates: Vec<TemplateInfo> = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Qemu && r.template)
+            .filter_map(|r| {
+                Some(TemplateInfo {
+                    node: r.node.clone()?,
+                    vmid: r.vmid?,
+                    name: r.name.clone().unwrap_or_default(),
+                    tags: r.tags.clone(),
+                })
+            })
+            .collect();
+        let template_memory = |vmid: u32| {
+            resources
+                .iter()
+                .find(|r| r.vmid == Some(vmid))
+                .and_then(|r| r.maxmem)
+        };
+        let node = match placement.candidates() {
+            NodeCandidates::TemplateNode => None,
+            NodeCandidates::Nodes(_) => {
+                let inventory = self.inventory(scope, resources).await?;
+                let first_template = match placement.template() {
+                    TemplateSource::Id { vmid, .. } => u32::try_from(*vmid).ok(),
+                    TemplateSource::Tags(selector) => {
+                        placement::select_template(selector, &templates, None)
+                            .ok()
+                            .map(|c| c.vmid)
+                    }
+                };
+                let request =
+                    ScheduleRequest::new(placement, first_template.and_then(template_memory));
+                let mut reservations = self.context.reservations.lock().await;
+                reservations.release_visible(&inventory);
+                match reservations.schedule_and_reserve(placement, &inventory, &request) {
+                    Ok(choice) => Some(choice.node),
+                    Err(error) => {
+                        return Ok(waiting(
+                            error.reason(),
+                            error.to_string(),
+                            Action::requeue(Duration::from_secs(30)),
+                        ));
+                    }
+                }
+            }
+        };
+        let (source_node, template_vmid) = match placement.template() {
+            TemplateSource::Id { vmid, node } => {
+                (node.clone(), u32::try_from(*vmid).unwrap_or_default())
+            }
+            TemplateSource::Tags(selector) => {
+                match placement::select_template(selector, &templates, node.as_deref()) {
+                    Ok(choice) => (choice.node, choice.vmid),
+                    Err(error) => {
+                        self.context.reservations.lock().await.release(&scope.name);
+                        return Ok(waiting(
+                            error.reason(),
+                            error.to_string(),
+                            Action::requeue(Duration::from_secs(60)),
+                        ));
+                    }
+                }
+            }
+        };
+        let target = node.unwrap_or_else(|| source_node.clone());
+
+        // The VMID: the recorded one if it is still free, else from the range or Proxmox.
+        let vmid = match self.pick_vmid(scope, proxmox, resources).await? {
+            Some(vmid) => vmid,
+            None => {
+                self.context.reservations.lock().await.release(&scope.name);
+                return Ok(waiting(
+                    "VMIDRangeExhausted",
+                    "no free VMID in spec.vmIDRange; widen the range or free VMIDs",
+                    Action::requeue(Duration::from_secs(60)),
+                ));
+            }
+        };
+        self.context
+            .reservations
+            .lock()
+            .await
+            .set_vmid(&scope.name, vmid);
+
+        // Intent first: a crash after the clone request finds the VM by this VMID.
+        scope.status.virtual_machine_id = Some(i64::from(vmid));
+        scope.status.proxmox_node = Some(target.clone());
+        scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
+        scope.status.vm_status = Some(VirtualMachineState::Pending);
+        let mut checkpoint = scope.status.clone();
+        checkpoint.conditions = conditions::merge(
+            &scope.current.conditions,
+            &[
+                Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
+                Decided::failed(
+                    PROVISIONED,
+                    "Cloning",
+                    format!("cloning template {template_vmid} to VM {vmid} on {target}"),
+                ),
+            ],
+            self.machine.metadata.generation,
+            Timestamp::now(),
+        );
+        apply_status(&scope.api, &scope.name, &scope.current, &checkpoint).await?;
+        scope.current = checkpoint;
+
+        let spec = &self.machine.spec;
+        let params = CloneParams {
+            newid: vmid,
+            name: Some(scope.name.clone()),
+            description: spec.description.clone(),
+            target: (target != source_node).then(|| target.clone()),
+            full: Some(spec.full.unwrap_or(true)),
+            storage: spec.storage.clone(),
+            format: spec.format.map(|f| {
+                serde_json::to_value(f)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            }),
+            pool: spec.pool.clone(),
+            snapname: spec.snap_name.clone(),
+        };
+        match proxmox.clone_vm(&source_node, template_vmid, &params).await {
+            Ok(upid) => {
+                self.event(
+                    scope,
+                    "Cloning",
+                    &format!(
+                        "cloning template {template_vmid} on {source_node} to VM {vmid} on {target}"
+                    ),
+                )
+                .await;
+                proxmox.wait_task(&upid, &task_wait()).await?;
+            }
+            Err(ProxmoxError::AlreadyExists { .. }) => {
+                // Taken meanwhile by someone else: forget it and pick another next time.
+                scope.status.virtual_machine_id = None;
+                return Ok(waiting(
+                    "VMIDTaken",
+                    format!("VMID {vmid} was taken meanwhile; choosing another"),
+                    Action::requeue(Duration::from_millis(200)),
+                ));
+            }
+            Err(error) => return Err(error.into()),
+        }
+        Ok(waiting(
+            "Cloning",
+            format!("VM {vmid} cloned on {target}"),
+            Action::requeue(Duration::from_millis(100)),
+        ))
+    }
+
+    async fn pick_vmid(
+        &self,
+        scope: &Scope,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<Option<u32>, MachineError> {
+        let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
+        if let Some(recorded) = scope
+            .status
+            .virtual_machine_id
+            .and_then(|id| u32::try_from(id).ok())
+            && !used(recorded)
+        {
+            return Ok(Some(recorded));
+        }
+        let Some(range) = &self.machine.spec.vm_id_range else {
+            return Ok(Some(proxmox.next_id(None).await?));
+        };
+        let taken_by_machines: Vec<i64> = scope
+            .api
+            .list(&ListParams::default())
+            .await?
+            .into_iter()
+            .filter(|m| m.name_any() != scope.name)
+            .filter_map(|m| m.status.and_then(|s| s.virtual_machine_id))
+            .collect();
+        for candidate in range.start..=range.end {
+            let Ok(vmid) = u32::try_from(candidate) else {
+                continue;
+            };
+            if used(vmid) || taken_by_machines.contains(&candidate) {
+                continue;
+            }
+            match proxmox.next_id(Some(vmid)).await {
+                Ok(_) => return Ok(Some(vmid)),
+                Err(ProxmoxError::InvalidParameters { .. })
+                | Err(ProxmoxError::AlreadyExists { .. }) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Nodes with their memory, guests and this cluster's machines, for the scheduler.
+    async fn inventory(
+        &self,
+        scope: &Scope,
+        resources: &[ClusterResource],
+    ) -> Result<NodeInventory, MachineError> {
+        let machines: Vec<ProxmoxMachine> = scope
+            .api
+            .list(&ListParams::default().labels(&format!(
+                "{}={}",
+                labels::CLUSTER_NAME,
+                scope.cluster_name
+            )))
+            .await?
+            .items;
+        let capi_machines: Vec<capi::Machine> =
+            Api::<capi::Machine>::namespaced(self.context.client.clone(), &scope.namespace)
+                .list(&ListParams::default().labels(&format!(
+                    "{}={}",
+                    labels::CLUSTER_NAME,
+                    scope.cluster_name
+                )))
+                .await?
+                .items;
+        let placed = |node: &str| -> Vec<PlacedMachine> {
+            machines
+                .iter()
+                .filter(|m| m.name_any() != scope.name)
+                .filter(|m| m.status.as_ref().and_then(|s| s.proxmox_node.as_deref()) == Some(node))
+                .filter_map(|m| {
+                    let owner = m
+                        .owner_references()
+                        .iter()
+                        .find(|o| o.kind == "Machine")?
+                        .name
+                        .clone();
+                    let capi_machine = capi_machines.iter().find(|c| c.name_any() == owner)?;
+                    Some(PlacedMachine::from_machine(m.name_any(), capi_machine))
+                })
+                .collect()
+        };
+        let nodes = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Node)
+            .filter_map(|r| {
+                let name = r.node.clone()?;
+                let guests = resources
+                    .iter()
+                    .filter(|g| {
+                        matches!(g.kind, ResourceType::Qemu | ResourceType::Lxc)
+                            && g.node.as_deref() == Some(name.as_str())
+                    })
+                    .map(|g| GuestInfo {
+                        vmid: g.vmid.unwrap_or_default(),
+                        kind: if g.kind == ResourceType::Lxc {
+                            GuestKind::Lxc
+                        } else {
+                            GuestKind::Qemu
+                        },
+                        max_memory_bytes: g.maxmem.unwrap_or(0),
+                        template: g.template,
+                    })
+                    .collect();
+                Some(NodeInfo {
+                    machines: placed(&name),
+                    name,
+                    total_memory_bytes: r.maxmem.unwrap_or(0),
+                    guests,
+                })
+            })
+            .collect();
+        Ok(NodeInventory { nodes })
+    }
+
+    /// Sockets, cores, memory, description, NICs and tags, and the boot disk size: each only if it differs.
+    async fn configure(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        config: &VmConfig,
+    ) -> Result<(), MachineError> {
+        let spec = &self.machine.spec;
+        let mut update = ConfigUpdate::default();
+        let mut changed = false;
+        let mut set = |key: &str, value: String| {
+            if config.get(key).as_deref() != Some(value.as_str()) {
+                update = std::mem::take(&mut update).set(key, &value);
+                changed = true;
+            }
+        };
+        if let Some(sockets) = spec.num_sockets {
+            set("sockets", sockets.to_string());
+        }
+        if let Some(cores) = spec.num_cores {
+            set("cores", cores.to_string());
+        }
+        if let Some(memory) = spec.memory_mib {
+            set("memory", memory.to_string());
+        }
+        if let Some(description) = &spec.description {
+            set("description", description.clone());
+        }
+        for nic in placement.network_devices() {
+            let existing = config.get(&nic.name).unwrap_or_default();
+            set(&nic.name, nic_value(&existing, nic));
+        }
+        let mut tags: Vec<String> = config.tags();
+        let wanted =
+            std::iter::once(machine_tag(self.machine)).chain(spec.tags.clone().unwrap_or_default());
+        let before = tags.len();
+        for tag in wanted {
+            if !tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)) {
+                tags.push(tag.to_ascii_lowercase());
+            }
+        }
+        if tags.len() != before {
+            update = std::mem::take(&mut update).set("tags", tags.join(";"));
+            changed = true;
+        }
+        if changed {
+            let task = proxmox
+                .update_vm_config(node, vmid, &update.digest(config.digest()))
+                .await?;
+            proxmox.wait_task_ref(&task, &task_wait()).await?;
+            self.event(scope, "Configured", &format!("configured VM {vmid}"))
+                .await;
+        }
+        if let Some(boot) = spec.disks.as_ref().and_then(|d| d.boot_volume.as_ref()) {
+            let current_gb = config
+                .get(&boot.disk)
+                .and_then(|v| disk_size_gb(&v))
+                .unwrap_or(0);
+            if current_gb < u64::try_from(boot.size_gb).unwrap_or(0) {
+                let task = proxmox
+                    .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
+                    .await?;
+                proxmox.wait_task_ref(&task, &task_wait()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ensures one claim per (NIC, pool) and returns the bound addresses, or `None` while any is pending.
+    async fn addresses(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+    ) -> Result<Option<Addresses>, MachineError> {
+        let claims: Api<IPAddressClaim> =
+            Api::namespaced(self.context.client.clone(), &scope.namespace);
+        let ips: Api<IPAddress> = Api::namespaced(self.context.client.clone(), &scope.namespace);
+        let owner = OwnerReference {
+            api_version: ProxmoxMachine::api_version(&()).into_owned(),
+            kind: ProxmoxMachine::kind(&()).into_owned(),
+            name: scope.name.clone(),
+            uid: self.machine.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let mut result = Addresses::default();
+        let mut pending = false;
+        let mut default_entry = IpAddressesSpec {
+            net: "default".into(),
+            ..IpAddressesSpec::default()
+        };
+        for nic in placement.network_devices() {
+            let mut entry = IpAddressesSpec {
+                net: nic.name.clone(),
+                ..IpAddressesSpec::default()
+            };
+            for pool in &nic.pools {
+                let claim = match claims.get_opt(&pool.claim_name).await? {
+                    Some(claim) => claim,
+                    None => {
+                        let mut claim = IPAddressClaim::new(
+                            &pool.claim_name,
+                            capi::IpAddressClaimSpec {
+                                pool_ref: IpPoolReference {
+                                    api_group: pool.pool.api_group.clone(),
+                                    kind: pool.pool.kind.clone(),
+                                    name: pool.pool.name.clone(),
+                                },
+                                cluster_name: Some(scope.cluster_name.clone()),
+                            },
+                        );
+                        claim.metadata.namespace = Some(scope.namespace.clone());
+                        let mut claim_labels = BTreeMap::from([(
+                            labels::CLUSTER_NAME.to_owned(),
+                            scope.cluster_name.clone(),
+                        )]);
+                        if let Some(zone) = &pool.zone_label {
+                            claim_labels.insert(labels::PROXMOX_ZONE.to_owned(), zone.clone());
+                        }
+                        claim.metadata.labels = Some(claim_labels);
+                        let mut claim_annotations = BTreeMap::from([(
+                            annotations::POOL_REF_COUNTER.to_owned(),
+                            pool.index.to_string(),
+                        )]);
+                        if pool.default_gateway {
+                            claim_annotations
+                                .insert(annotations::DEFAULT_GATEWAY.to_owned(), "true".into());
+                        }
+                        claim.metadata.annotations = Some(claim_annotations);
+                        claim.metadata.owner_references = Some(vec![owner.clone()]);
+                        match claims.create(&PostParams::default(), &claim).await {
+                            Ok(created) => created,
+                            Err(kube::Error::Api(status)) if status.code == 409 => {
+                                pending = true;
+                                continue;
+                            }
+                            Err(error) => return Err(error.into()),
+                        }
+                    }
+                };
+                let Some(address_name) = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.address_ref.as_ref())
+                    .map(|r| r.name.clone())
+                else {
+                    pending = true;
+                    continue;
+                };
+                let Some(address) = ips.get_opt(&address_name).await? else {
+                    pending = true;
+                    continue;
+                };
+                let parsed: Option<std::net::IpAddr> = address.spec.address.parse().ok();
+                let is_v6 = parsed.is_some_and(|a| a.is_ipv6());
+                let list = if is_v6 {
+                    &mut entry.ipv6
+                } else {
+                    &mut entry.ipv4
+                };
+                list.push(address.spec.address.clone());
+                if pool.default_gateway {
+                    let list = if is_v6 {
+                        &mut default_entry.ipv6
+                    } else {
+                        &mut default_entry.ipv4
+                    };
+                    list.push(address.spec.address.clone());
+                }
+                result.bound.push(BoundAddress {
+                    nic: nic.name.clone(),
+                    address: address.spec.address.clone(),
+                    prefix: address.spec.prefix,
+                    gateway: address.spec.gateway.clone(),
+                    default_gateway: pool.default_gateway,
+                    metric: pool_metric(&self.context.client, &scope.namespace, &pool.pool).await,
+                });
+            }
+            result.status.push(entry);
+        }
+        if pending {
+            return Ok(None);
+        }
+        if !default_entry.ipv4.is_empty() || !default_entry.ipv6.is_empty() {
+            result.status.insert(0, default_entry);
+        }
+        Ok(Some(result))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn bootstrap(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        config: &VmConfig,
+        secret_name: &str,
+        addresses: &Addresses,
+    ) -> Result<Option<Step>, MachineError> {
+        let iso_name = crate::cloudinit::seed_iso_name(vmid);
+        if config.get("ide0").is_some_and(|v| v.contains(&iso_name)) {
+            return Ok(None);
+        }
+        let secret = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
+            .get_opt(secret_name)
+            .await?;
+        let Some(secret) = secret else {
+            return Ok(Some(waiting(
+                "WaitingForBootstrapData",
+                format!("bootstrap Secret {secret_name} not found"),
+                Action::requeue(Duration::from_secs(10)),
+            )));
+        };
+        let data = secret.data.unwrap_or_default();
+        let value = data.get("value").map(|v| v.0.clone()).unwrap_or_default();
+        let format = data
+            .get("format")
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .unwrap_or_else(|| "cloud-config".into());
+        let Some(uuid) = smbios_uuid(config) else {
+            return Ok(Some(waiting(
+                "WaitingForVMConfig",
+                format!("VM {vmid} has no SMBIOS UUID yet"),
+                Action::requeue(Duration::from_secs(1)),
+            )));
+        };
+        let macs: BTreeMap<String, String> = placement
+            .network_devices()
+            .iter()
+            .filter_map(|nic| {
+                Some((
+                    nic.name.clone(),
+                    crate::cloudinit::mac_from_net_config(&config.get(&nic.name)?)?,
+                ))
+            })
+            .collect();
+        let bootstrap = match crate::cloudinit::BootstrapFormat::parse(Some(&format)) {
+            Ok(format) => crate::cloudinit::BootstrapData { value, format },
+            Err(error) => {
+                return Ok(Some(waiting(
+                    "BootstrapDataInvalid",
+                    error.to_string(),
+                    Action::requeue(Duration::from_secs(60)),
+                )));
+            }
+        };
+        let meta = crate::cloudinit::MetaData {
+            instance_id: uuid.clone(),
+            hostname: scope.name.clone(),
+            provider_id: self
+                .machine
+                .spec
+                .metadata_settings
+                .as_ref()
+                .is_some_and(|m| m.provider_id_injection)
+                .then(|| crate::cloudinit::provider_id(&uuid)),
+            kubernetes_version: None,
+        };
+        let assigned: Vec<crate::cloudinit::NicAddresses> = placement
+            .network_devices()
+            .iter()
+            .map(|nic| crate::cloudinit::NicAddresses {
+                nic: nic.name.clone(),
+                mac: macs.get(&nic.name).cloned().unwrap_or_default(),
+                addresses: addresses
+                    .bound
+                    .iter()
+                    .filter(|b| b.nic == nic.name)
+                    .filter_map(|b| {
+                        Some(crate::cloudinit::AssignedAddress {
+                            address: b.address.parse().ok()?,
+                            prefix: u8::try_from(b.prefix).ok()?,
+                            gateway: b.gateway.as_deref().and_then(|g| g.parse().ok()),
+                            default_route: b.default_gateway,
+                            metric: b.metric,
+                        })
+                    })
+                    .collect(),
+            })
+            .collect();
+        let image = match crate::cloudinit::render_nocloud(placement, &meta, &assigned, &bootstrap)
+        {
+            Ok(files) => crate::cloudinit::build_nocloud_iso(&files),
+            Err(error) => {
+                return Ok(Some(waiting(
+                    "BootstrapDataInvalid",
+                    error.to_string(),
+                    Action::requeue(Duration::from_secs(60)),
+                )));
+            }
+        };
+        let storage = iso_storage(proxmox, node).await?;
+        let Some(storage) = storage else {
+            return Ok(Some(waiting(
+                "NoISOStorage",
+                format!(
+                    "node {node} has no storage with content type iso; enable iso content on one"
+                ),
+                Action::requeue(Duration::from_secs(60)),
+            )));
+        };
+        let task = proxmox.upload_iso(node, &storage, &iso_name, image).await?;
+        proxmox.wait_task_ref(&task, &task_wait()).await?;
+        let attach =
+            ConfigUpdate::default().set("ide0", format!("{storage}:iso/{iso_name},media=cdrom"));
+        let task = proxmox.update_vm_config(node, vmid, &attach).await?;
+        proxmox.wait_task_ref(&task, &task_wait()).await?;
+        scope.status.bootstrap_data_provided = Some(true);
+        self.event(
+            scope,
+            "BootstrapDataProvided",
+            &format!("attached {storage}:iso/{iso_name} to VM {vmid}"),
+        )
+        .await;
+        Ok(None)
+    }
+
+    /// Detaches and deletes the cloud-init ISO once the node has joined.
+    async fn remove_iso(
+        &self,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        config: &VmConfig,
+    ) -> Result<(), MachineError> {
+        let Some(ide0) = config.get("ide0") else {
+            return Ok(());
+        };
+        let iso_name = crate::cloudinit::seed_iso_name(vmid);
+        let Some(volume) = ide0
+            .split(',')
+            .next()
+            .filter(|v| v.contains(&iso_name))
+            .map(str::to_owned)
+        else {
+            return Ok(());
+        };
+        let task = proxmox
+            .update_vm_config(node, vmid, &ConfigUpdate::default().delete("ide0"))
+            .await?;
+        proxmox.wait_task_ref(&task, &task_wait()).await?;
+        if let Some((storage, _)) = volume.split_once(':') {
+            match proxmox.delete_volume(node, storage, &volume).await {
+                Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
+                Err(error) if error.is_not_found() => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, scope: &mut Scope, cluster_found: bool) -> Result<Action, MachineError> {
+        let vmid = scope
+            .current
+            .virtual_machine_id
+            .and_then(|id| u32::try_from(id).ok());
+        if let (Some(vmid), true) = (vmid, cluster_found) {
+            let proxmox = match self.proxmox_client(scope).await? {
+                Ok(client) => client,
+                Err(message) => {
+                    tracing::warn!(machine = %scope.name, %message, "cannot reach Proxmox to delete the VM; retrying");
+                    return Ok(Action::requeue(Duration::from_secs(30)));
+                }
+            };
+            let resources = proxmox
+                .cluster_resources(Some(crate::proxmox::ResourceFilter::Vm))
+                .await?;
+            let tag = machine_tag(self.machine);
+            if let Some(vm) = resources
+                .iter()
+                .find(|r| r.vmid == Some(vmid) && r.kind == ResourceType::Qemu)
+            {
+                if !self.owns(vm, &tag, &scope.name) {
+                    tracing::warn!(machine = %scope.name, vmid, "VM belongs to someone else; not deleting it");
+                } else {
+                    let node = vm.node.clone().unwrap_or_default();
+                    if vm.status.as_deref() == Some("running") {
+                        let task = proxmox.power(&node, vmid, PowerAction::Stop).await?;
+                        proxmox.wait_task_ref(&task, &task_wait()).await?;
+                    }
+                    let params = DeleteParams {
+                        purge: true,
+                        destroy_unreferenced_disks: true,
+                    };
+                    match proxmox.delete_vm(&node, vmid, params).await {
+                        Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
+                        Err(error) if error.is_not_found() => {}
+                        Err(error) => return Err(error.into()),
+                    }
+                    if let Some(storage) = iso_storage(&proxmox, &node).await? {
+                        let volume =
+                            format!("{storage}:iso/{}", crate::cloudinit::seed_iso_name(vmid));
+                        match proxmox.delete_volume(&node, &storage, &volume).await {
+                            Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
+                            Err(error) if error.is_not_found() => {}
+                            Err(error) => {
+                                tracing::warn!(machine = %scope.name, %error, "could not delete the cloud-init ISO")
+                            }
+                        }
+                    }
+                    self.event(scope, "Deleted", &format!("deleted VM {vmid} on {node}"))
+                        .await;
+                }
+            }
+        }
+        self.context.reservations.lock().await.release(&scope.name);
+        remove_finalizer(&scope.api, self.machine).await?;
+        Ok(Action::await_change())
+    }
+
+    async fn event(&self, scope: &Scope, reason: &str, note: &str) {
+        tracing::info!(machine = %scope.name, reason, "{note}");
+        let recorder = kube::runtime::events::Recorder::new(
+            self.context.client.clone(),
+            kube::runtime::events::Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: None,
+            },
+        );
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Normal,
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(error) = recorder
+            .publish(&event, &self.machine.object_ref(&()))
+            .await
+        {
+            tracing::debug!(%error, "could not record an event");
+        }
+    }
+}
+
+/// Addresses bound to the machine's claims.
+#[derive(Default)]
+struct Addresses {
+    /// `status.ipAddresses`: `default` first, then one entry per NIC.
+    status: Vec<IpAddressesSpec>,
+    /// Every bound address with its NIC, for cloud-init.
+    bound: Vec<BoundAddress>,
+}
+
+/// One bound address of a NIC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundAddress {
+    /// `netN`.
+    pub nic: String,
+    /// The address.
+    pub address: String,
+    /// Prefix length.
+    pub prefix: i32,
+    /// Gateway of its pool.
+    pub gateway: Option<String>,
+    /// From a default pool: its gateway carries the default route.
+    pub default_gateway: bool,
+    /// Metric of the pool's default route.
+    pub metric: Option<u32>,
+}
+
+/// The gateway metric a pool carries in its annotation (the cluster's pools have one).
+async fn pool_metric(
+    client: &kube::Client,
+    namespace: &str,
+    pool: &placement::PoolRef,
+) -> Option<u32> {
+    if pool.kind != placement::IN_CLUSTER_IP_POOL_KIND {
+        return None;
+    }
+    let found = Api::<capi::InClusterIPPool>::namespaced(client.clone(), namespace)
+        .get_opt(&pool.name)
+        .await
+        .ok()??;
+    found
+        .annotations()
+        .get(annotations::GATEWAY_METRIC)?
+        .parse()
+        .ok()
+}
+
+fn machine_addresses(name: &str, addresses: &[IpAddressesSpec]) -> Vec<MachineAddress> {
+    let mut out = vec![MachineAddress {
+        type_: MachineAddressType::Hostname,
+        address: name.to_owned(),
+    }];
+    if let Some(default) = addresses.iter().find(|a| a.net == "default") {
+        for address in default.ipv4.iter().chain(&default.ipv6) {
+            out.push(MachineAddress {
+                type_: MachineAddressType::InternalIp,
+                address: address.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// The `netN` value for a NIC, keeping the MAC Proxmox assigned.
+fn nic_value(existing: &str, nic: &placement::ResolvedNic) -> String {
+    let model = serde_json::to_value(nic.model)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "virtio".into());
+    let mac = crate::proxmox::NetDevice::parse(0, existing).mac;
+    let mut value = match mac {
+        Some(mac) => format!("{model}={mac}"),
+        None => model,
+    };
+    if let Some(bridge) = &nic.bridge {
+        value.push_str(&format!(",bridge={bridge}"));
+    }
+    if let Some(mtu) = nic.mtu {
+        value.push_str(&format!(",mtu={mtu}"));
+    }
+    if let Some(queues) = nic.queues {
+        value.push_str(&format!(",queues={queues}"));
+    }
+    if let Some(vlan) = nic.vlan {
+        value.push_str(&format!(",tag={vlan}"));
+    }
+    value
+}
+
+/// Size in GB of a disk value like `ceph:vm-100-disk-0,size=10G`.
+fn disk_size_gb(value: &str) -> Option<u64> {
+    let size = value
+        .split(',')
+        .find_map(|part| part.strip_prefix("size="))?;
+    let (number, unit) = size.split_at(
+        size.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(size.len()),
+    );
+    let number: u64 = number.parse().ok()?;
+    Some(match unit {
+        "T" => number * 1024,
+        "G" | "" => number,
+        "M" => number / 1024,
+        "K" => number / (1024 * 1024),
+        _ => return None,
+    })
+}
+
+/// The SMBIOS UUID of a VM (`smbios1: uuid=...`): its instance ID and provider ID.
+pub fn smbios_uuid(config: &VmConfig) -> Option<String> {
+    crate::cloudinit::instance_id_from_smbios(&config.get("smbios1")?)
+}
+
+/// The ISO-capable storage of a node, chosen deterministically (first by name).
+async fn iso_storage(proxmox: &ProxmoxClient, node: &str) -> Result<Option<String>, MachineError> {
+    let mut storages: Vec<String> = proxmox
+        .list_storage(node, Some("iso"))
+        .await?
+        .into_iter()
+        .map(|s| s.storage)
+        .collect();
+    storages.sort();
+    Ok(storages.into_iter().next())
+}
+
+/// The status fields this controller owns, as currently recorded.
+fn owned_status(current: &ProxmoxMachineStatus) -> ProxmoxMachineStatus {
+    current.clone()
+}
+
+fn paused_conditions(
+    current: &ProxmoxMachineStatus,
+    generation: Option<i64>,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let mut kept: Vec<_> = current
+        .conditions
+        .iter()
+        .filter(|c| c.type_ != api::conditions::PAUSED)
+        .cloned()
+        .collect();
+    let merged = conditions::merge(
+        &current.conditions,
+        &[Decided::ok(
+            api::conditions::PAUSED,
+            "Paused",
+            "reconciliation is paused by the Cluster or an annotation",
+        )],
+        generation,
+        Timestamp::now(),
+    );
+    kept.extend(
+        merged
+            .into_iter()
+            .filter(|c| c.type_ == api::conditions::PAUSED),
+    );
+    kept.sort_by(|a, b| a.type_.cmp(&b.type_));
+    kept
+}
+
+async fn apply_status(
+    api: &Api<ProxmoxMachine>,
+    name: &str,
+    current: &ProxmoxMachineStatus,
+    desired: &ProxmoxMachineStatus,
+) -> Result<(), MachineError> {
+    if current == desired {
+        return Ok(());
+    }
+    let body = json!({
+        "apiVersion": ProxmoxMachine::api_version(&()),
+        "kind": ProxmoxMachine::kind(&()),
+        "status": desired,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn ensure_finalizer(
+    api: &Api<ProxmoxMachine>,
+    machine: &ProxmoxMachine,
+) -> Result<(), MachineError> {
+    if machine
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::MACHINE)
+    {
+        return Ok(());
+    }
+    let name = machine.name_any();
+    let patch = if machine.metadata.finalizers.is_none() {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": machine.metadata.resource_version},
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizers::MACHINE]}
+        ])
+    } else {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": machine.metadata.resource_version},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizers::MACHINE}
+        ])
+    };
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch)?),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn remove_finalizer(
+    api: &Api<ProxmoxMachine>,
+    machine: &ProxmoxMachine,
+) -> Result<(), MachineError> {
+    let Some(index) = machine
+        .finalizers()
+        .iter()
+        .position(|f| f == finalizers::MACHINE)
+    else {
+        return Ok(());
+    };
+    let patch = json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": machine.metadata.resource_version},
+        {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
+    ]);
+    api.patch(
+        &machine.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch)?),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_sizes_parse_in_gb() {
+        assert_eq!(disk_size_gb("ceph:vm-100-disk-0,size=10G"), Some(10));
+        assert_eq!(
+            disk_size_gb("local:100/vm-100-disk-0.qcow2,discard=on,size=1T"),
+            Some(1024)
+        );
+        assert_eq!(disk_size_gb("ceph:vm-100-disk-0"), None);
+    }
+
+    #[test]
+    fn the_machine_tag_is_stable_and_proxmox_safe() {
+        let mut machine = ProxmoxMachine::new("m", Default::default());
+        machine.metadata.uid = Some("3F2C9C8E-1b2a-4d6e-9f00-0123456789ab".into());
+        assert_eq!(machine_tag(&machine), "capmox-3f2c9c8e1b2a4d6e");
+        assert!(crate::api::TAG_PATTERN.len() > 1);
+        let pattern = regex::Regex::new(crate::api::TAG_PATTERN).expect("tag pattern compiles");
+        assert!(pattern.is_match(&machine_tag(&machine)));
+    }
+}
