@@ -444,8 +444,19 @@ impl<'a> Reconcile<'a> {
         }
 
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
-        if checks.skip_qemu_guest_agent != Some(true) && checks.skip_cloud_init_status != Some(true)
-        {
+        // Once provisioned, the boot checks are history: later passes only observe the VM.
+        let already_provisioned = scope
+            .current
+            .initialization
+            .as_ref()
+            .and_then(|i| i.provisioned)
+            == Some(true);
+        let check_cloud_init = checks.skip_qemu_guest_agent != Some(true)
+            && checks.skip_cloud_init_status != Some(true);
+        let check_agent = checks.skip_qemu_guest_agent != Some(true);
+        if already_provisioned {
+            // Nothing to wait for.
+        } else if check_cloud_init {
             match proxmox
                 .cloud_init_status(&node, vmid, Duration::from_secs(5))
                 .await
@@ -482,9 +493,7 @@ impl<'a> Reconcile<'a> {
                 }
                 Err(error) => return Err(error.into()),
             }
-        } else if checks.skip_qemu_guest_agent != Some(true)
-            && proxmox.agent_ping(&node, vmid).await.is_err()
-        {
+        } else if check_agent && proxmox.agent_ping(&node, vmid).await.is_err() {
             return Ok(waiting(
                 "WaitingForGuestAgent",
                 "the QEMU guest agent does not answer yet",
@@ -1244,19 +1253,30 @@ impl<'a> Reconcile<'a> {
                     return Ok(Action::requeue(Duration::from_secs(30)));
                 }
             };
-            let resources = proxmox
-                .cluster_resources(Some(crate::proxmox::ResourceFilter::Vm))
-                .await?;
-            let tag = machine_tag(self.machine);
-            if let Some(vm) = resources
-                .iter()
-                .find(|r| r.vmid == Some(vmid) && r.kind == ResourceType::Qemu)
+            // Where the VM is: the node in status, else wherever Proxmox says it moved.
+            let mut located = None;
+            if let Some(node) = scope.current.proxmox_node.clone() {
+                match proxmox.vm_config(&node, vmid).await {
+                    Ok(config) => located = Some((node, config)),
+                    Err(error) if error.is_not_found() => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            if located.is_none()
+                && let Some(node) = proxmox.find_vm(vmid).await?.and_then(|vm| vm.node)
             {
-                if !self.owns(vm, &tag, &scope.name) {
+                located = Some((node.clone(), proxmox.vm_config(&node, vmid).await?));
+            }
+            if let Some((node, config)) = located {
+                let tag = machine_tag(self.machine);
+                let tags = config.tags();
+                let ours = tags.iter().any(|t| t.eq_ignore_ascii_case(&tag))
+                    || (config.name().as_deref() == Some(scope.name.as_str())
+                        && !tags.iter().any(|t| t.starts_with(MACHINE_TAG_PREFIX)));
+                if !ours {
                     tracing::warn!(machine = %scope.name, vmid, "VM belongs to someone else; not deleting it");
                 } else {
-                    let node = vm.node.clone().unwrap_or_default();
-                    if vm.status.as_deref() == Some("running") {
+                    if proxmox.vm_status(&node, vmid).await?.is_running() {
                         let task = proxmox.power(&node, vmid, PowerAction::Stop).await?;
                         proxmox.wait_task_ref(&task, &task_wait()).await?;
                     }
@@ -1269,10 +1289,16 @@ impl<'a> Reconcile<'a> {
                         Err(error) if error.is_not_found() => {}
                         Err(error) => return Err(error.into()),
                     }
-                    if let Some(storage) = iso_storage(&proxmox, &node).await? {
-                        let volume =
-                            format!("{storage}:iso/{}", crate::cloudinit::seed_iso_name(vmid));
-                        match proxmox.delete_volume(&node, &storage, &volume).await {
+                    // The seed ISO is a separate volume: the attached one, if still attached.
+                    let seed = crate::cloudinit::seed_iso_name(vmid);
+                    let volume = config
+                        .get("ide0")
+                        .and_then(|v| v.split(',').next().map(str::to_owned))
+                        .filter(|v| v.contains(&seed));
+                    if let Some(volume) = volume
+                        && let Some((storage, _)) = volume.split_once(':')
+                    {
+                        match proxmox.delete_volume(&node, storage, &volume).await {
                             Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
                             Err(error) if error.is_not_found() => {}
                             Err(error) => {

@@ -51,6 +51,11 @@ impl Drop for Env {
 impl Env {
     /// API server with every CRD registered and schema validation on, plus the simulator.
     pub async fn start() -> Env {
+        Self::start_with(SimOptions::default()).await
+    }
+
+    /// As [`Env::start`], with simulator options (task durations, faults).
+    pub async fn start_with(options: SimOptions) -> Env {
         let server = ApiServer::new();
         server.register_builtin_kinds();
         server
@@ -76,7 +81,7 @@ impl Env {
                 .expect("kind registered");
         }
         let topology = Topology::from_yaml(TOPOLOGY, "test topology").expect("topology");
-        let sim = Simulator::start(topology, SimOptions::default())
+        let sim = Simulator::start(topology, options)
             .await
             .expect("simulator starts");
         let config = ManagerConfig {
