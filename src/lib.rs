@@ -12,6 +12,7 @@ pub mod cli;
 pub mod controller;
 pub mod placement;
 pub mod proxmox;
+pub mod sandbox;
 pub mod schema;
 pub mod sim;
 pub mod testkit;
