@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::pin::pin;
 use std::time::Duration;
 
-use capmox::api::{FailureDomain, ProxmoxCluster, ProxmoxMachine, labels};
+use capmox::api::{FailureDomain, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate, labels};
 use capmox::capi::{Cluster, Machine};
 use capmox::sandbox::standin::{
     self, BOOTSTRAP_SECRET_TYPE, CLUSTER_FINALIZER, CapiStandIn, ExampleCluster, MACHINE_FINALIZER,
@@ -85,6 +85,9 @@ fn example(name: &str) -> ExampleCluster {
     example.control_plane_replicas = 3;
     example.worker_replicas = 2;
     example.worker_failure_domain = Some("rack-b".into());
+    example
+        .machine_template_labels
+        .insert("example.com/role".into(), "capmox".into());
     example
 }
 
@@ -450,6 +453,16 @@ async fn stand_in_follows_the_contract_from_creation_to_deletion() {
         let pm = proxmox_machines.get(&name).await.expect("ProxmoxMachine");
         assert_eq!(pm.spec.template_id, Some(9000));
         assert_eq!(pm.labels()[labels::CLUSTER_NAME], "demo");
+        let template = if is_control_plane(m) {
+            example.control_plane_name()
+        } else {
+            example.workers_name()
+        };
+        assert_eq!(
+            pm.annotations()["cluster.x-k8s.io/cloned-from-name"],
+            template
+        );
+        assert_eq!(pm.labels()["example.com/role"], "capmox");
         let pm_owner = pm
             .owner_references()
             .iter()
@@ -737,4 +750,77 @@ async fn without_control_plane_domains_machines_get_no_failure_domain() {
             attributes: BTreeMap::new()
         }]
     );
+}
+
+#[tokio::test]
+async fn a_template_created_late_is_picked_up() {
+    let server = server();
+    let client = server.client();
+    let stop = Stop(CancellationToken::new());
+    CapiStandIn::spawn(client.clone(), NS, stop.0.clone());
+    let mut example = example("late");
+    example.control_plane_replicas = 1;
+    example.worker_replicas = 0;
+    standin::create_example_cluster(&client, &example)
+        .await
+        .expect("example created");
+    let templates = Api::<ProxmoxMachineTemplate>::namespaced(client.clone(), NS);
+    let template = templates
+        .get(&example.control_plane_name())
+        .await
+        .expect("template");
+    templates
+        .delete(&example.control_plane_name(), &DeleteParams::default())
+        .await
+        .expect("template deleted");
+    Api::<ProxmoxCluster>::namespaced(client.clone(), NS)
+        .patch_status(
+            "late",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "initialization": {"provisioned": true},
+                "failureDomains": published_domains(),
+            }})),
+        )
+        .await
+        .expect("status patched");
+    wait_one(
+        Api::<Cluster>::namespaced(client.clone(), NS),
+        "late",
+        "infrastructure provisioned",
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.initialization.as_ref())
+                .is_some()
+        },
+    )
+    .await;
+    let mut again = template.clone();
+    again.metadata = kube::api::ObjectMeta {
+        name: template.metadata.name.clone(),
+        namespace: template.metadata.namespace.clone(),
+        ..Default::default()
+    };
+    templates
+        .create(&Default::default(), &again)
+        .await
+        .expect("template recreated");
+    let machines = wait_list(
+        Api::<Machine>::namespaced(client.clone(), NS),
+        "control plane machine",
+        |ms| ms.iter().any(is_control_plane),
+    )
+    .await;
+    let machine = machines
+        .iter()
+        .find(|m| is_control_plane(m))
+        .expect("machine");
+    wait_one(
+        Api::<ProxmoxMachine>::namespaced(client.clone(), NS),
+        &machine.name_any(),
+        "its ProxmoxMachine",
+        |_| true,
+    )
+    .await;
 }

@@ -23,6 +23,18 @@
 //!   dropping its finalizer; a Cluster deletes its KCPs, MachineDeployments and Machines, then the
 //!   ProxmoxCluster, then itself.
 //!
+//! # What the infrastructure provider must do for the stand-in to make progress
+//!
+//! - ProxmoxCluster: `status.initialization.provisioned: true` and `status.failureDomains`
+//!   (with `controlPlane` written explicitly); nothing is created before provisioned.
+//! - ProxmoxMachine: read the zone from the owning Machine's `spec.failureDomain` (found by the
+//!   controller owner reference of kind `Machine`), the bootstrap data from the Secret named by
+//!   `Machine.spec.bootstrap.dataSecretName` (key `value`, `format: cloud-config`); set
+//!   `spec.providerID` no later than `status.initialization.provisioned: true` (the Machine is
+//!   not provisioned without it, and KCP creates the next control-plane machine only after the
+//!   previous ProxmoxMachine is provisioned); report `status.addresses` and
+//!   `status.failureDomain`; on deletion remove the VM, then its finalizer (the Machine waits).
+//!
 //! # Simplifications (differences from real CAPI)
 //!
 //! - No MachineSets: a MachineDeployment owns its Machines directly; no rollouts — changing a
@@ -196,7 +208,11 @@ impl CapiStandIn {
                     Err(error) => {
                         let next =
                             backoff.map_or(Duration::from_millis(50), |b| (b * 2).min(MAX_BACKOFF));
-                        tracing::debug!(%error, retry_in = ?next, "CAPI stand-in pass failed");
+                        if next >= Duration::from_secs(1) {
+                            tracing::warn!(%error, retry_in = ?next, "CAPI stand-in keeps failing");
+                        } else {
+                            tracing::debug!(%error, retry_in = ?next, "CAPI stand-in pass failed");
+                        }
                         Some(next)
                     }
                 };
@@ -238,6 +254,8 @@ impl CapiStandIn {
             typed(Api::<ProxmoxCluster>::namespaced(c.clone(), ns)),
             typed(Api::<Machine>::namespaced(c.clone(), ns)),
             typed(Api::<ProxmoxMachine>::namespaced(c.clone(), ns)),
+            // A KCP or MachineDeployment may be created before its template.
+            typed(Api::<ProxmoxMachineTemplate>::namespaced(c.clone(), ns)),
             typed(self.dynamic(&control_plane_resource())),
             typed(self.dynamic(&deployment_resource())),
         ])
@@ -1052,10 +1070,13 @@ pub struct ExampleCluster {
     pub worker_failure_domain: Option<String>,
     /// Kubernetes version written to the KCP and the MachineDeployment.
     pub version: String,
+    /// `spec.template.metadata.labels` of both ProxmoxMachineTemplates.
+    pub machine_template_labels: BTreeMap<String, String>,
 }
 
 impl ExampleCluster {
-    /// Defaults: 1 control-plane machine, 0 workers, no worker failure domain, v1.33.0.
+    /// Defaults: 1 control-plane machine, 0 workers, no worker failure domain, v1.33.0, no
+    /// template labels.
     pub fn new(
         namespace: impl Into<String>,
         name: impl Into<String>,
@@ -1071,6 +1092,7 @@ impl ExampleCluster {
             worker_replicas: 0,
             worker_failure_domain: None,
             version: "v1.33.0".into(),
+            machine_template_labels: BTreeMap::new(),
         }
     }
 
@@ -1105,10 +1127,14 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
         "spec": example.proxmox_cluster_spec,
     });
     let template = |template_name: String| {
+        let mut template = json!({"spec": example.machine_spec});
+        if !example.machine_template_labels.is_empty() {
+            template["metadata"] = json!({"labels": example.machine_template_labels});
+        }
         json!({
             "apiVersion": INFRA_API_VERSION, "kind": "ProxmoxMachineTemplate",
             "metadata": {"name": template_name, "namespace": ns},
-            "spec": {"template": {"spec": example.machine_spec}},
+            "spec": {"template": template},
         })
     };
     let kcp = json!({
