@@ -150,8 +150,15 @@ impl Snapshot {
     }
 
     fn proxmox_machine(&self, machine: &Machine) -> Option<&ProxmoxMachine> {
-        let name = infra_machine_name(machine);
-        self.proxmox_machines.iter().find(|p| p.name_any() == name)
+        // Only ProxmoxMachines are this stand-in's business; other kinds are never found.
+        let reference = machine
+            .spec
+            .infrastructure_ref
+            .as_ref()
+            .filter(|r| r.kind == "ProxmoxMachine" && r.api_group == crate::api::GROUP)?;
+        self.proxmox_machines
+            .iter()
+            .find(|p| p.name_any() == reference.name)
     }
 
     fn owned_machines(&self, owner_uid: &str) -> Vec<&Machine> {
@@ -1340,15 +1347,6 @@ fn proxmox_machine_provisioned(machine: &ProxmoxMachine) -> bool {
         .and_then(|s| s.initialization.as_ref())
         .and_then(|i| i.provisioned)
         == Some(true)
-}
-
-fn infra_machine_name(machine: &Machine) -> String {
-    machine
-        .spec
-        .infrastructure_ref
-        .as_ref()
-        .filter(|r| r.kind == "ProxmoxMachine")
-        .map_or_else(|| machine.name_any(), |r| r.name.clone())
 }
 
 fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
