@@ -824,3 +824,85 @@ async fn a_template_created_late_is_picked_up() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_paused_cluster_is_left_alone_until_unpaused() {
+    let server = server();
+    let client = server.client();
+    let stop = Stop(CancellationToken::new());
+    CapiStandIn::spawn(client.clone(), NS, stop.0.clone());
+    for name in ["held", "other"] {
+        let mut example = example(name);
+        example.control_plane_replicas = 0;
+        example.worker_replicas = 0;
+        standin::create_example_cluster(&client, &example)
+            .await
+            .expect("example created");
+    }
+    let clusters = Api::<Cluster>::namespaced(client.clone(), NS);
+    let proxmox_clusters = Api::<ProxmoxCluster>::namespaced(client.clone(), NS);
+    let provision = |name: &'static str| {
+        let api = proxmox_clusters.clone();
+        async move {
+            api.patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {
+                    "initialization": {"provisioned": true},
+                    "failureDomains": published_domains(),
+                }})),
+            )
+            .await
+            .expect("status patched");
+        }
+    };
+    let provisioned = |c: &Cluster| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.infrastructure_provisioned)
+            == Some(true)
+    };
+    provision("held").await;
+    wait_one(clusters.clone(), "held", "held provisioned", provisioned).await;
+
+    clusters
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("paused");
+    standin::scale_workers(&client, NS, "held-workers", 1)
+        .await
+        .expect("scaled");
+    // The pass that provisions the other cluster has seen the pause and the scale-up.
+    provision("other").await;
+    wait_one(clusters.clone(), "other", "other provisioned", provisioned).await;
+    let machines = Api::<Machine>::namespaced(client.clone(), NS);
+    assert!(
+        machines
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty(),
+        "nothing is created for a paused cluster"
+    );
+
+    clusters
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpaused");
+    wait_list(machines, "the held worker", |ms| {
+        ms.iter().any(|m| {
+            m.labels().get(labels::DEPLOYMENT_NAME).map(String::as_str) == Some("held-workers")
+        })
+    })
+    .await;
+}

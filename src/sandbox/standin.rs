@@ -49,8 +49,11 @@
 //!   as do MachineDeployments (real MachineSets do not wait).
 //! - Failure-domain ties that real KCP breaks at random are broken by name, so tests are
 //!   reproducible; ties between machines created in the same second are broken by name too.
-//! - No status on KCP / MachineDeployment objects, no conditions, no events, no pausing, no
-//!   remediation, no ClusterClass, no `controlPlaneEndpoint` copy.
+//! - Pausing (`Cluster.spec.paused`, or the `cluster.x-k8s.io/paused` annotation on any of the
+//!   objects) stops all work on the cluster's objects, deletion included, as in CAPI; there is no
+//!   `Paused` condition.
+//! - No status on KCP / MachineDeployment objects, no conditions, no events, no remediation, no
+//!   ClusterClass, no `controlPlaneEndpoint` copy.
 //! - Everything runs as one level-triggered loop: any watch event on the kinds involved
 //!   triggers one pass that lists the namespace afresh (no cache, so no duplicate creations
 //!   from stale reads) and takes the next step for every object.
@@ -307,7 +310,20 @@ impl CapiStandIn {
                 first_error.get_or_insert(error);
             }
         };
+        // As CAPI: nothing of a paused cluster, or an object annotated paused, is touched.
+        let paused_clusters: BTreeSet<String> = snap
+            .clusters
+            .iter()
+            .filter(|c| c.spec.paused == Some(true) || is_paused(c.meta()))
+            .map(ResourceExt::name_any)
+            .collect();
+        let skip = |meta: &ObjectMeta, cluster: Option<&String>| {
+            is_paused(meta) || cluster.is_some_and(|c| paused_clusters.contains(c))
+        };
         for cluster in &snap.clusters {
+            if skip(cluster.meta(), Some(&cluster.name_any())) {
+                continue;
+            }
             note(
                 "Cluster",
                 cluster.name_any(),
@@ -315,6 +331,9 @@ impl CapiStandIn {
             );
         }
         for kcp in &snap.control_planes {
+            if skip(&kcp.metadata, kcp.labels().get(labels::CLUSTER_NAME)) {
+                continue;
+            }
             note(
                 "KubeadmControlPlane",
                 kcp.name_any(),
@@ -322,6 +341,10 @@ impl CapiStandIn {
             );
         }
         for md in &snap.deployments {
+            let cluster = md.data["spec"]["clusterName"].as_str().map(String::from);
+            if skip(&md.metadata, cluster.as_ref()) {
+                continue;
+            }
             note(
                 "MachineDeployment",
                 md.name_any(),
@@ -329,6 +352,9 @@ impl CapiStandIn {
             );
         }
         for machine in &snap.machines {
+            if skip(machine.meta(), Some(&machine.spec.cluster_name)) {
+                continue;
+            }
             note(
                 "Machine",
                 machine.name_any(),
@@ -1366,6 +1392,12 @@ fn controller_ref(api_version: &str, kind: &str, name: &str, uid: &str) -> Owner
         controller: Some(true),
         block_owner_deletion: Some(true),
     }
+}
+
+fn is_paused(meta: &ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(crate::api::annotations::PAUSED))
 }
 
 fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
