@@ -116,6 +116,9 @@ pub struct MachineSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_id: Option<String>,
+    /// Kubernetes version of the machine (set by KCP / the MachineDeployment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// Bootstrap part of a Machine.
@@ -134,6 +137,24 @@ pub struct MachineStatus {
     /// The Kubernetes node that joined for this Machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ref: Option<MachineNodeReference>,
+    /// Provisioning progress, set by CAPI (or the sandbox stand-in) from the InfraMachine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<MachineInitialization>,
+    /// Addresses copied by CAPI from the InfraMachine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<crate::api::MachineAddress>,
+    /// Failure domain the InfraMachine reports it landed in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+}
+
+/// Machine provisioning flags.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineInitialization {
+    /// The InfraMachine reported itself provisioned (latched by CAPI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_provisioned: Option<bool>,
 }
 
 /// Reference to a workload-cluster Node.

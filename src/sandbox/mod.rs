@@ -1,5 +1,7 @@
-//! Stand-ins for the parts of a management cluster that are not capmox (CAPI core, the IPAM
-//! provider), used by `capmox sandbox`, the end-to-end tests and the benchmarks. Never used by
-//! the controllers themselves.
+//! Pieces that let capmox run end to end on one machine without a real management cluster:
+//! [`standin`] plays CAPI core and KCP for the infrastructure-provider contract, and [`ipam`]
+//! plays the in-cluster IPAM provider. Used by `capmox sandbox`, the end-to-end tests and the
+//! benchmarks; never by the controllers themselves.
 
 pub mod ipam;
+pub mod standin;
