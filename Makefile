@@ -40,10 +40,8 @@ crds-check: ## Fail when crds/ differs from what the API types generate.
 
 verify: fmt-check lint crds-check test ## Everything CI checks.
 
-sandbox: ## See capmox work end to end on this machine (arrives with the sandbox issue).
-	@echo "make sandbox is not available yet: the sandbox (simulated Proxmox + in-process Kubernetes API) is still being built."
-	@echo "Until then, 'make test' exercises the API types, CRDs and validation."
-	@exit 2
+sandbox: ## See capmox work end to end on this machine (simulated Proxmox, in-process Kubernetes API).
+	$(CARGO) run --locked --quiet -- sandbox $(SANDBOX_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -21,6 +21,9 @@ pub enum CliError {
     /// The controller manager stopped with an error.
     #[error(transparent)]
     Manager(#[from] crate::controller::ManagerError),
+    /// The sandbox failed.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::run::SandboxError),
     /// The simulator could not start.
     #[error(transparent)]
     Simulator(#[from] crate::sim::SimStartError),
@@ -79,6 +82,25 @@ pub enum Command {
         /// PEM private key of `--tls-cert`.
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<std::path::PathBuf>,
+    },
+    /// See capmox work on this machine: simulated Proxmox, in-process Kubernetes API, real
+    /// controllers, an example cluster spread over failure domains.
+    Sandbox {
+        /// Keep everything running after the machines are ready, so kubectl can look around.
+        #[arg(long)]
+        keep_running: bool,
+        /// Control-plane machines.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
+        control_plane: i32,
+        /// Worker machines (all in rack-b).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..=50))]
+        workers: i32,
+        /// Proxmox topology file (nodes pve1..pve4 in racks rack-a/rack-b are expected).
+        #[arg(long)]
+        topology: Option<std::path::PathBuf>,
+        /// Where to write the kubeconfig of the in-process Kubernetes API.
+        #[arg(long)]
+        kubeconfig: Option<std::path::PathBuf>,
     },
     /// Print the capmox version.
     Version,
@@ -259,6 +281,29 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
                 listen,
                 tls,
             ))?;
+            Ok(())
+        }
+        Command::Sandbox {
+            keep_running,
+            control_plane,
+            workers,
+            topology,
+            kubeconfig,
+        } => {
+            init_logging(cli.log_format, cli.log_filter.as_deref().or(Some("warn")))?;
+            let mut options = crate::sandbox::run::SandboxOptions {
+                control_plane,
+                workers,
+                topology,
+                ..Default::default()
+            };
+            if let Some(path) = kubeconfig {
+                options.kubeconfig = path;
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(crate::sandbox::run::run(options, keep_running))?;
             Ok(())
         }
         Command::Version => {

@@ -119,3 +119,34 @@ async fn simulate_proxmox_serves_an_api_a_client_can_use() {
         "the built-in example topology has three nodes"
     );
 }
+
+#[test]
+fn sandbox_provisions_the_example_cluster_and_exits_zero() {
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "capmox-sandbox-test-{}.kubeconfig",
+        std::process::id()
+    ));
+    let output = capmox(&[
+        "sandbox",
+        "--control-plane",
+        "1",
+        "--workers",
+        "1",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8 path"),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("2 machines ready"), "{stdout}");
+    assert!(stdout.contains("rack-b"), "{stdout}");
+    assert!(
+        std::fs::read_to_string(&kubeconfig)
+            .expect("kubeconfig written")
+            .contains("server: http://127.0.0.1:")
+    );
+    let _ = std::fs::remove_file(kubeconfig);
+}

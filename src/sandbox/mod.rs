@@ -4,4 +4,5 @@
 //! benchmarks; never by the controllers themselves.
 
 pub mod ipam;
+pub mod run;
 pub mod standin;
