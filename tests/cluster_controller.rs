@@ -141,6 +141,20 @@ async fn zones_become_failure_domains_and_pools() {
         ("ProxmoxCluster", Some(true))
     );
 
+    // Proxmox calls and reconciles are exposed as metrics.
+    let metrics = env.context.metrics.render();
+    assert!(
+        metrics.contains("capmox_proxmox_api_requests_total{endpoint=\"GET /version\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "controller_runtime_reconcile_total{controller=\"proxmoxcluster\",result=\"success\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
+
     // The credentials Secret is held by the cluster.
     let secret = Api::<Secret>::namespaced(env.client(), "default")
         .get("demo-credentials")

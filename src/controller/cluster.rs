@@ -107,6 +107,7 @@ pub async fn reconcile(
     cluster: Arc<ProxmoxCluster>,
     context: Arc<Context>,
 ) -> Result<Action, ClusterError> {
+    let _active = context.metrics.reconcile_started(CONTROLLER);
     let started = Instant::now();
     let result = reconcile_inner(&cluster, &context).await;
     context

@@ -147,6 +147,7 @@ pub async fn reconcile(
     machine: Arc<ProxmoxMachine>,
     context: Arc<Context>,
 ) -> Result<Action, MachineError> {
+    let _active = context.metrics.reconcile_started(CONTROLLER);
     let started = Instant::now();
     let result = Reconcile::new(&machine, &context).and_then_run().await;
     context

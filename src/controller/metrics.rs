@@ -11,6 +11,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use std::collections::BTreeMap;
+
+use crate::proxmox::{ClientRegistry, EndpointStats};
+
 /// Labels of per-controller series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -27,22 +31,6 @@ pub struct ReconcileLabels {
     pub result: String,
 }
 
-/// Labels of Proxmox API series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProxmoxLabels {
-    /// Endpoint template, e.g. `POST /nodes/{node}/qemu/{vmid}/clone`.
-    pub endpoint: String,
-    /// `ok` or `error`.
-    pub outcome: String,
-}
-
-/// Labels of the work-queue depth gauge.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueLabels {
-    /// Controller name.
-    pub name: String,
-}
-
 /// All metrics of one manager process, cheap to clone and share between tasks.
 #[derive(Clone)]
 pub struct Metrics {
@@ -50,9 +38,8 @@ pub struct Metrics {
     reconciles: Family<ReconcileLabels, Counter>,
     reconcile_errors: Family<ControllerLabels, Counter>,
     reconcile_time: Family<ControllerLabels, Histogram>,
-    proxmox_requests: Family<ProxmoxLabels, Counter>,
-    proxmox_request_time: Family<ProxmoxLabels, Histogram>,
-    queue_depth: Family<QueueLabels, Gauge>,
+    active_workers: Family<ControllerLabels, Gauge>,
+    proxmox: Option<Arc<ClientRegistry>>,
 }
 
 impl Default for Metrics {
@@ -70,11 +57,7 @@ impl Metrics {
         let reconcile_time = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.005, 2.0, 14))
         });
-        let proxmox_requests = Family::<ProxmoxLabels, Counter>::default();
-        let proxmox_request_time = Family::<ProxmoxLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.005, 2.0, 12))
-        });
-        let queue_depth = Family::<QueueLabels, Gauge>::default();
+        let active_workers = Family::<ControllerLabels, Gauge>::default();
         registry.register(
             "controller_runtime_reconcile",
             "Reconciliations per controller and result",
@@ -91,29 +74,36 @@ impl Metrics {
             reconcile_time.clone(),
         );
         registry.register(
-            "capmox_proxmox_api_requests",
-            "Proxmox API requests per endpoint and outcome",
-            proxmox_requests.clone(),
-        );
-        registry.register(
-            "capmox_proxmox_api_request_duration_seconds",
-            "Latency of Proxmox API requests",
-            proxmox_request_time.clone(),
-        );
-        registry.register(
-            "workqueue_depth",
-            "Objects waiting to be reconciled",
-            queue_depth.clone(),
+            "controller_runtime_active_workers",
+            "Reconciles running right now",
+            active_workers.clone(),
         );
         Self {
             registry: Arc::new(registry),
             reconciles,
             reconcile_errors,
             reconcile_time,
-            proxmox_requests,
-            proxmox_request_time,
-            queue_depth,
+            active_workers,
+            proxmox: None,
         }
+    }
+
+    /// Also expose the Proxmox API calls of every client in `registry`, per endpoint.
+    pub fn with_proxmox(mut self, registry: Arc<ClientRegistry>) -> Self {
+        self.proxmox = Some(registry);
+        self
+    }
+
+    /// Counts a reconcile as running until the returned guard is dropped.
+    pub fn reconcile_started(&self, controller: &str) -> ActiveReconcile {
+        let gauge = self
+            .active_workers
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .clone();
+        gauge.inc();
+        ActiveReconcile(gauge)
     }
 
     /// Records one finished reconciliation.
@@ -136,27 +126,6 @@ impl Metrics {
             .observe(duration.as_secs_f64());
     }
 
-    /// Records one Proxmox API request.
-    pub fn proxmox_request(&self, endpoint: &str, duration: Duration, failed: bool) {
-        let labels = ProxmoxLabels {
-            endpoint: endpoint.to_owned(),
-            outcome: if failed { "error" } else { "ok" }.to_owned(),
-        };
-        self.proxmox_requests.get_or_create(&labels).inc();
-        self.proxmox_request_time
-            .get_or_create(&labels)
-            .observe(duration.as_secs_f64());
-    }
-
-    /// Sets how many objects wait in a controller's queue.
-    pub fn set_queue_depth(&self, controller: &str, depth: i64) {
-        self.queue_depth
-            .get_or_create(&QueueLabels {
-                name: controller.to_owned(),
-            })
-            .set(depth);
-    }
-
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -164,8 +133,57 @@ impl Metrics {
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        if let Some(registry) = &self.proxmox {
+            let body = out.strip_suffix("# EOF\n").unwrap_or(&out).to_owned();
+            out = body + &proxmox_series(&registry.endpoint_stats()) + "# EOF\n";
+        }
         out
     }
+}
+
+/// Decrements the active-reconcile gauge when the reconcile ends (even by an early return).
+pub struct ActiveReconcile(Gauge);
+
+impl Drop for ActiveReconcile {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Proxmox API calls, errors and latency per endpoint template, in the text format.
+fn proxmox_series(stats: &BTreeMap<String, EndpointStats>) -> String {
+    let mut out = String::new();
+    let mut family =
+        |name: &str, kind: &str, help: &str, value: &dyn Fn(&EndpointStats) -> String| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (endpoint, stat) in stats {
+                let endpoint = endpoint.replace('\\', "\\\\").replace('"', "\\\"");
+                let suffix = if kind == "counter" { "_total" } else { "" };
+                out.push_str(&format!(
+                    "{name}{suffix}{{endpoint=\"{endpoint}\"}} {}\n",
+                    value(stat)
+                ));
+            }
+        };
+    family(
+        "capmox_proxmox_api_requests",
+        "counter",
+        "Proxmox API requests per endpoint.",
+        &|s| s.calls.to_string(),
+    );
+    family(
+        "capmox_proxmox_api_errors",
+        "counter",
+        "Proxmox API requests that failed.",
+        &|s| s.errors.to_string(),
+    );
+    family(
+        "capmox_proxmox_api_request_seconds",
+        "gauge",
+        "Total time spent in Proxmox API requests per endpoint.",
+        &|s| format!("{:.6}", s.total_latency.as_secs_f64()),
+    );
+    out
 }
 
 #[cfg(test)]
@@ -177,16 +195,14 @@ mod tests {
         let metrics = Metrics::new();
         metrics.reconciled("proxmoxcluster", Duration::from_millis(20), false);
         metrics.reconciled("proxmoxcluster", Duration::from_millis(30), true);
-        metrics.proxmox_request("GET /version", Duration::from_millis(3), false);
-        metrics.set_queue_depth("proxmoxmachine", 4);
+        let _running = metrics.reconcile_started("proxmoxmachine");
         let text = metrics.render();
         for line in [
             r#"controller_runtime_reconcile_total{controller="proxmoxcluster",result="success"} 1"#,
             r#"controller_runtime_reconcile_total{controller="proxmoxcluster",result="error"} 1"#,
             r#"controller_runtime_reconcile_errors_total{controller="proxmoxcluster"} 1"#,
             r#"controller_runtime_reconcile_time_seconds_count{controller="proxmoxcluster"} 2"#,
-            r#"capmox_proxmox_api_requests_total{endpoint="GET /version",outcome="ok"} 1"#,
-            r#"workqueue_depth{name="proxmoxmachine"} 4"#,
+            r#"controller_runtime_active_workers{controller="proxmoxmachine"} 1"#,
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -77,11 +77,12 @@ impl Context {
         config: ManagerConfig,
         global_credentials: GlobalCredentials,
     ) -> Self {
+        let proxmox = Arc::new(ClientRegistry::new());
         Self {
             client,
-            metrics: Metrics::new(),
+            metrics: Metrics::new().with_proxmox(proxmox.clone()),
             config,
-            proxmox: Arc::new(ClientRegistry::new()),
+            proxmox,
             global_credentials,
             reservations: Arc::default(),
         }
@@ -95,7 +96,8 @@ pub async fn run(
     global_credentials: GlobalCredentials,
     shutdown: CancellationToken,
 ) -> Result<(), ManagerError> {
-    let metrics = Metrics::new();
+    let proxmox = Arc::new(ClientRegistry::new());
+    let metrics = Metrics::new().with_proxmox(proxmox.clone());
     let readiness = Readiness::default();
     let endpoints = bind_endpoints(&config, &metrics, &readiness).await?;
     let server_stop = CancellationToken::new();
@@ -123,7 +125,7 @@ pub async fn run(
             client,
             metrics,
             config,
-            proxmox: Arc::new(ClientRegistry::new()),
+            proxmox,
             global_credentials,
             reservations: Arc::default(),
         };

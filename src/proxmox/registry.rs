@@ -34,6 +34,25 @@ impl ClientRegistry {
         Ok(client)
     }
 
+    /// Per-endpoint counters summed over every cached client, for `/metrics`.
+    pub fn endpoint_stats(
+        &self,
+    ) -> std::collections::BTreeMap<String, super::client::EndpointStats> {
+        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let mut total: std::collections::BTreeMap<String, super::client::EndpointStats> =
+            Default::default();
+        for client in clients.values() {
+            for (endpoint, stats) in client.metrics() {
+                let entry = total.entry(endpoint).or_default();
+                entry.calls += stats.calls;
+                entry.errors += stats.errors;
+                entry.total_latency += stats.total_latency;
+                entry.max_latency = entry.max_latency.max(stats.max_latency);
+            }
+        }
+        total
+    }
+
     /// Number of cached clients.
     pub fn len(&self) -> usize {
         self.clients.lock().unwrap_or_else(|p| p.into_inner()).len()
