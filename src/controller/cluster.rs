@@ -388,7 +388,11 @@ async fn apply_status_if_changed(
 
 /// Adds `finalizer` with a JSON patch guarded by the resourceVersion (a concurrent change makes it
 /// fail and the reconcile retry, instead of overwriting someone else's finalizers).
-async fn ensure_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), ClusterError>
+pub(crate) async fn ensure_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<(), ClusterError>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -421,7 +425,7 @@ where
 }
 
 /// Removes `finalizer` (and, for Secrets, our owner reference) with a guarded JSON patch.
-async fn release<K>(
+pub(crate) async fn release<K>(
     api: &Api<K>,
     object: &K,
     finalizer: &str,

@@ -233,7 +233,7 @@ impl<'a> Reconcile<'a> {
         else {
             // Deleted before CAPI adopted it: nothing was created, nothing to clean up.
             if self.machine.metadata.deletion_timestamp.is_some() {
-                remove_finalizer(&api, self.machine).await?;
+                cluster::release(&api, self.machine, finalizers::MACHINE, None).await?;
             }
             tracing::debug!(machine = %name, "waiting for the CAPI Machine to set the owner reference");
             return Ok(Action::await_change());
@@ -356,7 +356,7 @@ impl<'a> Reconcile<'a> {
                 Action::await_change(),
             ));
         };
-        ensure_finalizer(&scope.api, self.machine).await?;
+        cluster::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?;
 
         let placement =
             match Placement::resolve(&scope.proxmox_cluster, self.machine, &scope.capi_machine) {
@@ -1313,7 +1313,7 @@ impl<'a> Reconcile<'a> {
             }
         }
         self.context.reservations.lock().await.release(&scope.name);
-        remove_finalizer(&scope.api, self.machine).await?;
+        cluster::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
         Ok(Action::await_change())
     }
 
@@ -1518,62 +1518,6 @@ async fn apply_status(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(body),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn ensure_finalizer(
-    api: &Api<ProxmoxMachine>,
-    machine: &ProxmoxMachine,
-) -> Result<(), MachineError> {
-    if machine
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::MACHINE)
-    {
-        return Ok(());
-    }
-    let name = machine.name_any();
-    let patch = if machine.metadata.finalizers.is_none() {
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": machine.metadata.resource_version},
-            {"op": "add", "path": "/metadata/finalizers", "value": [finalizers::MACHINE]}
-        ])
-    } else {
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": machine.metadata.resource_version},
-            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizers::MACHINE}
-        ])
-    };
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Json::<()>(serde_json::from_value(patch)?),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn remove_finalizer(
-    api: &Api<ProxmoxMachine>,
-    machine: &ProxmoxMachine,
-) -> Result<(), MachineError> {
-    let Some(index) = machine
-        .finalizers()
-        .iter()
-        .position(|f| f == finalizers::MACHINE)
-    else {
-        return Ok(());
-    };
-    let patch = json!([
-        {"op": "test", "path": "/metadata/resourceVersion", "value": machine.metadata.resource_version},
-        {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
-    ]);
-    api.patch(
-        &machine.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(serde_json::from_value(patch)?),
     )
     .await?;
     Ok(())
