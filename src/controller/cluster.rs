@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -107,13 +107,10 @@ pub async fn reconcile(
     cluster: Arc<ProxmoxCluster>,
     context: Arc<Context>,
 ) -> Result<Action, ClusterError> {
-    let _active = context.metrics.reconcile_started(CONTROLLER);
-    let started = Instant::now();
-    let result = reconcile_inner(&cluster, &context).await;
     context
         .metrics
-        .reconciled(CONTROLLER, started.elapsed(), result.is_err());
-    result
+        .measure(CONTROLLER, reconcile_inner(&cluster, &context))
+        .await
 }
 
 async fn reconcile_inner(

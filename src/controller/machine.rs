@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -147,13 +147,13 @@ pub async fn reconcile(
     machine: Arc<ProxmoxMachine>,
     context: Arc<Context>,
 ) -> Result<Action, MachineError> {
-    let _active = context.metrics.reconcile_started(CONTROLLER);
-    let started = Instant::now();
-    let result = Reconcile::new(&machine, &context).and_then_run().await;
     context
         .metrics
-        .reconciled(CONTROLLER, started.elapsed(), result.is_err());
-    result
+        .measure(
+            CONTROLLER,
+            Reconcile::new(&machine, &context).and_then_run(),
+        )
+        .await
 }
 
 /// What a step decided: go on, or stop this reconcile with a condition and a requeue.

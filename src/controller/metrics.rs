@@ -94,6 +94,20 @@ impl Metrics {
         self
     }
 
+    /// Runs one reconcile of `controller`: counted as active while it runs, then recorded with
+    /// its duration and outcome.
+    pub async fn measure<T, E>(
+        &self,
+        controller: &str,
+        reconcile: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let _active = self.reconcile_started(controller);
+        let started = std::time::Instant::now();
+        let result = reconcile.await;
+        self.reconciled(controller, started.elapsed(), result.is_err());
+        result
+    }
+
     /// Counts a reconcile as running until the returned guard is dropped.
     pub fn reconcile_started(&self, controller: &str) -> ActiveReconcile {
         let gauge = self

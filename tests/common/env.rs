@@ -18,21 +18,8 @@ use tokio_util::sync::CancellationToken;
 /// Upper bound for anything a test waits on.
 pub const ENV_WAIT: Duration = Duration::from_secs(30);
 
-/// Five nodes: rack-a (pve1, pve2), rack-b (pve3, pve4) and a spare (pve5).
-pub const TOPOLOGY: &str = r#"
-cluster_name: sim
-nodes:
-  - {name: pve1, memory_mib: 65536, cores: 16}
-  - {name: pve2, memory_mib: 65536, cores: 16}
-  - {name: pve3, memory_mib: 65536, cores: 16}
-  - {name: pve4, memory_mib: 65536, cores: 16}
-  - {name: pve5, memory_mib: 65536, cores: 16}
-storages:
-  - {name: local, type: dir, content: [iso, vztmpl, snippets, images]}
-  - {name: ceph, type: rbd, shared: true, content: [images], size_gib: 4096}
-templates:
-  - {vmid: 9000, name: ubuntu-2404-kube, node: pve1, tags: [capmox, ubuntu], storage: ceph, disk_gib: 10, config: {agent: "1", net0: "virtio=BC:24:11:00:90:00,bridge=vmbr0"}}
-"#;
+/// Five nodes: rack-a (pve1, pve2), rack-b (pve3, pve4) and a spare (pve5), as the sandbox has.
+pub const TOPOLOGY: &str = capmox::sandbox::run::TOPOLOGY;
 
 /// The running environment; dropping it stops the controllers.
 pub struct Env {
