@@ -416,3 +416,34 @@ async fn deletion_waits_for_the_machines_and_releases_the_secret() {
         "owner reference released"
     );
 }
+
+#[tokio::test]
+async fn readiness_follows_cache_sync_with_objects_already_present() {
+    let env = Env::start().await;
+    env.create_credentials("demo-credentials", None).await;
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, zoned_spec()).await;
+    let readiness = env.context.readiness.clone();
+    readiness.set_leading(true);
+    assert!(
+        !readiness.is_ready(),
+        "no controller has started, so nothing has synced"
+    );
+    env.run_controllers();
+    if tokio::time::timeout(common::env::ENV_WAIT, readiness.wait_ready())
+        .await
+        .is_err()
+    {
+        panic!("caches never synced: {:?}", readiness.state());
+    }
+    let state = readiness.state();
+    assert_eq!(
+        state.synced.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["proxmoxcluster", "proxmoxmachine"]
+    );
+    readiness.set_leading(false);
+    assert!(
+        !readiness.is_ready(),
+        "a replica that lost the lead is not ready"
+    );
+}

@@ -44,8 +44,21 @@ async fn probes_and_metrics_answer() {
     assert_eq!(get(address, "/healthz").await.0, 200);
     let (status, body) = get(address, "/readyz").await;
     assert_eq!(status, 503);
-    assert!(body.contains("not ready"), "{body}");
-    readiness.set(true);
+    assert!(body.contains("not the leader"), "{body}");
+    readiness.set_leading(true);
+    let (status, body) = get(address, "/readyz").await;
+    assert_eq!(status, 503, "leading, but no controller has started");
+    assert!(body.contains("controllers are starting"), "{body}");
+    readiness.expect("proxmoxcluster");
+    readiness.expect("proxmoxmachine");
+    readiness.mark_synced("proxmoxmachine");
+    let (status, body) = get(address, "/readyz").await;
+    assert_eq!(status, 503);
+    assert!(
+        body.contains("caches are syncing for proxmoxcluster"),
+        "{body}"
+    );
+    readiness.mark_synced("proxmoxcluster");
     assert_eq!(get(address, "/readyz").await.0, 200);
 
     metrics.reconciled("proxmoxcluster", std::time::Duration::from_millis(5), false);

@@ -78,7 +78,9 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         ),
     };
     let config = ControllerConfig::default().concurrency(context.config.cluster_concurrency);
-    Controller::new(clusters, watcher::Config::default())
+    let controller = Controller::new(clusters, watcher::Config::default());
+    super::report_cache_sync(controller.store(), context.readiness.clone(), CONTROLLER);
+    controller
         .owns(pools, watcher::Config::default())
         .watches(capi_clusters, watcher::Config::default(), |cluster| {
             let reference = cluster.spec.infrastructure_ref.as_ref()?;

@@ -1,16 +1,17 @@
 //! The manager's HTTP endpoints: `/healthz` (alive), `/readyz` (caches synced and, with leader
 //! election, leading) and `/metrics` (Prometheus text format).
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
@@ -30,19 +31,88 @@ pub enum HttpError {
     },
 }
 
-/// Readiness as the probes see it; flipped by the manager as caches sync and leadership changes.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+/// Readiness as the probes see it: leading (or not electing) and every controller's cache
+/// filled by its first full list, so a replica never reports ready while it would still act on
+/// an empty view of the cluster.
+#[derive(Clone, Debug)]
+pub struct Readiness(Arc<watch::Sender<ReadinessState>>);
+
+/// What `/readyz` is waiting for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadinessState {
+    /// This replica leads (always true without leader election once the manager starts).
+    pub leading: bool,
+    /// Controllers whose caches must be synced before the manager is ready.
+    pub expected: BTreeSet<String>,
+    /// Controllers whose caches have synced.
+    pub synced: BTreeSet<String>,
+}
+
+impl ReadinessState {
+    /// Ready once leading and at least one controller is expected and all expected have synced.
+    pub fn is_ready(&self) -> bool {
+        self.leading && !self.expected.is_empty() && self.expected.is_subset(&self.synced)
+    }
+
+    /// Controllers still listing their objects.
+    pub fn syncing(&self) -> Vec<&str> {
+        self.expected
+            .difference(&self.synced)
+            .map(String::as_str)
+            .collect()
+    }
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(ReadinessState::default())))
+    }
+}
 
 impl Readiness {
-    /// Marks the manager ready or not ready.
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::SeqCst);
+    /// Records whether this replica leads; losing the lead makes the manager not ready.
+    pub fn set_leading(&self, leading: bool) {
+        self.0.send_modify(|state| state.leading = leading);
+    }
+
+    /// Declares a controller whose cache must sync before the manager is ready.
+    pub fn expect(&self, controller: &str) {
+        self.0.send_modify(|state| {
+            state.expected.insert(controller.to_owned());
+            state.synced.remove(controller);
+        });
+    }
+
+    /// Records that a controller's cache holds the result of its first full list.
+    pub fn mark_synced(&self, controller: &str) {
+        self.0.send_modify(|state| {
+            state.synced.insert(controller.to_owned());
+        });
+    }
+
+    /// Forgets every controller (they stopped); the manager is not ready until they start again.
+    pub fn reset_controllers(&self) {
+        self.0.send_modify(|state| {
+            state.expected.clear();
+            state.synced.clear();
+        });
     }
 
     /// Whether `/readyz` answers 200.
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.borrow().is_ready()
+    }
+
+    /// A snapshot of what readiness waits for.
+    pub fn state(&self) -> ReadinessState {
+        self.0.borrow().clone()
+    }
+
+    /// Resolves once the manager is ready (for callers that must not act earlier, and tests).
+    pub async fn wait_ready(&self) {
+        let mut receiver = self.0.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = receiver.wait_for(ReadinessState::is_ready).await;
     }
 }
 
@@ -115,11 +185,30 @@ fn respond(
     }
     match request.uri().path() {
         "/healthz" | "/livez" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" if readiness.is_ready() => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: caches are syncing or this replica is not the leader\n".into(),
-        ),
+        "/readyz" => {
+            let state = readiness.state();
+            if state.is_ready() {
+                text(StatusCode::OK, "ok\n".into())
+            } else if !state.leading {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: this replica is not the leader (yet)\n".into(),
+                )
+            } else if state.expected.is_empty() {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: controllers are starting\n".into(),
+                )
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "not ready: caches are syncing for {}\n",
+                        state.syncing().join(", ")
+                    ),
+                )
+            }
+        }
         "/metrics" => {
             let mut response = text(StatusCode::OK, metrics.render());
             if let Ok(value) = "application/openmetrics-text; version=1.0.0; charset=utf-8".parse()

@@ -107,6 +107,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let (machines, capi_machines, clusters, claims) = api(&client);
     let controller = Controller::new(machines, watcher::Config::default());
     let store = controller.store();
+    super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     controller
         .owns(claims, watcher::Config::default())
         .watches(capi_machines, watcher::Config::default(), |machine| {

@@ -68,6 +68,8 @@ pub struct Context {
     /// Memory promised to machines whose VMs are still being created, so parallel reconciles
     /// never both take the last slot on a node.
     pub reservations: Arc<tokio::sync::Mutex<crate::placement::Reservations>>,
+    /// What `/readyz` reports; the controllers mark their caches synced here.
+    pub readiness: Readiness,
 }
 
 impl Context {
@@ -85,6 +87,7 @@ impl Context {
             proxmox,
             global_credentials,
             reservations: Arc::default(),
+            readiness: Readiness::default(),
         }
     }
 }
@@ -128,8 +131,9 @@ pub async fn run(
             proxmox,
             global_credentials,
             reservations: Arc::default(),
+            readiness: readiness.clone(),
         };
-        readiness.set(true);
+        readiness.set_leading(true);
         // A shutdown signal reaches the reconcilers through the child token; so does the loss of
         // leadership. Either way the reconciles in flight finish before the manager returns.
         let controllers_stop = shutdown.child_token();
@@ -143,7 +147,7 @@ pub async fn run(
                 let _ = controllers.await;
             }
         }
-        readiness.set(false);
+        readiness.set_leading(false);
     }
     match election {
         Some(task) => match task.await {
@@ -175,8 +179,11 @@ async fn bind_endpoints(
 }
 
 /// The reconcilers of this manager; they run until `shutdown` is cancelled, then finish the
-/// reconciles in flight.
+/// reconciles in flight. Each marks its cache synced in `context.readiness` after its first list.
 pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken) {
+    let readiness = context.readiness.clone();
+    readiness.expect(cluster::CONTROLLER);
+    readiness.expect(machine::CONTROLLER);
     tracing::info!(
         cluster_concurrency = context.config.cluster_concurrency,
         machine_concurrency = context.config.machine_concurrency,
@@ -186,4 +193,34 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
         cluster::run(context.clone(), shutdown.clone()),
         machine::run(context, shutdown)
     );
+    readiness.reset_controllers();
+}
+
+/// Marks `controller` synced in `readiness` once its cache has been filled by the first list.
+fn report_cache_sync<K>(
+    store: kube::runtime::reflector::Store<K>,
+    readiness: Readiness,
+    controller: &'static str,
+) where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    // kube-runtime's ready signal wakes only the waiter that polled it last, and the controller
+    // itself waits on it too; so this waiter polls again every interval until the signal is set
+    // (a few cheap polls at start-up, none afterwards).
+    const RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
+    tokio::spawn(async move {
+        loop {
+            match tokio::time::timeout(RECHECK, store.wait_until_ready()).await {
+                Ok(Ok(())) => {
+                    tracing::info!(controller, "cache synced");
+                    readiness.mark_synced(controller);
+                    return;
+                }
+                // The controller stopped before its first list completed.
+                Ok(Err(_)) => return,
+                Err(_) => continue,
+            }
+        }
+    });
 }
