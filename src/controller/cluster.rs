@@ -80,13 +80,19 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let config = ControllerConfig::default().concurrency(context.config.cluster_concurrency);
     let controller = Controller::new(clusters, watcher::Config::default());
     super::report_cache_sync(controller.store(), context.readiness.clone(), CONTROLLER);
+    let queue = context.metrics.work_queue(CONTROLLER);
+    queue.observe(controller.store());
+    let (pool_queue, cluster_queue) = (queue.clone(), queue);
     controller
-        .owns(pools, watcher::Config::default())
-        .watches(capi_clusters, watcher::Config::default(), |cluster| {
-            let reference = cluster.spec.infrastructure_ref.as_ref()?;
-            (reference.kind == "ProxmoxCluster" && reference.api_group == api::GROUP).then(|| {
+        // Owned pools wake their ProxmoxCluster (as `owns` would), noted on the work queue.
+        .watches(pools, watcher::Config::default(), move |pool| {
+            pool_queue.wake(super::owners::<ProxmoxCluster>(&pool))
+        })
+        .watches(capi_clusters, watcher::Config::default(), move |cluster| {
+            let reference = cluster.spec.infrastructure_ref.as_ref();
+            cluster_queue.wake(reference.filter(|r| r.kind == "ProxmoxCluster" && r.api_group == api::GROUP).map(|reference| {
                 ObjectRef::new(&reference.name).within(cluster.namespace().as_deref().unwrap_or_default())
-            })
+            }))
         })
         .with_config(config)
         .graceful_shutdown_on(shutdown.cancelled_owned())
@@ -111,7 +117,7 @@ pub async fn reconcile(
 ) -> Result<Action, ClusterError> {
     context
         .metrics
-        .measure(CONTROLLER, reconcile_inner(&cluster, &context))
+        .measure(CONTROLLER, &*cluster, reconcile_inner(&cluster, &context))
         .await
 }
 

@@ -108,24 +108,31 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let controller = Controller::new(machines, watcher::Config::default());
     let store = controller.store();
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
+    let queue = context.metrics.work_queue(CONTROLLER);
+    queue.observe(store.clone());
+    let (claim_queue, machine_queue, cluster_queue) = (queue.clone(), queue.clone(), queue);
     controller
-        .owns(claims, watcher::Config::default())
-        .watches(capi_machines, watcher::Config::default(), |machine| {
-            let reference = machine.spec.infrastructure_ref.as_ref()?;
-            (reference.kind == "ProxmoxMachine").then(|| {
+        // Owned claims wake their ProxmoxMachine (as `owns` would), noted on the work queue.
+        .watches(claims, watcher::Config::default(), move |claim| {
+            claim_queue.wake(super::owners::<ProxmoxMachine>(&claim))
+        })
+        .watches(capi_machines, watcher::Config::default(), move |machine| {
+            let reference = machine.spec.infrastructure_ref.as_ref();
+            machine_queue.wake(reference.filter(|r| r.kind == "ProxmoxMachine").map(|reference| {
                 ObjectRef::new(&reference.name).within(machine.namespace().as_deref().unwrap_or_default())
-            })
+            }))
         })
         // A cluster change (failure domains, pools, readiness) wakes the machines waiting on it.
         .watches(clusters, watcher::Config::default(), move |cluster| {
             let name = cluster.labels().get(labels::CLUSTER_NAME).cloned().unwrap_or_else(|| cluster.name_any());
             let namespace = cluster.namespace();
-            store
-                .state()
-                .into_iter()
-                .filter(|m| m.namespace() == namespace && m.labels().get(labels::CLUSTER_NAME) == Some(&name))
-                .map(|m| ObjectRef::from_obj(&*m))
-                .collect::<Vec<_>>()
+            cluster_queue.wake(
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|m| m.namespace() == namespace && m.labels().get(labels::CLUSTER_NAME) == Some(&name))
+                    .map(|m| ObjectRef::from_obj(&*m)),
+            )
         })
         .with_config(ControllerConfig::default().concurrency(context.config.machine_concurrency))
         .graceful_shutdown_on(shutdown.cancelled_owned())
@@ -152,6 +159,7 @@ pub async fn reconcile(
         .metrics
         .measure(
             CONTROLLER,
+            &*machine,
             Reconcile::new(&machine, &context).and_then_run(),
         )
         .await

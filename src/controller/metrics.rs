@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 
 use std::collections::BTreeMap;
 
+use super::queue::WorkQueue;
 use crate::proxmox::{ClientRegistry, EndpointStats};
 
 /// Labels of per-controller series.
@@ -40,6 +41,7 @@ pub struct Metrics {
     reconcile_time: Family<ControllerLabels, Histogram>,
     active_workers: Family<ControllerLabels, Gauge>,
     proxmox: Option<Arc<ClientRegistry>>,
+    queues: Arc<std::sync::Mutex<BTreeMap<String, WorkQueue>>>,
 }
 
 impl Default for Metrics {
@@ -85,6 +87,7 @@ impl Metrics {
             reconcile_time,
             active_workers,
             proxmox: None,
+            queues: Arc::default(),
         }
     }
 
@@ -94,13 +97,25 @@ impl Metrics {
         self
     }
 
-    /// Runs one reconcile of `controller`: counted as active while it runs, then recorded with
-    /// its duration and outcome.
-    pub async fn measure<T, E>(
+    /// The work queue of `controller`, created on first use.
+    pub fn work_queue(&self, controller: &str) -> WorkQueue {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(controller.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Runs one reconcile of `object` by `controller`: taken off the work queue, counted as
+    /// active while it runs, then recorded with its duration and outcome.
+    pub async fn measure<K: kube::Resource, T, E>(
         &self,
         controller: &str,
+        object: &K,
         reconcile: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
+        self.work_queue(controller).started(object);
         let _active = self.reconcile_started(controller);
         let started = std::time::Instant::now();
         let result = reconcile.await;
@@ -147,9 +162,35 @@ impl Metrics {
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        let mut body = out.strip_suffix("# EOF\n").unwrap_or(&out).to_owned();
+        body.push_str(&self.queue_series());
         if let Some(registry) = &self.proxmox {
-            let body = out.strip_suffix("# EOF\n").unwrap_or(&out).to_owned();
-            out = body + &proxmox_series(&registry.endpoint_stats()) + "# EOF\n";
+            body.push_str(&proxmox_series(&registry.endpoint_stats()));
+        }
+        body + "# EOF\n"
+    }
+
+    /// `workqueue_depth` per controller whose cache is registered, as controller-runtime names it.
+    fn queue_series(&self) -> String {
+        let queues: Vec<(String, WorkQueue)> = self
+            .queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(_, queue)| queue.is_observed())
+            .map(|(name, queue)| (name.clone(), queue.clone()))
+            .collect();
+        if queues.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from(
+            "# HELP workqueue_depth Objects waiting for a reconcile (changed or woken since their last reconcile started; timed retries not included).\n# TYPE workqueue_depth gauge\n",
+        );
+        for (name, queue) in queues {
+            out.push_str(&format!(
+                "workqueue_depth{{name=\"{name}\"}} {}\n",
+                queue.depth()
+            ));
         }
         out
     }

@@ -8,6 +8,7 @@ pub mod http;
 pub mod leader;
 pub mod machine;
 pub mod metrics;
+pub mod queue;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -194,6 +195,27 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
         machine::run(context, shutdown)
     );
     readiness.reset_controllers();
+}
+
+/// The objects of kind `K` that own `object` (controller or not), as `Controller::owns` finds
+/// them: same namespace, matching kind and API group.
+fn owners<K>(object: &impl kube::Resource) -> Vec<kube::runtime::reflector::ObjectRef<K>>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let namespace = object.meta().namespace.clone().unwrap_or_default();
+    let group = K::group(&());
+    object
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|owner| {
+            owner.kind == K::kind(&())
+                && owner.api_version.split_once('/').map_or("", |(g, _)| g) == group
+        })
+        .map(|owner| kube::runtime::reflector::ObjectRef::new(&owner.name).within(&namespace))
+        .collect()
 }
 
 /// Marks `controller` synced in `readiness` once its cache has been filled by the first list.
