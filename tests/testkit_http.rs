@@ -312,3 +312,122 @@ async fn dropping_the_http_server_closes_open_watches() {
         "no event after shutdown: {end:?}"
     );
 }
+
+/// `ApiServer::client_named` attributes requests to a client in RBAC terms (verbs as the API
+/// server authorizes them, the status subresource apart, namespaces kept), over the in-process
+/// transport and over HTTP with the header; other clients' requests are not attributed.
+#[tokio::test]
+async fn requests_are_attributed_to_named_clients_in_rbac_terms() {
+    use capmox::testkit::{CLIENT_HEADER, ClientRequest};
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    use std::collections::BTreeMap;
+
+    let server = widget_server();
+    let named = server.client_named("ctrl");
+    let widgets: Api<Widget> = Api::namespaced(named.clone(), "default");
+    widgets
+        .create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    let mut w = widgets.get("w").await.unwrap();
+    w.spec.size = 2;
+    widgets
+        .replace("w", &PostParams::default(), &w)
+        .await
+        .unwrap();
+    widgets
+        .patch(
+            "w",
+            &PatchParams::apply("ctrl").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"size": 3}}),
+            ),
+        )
+        .await
+        .unwrap();
+    widgets
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "up"}})),
+        )
+        .await
+        .unwrap();
+    let all: Api<Widget> = Api::all(named.clone());
+    all.list(&ListParams::default()).await.unwrap();
+    let rv = server.resource_version().to_string();
+    let _watch = all.watch(&WatchParams::default(), &rv).await.unwrap();
+    widgets.delete("w", &DeleteParams::default()).await.unwrap();
+    widgets
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    named.apiserver_version().await.unwrap();
+    // A missing kind matches no route and is not recorded.
+    let missing = named
+        .request_text(
+            http::Request::get("/apis/example.com/v1/namespaces/default/nothings")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await;
+    assert!(missing.is_err());
+
+    // Another in-process client and an HTTP client naming someone else.
+    let other: Api<Widget> = Api::namespaced(server.client(), "default");
+    other
+        .create(&PostParams::default(), &widget("x", 1))
+        .await
+        .unwrap();
+    let http = server.serve_http().await.unwrap();
+    let over_http = http_client(&http.kubeconfig()).await;
+    over_http
+        .request_text(
+            http::Request::get("/apis/example.com/v1/namespaces/default/widgets/x")
+                .header(CLIENT_HEADER, "kubectl")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let request = |verb: &str, sub: Option<&str>, ns: Option<&str>| ClientRequest {
+        group: "example.com".into(),
+        resource: "widgets".into(),
+        subresource: sub.map(Into::into),
+        verb: verb.into(),
+        namespace: ns.map(Into::into),
+    };
+    let default = Some("default");
+    let expected: BTreeMap<ClientRequest, u64> = [
+        (request("create", None, default), 1),
+        (request("get", None, default), 1),
+        (request("update", None, default), 1),
+        (request("patch", None, default), 1),
+        (request("patch", Some("status"), default), 1),
+        (request("list", None, None), 1),
+        (request("watch", None, None), 1),
+        (request("delete", None, default), 1),
+        (request("deletecollection", None, default), 1),
+        (
+            ClientRequest {
+                group: String::new(),
+                resource: "/version".into(),
+                subresource: None,
+                verb: "get".into(),
+                namespace: None,
+            },
+            1,
+        ),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(server.requests_by_client("ctrl"), expected);
+    assert_eq!(
+        server.requests_by_client("kubectl"),
+        BTreeMap::from([(request("get", None, default), 1)])
+    );
+    assert!(server.requests_by_client("nobody").is_empty());
+    server.reset_request_counts();
+    assert!(server.requests_by_client("ctrl").is_empty());
+}

@@ -56,7 +56,8 @@
 //!   [`ApiServer::set_schema_validator`]), fault injection ([`ApiServer::fail_next_writes`]
 //!   with 409/500/504/429 or a delay, [`ApiServer::set_fault_hook`] for any single request,
 //!   [`ApiServer::expire_watches`], [`ApiServer::compact`]), per-verb request counters
-//!   ([`ApiServer::request_counts`]), direct reads for assertions ([`ApiServer::object`]),
+//!   ([`ApiServer::request_counts`]) and per-client request records in RBAC terms
+//!   ([`ApiServer::client_named`], [`ApiServer::requests_by_client`]), direct reads for assertions ([`ApiServer::object`]),
 //!   event-driven waiting ([`ApiServer::wait_for`]) and fixtures ([`ApiServer::create_yaml`]).
 //! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`, with
 //!   preferred versions by Kubernetes version priority), so kube's `Discovery` and
@@ -139,9 +140,11 @@ use serde_json::Value;
 
 pub use error::ApiError;
 pub use kinds::{GroupResource, KindError, KindInfo};
-pub use router::ResponseBody;
+pub use router::{CLIENT_HEADER, ResponseBody};
 pub use service::{ApiService, HttpServer, ServeError};
-pub use store::{FaultHook, FaultKind, RequestCounts, RequestInfo, ValidationInput, Validator};
+pub use store::{
+    ClientRequest, FaultHook, FaultKind, RequestCounts, RequestInfo, ValidationInput, Validator,
+};
 
 use store::Store;
 
@@ -293,6 +296,21 @@ impl ApiServer {
     /// A `kube::Client` talking to this server in process (default namespace `default`).
     pub fn client(&self) -> kube::Client {
         kube::Client::new(self.service(), "default")
+    }
+
+    /// A `kube::Client` whose requests are attributed to `name`, so a test can tell what one
+    /// component asked for among everything else the server served (e.g. the API calls an
+    /// RBAC role must allow); see [`ApiServer::requests_by_client`].
+    pub fn client_named(&self, name: &str) -> kube::Client {
+        kube::Client::new(ApiService::named(self.store.clone(), name), "default")
+    }
+
+    /// Every distinct request made by the clients named `name` (through
+    /// [`ApiServer::client_named`], or over HTTP with the [`CLIENT_HEADER`] header), in RBAC
+    /// terms, with how often it was made; requests that matched no route are not recorded.
+    /// [`ApiServer::reset_request_counts`] clears it.
+    pub fn requests_by_client(&self, name: &str) -> std::collections::BTreeMap<ClientRequest, u64> {
+        self.store.client_counts(name)
     }
 
     /// Serve over HTTP on 127.0.0.1 with an OS-chosen port, until the handle is dropped.

@@ -18,9 +18,25 @@ use super::error::ApiError;
 use super::kinds::KindInfo;
 use super::selector::{FieldSelector, LabelSelector, Selectors};
 use super::store::{
-    DeleteOptions, EventType, FaultKind, PatchKind, RequestInfo, Store, Sub, WatchRecord,
-    WriteOptions,
+    ClientRequest, DeleteOptions, EventType, FaultKind, PatchKind, RequestInfo, Store, Sub,
+    WatchRecord, WriteOptions,
 };
+
+/// Header naming the client an HTTP request is attributed to (in-process clients of
+/// [`crate::testkit::ApiServer::client_named`] carry [`ClientName`] instead).
+pub const CLIENT_HEADER: &str = "x-testkit-client";
+
+/// The client an in-process request is attributed to (a request extension).
+#[derive(Clone, Debug)]
+pub struct ClientName(pub Arc<str>);
+
+fn client_name<'a>(extensions: &'a http::Extensions, headers: &'a HeaderMap) -> Option<&'a str> {
+    extensions
+        .get::<ClientName>()
+        .map(|c| &*c.0)
+        .or_else(|| headers.get(CLIENT_HEADER).and_then(|v| v.to_str().ok()))
+        .filter(|s| !s.is_empty())
+}
 
 /// Response body: a complete buffer, or a stream of newline-delimited watch events.
 pub struct ResponseBody(BodyInner);
@@ -94,6 +110,26 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
     let path = parts.uri.path().to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     tracing::trace!(method = %parts.method, %path, "testkit request");
+    let non_resource = matches!(
+        segs.as_slice(),
+        ["version" | "healthz" | "readyz" | "livez" | "api" | "apis"]
+            | ["api", "v1"]
+            | ["apis", _]
+            | ["apis", _, _]
+    );
+    let client = client_name(&parts.extensions, &parts.headers).map(str::to_owned);
+    if non_resource && let Some(client) = &client {
+        store.count_client(
+            client,
+            ClientRequest {
+                group: String::new(),
+                resource: path.clone(),
+                subresource: None,
+                verb: parts.method.as_str().to_ascii_lowercase(),
+                namespace: None,
+            },
+        );
+    }
     let result = match segs.as_slice() {
         ["version"] => {
             store.count("", "discovery");
@@ -158,6 +194,7 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
                 rest,
                 &parts.method,
                 &parts.headers,
+                client.as_deref(),
                 &query,
                 body,
             )
@@ -171,6 +208,7 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
                 rest,
                 &parts.method,
                 &parts.headers,
+                client.as_deref(),
                 &query,
                 body,
             )
@@ -302,6 +340,7 @@ async fn resource(
     rest: &[&str],
     method: &Method,
     headers: &HeaderMap,
+    client: Option<&str>,
     query: &HashMap<String, String>,
     body: Bytes,
 ) -> Result<Response<ResponseBody>, ApiError> {
@@ -359,6 +398,18 @@ async fn resource(
         _ => return Err(ApiError::MethodNotAllowed),
     };
     store.count(&counted, verb);
+    if let Some(client) = client {
+        store.count_client(
+            client,
+            ClientRequest {
+                group: kind.group.clone(),
+                resource: kind.plural.clone(),
+                subresource: (sub == Sub::Status).then(|| "status".to_string()),
+                verb: verb.to_string(),
+                namespace: ns.clone(),
+            },
+        );
+    }
     let opts = write_options(query, headers);
     let is_write = matches!(
         *method,

@@ -31,14 +31,26 @@ pub enum ServeError {
 #[derive(Clone)]
 pub struct ApiService {
     store: Arc<Store>,
+    client: Option<router::ClientName>,
 }
 
 impl ApiService {
     pub(super) fn new(store: Arc<Store>) -> Self {
-        ApiService { store }
+        ApiService {
+            store,
+            client: None,
+        }
+    }
+
+    /// The same transport, with every request attributed to `client` (see
+    /// [`super::ApiServer::requests_by_client`]).
+    pub(super) fn named(store: Arc<Store>, client: &str) -> Self {
+        ApiService {
+            store,
+            client: Some(router::ClientName(client.into())),
+        }
     }
 }
-
 fn bad_body(e: impl std::fmt::Display) -> Response<ResponseBody> {
     let err = ApiError::BadRequest(format!("cannot read request body: {e}"));
     let mut resp = Response::new(ResponseBody::from_status(&err));
@@ -57,8 +69,12 @@ impl tower::Service<Request<kube::client::Body>> for ApiService {
 
     fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
         let store = self.store.clone();
+        let client = self.client.clone();
         Box::pin(async move {
-            let (parts, body) = req.into_parts();
+            let (mut parts, body) = req.into_parts();
+            if let Some(client) = client {
+                parts.extensions.insert(client);
+            }
             let bytes = match body.collect().await {
                 Ok(c) => c.to_bytes(),
                 Err(e) => return Ok(bad_body(e)),

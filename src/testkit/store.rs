@@ -232,6 +232,25 @@ impl RequestCounts {
     }
 }
 
+/// One kind of request a named client made, in the terms RBAC authorizes
+/// (see [`crate::testkit::ApiServer::client_named`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClientRequest {
+    /// API group (empty for core and for non-resource requests).
+    pub group: String,
+    /// Plural resource name; for a non-resource request (discovery, `/version`) the URL path,
+    /// starting with `/`, as RBAC's `nonResourceURLs` names it.
+    pub resource: String,
+    /// `Some("status")` for the status subresource.
+    pub subresource: Option<String>,
+    /// RBAC verb: `get`, `list`, `watch`, `create`, `update`, `patch` (server-side apply
+    /// included), `delete` or `deletecollection`.
+    pub verb: String,
+    /// Namespace from the path (`None` for cluster-scoped and all-namespace requests), which
+    /// decides whether a namespaced Role can grant it.
+    pub namespace: Option<String>,
+}
+
 struct Stored {
     obj: Value,
     managed: Vec<ManagedEntry>,
@@ -282,6 +301,7 @@ pub struct Store {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<WatchRecord>>,
     counts: Mutex<RequestCounts>,
+    by_client: Mutex<BTreeMap<String, BTreeMap<ClientRequest, u64>>>,
     expire: tokio::sync::watch::Sender<u64>,
 }
 
@@ -868,6 +888,7 @@ impl Store {
             }),
             tx,
             counts: Mutex::new(RequestCounts::default()),
+            by_client: Mutex::default(),
             expire: tokio::sync::watch::channel(0).0,
         }
     }
@@ -1017,9 +1038,32 @@ impl Store {
             .clone()
     }
 
-    /// Reset the request counters.
+    /// Reset the request counters, the per-client ones included.
     pub fn reset_counts(&self) {
         *self.counts.lock().unwrap_or_else(|p| p.into_inner()) = RequestCounts::default();
+        self.by_client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Count one request of a named client.
+    pub fn count_client(&self, client: &str, request: ClientRequest) {
+        let mut c = self.by_client.lock().unwrap_or_else(|p| p.into_inner());
+        *c.entry(client.to_string())
+            .or_default()
+            .entry(request)
+            .or_default() += 1;
+    }
+
+    /// The requests a named client made, with how often each was made.
+    pub fn client_counts(&self, client: &str) -> BTreeMap<ClientRequest, u64> {
+        self.by_client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(client)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn not_found(kind: &KindInfo, name: &str) -> ApiError {
