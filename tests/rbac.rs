@@ -168,16 +168,17 @@ async fn record_a_lifecycle(lease_namespace: &str) -> BTreeMap<ClientRequest, u6
         cluster_concurrency: 2,
         machine_concurrency: 4,
     };
-    // The manager's future is not Send (it holds a watch::Ref across a select), so it runs on
-    // this task next to the lifecycle instead of being spawned.
-    let manager = capmox::controller::run(
+    let manager = tokio::spawn(capmox::controller::run(
         server.client_named(CAPMOX),
         config,
         GlobalCredentials::default(),
         stop.clone(),
-    );
-    let (stopped, ()) = tokio::join!(manager, lifecycle(&server, &sim, &stop));
-    stopped.expect("the manager stops cleanly");
+    ));
+    lifecycle(&server, &sim, &stop).await;
+    manager
+        .await
+        .expect("the manager task ends without panicking")
+        .expect("the manager stops cleanly");
     server.requests_by_client(CAPMOX)
 }
 

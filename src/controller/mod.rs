@@ -122,7 +122,9 @@ pub async fn run(
     // Followers wait here, ready to take over.
     let became_leader = tokio::select! {
         () = shutdown.cancelled() => false,
-        changed = leading.wait_for(|leading| *leading) => changed.is_ok(),
+        // The borrow `wait_for` returns is not `Send`; drop it inside the branch future so the
+        // manager future can be spawned.
+        changed = async { leading.wait_for(|leading| *leading).await.is_ok() } => changed,
     };
     if became_leader {
         let context = Context {
@@ -142,7 +144,7 @@ pub async fn run(
             tokio::spawn(run_controllers(Arc::new(context), controllers_stop.clone()));
         tokio::select! {
             _ = &mut controllers => {}
-            _ = leading.wait_for(|leading| !*leading) => {
+            _ = async { leading.wait_for(|leading| !*leading).await.is_ok() } => {
                 tracing::error!("leadership lost; stopping all reconcilers");
                 controllers_stop.cancel();
                 let _ = controllers.await;
@@ -245,4 +247,30 @@ fn report_cache_sync<K>(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    #[tokio::test]
+    async fn the_manager_future_can_be_spawned() {
+        let config = ManagerConfig {
+            metrics_address: "127.0.0.1:0".parse().expect("address"),
+            health_address: "127.0.0.1:0".parse().expect("address"),
+            leader_election: None,
+            watch_namespace: None,
+            cluster_concurrency: 1,
+            machine_concurrency: 1,
+        };
+        let manager = run(
+            crate::testkit::ApiServer::new().client(),
+            config,
+            GlobalCredentials::default(),
+            CancellationToken::new(),
+        );
+        assert_send(&manager);
+    }
 }
