@@ -544,22 +544,30 @@ fn resolve_networks(
     let inherited_dns = non_empty(zone.and_then(|z| z.dns_servers.as_ref()))
         .unwrap_or_else(|| cluster.spec.dns_servers.clone());
 
-    let mut nics = Vec::with_capacity(machine.spec.network.network_devices.len());
-    for device in &machine.spec.network.network_devices {
+    // As the Go provider's defaulting webhook did: when no device says `defaultIPvN` at all, the
+    // first device takes the default pool of that family, if the cluster (or zone) has one.
+    let devices = &machine.spec.network.network_devices;
+    let implicit_v4 = devices.iter().all(|d| d.default_ipv4.is_none());
+    let implicit_v6 = devices.iter().all(|d| d.default_ipv6.is_none());
+    let mut nics = Vec::with_capacity(devices.len());
+    for (position, device) in devices.iter().enumerate() {
         let mut refs: Vec<(PoolRef, bool, Option<IpFamily>, Option<String>)> = Vec::new();
-        for (wanted, family) in [
-            (device.default_ipv4, IpFamily::V4),
-            (device.default_ipv6, IpFamily::V6),
+        for (wanted, implicit, family) in [
+            (device.default_ipv4, implicit_v4, IpFamily::V4),
+            (device.default_ipv6, implicit_v6, IpFamily::V6),
         ] {
-            if wanted != Some(true) {
+            let implied = implicit && position == 0;
+            if wanted != Some(true) && !implied {
                 continue;
             }
-            let pool = default_pool(&pools, zone_name, family).ok_or_else(|| {
-                PlacementError::NoDefaultPool {
-                    device: device.name.clone(),
-                    family,
-                    zone: zone_name.map(str::to_owned),
-                }
+            let found = default_pool(&pools, zone_name, family);
+            if found.is_none() && implied {
+                continue;
+            }
+            let pool = found.ok_or_else(|| PlacementError::NoDefaultPool {
+                device: device.name.clone(),
+                family,
+                zone: zone_name.map(str::to_owned),
             })?;
             refs.push((
                 PoolRef::in_cluster(pool.name.clone()),
@@ -1038,6 +1046,36 @@ mod tests {
             err.to_string().contains("but the cluster has no IPv6 pool"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn first_device_takes_the_default_pools_when_no_device_says() {
+        let families = |m: &ProxmoxMachine, c: &ProxmoxCluster| -> Vec<Vec<Option<IpFamily>>> {
+            Placement::resolve(c, m, &capi_machine("m1", None, false, None))
+                .unwrap()
+                .network_devices()
+                .iter()
+                .map(|nic| nic.pools.iter().map(|p| p.family).collect())
+                .collect()
+        };
+        let mut m = machine("m1", &[], None);
+        m.spec.network.network_devices[0].default_ipv4 = None;
+        m.spec.network.network_devices.push(NetworkDevice {
+            name: "net1".into(),
+            ..Default::default()
+        });
+        let v4 = Some(IpFamily::V4);
+        let v6 = Some(IpFamily::V6);
+        // The cluster has no IPv6 pool: only the IPv4 default is implied, and no error.
+        assert_eq!(families(&m, &racks()), [vec![v4], vec![]]);
+        let mut dual = racks();
+        dual.spec.ipv6_config = ip("fd00::10-fd00::90", "fd00::1");
+        assert_eq!(families(&m, &dual), [vec![v4, v6], vec![]]);
+        // An explicit choice on any device turns the implied default of that family off.
+        m.spec.network.network_devices[0].default_ipv4 = Some(false);
+        assert_eq!(families(&m, &dual), [vec![v6], vec![]]);
+        m.spec.network.network_devices[1].default_ipv6 = Some(true);
+        assert_eq!(families(&m, &dual), [vec![], vec![v6]]);
     }
 
     #[test]
