@@ -154,16 +154,10 @@ impl Scenario {
         .expect("watch");
     }
 
-    /// Holds the answer to the `k`-th mutating request from now, kills the controllers once
-    /// Proxmox has carried it out, lets the answer go to nobody and starts fresh controllers.
-    pub async fn crash_after(
-        &mut self,
-        armed: tokio::sync::oneshot::Receiver<tap::Tripped>,
-    ) -> String {
-        let tripped = tokio::time::timeout(ENV_WAIT, armed)
-            .await
-            .expect("the request to crash after came in time")
-            .expect("tap armed");
+    /// Once the request armed with [`Tap::trip_at`] has been carried out by Proxmox (see
+    /// [`first`]): kills the controllers, lets the held answer go to nobody and starts fresh
+    /// controllers. Returns that request.
+    pub async fn crash(&mut self, tripped: tap::Tripped) -> String {
         if let Some(controllers) = self.controllers.take() {
             controllers.crash().await;
         }
@@ -290,5 +284,17 @@ pub async fn wait_event(env: &Env, name: &str, reason: &str) -> Event {
     match found {
         Ok(Some(event)) => event,
         other => panic!("no {reason} event for {name}: {other:?}"),
+    }
+}
+
+/// The armed request, or `None` when `goal` (the end of the run) comes first, so the run made
+/// fewer requests than armed for.
+pub async fn first<T>(
+    armed: tokio::sync::oneshot::Receiver<tap::Tripped>,
+    goal: impl std::future::Future<Output = T>,
+) -> Option<tap::Tripped> {
+    tokio::select! {
+        tripped = armed => Some(tripped.expect("tap alive")),
+        _ = goal => None,
     }
 }
