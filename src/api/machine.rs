@@ -518,12 +518,18 @@ pub struct ProxmoxMachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(ZONE_PATTERN))]
     pub failure_domain: Option<String>,
-    /// UPID of the Proxmox task in flight.
+    /// UPID of the Proxmox task in flight (or of the failed one during its back-off), so a
+    /// restarted controller waits for it instead of starting another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_ref: Option<String>,
     /// Do not retry before this time (back-off after a failed task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<Time>,
+    /// Consecutive failed Proxmox tasks (capmox only): each doubles the back-off before the
+    /// next try, and the count survives controller restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub task_failures: Option<i32>,
 }
 
 /// Coarse VM state.

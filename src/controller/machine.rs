@@ -2,8 +2,21 @@
 //!
 //! Level-triggered: each reconcile observes the VM (by the VMID in status, else by the machine's
 //! tag) and takes the next needed step. The VMID, node and zone are written to status before
-//! the clone request, so a crash never leaks a second VM. The phase is derived from what exists;
-//! no condition reason is used as state.
+//! the clone request (guarded by the observed resourceVersion, so a stale cache cannot clone
+//! twice), so a crash never leaks a second VM. The phase is derived from what exists; no
+//! condition reason is used as state.
+//!
+//! Tasks: the clone's UPID is recorded in `status.taskRef` right after the request; a later
+//! pass (or a restarted controller) waits for that task instead of starting another. Any
+//! awaited task that fails sets `VirtualMachineProvisioned=False/TaskFailed` with the task's
+//! exit status, a Warning event, and `status.retryAfter` (10 s, doubling per consecutive
+//! failure in `status.taskFailures`, at most 5 min); nothing is retried before it. All three
+//! are cleared once a task succeeds or the machine is provisioned. A failed clone leaves no VM
+//! behind (Proxmox destroys the half-created one, and so does the simulator); should one be
+//! left anyway, it carries the machine's name and recorded VMID and is adopted like any clone.
+//!
+//! Bootstrap data other than cloud-config (Ignition) is refused with
+//! `BootstrapFormatUnsupported` before anything is created in Proxmox.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,10 +24,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
@@ -35,7 +49,7 @@ use crate::placement::{
 };
 use crate::proxmox::{
     CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
-    ProxmoxError, ResourceType, VmConfig, WaitOptions,
+    ProxmoxError, ResourceType, Upid, VmConfig, WaitOptions,
 };
 
 /// Field manager of everything this controller writes.
@@ -46,6 +60,25 @@ pub const CONTROLLER: &str = "proxmoxmachine";
 const PROVISIONED: &str = api::conditions::VIRTUAL_MACHINE_PROVISIONED;
 /// Prefix of the tag that ties a VM to its ProxmoxMachine.
 const MACHINE_TAG_PREFIX: &str = "capmox-";
+/// Back-off after the first failed Proxmox task; it doubles with each further failure.
+pub const TASK_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+/// Longest back-off after failed Proxmox tasks.
+pub const TASK_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// How long one reconcile waits for a tracked task (a clone) before requeueing, so a slow
+/// clone never holds a worker for minutes.
+const TRACKED_TASK_WAIT: Duration = Duration::from_secs(10);
+/// Requeue of a machine whose bootstrap data capmox cannot deliver: only a change helps (the
+/// Machine is watched); the long requeue only catches an edited Secret.
+const UNSUPPORTED_BOOTSTRAP_REQUEUE: Duration = Duration::from_secs(600);
+
+/// The back-off before retrying after the `failures`-th consecutive failed task:
+/// 10 s, 20 s, 40 s, ... capped at 5 minutes.
+pub fn task_backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    TASK_BACKOFF_INITIAL
+        .saturating_mul(1 << doublings)
+        .min(TASK_BACKOFF_MAX)
+}
 
 /// Why a reconcile failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
@@ -208,6 +241,8 @@ struct Scope {
     proxmox_cluster: ProxmoxCluster,
     current: ProxmoxMachineStatus,
     status: ProxmoxMachineStatus,
+    /// The observed resourceVersion, when the checkpoint before a clone must be guarded by it.
+    resource_version: Option<String>,
 }
 
 impl<'a> Reconcile<'a> {
@@ -304,19 +339,40 @@ impl<'a> Reconcile<'a> {
                 .unwrap_or_else(|| ProxmoxCluster::new(&infra_name, Default::default())),
             status: owned_status(&current),
             current,
+            resource_version: None,
         };
 
         if self.machine.metadata.deletion_timestamp.is_some() {
             return self.delete(&mut scope, proxmox_cluster.is_some()).await;
         }
-        let step = self
+        let step = match self
             .provision(&mut scope, proxmox_cluster.is_some(), &capi_cluster)
-            .await?;
-        let (decided, action) = match step {
-            Step::Continue => (
-                Decided::ok(PROVISIONED, "Provisioned", ""),
-                Action::requeue(Duration::from_secs(600)),
+            .await
+        {
+            Ok(step) => step,
+            // Any awaited task that failed (clone, config, resize, upload, start): back off.
+            Err(MachineError::Proxmox(ProxmoxError::TaskFailed { upid, exitstatus })) => {
+                self.record_task_failure(&mut scope, &upid, &exitstatus)
+                    .await
+            }
+            // A lock held by another Proxmox operation: it will be released, try again soon.
+            Err(MachineError::Proxmox(error @ ProxmoxError::Locked { .. })) => waiting(
+                "ProxmoxLocked",
+                format!("{error}; retrying"),
+                Action::requeue(Duration::from_secs(1)),
             ),
+            Err(error) => return Err(error),
+        };
+        let (decided, action) = match step {
+            Step::Continue => {
+                scope.status.task_ref = None;
+                scope.status.retry_after = None;
+                scope.status.task_failures = None;
+                (
+                    Decided::ok(PROVISIONED, "Provisioned", ""),
+                    Action::requeue(Duration::from_secs(600)),
+                )
+            }
             Step::Stop(decided, action) => (decided, action),
         };
         let decided = [
@@ -365,6 +421,29 @@ impl<'a> Reconcile<'a> {
                 Action::await_change(),
             ));
         };
+        // Bootstrap data capmox cannot deliver: say so before anything is created.
+        let already_provisioned = scope
+            .current
+            .initialization
+            .as_ref()
+            .and_then(|i| i.provisioned)
+            == Some(true);
+        if !already_provisioned
+            && let Some(step) = self.unsupported_bootstrap(scope, &bootstrap_secret).await?
+        {
+            return Ok(step);
+        }
+        // Fresh means this pass saw the latest object: either it already carried the finalizer
+        // (and the checkpoint before a clone is guarded by its resourceVersion), or the guarded
+        // finalizer patch below succeeded against it.
+        let fresh_guard = self
+            .machine
+            .finalizers()
+            .iter()
+            .any(|f| f == finalizers::MACHINE)
+            .then(|| self.machine.metadata.resource_version.clone())
+            .flatten();
+        scope.resource_version = fresh_guard;
         cluster::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?;
 
         let placement =
@@ -389,6 +468,12 @@ impl<'a> Reconcile<'a> {
                 ));
             }
         };
+
+        // A task in flight (recorded by an earlier pass, perhaps before a restart), or the
+        // back-off after a failed one: nothing else happens until it is over.
+        if let Some(step) = self.tracked_task(scope, &proxmox).await? {
+            return Ok(step);
+        }
 
         // The VM: find it, or create it.
         let resources = proxmox.cluster_resources(None).await?;
@@ -449,18 +534,17 @@ impl<'a> Reconcile<'a> {
             }
             let task = proxmox.power(&node, vmid, PowerAction::Start).await?;
             proxmox.wait_task_ref(&task, &task_wait()).await?;
-            self.event(scope, "PoweredOn", &format!("started VM {vmid} on {node}"))
-                .await;
+            self.event(
+                scope,
+                EventType::Normal,
+                "PoweredOn",
+                &format!("started VM {vmid} on {node}"),
+            )
+            .await;
         }
 
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
         // Once provisioned, the boot checks are history: later passes only observe the VM.
-        let already_provisioned = scope
-            .current
-            .initialization
-            .as_ref()
-            .and_then(|i| i.provisioned)
-            == Some(true);
         let check_cloud_init = checks.skip_qemu_guest_agent != Some(true)
             && checks.skip_cloud_init_status != Some(true);
         let check_agent = checks.skip_qemu_guest_agent != Some(true);
@@ -475,6 +559,7 @@ impl<'a> Reconcile<'a> {
                 Ok(crate::proxmox::CloudInitStatus::Degraded(text)) => {
                     self.event(
                         scope,
+                        EventType::Warning,
                         "CloudInitDegraded",
                         &format!("cloud-init finished with recoverable errors: {text}"),
                     )
@@ -488,9 +573,15 @@ impl<'a> Reconcile<'a> {
                     ));
                 }
                 Ok(crate::proxmox::CloudInitStatus::Error { exitcode, output }) => {
+                    let exit = exitcode.map_or_else(|| "unknown".to_owned(), |c| c.to_string());
+                    let message = format!(
+                        "cloud-init failed in VM {vmid} (exit code {exit}): {output}; check the bootstrap data and the guest's /var/log/cloud-init.log"
+                    );
+                    self.event(scope, EventType::Warning, "CloudInitFailed", &message)
+                        .await;
                     return Ok(waiting(
                         "CloudInitFailed",
-                        format!("cloud-init failed (exit code {exitcode:?}): {output}"),
+                        message,
                         Action::requeue(Duration::from_secs(60)),
                     ));
                 }
@@ -533,6 +624,15 @@ impl<'a> Reconcile<'a> {
         scope.status.initialization = Some(Initialization {
             provisioned: Some(true),
         });
+        if !already_provisioned {
+            self.event(
+                scope,
+                EventType::Normal,
+                "Provisioned",
+                &format!("VM {vmid} on {node} is running and bootstrapped ({provider_id})"),
+            )
+            .await;
+        }
         if scope
             .capi_machine
             .status
@@ -557,6 +657,164 @@ impl<'a> Reconcile<'a> {
             Ok(config) => self.context.proxmox.get(&config).map_err(|e| e.to_string()),
             Err(error) => Err(error.to_string()),
         })
+    }
+
+    /// The task recorded in `status.taskRef`: waits (briefly) while it runs, forgets it once it
+    /// succeeded or Proxmox no longer knows it, and holds off every other step during the
+    /// back-off after it failed. `None`: go on with the next step.
+    async fn tracked_task(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+    ) -> Result<Option<Step>, MachineError> {
+        let Some(raw) = scope.status.task_ref.clone() else {
+            return Ok(None);
+        };
+        let upid: Upid = match raw.parse() {
+            Ok(upid) => upid,
+            Err(error) => {
+                tracing::warn!(machine = %scope.name, %error, "forgetting an unreadable status.taskRef");
+                scope.status.task_ref = None;
+                scope.status.retry_after = None;
+                return Ok(None);
+            }
+        };
+        let wait = WaitOptions {
+            deadline: TRACKED_TASK_WAIT,
+            ..task_wait()
+        };
+        match proxmox.wait_task(&upid, &wait).await {
+            Ok(_) => {
+                scope.status.task_ref = None;
+                scope.status.retry_after = None;
+                scope.status.task_failures = None;
+                if upid.task_type == "qmclone" {
+                    let vmid = scope.status.virtual_machine_id.unwrap_or_default();
+                    self.event(
+                        scope,
+                        EventType::Normal,
+                        "Cloned",
+                        &format!("created VM {vmid} (task {upid})"),
+                    )
+                    .await;
+                }
+                Ok(None)
+            }
+            Err(ProxmoxError::TaskTimeout { .. }) => Ok(Some(waiting(
+                if upid.task_type == "qmclone" {
+                    "Cloning"
+                } else {
+                    "WaitingForTask"
+                },
+                format!(
+                    "Proxmox task {} on {} is still running ({upid})",
+                    upid.task_type, upid.node
+                ),
+                Action::requeue(Duration::from_secs(1)),
+            ))),
+            Err(error) if error.is_not_found() => {
+                // Proxmox no longer knows the task (rotated away, node reinstalled): what
+                // exists in Proxmox tells the next step.
+                tracing::info!(machine = %scope.name, %upid, "Proxmox no longer knows the recorded task; forgetting it");
+                scope.status.task_ref = None;
+                scope.status.retry_after = None;
+                Ok(None)
+            }
+            Err(ProxmoxError::TaskFailed { exitstatus, .. }) => {
+                let now = Timestamp::now();
+                match scope.status.retry_after.clone() {
+                    None => Ok(Some(
+                        self.record_task_failure(scope, upid.as_str(), &exitstatus)
+                            .await,
+                    )),
+                    Some(Time(until)) if until > now => {
+                        let failures = scope.status.task_failures.unwrap_or(1);
+                        Ok(Some(failed_task_step(
+                            &upid,
+                            &exitstatus,
+                            until,
+                            failures,
+                            now,
+                        )))
+                    }
+                    Some(_) => {
+                        // Back-off over: forget the failed task; the step runs again.
+                        scope.status.task_ref = None;
+                        scope.status.retry_after = None;
+                        Ok(None)
+                    }
+                }
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Records a failed task: its UPID, one more consecutive failure, and the time before
+    /// which nothing is retried; warns with the task's exit status.
+    async fn record_task_failure(&self, scope: &mut Scope, upid: &str, exitstatus: &str) -> Step {
+        let parsed: Option<Upid> = upid.parse().ok();
+        let failures = scope.status.task_failures.unwrap_or(0).saturating_add(1);
+        let delay = task_backoff(u32::try_from(failures).unwrap_or(u32::MAX));
+        let now = Timestamp::now();
+        // Whole seconds: Kubernetes stores times with second precision, and the stored value
+        // must compare equal to what this pass decided.
+        let until = Timestamp::from_second(
+            now.as_second()
+                .saturating_add(i64::try_from(delay.as_secs()).unwrap_or(i64::MAX)),
+        )
+        .unwrap_or(now);
+        scope.status.task_ref = Some(upid.to_owned());
+        scope.status.retry_after = Some(Time(until));
+        scope.status.task_failures = Some(failures);
+        let step = match &parsed {
+            Some(parsed) => failed_task_step(parsed, exitstatus, until, failures, now),
+            None => waiting(
+                "TaskFailed",
+                format!("Proxmox task {upid} failed: {exitstatus}; retrying after {until}"),
+                Action::requeue(delay),
+            ),
+        };
+        if let Step::Stop(decided, _) = &step {
+            self.event(scope, EventType::Warning, "TaskFailed", &decided.message)
+                .await;
+        }
+        step
+    }
+
+    /// Stops before creating anything when the bootstrap Secret holds data capmox cannot
+    /// deliver (Ignition, unknown formats). A missing Secret is reported where it is read.
+    async fn unsupported_bootstrap(
+        &self,
+        scope: &Scope,
+        secret_name: &str,
+    ) -> Result<Option<Step>, MachineError> {
+        let Some(secret) = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
+            .get_opt(secret_name)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let format = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("format"))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned());
+        let error = match crate::cloudinit::BootstrapFormat::parse(format.as_deref()) {
+            Ok(crate::cloudinit::BootstrapFormat::CloudConfig) => return Ok(None),
+            Ok(unsupported) => crate::cloudinit::CloudInitError::Unsupported(unsupported),
+            Err(error) => error,
+        };
+        let message = format!(
+            "bootstrap Secret {secret_name} has format {:?}, but capmox supports only cloud-config bootstrap data; use a cloud-config bootstrap provider (e.g. kubeadm)",
+            format.unwrap_or_default()
+        );
+        self.event(scope, EventType::Warning, error.reason(), &message)
+            .await;
+        Ok(Some(waiting(
+            error.reason(),
+            message,
+            Action::requeue(UNSUPPORTED_BOOTSTRAP_REQUEUE),
+        )))
     }
 
     /// The machine's VM: by recorded VMID (if it still is ours), else by the machine's tag.
@@ -727,7 +985,15 @@ impl<'a> Reconcile<'a> {
             self.machine.metadata.generation,
             Timestamp::now(),
         );
-        apply_status(&scope.api, &scope.name, &scope.current, &checkpoint).await?;
+        // Guarded by the observed resourceVersion (when this pass did not just prove it fresh
+        // with the finalizer patch): a stale cached object can never start a second clone.
+        apply_status_guarded(
+            &scope.api,
+            &scope.name,
+            &checkpoint,
+            scope.resource_version.as_deref(),
+        )
+        .await?;
         scope.current = checkpoint;
 
         let spec = &self.machine.spec;
@@ -749,15 +1015,25 @@ impl<'a> Reconcile<'a> {
         };
         match proxmox.clone_vm(&source_node, template_vmid, &params).await {
             Ok(upid) => {
+                // The task in flight: a restarted controller waits for it instead of cloning
+                // again (and the VMID recorded above finds the VM either way).
+                scope.status.task_ref = Some(upid.to_string());
+                let mut recorded = scope.status.clone();
+                recorded.conditions = scope.current.conditions.clone();
+                apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
+                scope.current = recorded;
                 self.event(
                     scope,
+                    EventType::Normal,
                     "Cloning",
                     &format!(
-                        "cloning template {template_vmid} on {source_node} to VM {vmid} on {target}"
+                        "cloning template {template_vmid} on {source_node} to VM {vmid} on {target} (task {upid})"
                     ),
                 )
                 .await;
-                proxmox.wait_task(&upid, &task_wait()).await?;
+                if let Some(step) = self.tracked_task(scope, proxmox).await? {
+                    return Ok(step);
+                }
             }
             Err(ProxmoxError::AlreadyExists { .. }) => {
                 // Taken meanwhile by someone else: forget it and pick another next time.
@@ -947,8 +1223,13 @@ impl<'a> Reconcile<'a> {
                 .update_vm_config(node, vmid, &update.digest(config.digest()))
                 .await?;
             proxmox.wait_task_ref(&task, &task_wait()).await?;
-            self.event(scope, "Configured", &format!("configured VM {vmid}"))
-                .await;
+            self.event(
+                scope,
+                EventType::Normal,
+                "Configured",
+                &format!("configured VM {vmid}"),
+            )
+            .await;
         }
         if let Some(boot) = spec.disks.as_ref().and_then(|d| d.boot_volume.as_ref()) {
             let current_gb = config
@@ -1209,6 +1490,7 @@ impl<'a> Reconcile<'a> {
         scope.status.bootstrap_data_provided = Some(true);
         self.event(
             scope,
+            EventType::Normal,
             "BootstrapDataProvided",
             &format!("attached {storage}:iso/{iso_name} to VM {vmid}"),
         )
@@ -1251,83 +1533,193 @@ impl<'a> Reconcile<'a> {
     }
 
     async fn delete(&self, scope: &mut Scope, cluster_found: bool) -> Result<Action, MachineError> {
-        let vmid = scope
+        let recorded = scope
             .current
             .virtual_machine_id
             .and_then(|id| u32::try_from(id).ok());
-        if let (Some(vmid), true) = (vmid, cluster_found) {
+        if cluster_found {
             let proxmox = match self.proxmox_client(scope).await? {
                 Ok(client) => client,
-                Err(message) => {
+                Err(message) if recorded.is_some() => {
                     tracing::warn!(machine = %scope.name, %message, "cannot reach Proxmox to delete the VM; retrying");
                     return Ok(Action::requeue(Duration::from_secs(30)));
                 }
+                // Nothing recorded and Proxmox unreachable: a VM was never started for it.
+                Err(_) => return self.released(scope).await,
             };
-            // Where the VM is: the node in status, else wherever Proxmox says it moved.
-            let mut located = None;
-            if let Some(node) = scope.current.proxmox_node.clone() {
-                match proxmox.vm_config(&node, vmid).await {
-                    Ok(config) => located = Some((node, config)),
-                    Err(error) if error.is_not_found() => {}
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            if located.is_none()
-                && let Some(node) = proxmox.find_vm(vmid).await?.and_then(|vm| vm.node)
+            // The VM: by recorded VMID, else by the machine's tag (a status lost before the
+            // clone was recorded must not leak the VM).
+            let tag = machine_tag(self.machine);
+            let vmid = match recorded {
+                Some(vmid) => Some(vmid),
+                None => proxmox
+                    .cluster_resources(None)
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.kind == ResourceType::Qemu && !r.template)
+                    .find(|r| r.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)))
+                    .and_then(|r| r.vmid),
+            };
+            if let Some(vmid) = vmid
+                && let Some(action) = self.delete_vm(scope, &proxmox, vmid, &tag).await?
             {
-                located = Some((node.clone(), proxmox.vm_config(&node, vmid).await?));
-            }
-            if let Some((node, config)) = located {
-                let tag = machine_tag(self.machine);
-                let tags = config.tags();
-                let ours = tags.iter().any(|t| t.eq_ignore_ascii_case(&tag))
-                    || (config.name().as_deref() == Some(scope.name.as_str())
-                        && !tags.iter().any(|t| t.starts_with(MACHINE_TAG_PREFIX)));
-                if !ours {
-                    tracing::warn!(machine = %scope.name, vmid, "VM belongs to someone else; not deleting it");
-                } else {
-                    if proxmox.vm_status(&node, vmid).await?.is_running() {
-                        let task = proxmox.power(&node, vmid, PowerAction::Stop).await?;
-                        proxmox.wait_task_ref(&task, &task_wait()).await?;
-                    }
-                    let params = DeleteParams {
-                        purge: true,
-                        destroy_unreferenced_disks: true,
-                    };
-                    match proxmox.delete_vm(&node, vmid, params).await {
-                        Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
-                        Err(error) if error.is_not_found() => {}
-                        Err(error) => return Err(error.into()),
-                    }
-                    // The seed ISO is a separate volume: the attached one, if still attached.
-                    let seed = crate::cloudinit::seed_iso_name(vmid);
-                    let volume = config
-                        .get("ide0")
-                        .and_then(|v| v.split(',').next().map(str::to_owned))
-                        .filter(|v| v.contains(&seed));
-                    if let Some(volume) = volume
-                        && let Some((storage, _)) = volume.split_once(':')
-                    {
-                        match proxmox.delete_volume(&node, storage, &volume).await {
-                            Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
-                            Err(error) if error.is_not_found() => {}
-                            Err(error) => {
-                                tracing::warn!(machine = %scope.name, %error, "could not delete the cloud-init ISO")
-                            }
-                        }
-                    }
-                    self.event(scope, "Deleted", &format!("deleted VM {vmid} on {node}"))
-                        .await;
-                }
+                return Ok(action);
             }
         }
+        self.released(scope).await
+    }
+
+    /// Deletes the machine's VM `vmid` and its seed ISO; `Some` while that has to wait.
+    async fn delete_vm(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        vmid: u32,
+        tag: &str,
+    ) -> Result<Option<Action>, MachineError> {
+        // Where the VM is: the node in status, else wherever Proxmox says it moved.
+        let mut located = None;
+        if let Some(node) = scope.current.proxmox_node.clone() {
+            match proxmox.vm_config(&node, vmid).await {
+                Ok(config) => located = Some((node, config)),
+                Err(error) if error.is_not_found() => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        if located.is_none()
+            && let Some(node) = proxmox.find_vm(vmid).await?.and_then(|vm| vm.node)
+        {
+            match proxmox.vm_config(&node, vmid).await {
+                Ok(config) => located = Some((node, config)),
+                Err(error) if error.is_not_found() => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        let Some((node, config)) = located else {
+            // Gone already (deleted by an earlier pass that did not finish): its seed ISO
+            // may be left, since it is a separate volume.
+            if let Some(node) = scope.current.proxmox_node.clone() {
+                self.delete_seed_iso(scope, proxmox, &node, vmid, None)
+                    .await?;
+            }
+            return Ok(None);
+        };
+        let tags = config.tags();
+        let ours = tags.iter().any(|t| t.eq_ignore_ascii_case(tag))
+            || (config.name().as_deref() == Some(scope.name.as_str())
+                && !tags.iter().any(|t| t.starts_with(MACHINE_TAG_PREFIX)));
+        if !ours {
+            tracing::warn!(machine = %scope.name, vmid, "VM belongs to someone else; not deleting it");
+            return Ok(None);
+        }
+        if let Some(lock) = config.lock() {
+            // A clone, a deletion of an earlier pass, a backup: Proxmox refuses to delete a
+            // locked VM, so wait for the lock to go.
+            self.deleting_status(
+                scope,
+                format!(
+                    "VM {vmid} on {node} is locked ({lock}); deleting it once the lock is released"
+                ),
+            )
+            .await?;
+            return Ok(Some(Action::requeue(Duration::from_secs(1))));
+        }
+        if proxmox.vm_status(&node, vmid).await?.is_running() {
+            let task = proxmox.power(&node, vmid, PowerAction::Stop).await?;
+            proxmox.wait_task_ref(&task, &task_wait()).await?;
+        }
+        let params = DeleteParams {
+            purge: true,
+            destroy_unreferenced_disks: true,
+        };
+        match proxmox.delete_vm(&node, vmid, params).await {
+            Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
+            Err(error) if error.is_not_found() => {}
+            Err(error) => return Err(error.into()),
+        }
+        // The seed ISO is a separate volume: the attached one, if still attached.
+        let attached = config
+            .get("ide0")
+            .and_then(|v| v.split(',').next().map(str::to_owned));
+        self.delete_seed_iso(scope, proxmox, &node, vmid, attached)
+            .await?;
+        self.event(
+            scope,
+            EventType::Normal,
+            "Deleted",
+            &format!("deleted VM {vmid} on {node}"),
+        )
+        .await;
+        Ok(None)
+    }
+
+    /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on
+    /// the node's ISO storage. A missing ISO is fine; a failure is only logged.
+    async fn delete_seed_iso(
+        &self,
+        scope: &Scope,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        attached: Option<String>,
+    ) -> Result<(), MachineError> {
+        let seed = crate::cloudinit::seed_iso_name(vmid);
+        let volume = match attached {
+            Some(volume) => Some(volume).filter(|v| v.contains(&seed)),
+            None => match iso_storage(proxmox, node).await {
+                Ok(storage) => storage.map(|s| format!("{s}:iso/{seed}")),
+                Err(error) => {
+                    tracing::warn!(machine = %scope.name, %error, "cannot list the ISO storage to delete the cloud-init ISO");
+                    None
+                }
+            },
+        };
+        let Some(volume) = volume else {
+            return Ok(());
+        };
+        let Some((storage, _)) = volume.split_once(':') else {
+            return Ok(());
+        };
+        match proxmox.delete_volume(node, storage, &volume).await {
+            Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
+            Err(error) if error.is_not_found() => {}
+            Err(error) => {
+                tracing::warn!(machine = %scope.name, %error, "could not delete the cloud-init ISO")
+            }
+        }
+        Ok(())
+    }
+
+    /// `VirtualMachineProvisioned=False/Deleting` with what the deletion waits for.
+    async fn deleting_status(
+        &self,
+        scope: &mut Scope,
+        message: String,
+    ) -> Result<(), MachineError> {
+        scope.status.conditions = conditions::merge(
+            &scope.current.conditions,
+            &[
+                Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
+                Decided::failed(PROVISIONED, "Deleting", message),
+            ],
+            self.machine.metadata.generation,
+            Timestamp::now(),
+        );
+        apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await
+    }
+
+    /// Nothing is left in Proxmox: lets the object go.
+    async fn released(&self, scope: &Scope) -> Result<Action, MachineError> {
         self.context.reservations.lock().await.release(&scope.name);
         cluster::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
         Ok(Action::await_change())
     }
 
-    async fn event(&self, scope: &Scope, reason: &str, note: &str) {
-        tracing::info!(machine = %scope.name, reason, "{note}");
+    async fn event(&self, scope: &Scope, type_: EventType, reason: &str, note: &str) {
+        match type_ {
+            EventType::Normal => tracing::info!(machine = %scope.name, reason, "{note}"),
+            EventType::Warning => tracing::warn!(machine = %scope.name, reason, "{note}"),
+        }
         let recorder = kube::runtime::events::Recorder::new(
             self.context.client.clone(),
             kube::runtime::events::Reporter {
@@ -1336,7 +1728,7 @@ impl<'a> Reconcile<'a> {
             },
         );
         let event = kube::runtime::events::Event {
-            type_: kube::runtime::events::EventType::Normal,
+            type_,
             reason: reason.into(),
             note: Some(note.into()),
             action: reason.into(),
@@ -1349,6 +1741,28 @@ impl<'a> Reconcile<'a> {
             tracing::debug!(%error, "could not record an event");
         }
     }
+}
+
+/// The condition and requeue while a failed task's back-off lasts.
+fn failed_task_step(
+    upid: &Upid,
+    exitstatus: &str,
+    until: Timestamp,
+    failures: i32,
+    now: Timestamp,
+) -> Step {
+    let remaining = until
+        .duration_since(now)
+        .try_into()
+        .unwrap_or(Duration::from_secs(1));
+    waiting(
+        "TaskFailed",
+        format!(
+            "Proxmox task {} on {} failed: {exitstatus}; retrying after {until} (failure {failures} in a row, task {upid})",
+            upid.task_type, upid.node
+        ),
+        Action::requeue(remaining),
+    )
 }
 
 /// Addresses bound to the machine's claims.
@@ -1509,6 +1923,31 @@ fn paused_conditions(
     kept
 }
 
+/// Writes the whole status, refused with 409 Conflict unless the object still has
+/// `resource_version` (when given): for writes that must not be based on a stale view.
+async fn apply_status_guarded(
+    api: &Api<ProxmoxMachine>,
+    name: &str,
+    desired: &ProxmoxMachineStatus,
+    resource_version: Option<&str>,
+) -> Result<(), MachineError> {
+    let mut body = json!({
+        "apiVersion": ProxmoxMachine::api_version(&()),
+        "kind": ProxmoxMachine::kind(&()),
+        "status": desired,
+    });
+    if let Some(version) = resource_version {
+        body["metadata"] = json!({"resourceVersion": version});
+    }
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
+    Ok(())
+}
+
 async fn apply_status(
     api: &Api<ProxmoxMachine>,
     name: &str,
@@ -1535,6 +1974,43 @@ async fn apply_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_task_back_off_doubles_from_ten_seconds_up_to_five_minutes() {
+        let secs: Vec<u64> = (1..=7).map(|n| task_backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(
+            task_backoff(0),
+            TASK_BACKOFF_INITIAL,
+            "no failure counts as the first"
+        );
+        assert_eq!(task_backoff(u32::MAX), TASK_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn a_failed_task_step_names_the_task_its_exit_status_and_the_retry_time() {
+        let upid: Upid = "UPID:pve1:00001234:00005678:6553F000:qmclone:9000:root@pam!capmox:"
+            .parse()
+            .expect("upid");
+        let now = Timestamp::from_second(1_767_225_600).expect("time");
+        let until = Timestamp::from_second(1_767_225_620).expect("time");
+        let Step::Stop(decided, action) = failed_task_step(&upid, "storage full", until, 2, now)
+        else {
+            panic!("a failed task stops the pass");
+        };
+        assert_eq!(decided.reason, "TaskFailed");
+        assert_eq!(decided.status, Status::False);
+        assert!(
+            decided
+                .message
+                .contains("qmclone on pve1 failed: storage full")
+                && decided.message.contains("2026-01-01T00:00:20Z")
+                && decided.message.contains("failure 2"),
+            "{}",
+            decided.message
+        );
+        assert_eq!(action, Action::requeue(Duration::from_secs(20)));
+    }
 
     #[test]
     fn disk_sizes_parse_in_gb() {

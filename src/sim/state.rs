@@ -379,6 +379,12 @@ impl Cluster {
         &self.opts
     }
 
+    /// Replaces the injected task failures (`task_fail(type)` true = the task fails), so a
+    /// test can let tasks fail and later recover, as a repaired storage or node would.
+    pub fn set_task_failure(&mut self, task_fail: Box<dyn FnMut(&str) -> bool + Send>) {
+        self.task_fail = task_fail;
+    }
+
     /// Applies the effects of every task that has ended by `now`, in end order.
     pub fn advance(&mut self, now: Instant) {
         let mut due: Vec<(Instant, String)> = self

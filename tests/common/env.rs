@@ -71,17 +71,9 @@ impl Env {
         let sim = Simulator::start(topology, options)
             .await
             .expect("simulator starts");
-        let config = ManagerConfig {
-            metrics_address: "127.0.0.1:0".parse().expect("addr"),
-            health_address: "127.0.0.1:0".parse().expect("addr"),
-            leader_election: None,
-            watch_namespace: None,
-            cluster_concurrency: 2,
-            machine_concurrency: 4,
-        };
         let context = Arc::new(Context::new(
             server.client(),
-            config,
+            manager_config(),
             GlobalCredentials::default(),
         ));
         Env {
@@ -98,6 +90,24 @@ impl Env {
             self.context.clone(),
             self.stop.clone(),
         ));
+        tokio::spawn(capmox::sandbox::ipam::run(self.client(), self.stop.clone()));
+    }
+
+    /// Starts only capmox's reconcilers, with a fresh [`Context`] (no caches, reservations or
+    /// Proxmox clients of an earlier run), as a restarted process would; see [`Controllers`].
+    pub fn spawn_controllers(&self) -> Controllers {
+        let context = Arc::new(Context::new(
+            self.client(),
+            manager_config(),
+            GlobalCredentials::default(),
+        ));
+        let stop = self.stop.child_token();
+        let task = tokio::spawn(capmox::controller::run_controllers(context, stop.clone()));
+        Controllers { task, stop }
+    }
+
+    /// Starts the IPAM stand-in alone (it stops when the environment is dropped).
+    pub fn run_ipam(&self) {
         tokio::spawn(capmox::sandbox::ipam::run(self.client(), self.stop.clone()));
     }
 
@@ -301,6 +311,39 @@ impl Env {
                 );
             }
         }
+    }
+}
+
+/// The manager settings every test environment uses.
+fn manager_config() -> ManagerConfig {
+    ManagerConfig {
+        metrics_address: "127.0.0.1:0".parse().expect("addr"),
+        health_address: "127.0.0.1:0".parse().expect("addr"),
+        leader_election: None,
+        watch_namespace: None,
+        cluster_concurrency: 2,
+        machine_concurrency: 4,
+    }
+}
+
+/// capmox's reconcilers started by [`Env::spawn_controllers`].
+pub struct Controllers {
+    task: tokio::task::JoinHandle<()>,
+    stop: CancellationToken,
+}
+
+impl Controllers {
+    /// Kills the reconcilers like a crashed process: every reconcile in flight is dropped at
+    /// its current await point, nothing runs to completion. Returns once they are gone.
+    pub async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
+    /// Stops the reconcilers gracefully (the reconciles in flight finish first).
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
     }
 }
 

@@ -1,0 +1,239 @@
+//! A pass-through HTTP proxy in front of the Proxmox simulator, for the machine tests: it logs
+//! every request, counts the mutating ones (anything but GET and guest-agent commands), can hold the answer to the k-th
+//! mutating request until the test has done something (killed the controllers), and can
+//! rewrite answers to play a guest the simulator does not model.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::sync::oneshot;
+
+/// One request that went through the tap.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// HTTP method.
+    pub method: String,
+    /// Path below `/api2/json` (query excluded).
+    pub path: String,
+    /// When Proxmox answered it.
+    pub at: SystemTime,
+}
+
+impl Seen {
+    /// Whether this is a clone request.
+    pub fn is_clone(&self) -> bool {
+        self.method == "POST" && self.path.ends_with("/clone")
+    }
+}
+
+/// Rewrites the answer body of a request (method, path, body) or leaves it (`None`).
+pub type Rewrite = Box<dyn Fn(&str, &str, &[u8]) -> Option<Vec<u8>> + Send + Sync>;
+
+/// The moment the k-th mutating request was answered by Proxmox; the answer is held back
+/// until `resume` is sent (or dropped).
+pub struct Tripped {
+    /// The request.
+    pub request: Seen,
+    /// Lets the held answer go (to whoever still waits for it).
+    pub resume: oneshot::Sender<()>,
+}
+
+struct State {
+    upstream: String,
+    http: reqwest::Client,
+    log: Mutex<Vec<Seen>>,
+    mutating: AtomicUsize,
+    trip: Mutex<Option<(usize, oneshot::Sender<Tripped>)>>,
+    rewrite: Mutex<Option<Rewrite>>,
+}
+
+/// The running proxy; dropping it stops listening.
+pub struct Tap {
+    url: String,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Tap {
+    /// Listens on 127.0.0.1 and forwards to `upstream` (the simulator's URL).
+    pub async fn start(upstream: &str) -> Tap {
+        // reqwest is built without a default TLS provider; plain HTTP still needs one installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("tap binds");
+        let url = format!("http://{}", listener.local_addr().expect("tap address"));
+        let state = Arc::new(State {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::builder().build().expect("tap HTTP client"),
+            log: Mutex::new(Vec::new()),
+            mutating: AtomicUsize::new(0),
+            trip: Mutex::new(None),
+            rewrite: Mutex::new(None),
+        });
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| forward(shared.clone(), req));
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Tap { url, state, task }
+    }
+
+    /// The URL to give capmox instead of the simulator's.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Every request so far, oldest first.
+    pub fn log(&self) -> Vec<Seen> {
+        self.state.log.lock().expect("tap log").clone()
+    }
+
+    /// A view of the log the testkit's fault hook can hold (it must be `'static`).
+    pub fn clone_requested(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let state = self.state.clone();
+        move || {
+            state
+                .log
+                .lock()
+                .expect("tap log")
+                .iter()
+                .any(Seen::is_clone)
+        }
+    }
+
+    /// Mutating requests (not GET, not guest-agent commands) answered so far.
+    pub fn mutating(&self) -> usize {
+        self.state.mutating.load(Ordering::SeqCst)
+    }
+
+    /// Holds the answer to the `n`-th mutating request (counted from the tap's start) and
+    /// reports it through the returned channel.
+    pub fn trip_at(&self, n: usize) -> oneshot::Receiver<Tripped> {
+        let (tx, rx) = oneshot::channel();
+        *self.state.trip.lock().expect("tap trip") = Some((n, tx));
+        rx
+    }
+
+    /// Rewrites answers from now on.
+    pub fn set_rewrite(&self, rewrite: Rewrite) {
+        *self.state.rewrite.lock().expect("tap rewrite") = Some(rewrite);
+    }
+}
+
+async fn forward(
+    state: Arc<State>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let method = req.method().clone();
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    let path = req.uri().path().to_owned();
+    let headers = req.headers().clone();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut upstream = state.http.request(
+        reqwest::Method::from_bytes(method.as_str().as_bytes()).expect("method"),
+        format!("{}{path_and_query}", state.upstream),
+    );
+    for (name, value) in &headers {
+        if name != hyper::header::HOST && name != hyper::header::CONTENT_LENGTH {
+            upstream = upstream.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = match upstream.body(body).send().await {
+        Ok(answer) => answer,
+        Err(error) => {
+            return Ok(Response::builder()
+                .status(502)
+                .body(Full::new(Bytes::from(format!("tap: {error}"))))
+                .expect("response"));
+        }
+    };
+    let status = answer.status().as_u16();
+    let phrase = answer
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .cloned();
+    let answer_headers = answer.headers().clone();
+    let mut bytes = answer.bytes().await.unwrap_or_default().to_vec();
+    let api_path = path.strip_prefix("/api2/json").unwrap_or(&path).to_owned();
+    if let Some(rewrite) = state.rewrite.lock().expect("tap rewrite").as_ref()
+        && let Some(new) = rewrite(method.as_str(), &api_path, &bytes)
+    {
+        bytes = new;
+    }
+    let seen = Seen {
+        method: method.to_string(),
+        path: api_path,
+        at: SystemTime::now(),
+    };
+    state.log.lock().expect("tap log").push(seen.clone());
+    // Guest-agent commands (`cloud-init status`) change nothing in Proxmox; their number
+    // depends on how fast the guest boots.
+    if method != hyper::Method::GET && !seen.path.contains("/agent/") {
+        let count = state.mutating.fetch_add(1, Ordering::SeqCst) + 1;
+        let tripped = {
+            let mut trip = state.trip.lock().expect("tap trip");
+            match trip.take() {
+                Some((n, tx)) if n == count => Some(tx),
+                other => {
+                    *trip = other;
+                    None
+                }
+            }
+        };
+        if let Some(tx) = tripped {
+            let (resume, resumed) = oneshot::channel();
+            if tx
+                .send(Tripped {
+                    request: seen,
+                    resume,
+                })
+                .is_ok()
+            {
+                let _ = resumed.await;
+            }
+        }
+    }
+    let mut response = Response::builder().status(status);
+    for (name, value) in &answer_headers {
+        if name != hyper::header::CONTENT_LENGTH && name != hyper::header::TRANSFER_ENCODING {
+            response = response.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let mut response = response
+        .body(Full::new(Bytes::from(bytes)))
+        .expect("response");
+    if let Some(phrase) = phrase {
+        response.extensions_mut().insert(phrase);
+    }
+    Ok(response)
+}
