@@ -184,3 +184,71 @@ async fn an_unpublished_failure_domain_waits_until_the_zone_appears() {
     assert_eq!(status.failure_domain.as_deref(), Some("rack-c"));
     assert_eq!(status.proxmox_node.as_deref(), Some("pve5"));
 }
+
+/// A ProxmoxMachine the Go provider created (VMID in `spec.virtualMachineID` only, VM named
+/// after the machine, no capmox tag) and that was already being deleted when capmox took over:
+/// its VM is deleted, not leaked.
+#[tokio::test]
+async fn a_go_provider_machine_deleted_at_takeover_takes_its_vm_with_it() {
+    let env = Env::start().await;
+    env.create_credentials("demo-credentials", None).await;
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, cluster_spec())
+        .await;
+    let proxmox = env.proxmox();
+    let task = proxmox
+        .clone_vm(
+            "pve1",
+            9000,
+            &capmox::proxmox::CloneParams {
+                newid: 150,
+                name: Some("legacy-0".into()),
+                full: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the Go provider's clone starts");
+    proxmox
+        .wait_task(&task, &Default::default())
+        .await
+        .expect("the Go provider's clone finishes");
+    let mut spec = machine_spec();
+    spec["virtualMachineID"] = json!(150);
+    env.create_machine("demo", "legacy-0", None, false, spec)
+        .await;
+    let machines = Api::<ProxmoxMachine>::namespaced(env.client(), "default");
+    let uid = machines
+        .patch(
+            "legacy-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"finalizers": [capmox::api::finalizers::MACHINE]}}),
+            ),
+        )
+        .await
+        .expect("finalizer set, as the Go provider had it")
+        .metadata
+        .uid
+        .expect("uid");
+    machines
+        .delete("legacy-0", &DeleteParams::default())
+        .await
+        .expect("deletion requested");
+
+    env.run_controllers();
+    let gone = tokio::time::timeout(
+        common::env::ENV_WAIT,
+        kube::runtime::wait::await_condition(
+            machines.clone(),
+            "legacy-0",
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        ),
+    )
+    .await;
+    assert!(gone.is_ok(), "the machine's finalizer is released");
+    assert!(
+        matches!(proxmox.find_vm(150).await, Ok(None)),
+        "VM 150 was deleted with its machine"
+    );
+}

@@ -1533,9 +1533,12 @@ impl<'a> Reconcile<'a> {
     }
 
     async fn delete(&self, scope: &mut Scope, cluster_found: bool) -> Result<Action, MachineError> {
+        // The Go provider recorded the VMID in the spec only: machines it created are deleted
+        // by that VMID too (still only when the VM's tag or name shows it is theirs).
         let recorded = scope
             .current
             .virtual_machine_id
+            .or(self.machine.spec.virtual_machine_id)
             .and_then(|id| u32::try_from(id).ok());
         if cluster_found {
             let proxmox = match self.proxmox_client(scope).await? {
