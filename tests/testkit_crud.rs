@@ -284,6 +284,46 @@ async fn replace_uses_optimistic_concurrency() {
 }
 
 #[tokio::test]
+async fn secret_string_data_is_folded_into_data() {
+    let server = widget_server();
+    let api: Api<Secret> = Api::namespaced(server.client(), "default");
+    let s: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "bootstrap"},
+        "data": {"format": "aWduaXRpb24=", "keep": "eA=="},
+        "stringData": {"value": "#cloud-config\n", "format": "cloud-config"}
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &s).await.unwrap();
+    assert!(created.string_data.is_none(), "stringData is never stored");
+    let text = |secret: &Secret, key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8(v.0.clone()).unwrap())
+    };
+    let read = api.get("bootstrap").await.unwrap();
+    assert_eq!(text(&read, "value").as_deref(), Some("#cloud-config\n"));
+    assert_eq!(
+        text(&read, "format").as_deref(),
+        Some("cloud-config"),
+        "stringData wins over data"
+    );
+    assert_eq!(text(&read, "keep").as_deref(), Some("x"));
+
+    let patched = api
+        .patch(
+            "bootstrap",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"keep": "y"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&patched, "keep").as_deref(), Some("y"));
+    assert!(patched.string_data.is_none());
+}
+
+#[tokio::test]
 async fn builtin_kinds_accept_unconditional_update() {
     let server = widget_server();
     let api: Api<Secret> = Api::namespaced(server.client(), "default");

@@ -401,6 +401,41 @@ fn spec_part(obj: &Value, status_subresource: bool) -> Value {
     v
 }
 
+/// Secrets: `stringData` is write-only; the API server merges it into `data` (base64), where
+/// it wins over `data` for the same key, and never stores it.
+fn fold_secret_string_data(kind: &KindInfo, obj: &mut Value) -> Result<(), ApiError> {
+    if !(kind.group.is_empty() && kind.plural == "secrets") {
+        return Ok(());
+    }
+    let Some(object) = obj.as_object_mut() else {
+        return Ok(());
+    };
+    let strings = match object.remove("stringData") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(strings)) => strings,
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "Secret in version \"v1\" cannot be handled as a Secret: stringData must be a map of strings".into(),
+            ));
+        }
+    };
+    let data = object.entry("data").or_insert_with(|| json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    for (key, value) in strings {
+        let Some(text) = value.as_str() else {
+            return Err(ApiError::BadRequest(format!(
+                "Secret in version \"v1\" cannot be handled as a Secret: stringData.{key} must be a string"
+            )));
+        };
+        let encoded = k8s_openapi::ByteString(text.as_bytes().to_vec());
+        data[key] = serde_json::to_value(encoded)
+            .map_err(|e| ApiError::BadRequest(format!("stringData.{key}: {e}")))?;
+    }
+    Ok(())
+}
+
 fn is_namespace_kind(kind: &KindInfo) -> bool {
     kind.group.is_empty() && kind.plural == "namespaces"
 }
@@ -1262,6 +1297,7 @@ impl Store {
             obj["status"] = json!({"phase": "Active"});
         }
         normalize_meta(&mut obj);
+        fold_secret_string_data(kind, &mut obj)?;
         let defined = crd_accept(kind, &mut obj)?;
         g.validate(kind, &obj, None)?;
         let mut managed = managed.unwrap_or_else(|| {
@@ -1386,6 +1422,7 @@ impl Store {
         opts: &WriteOptions,
         managed: Option<Vec<ManagedEntry>>,
     ) -> Result<Value, ApiError> {
+        fold_secret_string_data(kind, &mut new)?;
         let defined = crd_accept(kind, &mut new)?;
         let gr = kind.group_resource();
         let Some(stored) = g.objects.get(&gr).and_then(|m| m.get(key)) else {
