@@ -1960,18 +1960,7 @@ async fn apply_status(
     if current == desired {
         return Ok(());
     }
-    let body = json!({
-        "apiVersion": ProxmoxMachine::api_version(&()),
-        "kind": ProxmoxMachine::kind(&()),
-        "status": desired,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await?;
-    Ok(())
+    apply_status_guarded(api, name, desired, None).await
 }
 
 #[cfg(test)]
