@@ -939,6 +939,7 @@ fn end_phase(
     let mut total = Vec::new();
     let mut proxmox = Vec::new();
     let mut controller = Vec::new();
+    let mut path_tasks: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
     for m in timeline.machines.values() {
         let (from, to) = if deleting {
             (m.delete_seen, m.gone)
@@ -948,8 +949,17 @@ fn end_phase(
         let (Some(from), Some(to), Some(vmid)) = (from, to, m.vmid) else {
             continue;
         };
-        let tasks = tasks_of.get(&vmid).cloned().unwrap_or_default();
+        // The tasks on this machine's path: requested and ended within its window (the ISO
+        // removal after the Machine has a node, for one, is not).
+        let tasks: Vec<&TaskRecord> = tasks_of
+            .get(&vmid)
+            .into_iter()
+            .flatten()
+            .filter(|t| t.created >= from && t.ended.is_some_and(|e| e <= to))
+            .copied()
+            .collect();
         let on_path = covered(proxmox_spans(&tasks), from, to);
+        path_tasks.insert(vmid, tasks);
         let elapsed = to - from;
         total.push(elapsed.as_secs_f64());
         proxmox.push(on_path.as_secs_f64());
@@ -966,16 +976,16 @@ fn end_phase(
         let longest = timeline
             .machines
             .values()
-            .filter_map(|m| tasks_of.get(&m.vmid?))
+            .filter_map(|m| path_tasks.get(&m.vmid?))
             .map(|tasks| service_time(tasks, true))
             .max()
             .unwrap_or_default();
         (
             longest,
-            json!({"formula": "longest deletion path (stop, destroy, ISO removal run times) of any machine; deletions do not queue"}),
+            json!({"formula": "longest deletion path (run times of its stop, destroy and ISO removal tasks) of any machine; deletions do not queue"}),
         )
     } else {
-        lower_bound(&timeline.machines, &tasks_of, args.clone_slots)
+        lower_bound(&timeline.machines, &path_tasks, args.clone_slots)
     };
     let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
     let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
