@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check release-manifests sandbox clean
+.PHONY: build test verify fmt-check lint crds crds-check release-manifests sandbox bench clean
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
@@ -42,6 +42,9 @@ verify: fmt-check lint crds-check test ## Everything CI checks.
 
 sandbox: ## See capmox work end to end on this machine (simulated Proxmox, in-process Kubernetes API).
 	$(CARGO) run --locked --quiet -- sandbox $(SANDBOX_ARGS)
+
+bench: ## Fleet benchmark (release): provision and delete 60 machines on the simulator; table + out/bench.json.
+	$(CARGO) bench --locked --bench fleet -- $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -208,6 +208,10 @@ async fn watch_ends_after_timeout_seconds() {
         .await
         .expect("watch should end by itself");
     assert!(end.is_none(), "no events, then EOF: {end:?}");
+    assert_eq!(
+        server.request_counts().watches_ended.get("timeout"),
+        Some(&1)
+    );
 }
 
 #[tokio::test]
@@ -280,6 +284,11 @@ async fn watcher_relists_after_410_on_an_open_watch() {
         watcher::Event::InitDone
     ));
     assert_eq!(server.request_counts().resource_verb("widgets", "list"), 2);
+    assert_eq!(
+        server.request_counts().watches_ended.get("expired"),
+        Some(&1),
+        "the server-ended watch is counted once"
+    );
 }
 
 #[tokio::test]

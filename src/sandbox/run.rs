@@ -125,8 +125,9 @@ impl Drop for Sandbox {
     }
 }
 
-/// The kinds the sandbox needs besides capmox's own (status subresources as CAPI's CRDs have).
-fn capi_kinds() -> Vec<KindInfo> {
+/// The kinds the sandbox needs besides capmox's own (status subresources as CAPI's CRDs have);
+/// public so the benchmark can assemble the same environment on its own runtimes.
+pub fn capi_kinds() -> Vec<KindInfo> {
     [
         ("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters"),
         ("cluster.x-k8s.io", "v1beta2", "Machine", "machines"),

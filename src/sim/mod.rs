@@ -31,7 +31,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub use server::{LoggedRequest, SIM_ROUTES, SimCounters};
-pub use state::{Cluster, SimError};
+pub use state::{Cluster, SimError, TaskRecord};
 pub use topology::{
     DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
     Topology,
@@ -242,6 +242,12 @@ impl Simulator {
             .iter()
             .cloned()
             .collect()
+    }
+
+    /// Every task so far with its request, start and end instants (oldest first), so a
+    /// benchmark can tell Proxmox's time from the controller's.
+    pub fn task_records(&self) -> Vec<TaskRecord> {
+        self.with_cluster(|c| c.task_records())
     }
 
     /// Per-endpoint counters.

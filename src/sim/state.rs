@@ -2,7 +2,7 @@
 //! tasks, config digests, resize rules, power tasks, guest agent after boot.
 //! Time is passed in (`tokio::time::Instant`), tasks finish lazily when observed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -213,12 +213,55 @@ enum Effect {
 #[derive(Debug, Clone)]
 struct Task {
     upid: Upid,
-    end: Instant,
+    /// When the request created the task.
+    created: Instant,
+    /// When it began to run (`None` while a clone waits for a slot).
+    started: Option<Instant>,
+    /// How long it runs once started.
+    duration: Duration,
     /// `Ok` or the exit status text.
     outcome: Result<(), String>,
     effect: Effect,
     done: bool,
     log: Vec<String>,
+    /// The guest the task works on (the new VM for clones).
+    vmid: Option<u32>,
+    /// The volume an upload or volume deletion works on.
+    volume: Option<String>,
+    /// Nodes whose clone slots the task holds while it runs.
+    slots: Vec<String>,
+}
+
+impl Task {
+    fn end(&self) -> Option<Instant> {
+        self.started.map(|s| s + self.duration)
+    }
+}
+
+/// What the simulator recorded about one task: when it was requested, ran and ended. Benchmarks
+/// derive Proxmox's share of a machine's provisioning time from these, not from settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRecord {
+    /// The UPID.
+    pub upid: String,
+    /// Node the task runs on.
+    pub node: String,
+    /// Proxmox task type (`qmclone`, `qmconfig`, `resize`, `imgcopy`, `qmstart`, ...).
+    pub kind: String,
+    /// The guest it works on (for clones, the new VM).
+    pub vmid: Option<u32>,
+    /// The volume it works on (uploads and volume deletions).
+    pub volume: Option<String>,
+    /// When the request created it.
+    pub created: Instant,
+    /// When it began to run (later than `created` when it waited for a clone slot).
+    pub started: Option<Instant>,
+    /// When it ended (`None` while still queued or running).
+    pub ended: Option<Instant>,
+    /// Whether it ended with `OK`.
+    pub ok: bool,
+    /// For successful starts: when the guest agent begins to answer (boot done).
+    pub agent_ready: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -237,6 +280,12 @@ pub struct Cluster {
     vms: BTreeMap<u32, Vm>,
     volumes: Vec<Volume>,
     tasks: HashMap<String, Task>,
+    /// Running tasks by end time, so `advance` touches only what is due.
+    running: BTreeSet<(Instant, String)>,
+    /// Clone tasks waiting for a slot, in request order.
+    clone_queue: VecDeque<String>,
+    /// Clone tasks running per node.
+    clone_slots_used: BTreeMap<String, usize>,
     pools: BTreeMap<String, Option<String>>,
     execs: HashMap<(u32, u64), Exec>,
     counter: u64,
@@ -286,6 +335,9 @@ impl Cluster {
             vms: BTreeMap::new(),
             volumes: Vec::new(),
             tasks: HashMap::new(),
+            running: BTreeSet::new(),
+            clone_queue: VecDeque::new(),
+            clone_slots_used: BTreeMap::new(),
             pools: topology.pools.iter().map(|p| (p.clone(), None)).collect(),
             execs: HashMap::new(),
             counter: 0,
@@ -385,23 +437,21 @@ impl Cluster {
         self.task_fail = task_fail;
     }
 
-    /// Applies the effects of every task that has ended by `now`, in end order.
+    /// Applies the effects of every task that has ended by `now`, in end order; a clone that
+    /// ends frees its slots, and queued clones start at that instant.
     pub fn advance(&mut self, now: Instant) {
-        let mut due: Vec<(Instant, String)> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| !t.done && t.end <= now)
-            .map(|(k, t)| (t.end, k.clone()))
-            .collect();
-        due.sort();
-        for (_, key) in due {
+        while let Some((end, key)) = self.running.first().cloned() {
+            if end > now {
+                break;
+            }
+            self.running.remove(&(end, key.clone()));
             let Some(task) = self.tasks.get_mut(&key) else {
                 continue;
             };
             task.done = true;
             let effect = std::mem::replace(&mut task.effect, Effect::None);
-            let end = task.end;
             let ok = task.outcome.is_ok();
+            let slots = std::mem::take(&mut task.slots);
             let mut log = Vec::new();
             self.apply(effect, ok, end, &mut log);
             if let Some(task) = self.tasks.get_mut(&key) {
@@ -411,7 +461,86 @@ impl Cluster {
                     Err(e) => task.log.push(format!("TASK ERROR: {e}")),
                 }
             }
+            if !slots.is_empty() {
+                for node in &slots {
+                    if let Some(used) = self.clone_slots_used.get_mut(node) {
+                        *used = used.saturating_sub(1);
+                    }
+                }
+                self.start_queued_clones(end);
+            }
         }
+    }
+
+    /// Whether a clone holding slots on `nodes` may start now.
+    fn clone_slots_free(&self, nodes: &[String]) -> bool {
+        let limit = self.opts.clone_slots_per_node;
+        limit == 0
+            || nodes
+                .iter()
+                .all(|n| self.clone_slots_used.get(n).copied().unwrap_or(0) < limit)
+    }
+
+    /// Starts the queued clones that fit, oldest first; one that does not fit does not hold
+    /// back later clones on other nodes.
+    fn start_queued_clones(&mut self, at: Instant) {
+        let queued: Vec<String> = self.clone_queue.iter().cloned().collect();
+        for key in queued {
+            let Some(nodes) = self.tasks.get(&key).map(|t| t.slots.clone()) else {
+                continue;
+            };
+            if self.clone_slots_free(&nodes) {
+                self.clone_queue.retain(|k| *k != key);
+                self.run_task(&key, at);
+            }
+        }
+    }
+
+    /// Marks a task as running from `at` and takes its clone slots.
+    fn run_task(&mut self, key: &str, at: Instant) {
+        let Some(task) = self.tasks.get_mut(key) else {
+            return;
+        };
+        task.started = Some(at);
+        let end = at + task.duration;
+        if task.created < at {
+            task.log.push(format!(
+                "waited {} ms for a clone slot",
+                (at - task.created).as_millis()
+            ));
+        }
+        for node in task.slots.clone() {
+            *self.clone_slots_used.entry(node).or_default() += 1;
+        }
+        self.running.insert((end, key.to_string()));
+    }
+
+    /// Every task so far with its timing, oldest first.
+    pub fn task_records(&self) -> Vec<TaskRecord> {
+        let mut records: Vec<TaskRecord> = self
+            .tasks
+            .values()
+            .map(|t| {
+                let ended = t.done.then(|| t.end()).flatten();
+                let ok = t.done && t.outcome.is_ok();
+                TaskRecord {
+                    upid: t.upid.as_str().to_string(),
+                    node: t.upid.node.clone(),
+                    kind: t.upid.task_type.clone(),
+                    vmid: t.vmid,
+                    volume: t.volume.clone(),
+                    created: t.created,
+                    started: t.started,
+                    ended,
+                    ok,
+                    agent_ready: ended
+                        .filter(|_| ok && t.upid.task_type == "qmstart")
+                        .map(|e| e + self.opts.boot_delay),
+                }
+            })
+            .collect();
+        records.sort_by(|a, b| (a.created, &a.upid).cmp(&(b.created, &b.upid)));
+        records
     }
 
     fn apply(&mut self, effect: Effect, ok: bool, end: Instant, log: &mut Vec<String>) {
@@ -490,6 +619,7 @@ impl Cluster {
             .retain(|v| v.vmid != Some(vmid) || v.content != "images");
     }
 
+    #[allow(clippy::too_many_arguments)] // one call per task type; a struct would only rename them
     fn new_task(
         &mut self,
         now: Instant,
@@ -498,14 +628,23 @@ impl Cluster {
         id: &str,
         mut outcome: Result<(), String>,
         effect: Effect,
+        volume: Option<String>,
     ) -> Upid {
         if outcome.is_ok() && (self.task_fail)(kind) {
             outcome = Err("injected failure".to_string());
         }
-        let duration = if kind == "qmclone" {
-            self.opts.clone_duration
-        } else {
-            self.opts.task_duration
+        let duration = self.opts.duration_of(kind);
+        let vmid = match &effect {
+            Effect::CloneDone { newid, .. } => Some(*newid),
+            _ => id.parse().ok(),
+        };
+        let slots = match &effect {
+            Effect::CloneDone { target, .. } => {
+                let mut nodes = vec![node.to_string()];
+                nodes.extend(target.iter().filter(|t| *t != node).cloned());
+                nodes
+            }
+            _ => Vec::new(),
         };
         let user = self.opts.token_id.clone();
         let n = self.next_counter();
@@ -518,17 +657,29 @@ impl Cluster {
             id,
             &user,
         );
+        let key = upid.as_str().to_string();
+        let queued = !slots.is_empty() && !self.clone_slots_free(&slots);
         self.tasks.insert(
-            upid.as_str().to_string(),
+            key.clone(),
             Task {
                 upid: upid.clone(),
-                end: now + duration,
+                created: now,
+                started: None,
+                duration,
                 outcome,
                 effect,
                 done: false,
                 log: vec![format!("starting task {kind}")],
+                vmid,
+                volume,
+                slots,
             },
         );
+        if queued {
+            self.clone_queue.push_back(key);
+        } else {
+            self.run_task(&key, now);
+        }
         upid
     }
 
@@ -966,6 +1117,7 @@ impl Cluster {
                 &vmid.to_string(),
                 Ok(()),
                 Effect::None,
+                None,
             )))
         } else {
             Ok(None)
@@ -1193,6 +1345,7 @@ impl Cluster {
                 target,
                 pool: params.get("pool").cloned(),
             },
+            None,
         ))
     }
 
@@ -1257,6 +1410,7 @@ impl Cluster {
             &vmid.to_string(),
             outcome,
             Effect::Resize { vmid, disk, bytes },
+            None,
         ))
     }
 
@@ -1345,7 +1499,7 @@ impl Cluster {
             "shutdown" => ("qmshutdown", Effect::Stop { vmid }),
             _ => ("qmresume", Effect::None),
         };
-        Ok(self.new_task(now, node, kind, &vmid.to_string(), outcome, effect))
+        Ok(self.new_task(now, node, kind, &vmid.to_string(), outcome, effect, None))
     }
 
     /// `DELETE /nodes/{node}/qemu/{vmid}`.
@@ -1374,6 +1528,7 @@ impl Cluster {
             &vmid.to_string(),
             Ok(()),
             Effect::Delete { vmid },
+            None,
         ))
     }
 
@@ -1469,7 +1624,7 @@ impl Cluster {
         let vol = Volume {
             storage: storage.to_string(),
             node: (!s.shared).then(|| node.to_string()),
-            volid,
+            volid: volid.clone(),
             content: content.to_string(),
             size: data.len() as u64,
             ctime: self.epoch,
@@ -1483,6 +1638,7 @@ impl Cluster {
             "",
             Ok(()),
             Effect::AddVolume(Box::new(vol)),
+            Some(volid),
         ))
     }
 
@@ -1518,6 +1674,7 @@ impl Cluster {
                 volid: volid.clone(),
                 node: node.to_string(),
             },
+            Some(volid),
         ))
     }
 
@@ -2195,5 +2352,149 @@ mod tests {
         assert_eq!(r["name"], "m1");
         c.update_config(later, "pve1", 9000, &p(&[("description", "x")]), false)
             .expect("template editable again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clone_slots_queue_clones_per_node() {
+        let opts = SimOptions {
+            clone_duration: Duration::from_secs(2),
+            clone_slots_per_node: 1,
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let t0 = Instant::now();
+        let first = c
+            .clone_vm(t0, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        let second = c
+            .clone_vm(t0, "pve1", 9000, &p(&[("newid", "101")]))
+            .expect("queued clone is accepted");
+        // shared-storage template to another node: needs a slot on pve1 (source) and pve2
+        let third = c
+            .clone_vm(
+                t0,
+                "pve1",
+                9001,
+                &p(&[("newid", "102"), ("target", "pve2")]),
+            )
+            .expect("queued clone is accepted");
+        assert_eq!(
+            c.task_status("pve1", second.as_str()).expect("t")["status"],
+            "running"
+        );
+        c.advance(t0 + Duration::from_secs(2));
+        assert_eq!(
+            c.task_status("pve1", first.as_str()).expect("t")["status"],
+            "stopped"
+        );
+        assert_eq!(
+            c.task_status("pve1", second.as_str()).expect("t")["status"],
+            "running",
+            "the queued clone runs its full duration after the first"
+        );
+        assert_eq!(c.vm_config("pve1", 101).expect("cfg")["lock"], "clone");
+        c.advance(t0 + Duration::from_secs(4));
+        assert_eq!(
+            c.task_status("pve1", second.as_str()).expect("t")["exitstatus"],
+            "OK"
+        );
+        c.advance(t0 + Duration::from_secs(6));
+        assert_eq!(
+            c.task_status("pve1", third.as_str()).expect("t")["exitstatus"],
+            "OK"
+        );
+        assert_eq!(c.vm_node(102).as_deref(), Some("pve2"));
+        let records = c.task_records();
+        let starts: Vec<(Option<u32>, Duration, Duration)> = records
+            .iter()
+            .map(|r| {
+                (
+                    r.vmid,
+                    r.started.expect("started") - t0,
+                    r.ended.expect("ended") - t0,
+                )
+            })
+            .collect();
+        assert_eq!(
+            starts,
+            vec![
+                (Some(100), Duration::ZERO, Duration::from_secs(2)),
+                (Some(101), Duration::from_secs(2), Duration::from_secs(4)),
+                (Some(102), Duration::from_secs(4), Duration::from_secs(6)),
+            ]
+        );
+        assert!(records.iter().all(|r| r.created == t0 && r.ok));
+        let log = c.task_log("pve1", second.as_str(), 0, 10).expect("log").0;
+        assert!(
+            log.to_string().contains("waited 2000 ms for a clone slot"),
+            "{log}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unlimited_clone_slots_run_clones_side_by_side() {
+        let mut c = cluster();
+        let t0 = Instant::now();
+        for id in ["100", "101", "102"] {
+            c.clone_vm(t0, "pve1", 9000, &p(&[("newid", id)]))
+                .expect("clone");
+        }
+        c.advance(t0 + c.options().clone_duration);
+        assert!(
+            c.task_records()
+                .iter()
+                .all(|r| r.ok && r.started == Some(t0))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn task_types_take_their_own_durations_and_starts_record_the_boot() {
+        let opts = SimOptions {
+            task_duration: Duration::from_millis(10),
+            task_durations: [
+                ("resize".to_string(), Duration::from_millis(500)),
+                ("qmstart".to_string(), Duration::from_secs(1)),
+            ]
+            .into(),
+            boot_delay: Duration::from_secs(3),
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let t0 = Instant::now();
+        c.clone_vm(t0, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        let t1 = t0 + Duration::from_secs(1);
+        c.advance(t1);
+        c.update_config(t1, "pve1", 100, &p(&[("cores", "4")]), true)
+            .expect("config");
+        c.resize(t1, "pve1", 100, &p(&[("disk", "scsi0"), ("size", "+1G")]))
+            .expect("resize");
+        c.advance(t1 + Duration::from_secs(1));
+        let t2 = t1 + Duration::from_secs(1);
+        c.power(t2, "pve1", 100, "start").expect("start");
+        c.advance(t2 + Duration::from_secs(1));
+        let by_kind = |kind: &str| {
+            c.task_records()
+                .into_iter()
+                .find(|r| r.kind == kind)
+                .expect("recorded")
+        };
+        let run = |r: &TaskRecord| r.ended.expect("ended") - r.started.expect("started");
+        assert_eq!(run(&by_kind("qmconfig")), Duration::from_millis(10));
+        assert_eq!(run(&by_kind("resize")), Duration::from_millis(500));
+        let start = by_kind("qmstart");
+        assert_eq!(run(&start), Duration::from_secs(1));
+        assert_eq!(start.vmid, Some(100));
+        assert_eq!(
+            start.agent_ready,
+            Some(t2 + Duration::from_secs(4)),
+            "agent answers boot_delay after the start ends"
+        );
+        assert!(
+            c.agent_ping(t2 + Duration::from_millis(3999), "pve1", 100)
+                .is_err()
+        );
+        c.agent_ping(t2 + Duration::from_secs(4), "pve1", 100)
+            .expect("booted");
     }
 }

@@ -145,6 +145,13 @@ pub struct SimSettings {
     /// Other task durations (ms).
     #[serde(default)]
     pub task_ms: Option<u64>,
+    /// Durations (ms) by Proxmox task type (`qmconfig`, `resize`, `imgcopy`, `qmstart`, ...),
+    /// overriding `task_ms` for those types.
+    #[serde(default)]
+    pub task_type_ms: BTreeMap<String, u64>,
+    /// Clone tasks that may run at once on one node (0 = unlimited); more wait queued.
+    #[serde(default)]
+    pub clone_slots_per_node: Option<usize>,
     /// Boot delay until the guest agent answers (ms).
     #[serde(default)]
     pub boot_ms: Option<u64>,
@@ -347,8 +354,17 @@ pub struct SimOptions {
     pub token_secret: String,
     /// How long a clone task runs.
     pub clone_duration: Duration,
-    /// How long other tasks (start, stop, resize, config, delete, upload) run.
+    /// How long other tasks (start, stop, resize, config, delete, upload) run, unless
+    /// `task_durations` names their type.
     pub task_duration: Duration,
+    /// Durations by Proxmox task type (`qmconfig`, `resize`, `imgcopy`, `qmstart`, `qmstop`,
+    /// `qmdestroy`, `imgdel`, ...), so benchmarks can model each step's real cost.
+    pub task_durations: BTreeMap<String, Duration>,
+    /// How many clone tasks may run at once on a node (0 = unlimited). Proxmox serialises
+    /// clones through storage and config locks; a clone holds a slot on its source node and,
+    /// when it targets another node, on that node too. Clones beyond the limit wait queued
+    /// (task status `running`, VM locked `clone`) and start in request order as slots free.
+    pub clone_slots_per_node: usize,
     /// Time from start until the guest agent answers.
     pub boot_delay: Duration,
     /// How long `/cluster/resources` shows a changed guest as `unknown` without name/template.
@@ -384,6 +400,8 @@ impl std::fmt::Debug for SimOptions {
             .field("token_secret", &"<redacted>")
             .field("clone_duration", &self.clone_duration)
             .field("task_duration", &self.task_duration)
+            .field("task_durations", &self.task_durations)
+            .field("clone_slots_per_node", &self.clone_slots_per_node)
             .field("boot_delay", &self.boot_delay)
             .field("version", &self.version)
             .field("faults", &self.faults)
@@ -398,6 +416,8 @@ impl Default for SimOptions {
             token_secret: "00000000-0000-4000-8000-000000000000".to_string(),
             clone_duration: Duration::from_millis(300),
             task_duration: Duration::from_millis(50),
+            task_durations: BTreeMap::new(),
+            clone_slots_per_node: 0,
             boot_delay: Duration::from_millis(300),
             cloud_init_failure: None,
             error_message_field: true,
@@ -411,6 +431,17 @@ impl Default for SimOptions {
 }
 
 impl SimOptions {
+    /// How long a task of this Proxmox type runs (`qmclone` uses `clone_duration`).
+    pub fn duration_of(&self, task_type: &str) -> Duration {
+        if task_type == "qmclone" {
+            return self.clone_duration;
+        }
+        self.task_durations
+            .get(task_type)
+            .copied()
+            .unwrap_or(self.task_duration)
+    }
+
     /// Defaults overridden by the topology's `simulation` section.
     pub fn from_topology(topology: &Topology) -> Self {
         let mut o = Self::default();
@@ -428,6 +459,13 @@ impl SimOptions {
         }
         if let Some(v) = s.task_ms {
             o.task_duration = Duration::from_millis(v);
+        }
+        for (kind, ms) in &s.task_type_ms {
+            o.task_durations
+                .insert(kind.clone(), Duration::from_millis(*ms));
+        }
+        if let Some(v) = s.clone_slots_per_node {
+            o.clone_slots_per_node = v;
         }
         if let Some(v) = s.boot_ms {
             o.boot_delay = Duration::from_millis(v);
@@ -468,6 +506,22 @@ mod tests {
         assert_eq!(o.token_id, "capi@pve!sim");
         assert_eq!(o.faults.rules[0].error_status, 596);
         assert_eq!(o.task_duration, SimOptions::default().task_duration);
+        assert_eq!(o.clone_slots_per_node, 0, "unlimited unless set");
+    }
+
+    #[test]
+    fn per_type_durations_and_clone_slots_from_the_simulation_section() {
+        let t = Topology::from_yaml(
+            "nodes: [{name: a}]\nsimulation:\n  clone_ms: 2000\n  task_ms: 70\n  task_type_ms: {qmstart: 1000, resize: 500}\n  clone_slots_per_node: 2\n",
+            "t",
+        )
+        .expect("valid");
+        let o = SimOptions::from_topology(&t);
+        assert_eq!(o.duration_of("qmclone"), Duration::from_secs(2));
+        assert_eq!(o.duration_of("qmstart"), Duration::from_secs(1));
+        assert_eq!(o.duration_of("resize"), Duration::from_millis(500));
+        assert_eq!(o.duration_of("qmconfig"), Duration::from_millis(70));
+        assert_eq!(o.clone_slots_per_node, 2);
     }
 
     #[test]

@@ -777,6 +777,7 @@ fn watch(
     let start = match store.watch(&kind, rv, send_initial) {
         Ok(s) => s,
         Err(e) => {
+            store.count_watch_end("gone");
             // Like the real server: a 200 stream carrying one ERROR event, then EOF.
             let line = event_line("ERROR", &e.to_status());
             tokio::spawn(async move {
@@ -787,6 +788,7 @@ fn watch(
     };
     let interval = store.bookmark_interval();
     let mut expiry = store.expiry();
+    let counter = store.clone();
     tokio::spawn(async move {
         let matches = |o: &Value| {
             ns.as_deref()
@@ -826,9 +828,13 @@ fn watch(
         tokio::pin!(deadline);
         loop {
             let line = tokio::select! {
-                _ = &mut deadline => break,
+                _ = &mut deadline => {
+                    counter.count_watch_end("timeout");
+                    break;
+                }
                 _ = tx.closed() => break,
                 _ = expiry.changed() => {
+                    counter.count_watch_end("expired");
                     let e = ApiError::Gone { requested: last_rv, oldest: last_rv + 1 };
                     let _ = tx.send(event_line("ERROR", &e.to_status())).await;
                     break;
@@ -843,6 +849,7 @@ fn watch(
                         if rec.gr == kind.group_resource() { render(&rec) } else { None }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
+                        counter.count_watch_end("lagged");
                         let e = ApiError::Gone { requested: last_rv, oldest: last_rv + 1 };
                         let _ = tx.send(event_line("ERROR", &e.to_status())).await;
                         break;

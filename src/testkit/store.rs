@@ -198,6 +198,9 @@ pub struct RequestCounts {
     pub by_verb: BTreeMap<String, u64>,
     /// Requests by `(resource, verb)`, resource as `plural.group` (or `plural`, or `/status` suffixed).
     pub by_resource: BTreeMap<(String, String), u64>,
+    /// Watch streams the server ended, by reason (`timeout`, `expired`, `lagged`, `gone`):
+    /// each one makes a client's watcher start a new watch (or relist).
+    pub watches_ended: BTreeMap<String, u64>,
 }
 
 impl RequestCounts {
@@ -1063,6 +1066,12 @@ impl Store {
         *c.by_resource
             .entry((resource.to_string(), verb.to_string()))
             .or_default() += 1;
+    }
+
+    /// Count one watch stream the server ended (see [`RequestCounts::watches_ended`]).
+    pub fn count_watch_end(&self, reason: &str) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        *c.watches_ended.entry(reason.to_string()).or_default() += 1;
     }
 
     /// Snapshot of the request counters.

@@ -1,0 +1,284 @@
+//! The benchmark's arithmetic, kept free of I/O so `tests/bench_analysis.rs` can test it
+//! (the bench target itself runs without a test harness).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use capmox::sim::{LoggedRequest, TaskRecord};
+
+/// (verb, resource) of a Kubernetes API request, as the API server's audit log names them.
+pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {
+    let segs: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    let rest: &[&str] = match segs.first() {
+        Some(&"api") => segs.get(2..).unwrap_or(&[]),
+        Some(&"apis") => segs.get(3..).unwrap_or(&[]),
+        _ => &[],
+    };
+    let rest = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+        &rest[2..]
+    } else {
+        rest
+    };
+    let resource = match (rest.first(), rest.get(2)) {
+        (Some(r), Some(sub)) => format!("{r}/{sub}"),
+        (Some(r), None) => (*r).to_string(),
+        (None, _) => "discovery".to_string(),
+    };
+    let watch = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    let verb = match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if rest.len() >= 2 => "get",
+        http::Method::GET => "list",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "other",
+    };
+    (verb.to_string(), resource)
+}
+
+/// What the watches saw of one machine (ProxmoxMachine and Machine share the name).
+#[derive(Clone, Debug, Default)]
+pub struct MachineTimes {
+    pub control_plane: bool,
+    pub created: Option<Instant>,
+    pub ready: Option<Instant>,
+    pub vmid: Option<u32>,
+    pub node: Option<String>,
+    pub zone: Option<String>,
+    pub delete_seen: Option<Instant>,
+    pub gone: Option<Instant>,
+}
+
+/// (comm, utime + stime ticks) from a `stat` file; comm may contain spaces and parentheses.
+pub fn stat_ticks(stat: &str) -> Option<(String, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_string();
+    let fields: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
+    // After the comm: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((comm, utime + stime))
+}
+
+pub fn status_kib(status: &str, key: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Median, p95 (nearest rank) and max.
+pub fn spread(values: &[f64]) -> Value {
+    if values.is_empty() {
+        return json!({"median": null, "p95": null, "max": null});
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    json!({"median": round3(rank(0.5)), "p95": round3(rank(0.95)), "max": round3(v[v.len() - 1])})
+}
+
+/// Total length of the union of intervals, clipped to `[from, to]`.
+pub fn covered(mut spans: Vec<(Instant, Instant)>, from: Instant, to: Instant) -> Duration {
+    spans.sort();
+    let mut total = Duration::ZERO;
+    let mut current: Option<(Instant, Instant)> = None;
+    for (start, end) in spans {
+        let (start, end) = (start.max(from), end.min(to));
+        if end <= start {
+            continue;
+        }
+        current = match current {
+            Some((s, e)) if start <= e => Some((s, e.max(end))),
+            Some((s, e)) => {
+                total += e - s;
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    if let Some((s, e)) = current {
+        total += e - s;
+    }
+    total
+}
+
+/// The guest a task works on: its VMID, or the VMID in its cloud-init ISO's name.
+pub fn task_vmid(task: &TaskRecord) -> Option<u32> {
+    task.vmid.or_else(|| iso_vmid(task.volume.as_deref()?))
+}
+
+/// The VMID whose cloud-init seed ISO this volume is (`local:iso/user-data-<vmid>.iso`).
+pub fn iso_vmid(volume: &str) -> Option<u32> {
+    let file = volume.rsplit('/').next()?;
+    let vmid: u32 = file
+        .strip_prefix("user-data-")?
+        .strip_suffix(".iso")?
+        .parse()
+        .ok()?;
+    (capmox::cloudinit::seed_iso_name(vmid) == file).then_some(vmid)
+}
+
+/// Run time (start to end) of a finished task.
+pub fn run_time(task: &TaskRecord) -> Option<Duration> {
+    Some(task.ended? - task.started?)
+}
+
+/// Proxmox's part of a machine's path: every task of its guest from request to end (queueing
+/// for a clone slot included) and the boot until the guest agent answers.
+pub fn proxmox_spans(tasks: &[&TaskRecord]) -> Vec<(Instant, Instant)> {
+    let mut spans = Vec::new();
+    for task in tasks {
+        if let Some(end) = task.ended {
+            spans.push((task.created, end));
+            if let Some(ready) = task.agent_ready {
+                spans.push((end, ready));
+            }
+        }
+    }
+    spans
+}
+
+/// Service time of a machine's path without queueing: task run times and boot.
+pub fn service_time(tasks: &[&TaskRecord], include_clone: bool) -> Duration {
+    tasks
+        .iter()
+        .filter(|t| include_clone || t.kind != "qmclone")
+        .map(|t| {
+            run_time(t).unwrap_or_default()
+                + t.agent_ready
+                    .zip(t.ended)
+                    .map_or(Duration::ZERO, |(ready, end)| ready - end)
+        })
+        .sum()
+}
+
+/// The fleet's lower bound from what the simulator ran, and how it was derived.
+///
+/// Per node N with `s` clone slots and `n` clones holding a slot there, the last of them
+/// cannot end before ceil(n / s) × (shortest clone there), and its machine then still needs
+/// its remaining tasks and boot (the shortest such tail among those machines). KubeadmControl
+/// Plane creates control-plane machines one after another, so their whole paths add up. The
+/// bound is the largest of these.
+pub fn lower_bound(
+    machines: &BTreeMap<String, MachineTimes>,
+    tasks_of: &HashMap<u32, Vec<&TaskRecord>>,
+    slots: usize,
+) -> (Duration, Value) {
+    let mut per_node: BTreeMap<String, (usize, Duration, Duration)> = BTreeMap::new();
+    let mut control_plane = Duration::ZERO;
+    for m in machines.values() {
+        let Some(tasks) = m.vmid.and_then(|v| tasks_of.get(&v)) else {
+            continue;
+        };
+        let Some(clone) = tasks.iter().find(|t| t.kind == "qmclone") else {
+            continue;
+        };
+        let clone_run = run_time(clone).unwrap_or_default();
+        let tail = service_time(tasks, false);
+        if m.control_plane {
+            control_plane += clone_run + tail;
+        }
+        let mut slot_nodes = vec![clone.node.clone()];
+        if let Some(node) = &m.node
+            && *node != clone.node
+        {
+            slot_nodes.push(node.clone());
+        }
+        for node in slot_nodes {
+            let entry = per_node
+                .entry(node)
+                .or_insert((0, Duration::MAX, Duration::MAX));
+            entry.0 += 1;
+            entry.1 = entry.1.min(clone_run);
+            entry.2 = entry.2.min(tail);
+        }
+    }
+    let mut nodes = serde_json::Map::new();
+    let mut bound = control_plane;
+    for (node, (n, clone, tail)) in &per_node {
+        let waves = if slots == 0 { 1 } else { n.div_ceil(slots) } as u32;
+        let node_bound = *clone * waves + *tail;
+        bound = bound.max(node_bound);
+        nodes.insert(
+            node.clone(),
+            json!({"clones": n, "waves": waves, "shortest_clone_s": round3(clone.as_secs_f64()),
+                   "shortest_tail_s": round3(tail.as_secs_f64()), "bound_s": round3(node_bound.as_secs_f64())}),
+        );
+    }
+    (
+        bound,
+        json!({
+            "formula": "max(sum of control-plane paths, max over nodes of ceil(clones/slots) * shortest clone + shortest remaining path)",
+            "control_plane_chain_s": round3(control_plane.as_secs_f64()),
+            "per_node": nodes,
+        }),
+    )
+}
+
+/// Proxmox requests of a phase: by endpoint (total, mean and max per machine) and per machine.
+pub fn proxmox_calls(
+    log: &[LoggedRequest],
+    machines: usize,
+    templates: &BTreeSet<u32>,
+    upid_vmid: &HashMap<String, u32>,
+) -> Value {
+    let mut by_endpoint: BTreeMap<&str, (u64, u64, BTreeMap<u32, u64>)> = BTreeMap::new();
+    let mut errors: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut per_machine: BTreeMap<u32, u64> = BTreeMap::new();
+    for entry in log {
+        let segs: Vec<&str> = entry.path.trim_matches('/').split('/').collect();
+        let vmid = match segs.as_slice() {
+            ["nodes", _, "qemu", id, ..] => id.parse().ok().filter(|v| !templates.contains(v)),
+            ["nodes", _, "tasks", upid, ..] => upid_vmid.get(*upid).copied(),
+            ["nodes", _, "storage", _, "content", volume @ ..] => iso_vmid(&volume.join("/")),
+            _ => None,
+        };
+        if !(200..300).contains(&entry.status) {
+            *errors.entry(entry.endpoint.as_str()).or_default() += 1;
+        }
+        let e = by_endpoint.entry(entry.endpoint.as_str()).or_default();
+        e.0 += 1;
+        match vmid {
+            Some(v) => {
+                *e.2.entry(v).or_default() += 1;
+                *per_machine.entry(v).or_default() += 1;
+            }
+            None => e.1 += 1,
+        }
+    }
+    let n = machines.max(1) as f64;
+    let endpoints: serde_json::Map<String, Value> = by_endpoint
+        .into_iter()
+        .map(|(endpoint, (total, unattributed, per))| {
+            let max = (unattributed == 0).then(|| per.values().copied().max().unwrap_or(0));
+            (
+                endpoint.to_string(),
+                json!({"total": total, "mean": round3(total as f64 / n), "max": max,
+                       "errors": errors.get(endpoint).copied().unwrap_or(0)}),
+            )
+        })
+        .collect();
+    let total = log.len() as u64;
+    let attributed: u64 = per_machine.values().sum();
+    json!({
+        "total": total,
+        "per_machine_mean": round3(total as f64 / n),
+        "per_machine_max_attributed": per_machine.values().copied().max().unwrap_or(0),
+        "not_attributable": total - attributed,
+        "by_endpoint": endpoints,
+    })
+}
