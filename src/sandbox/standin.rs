@@ -206,13 +206,27 @@ impl CapiStandIn {
         let mut events = self.watch_streams();
         let mut dirty = true;
         let mut backoff: Option<Duration> = None;
+        let mut last_pass = Duration::ZERO;
         loop {
             if dirty {
                 dirty = false;
+                // A pass lists every kind; under a steady stream of events (a large fleet) passes
+                // would run back to back, so events are gathered for as long as the last pass
+                // took (at most a second) and handled in one pass.
+                let window = last_pass.min(Duration::from_secs(1));
+                if !window.is_zero() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(window) => {}
+                    }
+                    while let Some(Some(_)) = events.next().now_or_never() {}
+                }
+                let started = tokio::time::Instant::now();
                 let outcome = tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     outcome = self.pass() => outcome,
                 };
+                last_pass = started.elapsed();
                 backoff = match outcome {
                     Ok(()) => None,
                     Err(error) => {
