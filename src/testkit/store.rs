@@ -748,16 +748,30 @@ impl Inner {
     }
 
     /// All objects as (kind, key, obj) snapshots (for the garbage collector's scans).
-    fn all_objects(&self) -> Vec<(Arc<KindInfo>, Key, Value)> {
+    /// Copies of the stored objects that `keep` selects (only those are cloned, so the
+    /// collector stays cheap with thousands of objects).
+    fn objects_where(
+        &self,
+        keep: impl Fn(&KindInfo, &Key, &Value) -> bool,
+    ) -> Vec<(Arc<KindInfo>, Key, Value)> {
         let mut out = Vec::new();
         for (gr, objs) in &self.objects {
             if let Some(k) = self.kind_of(gr) {
                 for (key, s) in objs {
-                    out.push((k.clone(), key.clone(), s.obj.clone()));
+                    if keep(&k, key, &s.obj) {
+                        out.push((k.clone(), key.clone(), s.obj.clone()));
+                    }
                 }
             }
         }
         out
+    }
+
+    fn live_uids(&self) -> BTreeSet<String> {
+        self.objects
+            .values()
+            .flat_map(|objs| objs.values().map(|s| uid_of(&s.obj)))
+            .collect()
     }
 
     /// Owner-reference garbage collection, foreground/orphan finalizers and namespace
@@ -770,17 +784,19 @@ impl Inner {
         }
         for _round in 0..10_000 {
             let mut progressed = false;
-            let all = self.all_objects();
-            let live_uids: BTreeSet<String> = all.iter().map(|(_, _, o)| uid_of(o)).collect();
             // 1. Dependents of removed owners.
             let removed: BTreeSet<String> =
                 std::mem::take(&mut self.removed_uids).into_iter().collect();
             if !removed.is_empty() {
-                for (kind, key, obj) in &all {
+                let orphans =
+                    self.objects_where(|_, _, o| owner_uids(o).iter().any(|u| removed.contains(u)));
+                let live_uids = if orphans.is_empty() {
+                    BTreeSet::new()
+                } else {
+                    self.live_uids()
+                };
+                for (kind, key, obj) in &orphans {
                     let owners = owner_uids(obj);
-                    if !owners.iter().any(|u| removed.contains(u)) {
-                        continue;
-                    }
                     progressed = true;
                     if owners
                         .iter()
@@ -800,15 +816,12 @@ impl Inner {
                 }
             }
             // 2. Foreground, orphan and namespace finalization of deleting objects.
-            for (kind, key, obj) in all.iter().filter(|(_, _, o)| is_deleting(o)) {
+            let deleting = self.objects_where(|_, _, o| is_deleting(o));
+            for (kind, key, obj) in &deleting {
                 let uid = uid_of(obj);
                 let fins = finalizers(obj);
                 let dependents = |inner: &Inner| -> Vec<(Arc<KindInfo>, Key, Value)> {
-                    inner
-                        .all_objects()
-                        .into_iter()
-                        .filter(|(_, _, o)| owner_uids(o).contains(&uid))
-                        .collect()
+                    inner.objects_where(|_, _, o| owner_uids(o).contains(&uid))
                 };
                 if fins.iter().any(|f| f == "foregroundDeletion") {
                     for (dk, dkey, dobj) in dependents(self) {
@@ -842,11 +855,7 @@ impl Inner {
                     progressed = true;
                 } else if is_namespace_kind(kind) {
                     let ns = &key.1;
-                    let contents: Vec<_> = self
-                        .all_objects()
-                        .into_iter()
-                        .filter(|(k, key, _)| k.namespaced && &key.0 == ns)
-                        .collect();
+                    let contents = self.objects_where(|k, key, _| k.namespaced && &key.0 == ns);
                     for (ck, ckey, cobj) in &contents {
                         if !is_deleting(cobj) {
                             self.delete_internal(ck, ckey, None, tx);
@@ -854,9 +863,10 @@ impl Inner {
                         }
                     }
                     let empty = self
-                        .all_objects()
+                        .objects
                         .iter()
-                        .all(|(k, key, _)| !(k.namespaced && &key.0 == ns));
+                        .filter(|(gr, _)| self.kind_of(gr).is_some_and(|k| k.namespaced))
+                        .all(|(_, objs)| objs.keys().all(|key| &key.0 != ns));
                     if empty && fins.is_empty() {
                         self.remove(kind, key, tx);
                         progressed = true;
