@@ -506,11 +506,12 @@ async fn reconcile_delete(
 }
 
 /// The client configuration for this cluster: its `credentialsRef` if set (adopting the Secret
-/// with an owner reference and finalizer), else the controller's global credentials.
-async fn client_config(
+/// with an owner reference and finalizer when `adopt`), else the controller's global credentials.
+async fn credentials(
     context: &Context,
     cluster: &ProxmoxCluster,
     namespace: &str,
+    adopt: bool,
 ) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
     let Some(reference) = &cluster.spec.credentials_ref else {
         return Ok(match context.global_credentials.client_config() {
@@ -535,17 +536,23 @@ async fn client_config(
             name: secret_name,
         }));
     };
-    adopt_secret(&secrets, &secret, cluster).await?;
-    let data = secret.data.clone().unwrap_or_default();
-    let mut data: BTreeMap<_, _> = data;
-    for (key, value) in secret.string_data.clone().unwrap_or_default() {
-        data.insert(key, k8s_openapi::ByteString(value.into_bytes()));
+    if adopt {
+        adopt_secret(&secrets, &secret, cluster).await?;
     }
     Ok(credentials::from_secret_data(
         &secret_namespace,
         &secret_name,
-        &data,
+        &secret.data.clone().unwrap_or_default(),
     ))
+}
+
+/// The client configuration for this cluster, adopting its credentials Secret.
+async fn client_config(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
+    credentials(context, cluster, namespace, true).await
 }
 
 /// The client configuration for a cluster without touching the Secret (for the machine
@@ -555,35 +562,7 @@ pub(crate) async fn client_config_for(
     cluster: &ProxmoxCluster,
     namespace: &str,
 ) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
-    let Some(reference) = &cluster.spec.credentials_ref else {
-        return client_config(context, cluster, namespace).await;
-    };
-    let secret_namespace = reference
-        .namespace
-        .clone()
-        .unwrap_or_else(|| namespace.to_owned());
-    let secret_name = reference.name.clone().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(context.client.clone(), &secret_namespace);
-    let Some(secret) = secrets.get_opt(&secret_name).await? else {
-        return Ok(Err(CredentialsError::SecretNotFound {
-            namespace: secret_namespace,
-            name: secret_name,
-        }));
-    };
-    Ok(credentials::from_secret_data(
-        &secret_namespace,
-        &secret_name,
-        &secret_data(&secret),
-    ))
-}
-
-/// A Secret's data with `stringData` folded in (as the API server does on write).
-fn secret_data(secret: &Secret) -> BTreeMap<String, k8s_openapi::ByteString> {
-    let mut data = secret.data.clone().unwrap_or_default();
-    for (key, value) in secret.string_data.clone().unwrap_or_default() {
-        data.insert(key, k8s_openapi::ByteString(value.into_bytes()));
-    }
-    data
+    credentials(context, cluster, namespace, false).await
 }
 
 /// Owner reference and finalizer on the credentials Secret, so it outlives the cluster's machines.
