@@ -144,6 +144,7 @@ struct Snapshot {
     control_planes: Vec<DynamicObject>,
     deployments: Vec<DynamicObject>,
     machines: Vec<Machine>,
+    /// Sorted by name, so each Machine finds its ProxmoxMachine without a scan.
     proxmox_machines: Vec<ProxmoxMachine>,
 }
 
@@ -160,8 +161,9 @@ impl Snapshot {
             .as_ref()
             .filter(|r| r.kind == "ProxmoxMachine" && r.api_group == crate::api::GROUP)?;
         self.proxmox_machines
-            .iter()
-            .find(|p| p.name_any() == reference.name)
+            .binary_search_by(|p| p.meta().name.as_deref().cmp(&Some(reference.name.as_str())))
+            .ok()
+            .map(|i| &self.proxmox_machines[i])
     }
 
     fn owned_machines(&self, owner_uid: &str) -> Vec<&Machine> {
@@ -309,7 +311,11 @@ impl CapiStandIn {
                 .items,
             deployments: self.dynamic(&deployment_resource()).list(&lp).await?.items,
             machines: self.api::<Machine>().list(&lp).await?.items,
-            proxmox_machines: self.api::<ProxmoxMachine>().list(&lp).await?.items,
+            proxmox_machines: {
+                let mut items = self.api::<ProxmoxMachine>().list(&lp).await?.items;
+                items.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+                items
+            },
         })
     }
 

@@ -464,7 +464,7 @@ impl ApiServer {
                         {
                             current = match rec.event {
                                 store::EventType::Deleted => None,
-                                _ => Some(rec.object.clone()),
+                                _ => Some((*rec.object).clone()),
                             };
                         }
                     }

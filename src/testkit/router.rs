@@ -84,8 +84,10 @@ impl http_body::Body for ResponseBody {
     }
 }
 
-fn json_response(code: StatusCode, body: &Value) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::full(body.to_string()));
+fn json_response(code: StatusCode, body: &impl serde::Serialize) -> Response<ResponseBody> {
+    // Serializing JSON values and the list envelope below cannot fail (string keys only).
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut resp = Response::new(ResponseBody::full(bytes));
     *resp.status_mut() = code;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -287,6 +289,24 @@ fn set_version(obj: &mut Value, kind: &KindInfo, version: &str) {
     }
 }
 
+/// [`set_version`] for a shared object, copied only when its version differs.
+fn set_shared_version(obj: &mut Arc<Value>, kind: &KindInfo, version: &str) {
+    let wanted = kind.api_version(version);
+    if obj.is_object() && obj["apiVersion"].as_str() != Some(wanted.as_str()) {
+        Arc::make_mut(obj)["apiVersion"] = json!(wanted);
+    }
+}
+
+/// A list response.
+#[derive(serde::Serialize)]
+struct ListBody<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: &'a str,
+    metadata: Value,
+    items: Vec<&'a Value>,
+}
+
 /// Label and field selectors of a request; built-in kinds accept field selectors on any
 /// path (real built-ins support a per-kind list, e.g. Events' `involvedObject.*` that
 /// `kubectl describe` uses), custom resources only `metadata.name`/`metadata.namespace`.
@@ -468,7 +488,7 @@ async fn resource(
             if wants_table(headers) {
                 return Ok(json_response(
                     StatusCode::OK,
-                    &table(&kind, &[obj], store.resource_version()),
+                    &table(&kind, &[&obj], store.resource_version()),
                 ));
             }
             Ok(respond(StatusCode::OK, obj))
@@ -495,6 +515,7 @@ async fn resource(
                 query.get("continue").map(String::as_str),
             )?;
             if wants_table(headers) {
+                let items: Vec<&Value> = items.iter().map(AsRef::as_ref).collect();
                 return Ok(json_response(StatusCode::OK, &table(&kind, &items, rv)));
             }
             let mut meta = json!({"resourceVersion": rv.to_string()});
@@ -502,18 +523,25 @@ async fn resource(
                 meta["continue"] = json!(c);
             }
             if wants_metadata(headers) {
-                let items: Vec<Value> = items.iter().map(partial).collect();
+                let items: Vec<Value> = items.iter().map(|i| partial(i)).collect();
                 return Ok(json_response(
                     StatusCode::OK,
                     &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": meta, "items": items}),
                 ));
             }
             for i in &mut items {
-                set_version(i, &kind, version);
+                set_shared_version(i, &kind, version);
             }
+            // The stored objects are serialized where they are, not copied into one value.
+            let items: Vec<&Value> = items.iter().map(AsRef::as_ref).collect();
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"apiVersion": kind.api_version(version), "kind": kind.list_kind, "metadata": meta, "items": items}),
+                &ListBody {
+                    api_version: kind.api_version(version),
+                    kind: &kind.list_kind,
+                    metadata: meta,
+                    items,
+                },
             ))
         }
         (&Method::POST, None) => {
@@ -569,6 +597,7 @@ async fn resource(
             let (items, rv, _) = store.list(&kind, ns.as_deref(), &sel, None, None)?;
             let mut out = Vec::new();
             for i in items {
+                let i = i.as_ref();
                 let ins = i["metadata"]["namespace"]
                     .as_str()
                     .unwrap_or("")
@@ -676,7 +705,7 @@ fn human_age(ts: &str) -> Option<String> {
 }
 
 /// A `meta.k8s.io/v1 Table` for kubectl (Name, printer columns, or Name + Age).
-fn table(kind: &KindInfo, items: &[Value], rv: u64) -> Value {
+fn table(kind: &KindInfo, items: &[&Value], rv: u64) -> Value {
     let mut cols =
         vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name"})];
     let mut paths = Vec::new();
@@ -714,9 +743,14 @@ fn table(kind: &KindInfo, items: &[Value], rv: u64) -> Value {
 }
 
 fn event_line(kind_type: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": kind_type, "object": object})
-        .to_string()
-        .into_bytes();
+    #[derive(serde::Serialize)]
+    struct Event<'a> {
+        #[serde(rename = "type")]
+        kind_type: &'a str,
+        object: &'a Value,
+    }
+    // Serializing a JSON value cannot fail (string keys only).
+    let mut line = serde_json::to_vec(&Event { kind_type, object }).unwrap_or_default();
     line.push(b'\n');
     Bytes::from(line)
 }
@@ -734,7 +768,7 @@ fn visible(rec: &WatchRecord, matches: &dyn Fn(&Value) -> bool) -> Option<&'stat
     let now = matches(&rec.object);
     match rec.event {
         EventType::Added | EventType::Deleted => now.then_some(rec.event.as_str()),
-        EventType::Modified => match (rec.prev.as_ref().is_some_and(matches), now) {
+        EventType::Modified => match (rec.prev.as_deref().is_some_and(matches), now) {
             (true, true) => Some("MODIFIED"),
             (false, true) => Some("ADDED"),
             (true, false) => Some("DELETED"),
@@ -801,7 +835,7 @@ fn watch(
                     return event_line(t, &partial(&rec.object));
                 }
                 let mut obj = rec.object.clone();
-                set_version(&mut obj, &kind, &version);
+                set_shared_version(&mut obj, &kind, &version);
                 event_line(t, &obj)
             })
         };

@@ -120,10 +120,10 @@ pub struct WatchRecord {
     pub rv: u64,
     /// Event type.
     pub event: EventType,
-    /// Object after the change (before removal for DELETED).
-    pub object: Value,
+    /// Object after the change (before removal for DELETED), shared by every watch.
+    pub object: Arc<Value>,
     /// Object before the change, for selector transitions.
-    pub prev: Option<Value>,
+    pub prev: Option<Arc<Value>>,
 }
 
 /// What a new watch must send first and where live delivery starts.
@@ -257,18 +257,50 @@ pub struct ClientRequest {
 struct Stored {
     obj: Value,
     managed: Vec<ManagedEntry>,
+    /// The object as clients see it, rendered once per write: lists and watches of a large
+    /// fleet share it instead of rendering every object on every read.
+    view: Arc<Value>,
 }
 
 impl Stored {
-    /// The object as clients see it, with `metadata.managedFields` rendered.
-    fn view(&self) -> Value {
-        let mut v = self.obj.clone();
-        if !self.managed.is_empty() {
-            v["metadata"]["managedFields"] =
-                Value::Array(self.managed.iter().map(ManagedEntry::to_json).collect());
-        }
-        v
+    fn new(obj: Value, managed: Vec<ManagedEntry>) -> Self {
+        let view = Arc::new(render_view(&obj, &managed));
+        Stored { obj, managed, view }
     }
+
+    /// Replace the object (and its field managers, when given).
+    fn set(&mut self, obj: Value, managed: Option<Vec<ManagedEntry>>) {
+        self.obj = obj;
+        if let Some(m) = managed {
+            self.managed = m;
+        }
+        self.view = Arc::new(render_view(&self.obj, &self.managed));
+    }
+
+    /// Replace the field managers only (a write that changed nothing else).
+    fn set_managed(&mut self, managed: Vec<ManagedEntry>) {
+        self.managed = managed;
+        self.view = Arc::new(render_view(&self.obj, &self.managed));
+    }
+
+    /// The object as clients see it, with `metadata.managedFields` rendered.
+    fn view(&self) -> Arc<Value> {
+        self.view.clone()
+    }
+
+    /// An owned copy of [`Stored::view`], for callers that change or hand it out.
+    fn view_owned(&self) -> Value {
+        (*self.view).clone()
+    }
+}
+
+fn render_view(obj: &Value, managed: &[ManagedEntry]) -> Value {
+    let mut v = obj.clone();
+    if !managed.is_empty() {
+        v["metadata"]["managedFields"] =
+            Value::Array(managed.iter().map(ManagedEntry::to_json).collect());
+    }
+    v
 }
 
 #[derive(Default)]
@@ -278,6 +310,10 @@ struct History {
 }
 
 type Key = (String, String);
+
+/// One page of a list: the objects (shared with the store), the list's resourceVersion and
+/// the continue token when more remain.
+pub type ListPage = (Vec<Arc<Value>>, u64, Option<String>);
 
 struct Inner {
     rv: u64,
@@ -357,6 +393,15 @@ fn is_deleting(obj: &Value) -> bool {
 
 fn uid_of(obj: &Value) -> String {
     meta(obj)["uid"].as_str().unwrap_or("").to_string()
+}
+
+/// The owners' uids, borrowed (the collector asks this of every object after a removal).
+fn owner_uid_refs(obj: &Value) -> impl Iterator<Item = &str> {
+    meta(obj)["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uid"].as_str())
 }
 
 fn owner_uids(obj: &Value) -> Vec<String> {
@@ -526,8 +571,8 @@ impl Inner {
         &mut self,
         gr: &GroupResource,
         event: EventType,
-        object: Value,
-        prev: Option<Value>,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
         tx: &broadcast::Sender<Arc<WatchRecord>>,
     ) {
         let rec = Arc::new(WatchRecord {
@@ -600,7 +645,7 @@ impl Inner {
         mut new: Value,
         managed: Option<Vec<ManagedEntry>>,
         tx: &broadcast::Sender<Arc<WatchRecord>>,
-    ) -> Value {
+    ) -> Arc<Value> {
         let gr = kind.group_resource();
         self.rv += 1;
         let rv = self.rv;
@@ -622,10 +667,10 @@ impl Inner {
         if finalize {
             let view = match objects.remove(key) {
                 Some(mut s) => {
-                    s.obj = new;
+                    s.set(new, None);
                     s.view()
                 }
-                None => new,
+                None => Arc::new(new),
             };
             self.forget(kind, &view, tx);
             self.emit(&gr, EventType::Deleted, view.clone(), prev, tx);
@@ -633,16 +678,12 @@ impl Inner {
         }
         let stored = match objects.get_mut(key) {
             Some(s) => {
-                s.obj = new;
-                if let Some(m) = managed {
-                    s.managed = m;
-                }
+                s.set(new, managed);
                 s
             }
-            None => objects.entry(key.clone()).or_insert(Stored {
-                obj: new,
-                managed: managed.unwrap_or_default(),
-            }),
+            None => objects
+                .entry(key.clone())
+                .or_insert(Stored::new(new, managed.unwrap_or_default())),
         };
         let view = stored.view();
         let event = if prev.is_some() {
@@ -689,12 +730,14 @@ impl Inner {
         kind: &KindInfo,
         key: &Key,
         tx: &broadcast::Sender<Arc<WatchRecord>>,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Value>> {
         let gr = kind.group_resource();
         let mut stored = self.objects.get_mut(&gr)?.remove(key)?;
         self.gc_waiting.remove(&(gr.clone(), key.clone()));
         self.rv += 1;
-        meta_mut(&mut stored.obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        let mut obj = std::mem::take(&mut stored.obj);
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        stored.set(obj, None);
         let view = stored.view();
         self.forget(kind, &view, tx);
         self.emit(&gr, EventType::Deleted, view.clone(), None, tx);
@@ -708,7 +751,7 @@ impl Inner {
         key: &Key,
         policy: Option<&str>,
         tx: &broadcast::Sender<Arc<WatchRecord>>,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Value>> {
         let gr = kind.group_resource();
         let stored = self.objects.get(&gr)?.get(key)?;
         if is_deleting(&stored.obj) {
@@ -767,10 +810,10 @@ impl Inner {
         out
     }
 
-    fn live_uids(&self) -> BTreeSet<String> {
+    fn live_uids(&self) -> std::collections::HashSet<&str> {
         self.objects
             .values()
-            .flat_map(|objs| objs.values().map(|s| uid_of(&s.obj)))
+            .flat_map(|objs| objs.values().filter_map(|s| meta(&s.obj)["uid"].as_str()))
             .collect()
     }
 
@@ -789,34 +832,46 @@ impl Inner {
                 std::mem::take(&mut self.removed_uids).into_iter().collect();
             if !removed.is_empty() {
                 let orphans =
-                    self.objects_where(|_, _, o| owner_uids(o).iter().any(|u| removed.contains(u)));
-                let live_uids = if orphans.is_empty() {
-                    BTreeSet::new()
+                    self.objects_where(|_, _, o| owner_uid_refs(o).any(|u| removed.contains(u)));
+                // Decide for every orphan first: does another owner still exist?
+                let keeps_an_owner: Vec<bool> = if orphans.is_empty() {
+                    Vec::new()
                 } else {
-                    self.live_uids()
-                };
-                for (kind, key, obj) in &orphans {
-                    let owners = owner_uids(obj);
-                    progressed = true;
-                    if owners
+                    let live = self.live_uids();
+                    orphans
                         .iter()
-                        .any(|u| live_uids.contains(u) && !removed.contains(u))
-                    {
-                        let mut o = obj.clone();
+                        .map(|(_, _, o)| {
+                            owner_uid_refs(o).any(|u| live.contains(u) && !removed.contains(u))
+                        })
+                        .collect()
+                };
+                for ((kind, key, obj), keep) in orphans.into_iter().zip(keeps_an_owner) {
+                    progressed = true;
+                    if keep {
+                        let mut o = obj;
                         if let Some(refs) = o["metadata"]["ownerReferences"].as_array_mut() {
                             refs.retain(|r| {
                                 !r["uid"].as_str().is_some_and(|u| removed.contains(u))
                             });
                         }
                         normalize_meta(&mut o);
-                        self.write(kind, key, o, None, tx);
+                        self.write(&kind, &key, o, None, tx);
                     } else {
-                        self.delete_internal(kind, key, Some("Background"), tx);
+                        self.delete_internal(&kind, &key, Some("Background"), tx);
                     }
                 }
             }
-            // 2. Foreground, orphan and namespace finalization of deleting objects.
-            let deleting = self.objects_where(|_, _, o| is_deleting(o));
+            // 2. Foreground, orphan and namespace finalization of the deleting objects that
+            // wait for the collector (every other deleting object waits for its own finalizers).
+            let deleting: Vec<(Arc<KindInfo>, Key, Value)> = self
+                .gc_waiting
+                .iter()
+                .filter_map(|(gr, key)| {
+                    let kind = self.kind_of(gr)?;
+                    let obj = self.objects.get(gr)?.get(key)?.obj.clone();
+                    Some((kind, key.clone(), obj))
+                })
+                .collect();
             for (kind, key, obj) in &deleting {
                 let uid = uid_of(obj);
                 let fins = finalizers(obj);
@@ -1133,7 +1188,7 @@ impl Store {
         g.objects
             .get(&kind.group_resource())
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
-            .map(Stored::view)
+            .map(Stored::view_owned)
             .ok_or_else(|| Self::not_found(kind, name))
     }
 
@@ -1145,7 +1200,7 @@ impl Store {
         sel: &Selectors,
         limit: Option<usize>,
         cont: Option<&str>,
-    ) -> Result<(Vec<Value>, u64, Option<String>), ApiError> {
+    ) -> Result<ListPage, ApiError> {
         let after: Option<Key> = match cont {
             Some(c) if !c.is_empty() => Some(
                 serde_json::from_str(c)
@@ -1334,7 +1389,7 @@ impl Store {
             g.kinds.insert(k.group_resource(), Arc::new(k));
         }
         g.run_gc(&self.tx);
-        Ok(view)
+        Ok(Arc::unwrap_or_clone(view))
     }
 
     /// The object after a write to `sub` of `old`, with system fields, status handling,
@@ -1466,8 +1521,8 @@ impl Store {
         if new == stored.obj
             && let Some(s) = g.objects.get_mut(&gr).and_then(|m| m.get_mut(key))
         {
-            s.managed = managed;
-            return Ok(s.view());
+            s.set_managed(managed);
+            return Ok(s.view_owned());
         }
         g.validate(kind, &new, Some(&old_obj))?;
         if opts.dry_run {
@@ -1480,7 +1535,7 @@ impl Store {
             g.kinds.insert(k.group_resource(), Arc::new(k));
         }
         g.run_gc(&self.tx);
-        Ok(view)
+        Ok(Arc::unwrap_or_clone(view))
     }
 
     fn stored_obj(
@@ -1773,7 +1828,7 @@ impl Store {
             .delete_internal(kind, &key, opts.propagation.as_deref(), &self.tx)
             .ok_or_else(|| Self::not_found(kind, name))?;
         g.run_gc(&self.tx);
-        Ok(view)
+        Ok(Arc::unwrap_or_clone(view))
     }
 
     /// Subscribe to changes of `kind`, replaying history after `rv`, or (when `rv` is unset,
@@ -1835,7 +1890,7 @@ impl Store {
             .objects
             .get(gr)
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
-            .map(Stored::view)
+            .map(Stored::view_owned)
     }
 
     /// The current state of one object and a subscription to later changes, taken
@@ -1852,7 +1907,7 @@ impl Store {
             .objects
             .get(gr)
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
-            .map(Stored::view);
+            .map(Stored::view_owned);
         (current, rx)
     }
 
@@ -1861,12 +1916,12 @@ impl Store {
         self.lock()
             .objects
             .get(gr)
-            .map(|m| m.values().map(Stored::view).collect())
+            .map(|m| m.values().map(Stored::view_owned).collect())
             .unwrap_or_default()
     }
 }
 
-fn items_last_key(items: &[Value]) -> Key {
+fn items_last_key(items: &[Arc<Value>]) -> Key {
     items
         .last()
         .map(|o| {
