@@ -1,12 +1,13 @@
-//! Deterministic budgets and races of the machine reconciler: Proxmox API calls per machine, and
-//! two machines scheduled at once onto nodes with room for one each.
+//! Deterministic budgets and races of the machine reconciler: Proxmox API calls per machine,
+//! two machines scheduled at once onto nodes with room for one each, and machines that all
+//! hear the same free VMID from Proxmox.
 
 mod common;
 
 use std::time::Duration;
 
 use capmox::api::ProxmoxMachine;
-use capmox::sim::SimOptions;
+use capmox::sim::{FaultRule, SimOptions};
 use common::env::{Env, condition};
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
@@ -197,5 +198,69 @@ async fn two_machines_scheduled_at_once_never_share_the_last_slot() {
         env.sim.with_cluster(|c| c.vm_count()),
         3,
         "template + two VMs"
+    );
+}
+
+#[tokio::test]
+async fn machines_reconciled_side_by_side_clone_to_different_vmids_at_the_first_try() {
+    // A slow clone request: for a second and a half after a reconcile has chosen its VMID,
+    // Proxmox still calls it free, as it does while a real clone request is under way.
+    let mut options = instant_sim();
+    options.faults.rules.push(FaultRule {
+        endpoint: "POST /nodes/{node}/qemu/{vmid}/clone".into(),
+        error_rate: 0.0,
+        error_status: 596,
+        error_reason: String::new(),
+        drop_rate: 0.0,
+        lock_contention_rate: 0.0,
+        latency_ms: 1500,
+    });
+    let env = Env::start_with(options).await;
+    cluster(
+        &env,
+        json!({
+            "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
+            "dnsServers": ["10.0.0.2"],
+            "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
+            "credentialsRef": {"name": "demo-credentials"},
+            "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1", "pve2"]}]
+        }),
+    )
+    .await;
+    let names = ["demo-md-1", "demo-md-2", "demo-md-3", "demo-md-4"];
+    futures::future::join_all(
+        names.iter().map(|name| {
+            env.create_machine("demo", name, Some("rack-a"), false, machine_spec(2048))
+        }),
+    )
+    .await;
+    let mut vmids = std::collections::BTreeSet::new();
+    for name in names {
+        let machine = env.wait_machine(name, "provisioned", provisioned).await;
+        vmids.insert(machine.status.and_then(|s| s.virtual_machine_id));
+    }
+    assert_eq!(vmids.len(), names.len(), "VMIDs {vmids:?}");
+    let clones: Vec<u16> = env
+        .sim
+        .request_log()
+        .iter()
+        .filter(|r| r.endpoint == "POST /nodes/{node}/qemu/{vmid}/clone")
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(
+        clones,
+        vec![200; names.len()],
+        "one successful clone request per machine"
+    );
+    let nextid_calls = env
+        .sim
+        .request_log()
+        .iter()
+        .filter(|r| r.endpoint == "GET /cluster/nextid")
+        .count();
+    // The first free VMID, then one more question per machine already holding one.
+    assert!(
+        nextid_calls <= names.len() * (names.len() + 1) / 2,
+        "{nextid_calls} nextid calls"
     );
 }

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use super::Context;
 use super::cluster::{self, ClusterError};
 use super::conditions::{self, Decided, Status};
+use super::vmid::VmidClaim;
 use crate::api::{
     self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
     ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, annotations, finalizers, labels,
@@ -58,6 +59,8 @@ pub const FIELD_MANAGER: &str = "capmox-proxmoxmachine";
 pub const CONTROLLER: &str = "proxmoxmachine";
 /// Condition that tracks the VM.
 const PROVISIONED: &str = api::conditions::VIRTUAL_MACHINE_PROVISIONED;
+/// The highest VMID Proxmox accepts.
+const MAX_VMID: u32 = 999_999_999;
 /// Prefix of the tag that ties a VM to its ProxmoxMachine.
 const MACHINE_TAG_PREFIX: &str = "capmox-";
 /// Back-off after the first failed Proxmox task; it doubles with each further failure.
@@ -949,17 +952,24 @@ impl<'a> Reconcile<'a> {
         let target = node.unwrap_or_else(|| source_node.clone());
 
         // The VMID: the recorded one if it is still free, else from the range or Proxmox.
-        let vmid = match self.pick_vmid(scope, proxmox, resources).await? {
-            Some(vmid) => vmid,
+        // Claimed until this pass ends, so parallel reconciles never clone to the same one.
+        let vmid_claim = match self.pick_vmid(scope, proxmox, resources).await? {
+            Some(claim) => claim,
             None => {
                 self.context.reservations.lock().await.release(&scope.name);
+                let message = if self.machine.spec.vm_id_range.is_some() {
+                    "no free VMID in spec.vmIDRange; widen the range or free VMIDs"
+                } else {
+                    "Proxmox has no free VMID; free VMIDs"
+                };
                 return Ok(waiting(
                     "VMIDRangeExhausted",
-                    "no free VMID in spec.vmIDRange; widen the range or free VMIDs",
+                    message,
                     Action::requeue(Duration::from_secs(60)),
                 ));
             }
         };
+        let vmid = vmid_claim.vmid();
         self.context
             .reservations
             .lock()
@@ -1058,18 +1068,39 @@ impl<'a> Reconcile<'a> {
         scope: &Scope,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Result<Option<u32>, MachineError> {
+    ) -> Result<Option<VmidClaim>, MachineError> {
+        let claims = &self.context.vmid_claims;
         let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
         if let Some(recorded) = scope
             .status
             .virtual_machine_id
             .and_then(|id| u32::try_from(id).ok())
             && !used(recorded)
+            && let Some(claim) = claims.claim(recorded)
         {
-            return Ok(Some(recorded));
+            return Ok(Some(claim));
         }
         let Some(range) = &self.machine.spec.vm_id_range else {
-            return Ok(Some(proxmox.next_id(None).await?));
+            // Proxmox names the lowest free VMID; while a parallel reconcile holds it, the
+            // next ones it accepts are tried.
+            let mut candidate = proxmox.next_id(None).await?;
+            loop {
+                if let Some(claim) = claims.claim(candidate) {
+                    return Ok(Some(claim));
+                }
+                loop {
+                    candidate = match candidate.checked_add(1) {
+                        Some(next) if next <= MAX_VMID => next,
+                        _ => return Ok(None),
+                    };
+                    match proxmox.next_id(Some(candidate)).await {
+                        Ok(_) => break,
+                        Err(ProxmoxError::InvalidParameters { .. })
+                        | Err(ProxmoxError::AlreadyExists { .. }) => continue,
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+            }
         };
         let taken_by_machines: Vec<i64> = scope
             .api
@@ -1086,8 +1117,11 @@ impl<'a> Reconcile<'a> {
             if used(vmid) || taken_by_machines.contains(&candidate) {
                 continue;
             }
+            let Some(claim) = claims.claim(vmid) else {
+                continue;
+            };
             match proxmox.next_id(Some(vmid)).await {
-                Ok(_) => return Ok(Some(vmid)),
+                Ok(_) => return Ok(Some(claim)),
                 Err(ProxmoxError::InvalidParameters { .. })
                 | Err(ProxmoxError::AlreadyExists { .. }) => continue,
                 Err(error) => return Err(error.into()),

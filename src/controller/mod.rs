@@ -9,6 +9,7 @@ pub mod leader;
 pub mod machine;
 pub mod metrics;
 pub mod queue;
+pub mod vmid;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,6 +70,8 @@ pub struct Context {
     /// Memory promised to machines whose VMs are still being created, so parallel reconciles
     /// never both take the last slot on a node.
     pub reservations: Arc<tokio::sync::Mutex<crate::placement::Reservations>>,
+    /// VMIDs about to be cloned to, so parallel reconciles never pick the same one.
+    pub vmid_claims: vmid::VmidClaims,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
 }
@@ -88,6 +91,7 @@ impl Context {
             proxmox,
             global_credentials,
             reservations: Arc::default(),
+            vmid_claims: vmid::VmidClaims::default(),
             readiness: Readiness::default(),
         }
     }
@@ -134,6 +138,7 @@ pub async fn run(
             proxmox,
             global_credentials,
             reservations: Arc::default(),
+            vmid_claims: vmid::VmidClaims::default(),
             readiness: readiness.clone(),
         };
         readiness.set_leading(true);
