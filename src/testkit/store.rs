@@ -2,7 +2,7 @@
 //! history, and the write semantics controllers rely on (status subresource, generation,
 //! optimistic concurrency, finalizers, owner-reference garbage collection).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -330,7 +330,12 @@ struct Inner {
     gc_waiting: BTreeSet<(GroupResource, Key)>,
     fault_hook: Option<FaultHook>,
     /// Every uid ever removed: a dependent written later with only such owners is garbage.
-    deleted_uids: std::collections::HashSet<String>,
+    deleted_uids: HashSet<String>,
+    /// Stored objects by the uid of each owner they name, so the collector goes from a removed
+    /// owner to its dependents without scanning every object.
+    dependents: HashMap<String, BTreeSet<(GroupResource, Key)>>,
+    /// The uids of the stored objects.
+    live_uids: HashSet<String>,
     bookmark_interval: Duration,
     require_namespaces: bool,
 }
@@ -664,6 +669,7 @@ impl Inner {
         }
         let objects = self.objects.entry(gr.clone()).or_default();
         let prev = objects.get(key).map(Stored::view);
+        let old_owners = prev.as_deref().map(owner_uids).unwrap_or_default();
         if finalize {
             let view = match objects.remove(key) {
                 Some(mut s) => {
@@ -672,6 +678,7 @@ impl Inner {
                 }
                 None => Arc::new(new),
             };
+            self.reindex(&gr, key, &old_owners, &[], &uid_of(&view), false);
             self.forget(kind, &view, tx);
             self.emit(&gr, EventType::Deleted, view.clone(), prev, tx);
             return view;
@@ -686,6 +693,14 @@ impl Inner {
                 .or_insert(Stored::new(new, managed.unwrap_or_default())),
         };
         let view = stored.view();
+        self.reindex(
+            &gr,
+            key,
+            &old_owners,
+            &owner_uids(&view),
+            &uid_of(&view),
+            true,
+        );
         let event = if prev.is_some() {
             EventType::Modified
         } else {
@@ -733,6 +748,14 @@ impl Inner {
     ) -> Option<Arc<Value>> {
         let gr = kind.group_resource();
         let mut stored = self.objects.get_mut(&gr)?.remove(key)?;
+        self.reindex(
+            &gr,
+            key,
+            &owner_uids(&stored.obj),
+            &[],
+            &uid_of(&stored.obj),
+            false,
+        );
         self.gc_waiting.remove(&(gr.clone(), key.clone()));
         self.rv += 1;
         let mut obj = std::mem::take(&mut stored.obj);
@@ -810,10 +833,57 @@ impl Inner {
         out
     }
 
-    fn live_uids(&self) -> std::collections::HashSet<&str> {
-        self.objects
-            .values()
-            .flat_map(|objs| objs.values().filter_map(|s| meta(&s.obj)["uid"].as_str()))
+    /// Keeps the owner index and the live uids in step with a stored object's change: its
+    /// owners before and after, and whether it is still stored.
+    fn reindex(
+        &mut self,
+        gr: &GroupResource,
+        key: &Key,
+        old_owners: &[String],
+        new_owners: &[String],
+        uid: &str,
+        stored: bool,
+    ) {
+        for owner in old_owners.iter().filter(|o| !new_owners.contains(o)) {
+            if let Some(set) = self.dependents.get_mut(owner) {
+                set.remove(&(gr.clone(), key.clone()));
+                if set.is_empty() {
+                    self.dependents.remove(owner);
+                }
+            }
+        }
+        for owner in new_owners.iter().filter(|o| !old_owners.contains(o)) {
+            self.dependents
+                .entry(owner.clone())
+                .or_default()
+                .insert((gr.clone(), key.clone()));
+        }
+        if stored {
+            if !self.live_uids.contains(uid) {
+                self.live_uids.insert(uid.to_owned());
+            }
+        } else {
+            self.live_uids.remove(uid);
+        }
+    }
+
+    /// Copies of the stored objects that name any of `owners` as an owner.
+    fn dependents_of<'a>(
+        &self,
+        owners: impl IntoIterator<Item = &'a String>,
+    ) -> Vec<(Arc<KindInfo>, Key, Value)> {
+        let targets: BTreeSet<&(GroupResource, Key)> = owners
+            .into_iter()
+            .filter_map(|uid| self.dependents.get(uid))
+            .flatten()
+            .collect();
+        targets
+            .into_iter()
+            .filter_map(|(gr, key)| {
+                let kind = self.kind_of(gr)?;
+                let obj = self.objects.get(gr)?.get(key)?.obj.clone();
+                Some((kind, key.clone(), obj))
+            })
             .collect()
     }
 
@@ -831,20 +901,15 @@ impl Inner {
             let removed: BTreeSet<String> =
                 std::mem::take(&mut self.removed_uids).into_iter().collect();
             if !removed.is_empty() {
-                let orphans =
-                    self.objects_where(|_, _, o| owner_uid_refs(o).any(|u| removed.contains(u)));
+                let orphans = self.dependents_of(&removed);
                 // Decide for every orphan first: does another owner still exist?
-                let keeps_an_owner: Vec<bool> = if orphans.is_empty() {
-                    Vec::new()
-                } else {
-                    let live = self.live_uids();
-                    orphans
-                        .iter()
-                        .map(|(_, _, o)| {
-                            owner_uid_refs(o).any(|u| live.contains(u) && !removed.contains(u))
-                        })
-                        .collect()
-                };
+                let keeps_an_owner: Vec<bool> = orphans
+                    .iter()
+                    .map(|(_, _, o)| {
+                        owner_uid_refs(o)
+                            .any(|u| self.live_uids.contains(u) && !removed.contains(u))
+                    })
+                    .collect();
                 for ((kind, key, obj), keep) in orphans.into_iter().zip(keeps_an_owner) {
                     progressed = true;
                     if keep {
@@ -876,7 +941,7 @@ impl Inner {
                 let uid = uid_of(obj);
                 let fins = finalizers(obj);
                 let dependents = |inner: &Inner| -> Vec<(Arc<KindInfo>, Key, Value)> {
-                    inner.objects_where(|_, _, o| owner_uids(o).contains(&uid))
+                    inner.dependents_of([&uid])
                 };
                 if fins.iter().any(|f| f == "foregroundDeletion") {
                     for (dk, dkey, dobj) in dependents(self) {
@@ -986,6 +1051,8 @@ impl Store {
                 gc_waiting: BTreeSet::new(),
                 fault_hook: None,
                 deleted_uids: Default::default(),
+                dependents: HashMap::new(),
+                live_uids: HashSet::new(),
                 bookmark_interval: Duration::from_secs(5),
                 require_namespaces: false,
             }),
