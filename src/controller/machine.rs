@@ -1154,19 +1154,19 @@ impl<'a> Reconcile<'a> {
                 )))
                 .await?
                 .items;
+        // By name: a fleet of thousands is matched in one pass, not one scan per machine.
+        let capi_machines: BTreeMap<&str, &capi::Machine> = capi_machines
+            .iter()
+            .filter_map(|c| Some((c.metadata.name.as_deref()?, c)))
+            .collect();
         let placed = |node: &str| -> Vec<PlacedMachine> {
             machines
                 .iter()
-                .filter(|m| m.name_any() != scope.name)
+                .filter(|m| m.metadata.name.as_deref() != Some(scope.name.as_str()))
                 .filter(|m| m.status.as_ref().and_then(|s| s.proxmox_node.as_deref()) == Some(node))
                 .filter_map(|m| {
-                    let owner = m
-                        .owner_references()
-                        .iter()
-                        .find(|o| o.kind == "Machine")?
-                        .name
-                        .clone();
-                    let capi_machine = capi_machines.iter().find(|c| c.name_any() == owner)?;
+                    let owner = m.owner_references().iter().find(|o| o.kind == "Machine")?;
+                    let capi_machine = capi_machines.get(owner.name.as_str())?;
                     Some(PlacedMachine::from_machine(m.name_any(), capi_machine))
                 })
                 .collect()
