@@ -47,6 +47,17 @@ async fn cluster(env: &Env, spec: serde_json::Value) {
     env.mark_cluster_provisioned("demo", &ready).await;
 }
 
+/// A ProxmoxCluster with one zone, rack-a, of nodes pve1 and pve2.
+fn rack_a_cluster() -> serde_json::Value {
+    json!({
+        "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
+        "dnsServers": ["10.0.0.2"],
+        "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
+        "credentialsRef": {"name": "demo-credentials"},
+        "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1", "pve2"]}]
+    })
+}
+
 fn machine_spec(memory_mib: i64) -> serde_json::Value {
     json!({
         "sourceNode": "pve1", "templateID": 9000, "memoryMiB": memory_mib,
@@ -57,17 +68,7 @@ fn machine_spec(memory_mib: i64) -> serde_json::Value {
 #[tokio::test]
 async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
     let env = Env::start_with(instant_sim()).await;
-    cluster(
-        &env,
-        json!({
-            "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
-            "dnsServers": ["10.0.0.2"],
-            "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
-            "credentialsRef": {"name": "demo-credentials"},
-            "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1", "pve2"]}]
-        }),
-    )
-    .await;
+    cluster(&env, rack_a_cluster()).await;
     let before = proxmox_calls(&env);
     env.create_machine(
         "demo",
@@ -117,18 +118,9 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
 async fn two_machines_scheduled_at_once_never_share_the_last_slot() {
     let env = Env::start_with(instant_sim()).await;
     // Nodes have 64 GiB; with memoryAdjustment 5 each can promise about 3.2 GiB: one 2 GiB VM.
-    cluster(
-        &env,
-        json!({
-            "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
-            "dnsServers": ["10.0.0.2"],
-            "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
-            "credentialsRef": {"name": "demo-credentials"},
-            "schedulerHints": {"memoryAdjustment": 5},
-            "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1", "pve2"]}]
-        }),
-    )
-    .await;
+    let mut spec = rack_a_cluster();
+    spec["schedulerHints"] = json!({"memoryAdjustment": 5});
+    cluster(&env, spec).await;
     let (a, b) = tokio::join!(
         env.create_machine(
             "demo",
@@ -216,17 +208,7 @@ async fn machines_reconciled_side_by_side_clone_to_different_vmids_at_the_first_
         latency_ms: 1500,
     });
     let env = Env::start_with(options).await;
-    cluster(
-        &env,
-        json!({
-            "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
-            "dnsServers": ["10.0.0.2"],
-            "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
-            "credentialsRef": {"name": "demo-credentials"},
-            "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1", "pve2"]}]
-        }),
-    )
-    .await;
+    cluster(&env, rack_a_cluster()).await;
     let names = ["demo-md-1", "demo-md-2", "demo-md-3", "demo-md-4"];
     futures::future::join_all(
         names.iter().map(|name| {
