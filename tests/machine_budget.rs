@@ -21,15 +21,6 @@ fn instant_sim() -> SimOptions {
     }
 }
 
-fn provisioned(machine: &ProxmoxMachine) -> bool {
-    machine
-        .status
-        .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true)
-}
-
 fn proxmox_calls(env: &Env) -> u64 {
     env.sim.counters().values().map(|c| c.calls).sum()
 }
@@ -79,7 +70,7 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
     )
     .await;
     let machine = env
-        .wait_machine("demo-cp-1", "provisioned", provisioned)
+        .wait_machine("demo-cp-1", "provisioned", ProxmoxMachine::is_provisioned)
         .await;
     let provisioning = proxmox_calls(&env) - before;
 
@@ -139,10 +130,10 @@ async fn two_machines_scheduled_at_once_never_share_the_last_slot() {
     );
     let _ = (a, b);
     let first = env
-        .wait_machine("demo-md-1", "provisioned", provisioned)
+        .wait_machine("demo-md-1", "provisioned", ProxmoxMachine::is_provisioned)
         .await;
     let second = env
-        .wait_machine("demo-md-2", "provisioned", provisioned)
+        .wait_machine("demo-md-2", "provisioned", ProxmoxMachine::is_provisioned)
         .await;
     let node = |m: &ProxmoxMachine| {
         m.status
@@ -218,7 +209,9 @@ async fn machines_reconciled_side_by_side_clone_to_different_vmids_at_the_first_
     .await;
     let mut vmids = std::collections::BTreeSet::new();
     for name in names {
-        let machine = env.wait_machine(name, "provisioned", provisioned).await;
+        let machine = env
+            .wait_machine(name, "provisioned", ProxmoxMachine::is_provisioned)
+            .await;
         vmids.insert(machine.status.and_then(|s| s.virtual_machine_id));
     }
     assert_eq!(vmids.len(), names.len(), "VMIDs {vmids:?}");

@@ -33,15 +33,6 @@ fn machine_spec() -> Value {
     })
 }
 
-fn provisioned(machine: &ProxmoxMachine) -> bool {
-    machine
-        .status
-        .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true)
-}
-
 async fn ready_cluster() -> Env {
     let env = Env::start().await;
     env.create_credentials("demo-credentials", None).await;
@@ -64,7 +55,7 @@ async fn a_machine_in_rack_a_provisions_on_a_rack_a_node_with_rack_a_addresses()
     env.create_machine("demo", "demo-cp-1", Some("rack-a"), true, machine_spec())
         .await;
     let machine = env
-        .wait_machine("demo-cp-1", "provisioned", provisioned)
+        .wait_machine("demo-cp-1", "provisioned", ProxmoxMachine::is_provisioned)
         .await;
     let status = machine.status.clone().expect("status");
     assert_eq!(status.failure_domain.as_deref(), Some("rack-a"));
@@ -162,7 +153,7 @@ async fn an_unpublished_failure_domain_waits_until_the_zone_appears() {
             })
         })
         .await;
-    assert!(!provisioned(&waiting));
+    assert!(!waiting.is_provisioned());
     // Add the zone; the machine provisions without further edits.
     let mut spec = cluster_spec();
     spec["zoneConfig"]
@@ -178,7 +169,11 @@ async fn an_unpublished_failure_domain_waits_until_the_zone_appears() {
         .await
         .expect("zone added");
     let machine = env
-        .wait_machine("demo-md-1", "provisioned in rack-c", provisioned)
+        .wait_machine(
+            "demo-md-1",
+            "provisioned in rack-c",
+            ProxmoxMachine::is_provisioned,
+        )
         .await;
     let status = machine.status.expect("status");
     assert_eq!(status.failure_domain.as_deref(), Some("rack-c"));

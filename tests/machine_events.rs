@@ -77,7 +77,7 @@ async fn a_failed_cloud_init_is_a_warning_event_and_the_condition_names_the_exit
     let warning = wait_event(&scenario.env, "demo-md-2", "CloudInitFailed").await;
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
     assert_eq!(warning.note.as_deref(), Some(message.as_str()));
-    assert!(!scenario::provisioned(&machine));
+    assert!(!machine.is_provisioned());
 }
 
 #[tokio::test]
@@ -99,7 +99,7 @@ async fn cloud_init_exit_code_2_is_a_warning_but_the_machine_provisions() {
     }));
     scenario.create("demo-md-3").await;
     let machine = scenario.wait_ready("demo-md-3").await;
-    assert!(scenario::provisioned(&machine));
+    assert!(machine.is_provisioned());
     let warning = wait_event(&scenario.env, "demo-md-3", "CloudInitDegraded").await;
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
     assert!(

@@ -116,14 +116,6 @@ async fn wait_machines(
     }
 }
 
-fn provisioned(m: &ProxmoxMachine) -> bool {
-    m.status
-        .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true)
-}
-
 fn condition_is(object: Option<&Value>, type_: &str, status: &str) -> bool {
     object
         .and_then(|o| o["status"]["conditions"].as_array())
@@ -216,7 +208,7 @@ async fn lifecycle(server: &ApiServer, sim: &Simulator, stop: &CancellationToken
         .await
         .expect("example cluster");
     wait_machines(&client, "4 machines provisioned", |ms| {
-        ms.len() == 4 && ms.iter().all(provisioned)
+        ms.len() == 4 && ms.iter().all(ProxmoxMachine::is_provisioned)
     })
     .await;
 
@@ -312,7 +304,7 @@ async fn lifecycle(server: &ApiServer, sim: &Simulator, stop: &CancellationToken
         .await
         .expect("scale down");
     wait_machines(&client, "3 machines left", |ms| {
-        ms.len() == 3 && ms.iter().all(provisioned)
+        ms.len() == 3 && ms.iter().all(ProxmoxMachine::is_provisioned)
     })
     .await;
     capi_clusters

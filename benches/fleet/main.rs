@@ -480,7 +480,7 @@ async fn follow_proxmox_machines(client: Client, shared: Shared) {
             Ok(watcher::Event::Apply(pm) | watcher::Event::InitApply(pm)) => note(&shared, |t| {
                 let entry = t.machines.entry(pm.name_any()).or_default();
                 let status = pm.status.clone().unwrap_or_default();
-                if status.initialization.and_then(|i| i.provisioned) == Some(true) {
+                if pm.is_provisioned() {
                     entry.ready.get_or_insert(now);
                 }
                 if let Some(vmid) = status.virtual_machine_id {

@@ -117,6 +117,28 @@ pub struct Initialization {
     pub provisioned: Option<bool>,
 }
 
+impl Initialization {
+    /// Whether a status's `initialization` tells CAPI core the infrastructure is provisioned
+    /// (absent counts as not provisioned).
+    pub fn provisioned(initialization: Option<&Initialization>) -> bool {
+        initialization.and_then(|i| i.provisioned) == Some(true)
+    }
+}
+
+impl crate::api::ProxmoxMachine {
+    /// Whether CAPI core sees this machine's infrastructure as provisioned.
+    pub fn is_provisioned(&self) -> bool {
+        Initialization::provisioned(self.status.as_ref().and_then(|s| s.initialization.as_ref()))
+    }
+}
+
+impl crate::api::ProxmoxCluster {
+    /// Whether CAPI core sees this cluster's infrastructure as provisioned.
+    pub fn is_provisioned(&self) -> bool {
+        Initialization::provisioned(self.status.as_ref().and_then(|s| s.initialization.as_ref()))
+    }
+}
+
 /// Schema of a `metav1.Condition` list, with the API server's own constraints on each field:
 /// a list-map keyed by `type`, at most 32 entries.
 pub(crate) fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -276,7 +276,7 @@ async fn reconcile_inner(
         status.initialization = Some(Initialization {
             provisioned: Some(true),
         });
-    } else if status.initialization.as_ref().and_then(|i| i.provisioned) != Some(true) {
+    } else if !Initialization::provisioned(status.initialization.as_ref()) {
         status.initialization = None;
     }
     status.conditions = conditions::merge(

@@ -61,6 +61,17 @@ pub const CONTROLLER: &str = "proxmoxmachine";
 const PROVISIONED: &str = api::conditions::VIRTUAL_MACHINE_PROVISIONED;
 /// The highest VMID Proxmox accepts.
 const MAX_VMID: u32 = 999_999_999;
+
+/// Whether Proxmox calls `vmid` free (`/cluster/nextid?vmid=`): a used or invalid one is not.
+async fn vmid_free(proxmox: &ProxmoxClient, vmid: u32) -> Result<bool, MachineError> {
+    match proxmox.next_id(Some(vmid)).await {
+        Ok(_) => Ok(true),
+        Err(ProxmoxError::InvalidParameters { .. }) | Err(ProxmoxError::AlreadyExists { .. }) => {
+            Ok(false)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
 /// Prefix of the tag that ties a VM to its ProxmoxMachine.
 const MACHINE_TAG_PREFIX: &str = "capmox-";
 /// Back-off after the first failed Proxmox task; it doubles with each further failure.
@@ -425,12 +436,8 @@ impl<'a> Reconcile<'a> {
             ));
         };
         // Bootstrap data capmox cannot deliver: say so before anything is created.
-        let already_provisioned = scope
-            .current
-            .initialization
-            .as_ref()
-            .and_then(|i| i.provisioned)
-            == Some(true);
+        let already_provisioned =
+            Initialization::provisioned(scope.current.initialization.as_ref());
         if !already_provisioned
             && let Some(step) = self.unsupported_bootstrap(scope, &bootstrap_secret).await?
         {
@@ -1081,26 +1088,18 @@ impl<'a> Reconcile<'a> {
             return Ok(Some(claim));
         }
         let Some(range) = &self.machine.spec.vm_id_range else {
-            // Proxmox names the lowest free VMID; while a parallel reconcile holds it, the
-            // next ones it accepts are tried.
-            let mut candidate = proxmox.next_id(None).await?;
-            loop {
-                if let Some(claim) = claims.claim(candidate) {
+            // Proxmox names the lowest free VMID; while parallel reconciles hold it and the
+            // ones after it, the next unclaimed one Proxmox accepts is taken.
+            let lowest = proxmox.next_id(None).await?;
+            for vmid in lowest..=MAX_VMID {
+                let Some(claim) = claims.claim(vmid) else {
+                    continue;
+                };
+                if vmid == lowest || vmid_free(proxmox, vmid).await? {
                     return Ok(Some(claim));
                 }
-                loop {
-                    candidate = match candidate.checked_add(1) {
-                        Some(next) if next <= MAX_VMID => next,
-                        _ => return Ok(None),
-                    };
-                    match proxmox.next_id(Some(candidate)).await {
-                        Ok(_) => break,
-                        Err(ProxmoxError::InvalidParameters { .. })
-                        | Err(ProxmoxError::AlreadyExists { .. }) => continue,
-                        Err(error) => return Err(error.into()),
-                    }
-                }
             }
+            return Ok(None);
         };
         let taken_by_machines: Vec<i64> = scope
             .api
@@ -1120,11 +1119,8 @@ impl<'a> Reconcile<'a> {
             let Some(claim) = claims.claim(vmid) else {
                 continue;
             };
-            match proxmox.next_id(Some(vmid)).await {
-                Ok(_) => return Ok(Some(claim)),
-                Err(ProxmoxError::InvalidParameters { .. })
-                | Err(ProxmoxError::AlreadyExists { .. }) => continue,
-                Err(error) => return Err(error.into()),
+            if vmid_free(proxmox, vmid).await? {
+                return Ok(Some(claim));
             }
         }
         Ok(None)

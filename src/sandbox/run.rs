@@ -344,7 +344,7 @@ fn rows(machines: &[ProxmoxMachine]) -> Vec<MachineRow> {
         .iter()
         .map(|m| {
             let status = m.status.clone().unwrap_or_default();
-            let ready = status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
+            let ready = m.is_provisioned();
             let phase = if ready {
                 "Ready".to_owned()
             } else {

@@ -414,17 +414,12 @@ impl CapiStandIn {
                     return Ok(()); // woken when it appears
                 };
                 self.adopt_proxmox_cluster(cluster, infra).await?;
-                let infra_status = infra.status.clone().unwrap_or_default();
-                if infra_status
-                    .initialization
-                    .as_ref()
-                    .and_then(|i| i.provisioned)
-                    == Some(true)
-                {
+                if infra.is_provisioned() {
                     provisioned = true;
                 }
                 if provisioned {
-                    failure_domains = normalized_failure_domains(&infra_status.failure_domains);
+                    let domains = infra.status.as_ref().map(|s| s.failure_domains.as_slice());
+                    failure_domains = normalized_failure_domains(domains.unwrap_or_default());
                 }
             }
         }
@@ -605,7 +600,7 @@ impl CapiStandIn {
         if machines.len() < replicas {
             let all_provisioned = machines.iter().all(|m| {
                 snap.proxmox_machine(m)
-                    .is_some_and(proxmox_machine_provisioned)
+                    .is_some_and(ProxmoxMachine::is_provisioned)
             });
             if all_provisioned {
                 let domain = failure_domain_for_scale_up(domains, &placements);
@@ -875,7 +870,7 @@ impl CapiStandIn {
             .as_ref()
             .and_then(|i| i.infrastructure_provisioned)
             == Some(true)
-            || (proxmox_machine_provisioned(infra) && provider_id.is_some());
+            || (ProxmoxMachine::is_provisioned(infra) && provider_id.is_some());
         let mut patch = serde_json::Map::new();
         if !infra_status.addresses.is_empty() && infra_status.addresses != current.addresses {
             patch.insert(
@@ -1383,15 +1378,6 @@ fn infrastructure_provisioned(cluster: &Cluster) -> bool {
         .as_ref()
         .and_then(|s| s.initialization.as_ref())
         .and_then(|i| i.infrastructure_provisioned)
-        == Some(true)
-}
-
-fn proxmox_machine_provisioned(machine: &ProxmoxMachine) -> bool {
-    machine
-        .status
-        .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
         == Some(true)
 }
 

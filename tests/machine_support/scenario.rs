@@ -118,7 +118,7 @@ impl Scenario {
     pub async fn wait_ready(&self, name: &str) -> ProxmoxMachine {
         self.env
             .wait_machine(name, "provisioned and Ready", |m| {
-                provisioned(m) && condition_status(m, "Ready").as_deref() == Some("True")
+                m.is_provisioned() && condition_status(m, "Ready").as_deref() == Some("True")
             })
             .await
     }
@@ -234,15 +234,6 @@ impl Scenario {
         assert_eq!(self.seed_isos().await, Vec::<String>::new(), "{context}");
         assert_eq!(self.claims().await, 0, "{context}: IPAddressClaims left");
     }
-}
-
-pub fn provisioned(machine: &ProxmoxMachine) -> bool {
-    machine
-        .status
-        .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true)
 }
 
 pub fn condition_status(machine: &ProxmoxMachine, type_: &str) -> Option<String> {
