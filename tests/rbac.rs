@@ -125,8 +125,10 @@ fn condition_is(object: Option<&Value>, type_: &str, status: &str) -> bool {
         })
 }
 
-/// Runs the lifecycle and returns what capmox's client asked for.
-async fn record_a_lifecycle(lease_namespace: &str) -> BTreeMap<ClientRequest, u64> {
+/// Runs the lifecycle and returns what capmox's client asked for; with a lease namespace the
+/// manager elects a leader there first, without one it reconciles at once (`capmox run`'s
+/// default).
+async fn record_a_lifecycle(lease_namespace: Option<&str>) -> BTreeMap<ClientRequest, u64> {
     let server = ApiServer::new();
     server.register_builtin_kinds();
     server.register_crd_dir("crds").expect("capmox CRDs");
@@ -148,9 +150,9 @@ async fn record_a_lifecycle(lease_namespace: &str) -> BTreeMap<ClientRequest, u6
     let config = ManagerConfig {
         metrics_address: ([127, 0, 0, 1], 0).into(),
         health_address: ([127, 0, 0, 1], 0).into(),
-        leader_election: Some(LeaderElectionConfig {
+        leader_election: lease_namespace.map(|namespace| LeaderElectionConfig {
             name: "capmox-controller-leader".into(),
-            namespace: lease_namespace.into(),
+            namespace: namespace.into(),
             identity: "rbac-test".into(),
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
@@ -333,22 +335,13 @@ async fn lifecycle(server: &ApiServer, sim: &Simulator, stop: &CancellationToken
     stop.cancel();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_roles_grant_exactly_what_the_controllers_use() {
-    let cluster_role = yaml("config/rbac/role.yaml");
-    let leader_role = yaml("config/rbac/leader_election_role.yaml");
-    assert_eq!(cluster_role["kind"], "ClusterRole");
-    assert_eq!(leader_role["kind"], "Role");
-    // The Role lands in the manager's namespace (kustomize's `namespace`), where the Deployment's
-    // POD_NAMESPACE, and so the lease, is.
-    let namespace = yaml("config/default/kustomization.yaml")["namespace"]
-        .as_str()
-        .expect("config/default sets the namespace")
-        .to_owned();
-    let cluster_grants = grants(&cluster_role);
-    let leader_grants = grants(&leader_role);
-
-    let recorded = record_a_lifecycle(&namespace).await;
+/// The requests no role allows, and the grants the allowed ones used.
+fn check_requests(
+    recorded: &BTreeMap<ClientRequest, u64>,
+    cluster_grants: &BTreeSet<Grant>,
+    leader_grants: &BTreeSet<Grant>,
+    namespace: &str,
+) -> (Vec<String>, BTreeSet<Grant>) {
     assert!(!recorded.is_empty(), "nothing was recorded for {CAPMOX}");
     let summary = recorded
         .iter()
@@ -378,7 +371,7 @@ async fn the_roles_grant_exactly_what_the_controllers_use() {
         let grant = grant_of(request);
         let by_cluster_role = cluster_grants.contains(&grant);
         let by_leader_role =
-            leader_grants.contains(&grant) && request.namespace.as_deref() == Some(&namespace);
+            leader_grants.contains(&grant) && request.namespace.as_deref() == Some(namespace);
         if !by_cluster_role && !by_leader_role {
             denied.push(format!(
                 "{}/{} {} in {:?}",
@@ -387,6 +380,44 @@ async fn the_roles_grant_exactly_what_the_controllers_use() {
         }
         used.insert(grant);
     }
+    (denied, used)
+}
+
+/// `capmox run` without `--leader-elect` (its default): the reconcilers start at once, the
+/// lifecycle completes within the ClusterRole alone, and no Lease is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_leader_election_the_manager_reconciles_within_the_cluster_role() {
+    let cluster_grants = grants(&yaml("config/rbac/role.yaml"));
+    let recorded = record_a_lifecycle(None).await;
+    let (denied, _) = check_requests(&recorded, &cluster_grants, &BTreeSet::new(), "");
+    assert!(
+        denied.is_empty(),
+        "capmox made requests its ClusterRole does not allow (add them to config/rbac):\n{}",
+        denied.join("\n")
+    );
+    assert!(
+        !recorded.keys().any(|r| r.resource == "leases"),
+        "no Lease without leader election: {recorded:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roles_grant_exactly_what_the_controllers_use() {
+    let cluster_role = yaml("config/rbac/role.yaml");
+    let leader_role = yaml("config/rbac/leader_election_role.yaml");
+    assert_eq!(cluster_role["kind"], "ClusterRole");
+    assert_eq!(leader_role["kind"], "Role");
+    // The Role lands in the manager's namespace (kustomize's `namespace`), where the Deployment's
+    // POD_NAMESPACE, and so the lease, is.
+    let namespace = yaml("config/default/kustomization.yaml")["namespace"]
+        .as_str()
+        .expect("config/default sets the namespace")
+        .to_owned();
+    let cluster_grants = grants(&cluster_role);
+    let leader_grants = grants(&leader_role);
+
+    let recorded = record_a_lifecycle(Some(&namespace)).await;
+    let (denied, used) = check_requests(&recorded, &cluster_grants, &leader_grants, &namespace);
     assert!(
         denied.is_empty(),
         "capmox made requests its roles do not allow (add them to config/rbac):\n{}",

@@ -418,17 +418,31 @@ async fn resource(
         _ => return Err(ApiError::MethodNotAllowed),
     };
     store.count(&counted, verb);
+    // A server-side apply that creates its object is authorized by the real API server twice:
+    // as `patch` for the request and as `create` for the new object (other patches of a
+    // missing object are answered 404 before that check).
+    let is_apply = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/apply-patch"));
+    let creates = verb == "patch"
+        && is_apply
+        && sub == Sub::Main
+        && name.is_some_and(|name| store.get(&kind, &ns_key, name).is_err());
     if let Some(client) = client {
-        store.count_client(
-            client,
-            ClientRequest {
-                group: kind.group.clone(),
-                resource: kind.plural.clone(),
-                subresource: (sub == Sub::Status).then(|| "status".to_string()),
-                verb: verb.to_string(),
-                namespace: ns.clone(),
-            },
-        );
+        let verbs: &[&str] = if creates { &[verb, "create"] } else { &[verb] };
+        for verb in verbs {
+            store.count_client(
+                client,
+                ClientRequest {
+                    group: kind.group.clone(),
+                    resource: kind.plural.clone(),
+                    subresource: (sub == Sub::Status).then(|| "status".to_string()),
+                    verb: (*verb).to_string(),
+                    namespace: ns.clone(),
+                },
+            );
+        }
     }
     let opts = write_options(query, headers);
     let is_write = matches!(

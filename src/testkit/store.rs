@@ -40,6 +40,8 @@ pub enum FaultKind {
     Timeout,
     /// 429 TooManyRequests (throttling).
     TooManyRequests,
+    /// 403 Forbidden, as RBAC answers a request it does not grant.
+    Forbidden,
     /// Answer only after this delay, then perform the write normally: a slow server, or a
     /// client-side timeout when the delay exceeds the client's timeout.
     Delay(Duration),
@@ -64,6 +66,10 @@ impl FaultKind {
             FaultKind::TooManyRequests => {
                 ApiError::TooManyRequests("Too many requests (testkit fault)".into())
             }
+            FaultKind::Forbidden => ApiError::Forbidden(format!(
+                "{} is forbidden: injected fault (testkit)",
+                gr.qualified()
+            )),
             FaultKind::Delay(_) => return None,
         })
     }
