@@ -93,3 +93,59 @@ async fn a_taken_port_fails_with_a_clear_error() {
         "{error}"
     );
 }
+
+/// A shutdown signal that arrives while the caches cannot fill (here RBAC forbids every list of
+/// capmox's kinds) stops the manager promptly instead of leaving it waiting for a first list.
+#[tokio::test]
+async fn a_shutdown_before_the_caches_sync_stops_the_manager() {
+    use capmox::controller::{GlobalCredentials, ManagerConfig};
+    use capmox::testkit::{ApiServer, FaultKind};
+    use std::time::Duration;
+
+    let server = ApiServer::new();
+    server.register_builtin_kinds();
+    server.register_crd_dir("crds").expect("capmox CRDs");
+    server
+        .register_crd_dir("../shared/external-crds")
+        .expect("upstream CRDs");
+    server.set_fault_hook(|request| {
+        (request.group == "infrastructure.cluster.x-k8s.io" && request.verb == "list")
+            .then_some(FaultKind::Forbidden)
+    });
+    let config = ManagerConfig {
+        metrics_address: ([127, 0, 0, 1], 0).into(),
+        health_address: ([127, 0, 0, 1], 0).into(),
+        leader_election: None,
+        watch_namespace: None,
+        cluster_concurrency: 1,
+        machine_concurrency: 1,
+    };
+    let stop = CancellationToken::new();
+    let manager = tokio::spawn(capmox::controller::run(
+        server.client_named("capmox"),
+        config,
+        GlobalCredentials::default(),
+        stop.clone(),
+    ));
+    // Wait until both reconcilers have been refused their first list.
+    let refused = |plural: &str| {
+        server
+            .requests_by_client("capmox")
+            .keys()
+            .any(|r| r.resource == plural && r.verb == "list")
+    };
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !(refused("proxmoxclusters") && refused("proxmoxmachines")) {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the reconcilers tried to list");
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), manager)
+        .await
+        .expect("the manager stops within 5 s of the signal")
+        .expect("the manager task does not panic")
+        .expect("the manager stops cleanly");
+}

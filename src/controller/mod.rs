@@ -118,10 +118,16 @@ pub async fn run(
     let _stop_servers = server_stop.drop_guard();
 
     let (leading_tx, mut leading) = watch::channel(config.leader_election.is_none());
-    let election = config.leader_election.clone().map(|election| {
-        let api: Api<Lease> = Api::namespaced(client.clone(), &election.namespace);
-        tokio::spawn(leader::run(api, election, leading_tx, shutdown.clone()))
-    });
+    // Without leader election the sender is only kept alive: a closed channel would read as lost
+    // leadership.
+    let (election, _leading_without_election) = match config.leader_election.clone() {
+        Some(election) => {
+            let api: Api<Lease> = Api::namespaced(client.clone(), &election.namespace);
+            let task = leader::run(api, election, leading_tx, shutdown.clone());
+            (Some(tokio::spawn(task)), None)
+        }
+        None => (None, Some(leading_tx)),
+    };
 
     // Followers wait here, ready to take over.
     let became_leader = tokio::select! {
@@ -150,7 +156,11 @@ pub async fn run(
         tokio::select! {
             _ = &mut controllers => {}
             _ = async { leading.wait_for(|leading| !*leading).await.is_ok() } => {
-                tracing::error!("leadership lost; stopping all reconcilers");
+                if shutdown.is_cancelled() {
+                    tracing::info!("lease released for shutdown; stopping all reconcilers");
+                } else {
+                    tracing::error!("leadership lost; stopping all reconcilers");
+                }
                 controllers_stop.cancel();
                 let _ = controllers.await;
             }
@@ -198,10 +208,51 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
         "starting reconcilers"
     );
     tokio::join!(
-        cluster::run(context.clone(), shutdown.clone()),
-        machine::run(context, shutdown)
+        stop_in_time(
+            cluster::CONTROLLER,
+            cluster::run(context.clone(), shutdown.clone()),
+            &readiness,
+            &shutdown,
+        ),
+        stop_in_time(
+            machine::CONTROLLER,
+            machine::run(context.clone(), shutdown.clone()),
+            &readiness,
+            &shutdown,
+        )
     );
     readiness.reset_controllers();
+}
+
+/// How long reconciles in flight may take to finish after a shutdown signal; below the 30 s a
+/// Pod gets between SIGTERM and SIGKILL.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Runs one controller until it stops on its own or `shutdown` fires. After the signal, a
+/// controller whose cache never filled is dropped at once (it has reconciled nothing, and
+/// kube-runtime would otherwise wait for a first list that may never come, e.g. when RBAC
+/// forbids it); one that did gets [`SHUTDOWN_GRACE`] to finish the reconciles in flight.
+async fn stop_in_time(
+    controller: &'static str,
+    running: impl std::future::Future<Output = ()>,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+) {
+    let mut running = std::pin::pin!(running);
+    tokio::select! {
+        () = &mut running => return,
+        () = shutdown.cancelled() => {}
+    }
+    if !readiness.state().synced.contains(controller) {
+        tracing::info!(
+            controller,
+            "stopping before the cache filled; nothing was reconciled"
+        );
+        return;
+    }
+    if tokio::time::timeout(SHUTDOWN_GRACE, running).await.is_err() {
+        tracing::warn!(controller, grace = ?SHUTDOWN_GRACE, "reconciles did not finish within the shutdown grace period; abandoning them");
+    }
 }
 
 /// The objects of kind `K` that own `object` (controller or not), as `Controller::owns` finds
