@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check release-manifests sandbox bench clean
+.PHONY: build test verify fmt-check lint crds crds-check release-manifests sandbox e2e-real bench clean
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
@@ -42,6 +42,12 @@ verify: fmt-check lint crds-check test ## Everything CI checks.
 
 sandbox: ## See capmox work end to end on this machine (simulated Proxmox, in-process Kubernetes API).
 	$(CARGO) run --locked --quiet -- sandbox $(SANDBOX_ARGS)
+
+# Not part of `make test`: needs a real cluster. Fails loudly without one.
+e2e-real: release-manifests ## The sandbox scenario on the cluster in KUBECONFIG, as the shipped ServiceAccount (E2E_ARGS: see `capmox e2e-real --help`).
+	@if [ -z "$${KUBECONFIG:-}" ] && [ ! -f "$$HOME/.kube/config" ]; then \
+	  echo "make e2e-real needs a cluster: set KUBECONFIG (the run installs CRDs and RBAC there)" >&2; exit 1; fi
+	$(CARGO) run --locked --quiet -- e2e-real $(E2E_ARGS)
 
 bench: ## Fleet benchmark (release): provision and delete 60 machines on the simulator; table + out/bench.json.
 	$(CARGO) bench --locked --bench fleet -- $(BENCH_ARGS)

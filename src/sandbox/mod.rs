@@ -4,5 +4,6 @@
 //! benchmarks; never by the controllers themselves.
 
 pub mod ipam;
+pub mod real;
 pub mod run;
 pub mod standin;

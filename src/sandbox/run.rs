@@ -339,7 +339,8 @@ pub struct MachineRow {
     pub phase: String,
 }
 
-fn rows(machines: &[ProxmoxMachine]) -> Vec<MachineRow> {
+/// The table rows of `machines`, sorted by name.
+pub fn rows(machines: &[ProxmoxMachine]) -> Vec<MachineRow> {
     let mut rows: Vec<MachineRow> = machines
         .iter()
         .map(|m| {

@@ -1995,6 +1995,11 @@ impl Cluster {
         self.vms.len()
     }
 
+    /// Number of ISO images on any storage (seed images left behind show up here).
+    pub fn iso_count(&self) -> usize {
+        self.volumes.iter().filter(|v| v.content == "iso").count()
+    }
+
     /// Node of a VM, if it exists.
     pub fn vm_node(&self, vmid: u32) -> Option<String> {
         self.vms.get(&vmid).map(|v| v.node.clone())
