@@ -44,18 +44,29 @@ pub struct ApiToken {
 }
 
 impl ApiToken {
-    /// Builds a token after checking the id has the `user@realm!name` shape.
+    /// Builds a token after checking the id has the `user@realm!name` shape. Errors never quote
+    /// the id itself (a pasted `id=secret` or a secret in the id field would leak into
+    /// conditions and logs); at most the user of a well-formed `user@realm!` part is named.
     pub fn new(token_id: impl Into<String>, secret: Secret) -> Result<Self> {
         let token_id = token_id.into();
+        if token_id.contains('=') {
+            return Err(ProxmoxError::Config(
+                "the token id contains '=': it looks like 'user@realm!tokenname=secret' was given \
+                 as the id; put only 'user@realm!tokenname' in the token and the secret apart"
+                    .to_string(),
+            ));
+        }
         let (user, name) = token_id.split_once('!').ok_or_else(|| {
             ProxmoxError::Config(format!(
-                "token id '{token_id}' must look like 'user@realm!tokenname'"
+                "the token id ({} characters, not shown) must look like 'user@realm!tokenname'",
+                token_id.chars().count()
             ))
         })?;
         if !user.contains('@') || user.starts_with('@') || user.ends_with('@') {
-            return Err(ProxmoxError::Config(format!(
-                "token id '{token_id}' must name a user with its realm, e.g. 'capmox@pve!capi'"
-            )));
+            return Err(ProxmoxError::Config(
+                "the token id must name a user with its realm before '!', e.g. 'capmox@pve!capi'"
+                    .to_string(),
+            ));
         }
         let valid_name = name.len() >= 2
             && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -64,7 +75,7 @@ impl ApiToken {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
         if !valid_name {
             return Err(ProxmoxError::Config(format!(
-                "token name '{name}' in '{token_id}' must start with a letter and use letters, digits, '.', '-', '_' (at least 2 characters)"
+                "the token name after '{user}!' must start with a letter and use letters, digits, '.', '-', '_' (at least 2 characters)"
             )));
         }
         if secret.expose().is_empty() {
@@ -198,5 +209,28 @@ mod tests {
         assert!(err.to_string().contains("user@realm!tokenname=secret"));
         let t = ApiToken::parse("root@pam!ab=s").expect("valid");
         assert_eq!(t.secret.expose(), "s");
+    }
+
+    /// A secret pasted into the token id (alone, or as `id=secret`) never shows in the error,
+    /// which becomes a condition message and a log line.
+    #[test]
+    fn token_errors_never_quote_what_may_be_a_secret() {
+        const SECRET: &str = "3f2c9c8e-1b2a-4d6e-9f00-0123456789ab";
+        let pasted_whole = format!("capmox@pve!capi={SECRET}");
+        let cases = [
+            pasted_whole.as_str(),
+            SECRET,
+            "capmox!3f2c9c8e-1b2a-4d6e-9f00-0123456789ab",
+            "capmox@pve!3f2c9c8e-1b2a-4d6e-9f00-0123456789ab!",
+        ];
+        for id in cases {
+            let error = ApiToken::new(id, Secret::new("other")).expect_err(id);
+            assert!(
+                !error.to_string().contains("3f2c9c8e"),
+                "{id:?} leaks into {error}"
+            );
+        }
+        let error = ApiToken::new(pasted_whole, Secret::new("other")).expect_err("has =");
+        assert!(error.to_string().contains("secret apart"), "{error}");
     }
 }
