@@ -44,7 +44,12 @@ async fn probes_and_metrics_answer() {
     assert_eq!(get(address, "/healthz").await.0, 200);
     let (status, body) = get(address, "/readyz").await;
     assert_eq!(status, 503);
-    assert!(body.contains("not the leader"), "{body}");
+    assert!(body.contains("the manager is starting"), "{body}");
+    readiness.set_standby(true);
+    let (status, body) = get(address, "/readyz").await;
+    assert_eq!(status, 200, "a follower waiting for the Lease is ready");
+    assert!(body.contains("standing by"), "{body}");
+    readiness.set_standby(false);
     readiness.set_leading(true);
     let (status, body) = get(address, "/readyz").await;
     assert_eq!(status, 503, "leading, but no controller has started");

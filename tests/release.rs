@@ -173,6 +173,112 @@ fn the_manager_deployment_is_locked_down() {
     );
 }
 
+/// A rolling update of the shipped Deployment (one replica, leader election, the default
+/// RollingUpdate strategy) completes: the new pod reports ready through `/readyz` while the old
+/// one still holds the Lease, so Kubernetes can stop the old one and the new one takes over.
+#[tokio::test]
+async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
+    use capmox::controller::{GlobalCredentials, LeaderElectionConfig, ManagerConfig};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let objects = components();
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("a Deployment");
+    let strategy = deployment["spec"]["strategy"]["type"].as_str();
+    assert!(
+        matches!(strategy, None | Some("RollingUpdate")),
+        "this test covers the RollingUpdate strategy, the Deployment uses {strategy:?}"
+    );
+    let namespace = deployment["metadata"]["namespace"]
+        .as_str()
+        .expect("namespaced");
+
+    // The old replica's Lease, freshly renewed.
+    let server = capmox::testkit::ApiServer::new();
+    server.register_builtin_kinds();
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "capmox-controller-leader", "namespace": namespace},
+        "spec": {"holderIdentity": "old-replica", "leaseDurationSeconds": 3600,
+                 "acquireTime": "2026-01-01T00:00:00.000000Z",
+                 "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}
+    }))
+    .expect("lease");
+    Api::<Lease>::namespaced(server.client(), namespace)
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("lease created");
+
+    let health = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let config = ManagerConfig {
+        metrics_address: ([127, 0, 0, 1], 0).into(),
+        health_address: health,
+        leader_election: Some(LeaderElectionConfig {
+            name: "capmox-controller-leader".into(),
+            namespace: namespace.into(),
+            identity: "new-replica".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_millis(100),
+        }),
+        watch_namespace: None,
+        cluster_concurrency: 1,
+        machine_concurrency: 1,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let manager = tokio::spawn(capmox::controller::run(
+        server.client(),
+        config,
+        GlobalCredentials::default(),
+        stop.clone(),
+    ));
+    let readyz = || async move {
+        let mut stream = tokio::net::TcpStream::connect(health).await.ok()?;
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: capmox\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        Some(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(response) = readyz().await {
+                return response;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the probe endpoint answers");
+    assert!(
+        response.starts_with("HTTP/1.1 200"),
+        "the new replica must be ready while it waits for the Lease: {response}"
+    );
+    assert!(response.contains("standing by"), "{response}");
+    stop.cancel();
+    manager
+        .await
+        .expect("no panic")
+        .expect("the follower stops cleanly");
+    let lease = Api::<Lease>::namespaced(server.client(), namespace)
+        .get("capmox-controller-leader")
+        .await
+        .expect("lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("old-replica"),
+        "the follower never took the Lease"
+    );
+}
+
 /// Every `${VAR}` of a template, without defaults.
 fn variables(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();

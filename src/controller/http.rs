@@ -31,9 +31,10 @@ pub enum HttpError {
     },
 }
 
-/// Readiness as the probes see it: leading (or not electing) and every controller's cache
-/// filled by its first full list, so a replica never reports ready while it would still act on
-/// an empty view of the cluster.
+/// Readiness as the probes see it: a leader (or a manager without election) is ready once
+/// every controller's cache holds its first full list, so it never reports ready while it would
+/// still act on an empty view of the cluster; a follower waiting for the Lease is ready, so a
+/// rolling update can bring it up while the old replica still leads.
 #[derive(Clone, Debug)]
 pub struct Readiness(Arc<watch::Sender<ReadinessState>>);
 
@@ -42,6 +43,8 @@ pub struct Readiness(Arc<watch::Sender<ReadinessState>>);
 pub struct ReadinessState {
     /// This replica leads (always true without leader election once the manager starts).
     pub leading: bool,
+    /// This replica waits for the Lease, ready to take over.
+    pub standby: bool,
     /// Controllers whose caches must be synced before the manager is ready.
     pub expected: BTreeSet<String>,
     /// Controllers whose caches have synced.
@@ -73,6 +76,11 @@ impl Readiness {
     /// Records whether this replica leads; losing the lead makes the manager not ready.
     pub fn set_leading(&self, leading: bool) {
         self.0.send_modify(|state| state.leading = leading);
+    }
+
+    /// Records whether this replica stands by for the Lease (ready for the probes).
+    pub fn set_standby(&self, standby: bool) {
+        self.0.send_modify(|state| state.standby = standby);
     }
 
     /// Declares a controller whose cache must sync before the manager is ready.
@@ -189,10 +197,15 @@ fn respond(
             let state = readiness.state();
             if state.is_ready() {
                 text(StatusCode::OK, "ok\n".into())
+            } else if state.standby && !state.leading {
+                text(
+                    StatusCode::OK,
+                    "ok: standing by for the leader election Lease\n".into(),
+                )
             } else if !state.leading {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: this replica is not the leader (yet)\n".into(),
+                    "not ready: the manager is starting\n".into(),
                 )
             } else if state.expected.is_empty() {
                 text(

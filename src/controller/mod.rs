@@ -129,7 +129,9 @@ pub async fn run(
         None => (None, Some(leading_tx)),
     };
 
-    // Followers wait here, ready to take over.
+    // Followers wait here, ready to take over (and ready for the probes, so a rolling update
+    // can start the new replica while the old one still holds the Lease).
+    readiness.set_standby(election.is_some());
     let became_leader = tokio::select! {
         () = shutdown.cancelled() => false,
         // The borrow `wait_for` returns is not `Send`; drop it inside the branch future so the
@@ -147,6 +149,7 @@ pub async fn run(
             vmid_claims: vmid::VmidClaims::default(),
             readiness: readiness.clone(),
         };
+        readiness.set_standby(false);
         readiness.set_leading(true);
         // A shutdown signal reaches the reconcilers through the child token; so does the loss of
         // leadership. Either way the reconciles in flight finish before the manager returns.
