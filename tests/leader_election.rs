@@ -124,3 +124,33 @@ async fn a_leader_that_cannot_renew_steps_down() {
         "{error}"
     );
 }
+
+// Paused time: the hung Lease calls and the deadline run on the virtual clock, so the test
+// checks exactly when leadership ends without waiting for it.
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_lease_calls_hang_steps_down_within_the_renew_deadline() {
+    use capmox::testkit::FaultKind;
+    let server = ApiServer::new();
+    server.register_builtin_kinds();
+    let mut replica = start(&server, "replica-a");
+    until(&mut replica.leading, true).await;
+    // From now on every Lease request hangs for a minute (then succeeds): a stalled API server.
+    let hung_at = tokio::time::Instant::now();
+    server.set_fault_hook(|request| {
+        (request.resource == "leases").then_some(FaultKind::Delay(Duration::from_secs(60)))
+    });
+    until(&mut replica.leading, false).await;
+    let stepped_down_after = hung_at.elapsed();
+    let renew_deadline = config("replica-a").renew_deadline;
+    assert!(
+        stepped_down_after <= renew_deadline,
+        "leadership must end within the renew deadline ({renew_deadline:?}) of the last renewal, \
+         ended {stepped_down_after:?} after the API server stalled"
+    );
+    let result = tokio::time::timeout(WAIT, replica.task)
+        .await
+        .expect("ends")
+        .expect("joins");
+    let error = result.expect_err("losing the lease is an error");
+    assert!(error.to_string().contains("renew deadline"), "{error}");
+}

@@ -3,7 +3,9 @@
 //! renewing has failed for longer than the renew deadline. Every write carries the lease's
 //! `resourceVersion`, so two replicas can never both win the same round.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -142,8 +144,17 @@ pub async fn run(
     config.validate()?;
     let mut last_renewal: Option<Instant> = None;
     loop {
-        let round = try_acquire_or_renew(&api, &config).await;
         let is_leader = *leading.borrow();
+        // A call to the API server never outlasts the renew deadline: a leader whose renewal
+        // hangs steps down in time instead of leading on while another replica takes over.
+        let budget = match last_renewal {
+            Some(at) if is_leader => config.renew_deadline.saturating_sub(at.elapsed()),
+            _ => config.renew_deadline,
+        };
+        let round = match tokio::time::timeout(budget, try_acquire_or_renew(&api, &config)).await {
+            Ok(round) => round.map_err(|error| error.to_string()),
+            Err(_) => Err(format!("the Lease request took longer than {budget:?}")),
+        };
         match round {
             Ok(true) => {
                 last_renewal = Some(Instant::now());
@@ -158,7 +169,7 @@ pub async fn run(
             }
             Ok(false) => {}
             Err(error) => {
-                let overdue = last_renewal.is_some_and(|at| at.elapsed() > config.renew_deadline);
+                let overdue = last_renewal.is_some_and(|at| at.elapsed() >= config.renew_deadline);
                 if is_leader && overdue {
                     leading.send_replace(false);
                     return Err(lost(
@@ -172,8 +183,10 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => {
                 if *leading.borrow() {
-                    release(&api, &config).await;
                     leading.send_replace(false);
+                    if tokio::time::timeout(config.renew_deadline, release(&api, &config)).await.is_err() {
+                        tracing::warn!(lease = %config.name, "releasing the lease timed out; followers wait for it to expire");
+                    }
                 }
                 return Ok(());
             }
