@@ -447,3 +447,113 @@ async fn readiness_follows_cache_sync_with_objects_already_present() {
         "a replica that lost the lead is not ready"
     );
 }
+
+/// A Secret a ProxmoxCluster of the given namespace may use (the simulator's token).
+async fn credentials_in(env: &Env, namespace: &str, name: &str, annotations: Value) -> Secret {
+    let token = env.sim.token();
+    let (id, secret) = token.split_once('=').expect("token id=secret");
+    let object: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "stringData": {"url": env.sim.url(), "token": id, "secret": secret}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(env.client(), namespace)
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("secret created")
+}
+
+/// A `credentialsRef` into another namespace is refused (and the Secret left untouched) until
+/// that Secret lists the cluster's namespace; then it gets the finalizer but never an owner
+/// reference, which garbage collection would read as a missing owner and delete the Secret.
+#[tokio::test]
+async fn a_secret_in_another_namespace_serves_only_namespaces_it_allows() {
+    let env = Env::start().await;
+    credentials_in(&env, "tenant-b", "borrowed", json!({})).await;
+    let mut spec = zoned_spec();
+    spec["credentialsRef"] = json!({"name": "borrowed", "namespace": "tenant-b"});
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, spec).await;
+    env.run_controllers();
+    let cluster = env
+        .wait_cluster("demo", "CredentialsNamespaceNotAllowed", |c| {
+            condition(c, "ProxmoxAvailable")
+                .is_some_and(|(_, reason, _)| reason == "CredentialsNamespaceNotAllowed")
+        })
+        .await;
+    let (_, _, message) = condition(&cluster, "ProxmoxAvailable").expect("condition");
+    assert!(message.contains("allowed-namespaces"), "{message}");
+    let secrets: Api<Secret> = Api::namespaced(env.client(), "tenant-b");
+    let untouched = secrets.get("borrowed").await.expect("secret");
+    assert!(
+        untouched.finalizers().is_empty() && untouched.owner_references().is_empty(),
+        "a Secret the cluster may not use is never adopted: {:?}",
+        untouched.metadata
+    );
+
+    secrets
+        .patch(
+            "borrowed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "proxmox.infrastructure.cluster.x-k8s.io/allowed-namespaces": "other, default"}}})),
+        )
+        .await
+        .expect("annotated");
+    // Secrets are not watched: the cluster's retry (30 s) would pick the change up; touching
+    // the ProxmoxCluster makes it look again now.
+    Api::<ProxmoxCluster>::namespaced(env.client(), "default")
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"example.com/nudge": "1"}}})),
+        )
+        .await
+        .expect("nudged");
+    env.wait_cluster("demo", "Ready=True", |c| is_true(c, "Ready"))
+        .await;
+    let adopted = secrets.get("borrowed").await.expect("secret");
+    assert_eq!(
+        adopted.finalizers(),
+        ["proxmoxcluster.infrastructure.cluster.x-k8s.io/secret"]
+    );
+    assert!(
+        adopted.owner_references().is_empty(),
+        "no owner reference across namespaces: {:?}",
+        adopted.metadata.owner_references
+    );
+}
+
+/// A Secret that is not usable credentials is reported and never locked with a finalizer.
+#[tokio::test]
+async fn an_invalid_secret_is_not_adopted() {
+    let env = Env::start().await;
+    let object: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "demo-credentials", "namespace": "default"},
+        "stringData": {"url": env.sim.url()}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(env.client(), "default")
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("secret created");
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, zoned_spec()).await;
+    env.run_controllers();
+    env.wait_cluster("demo", "CredentialsInvalid", |c| {
+        condition(c, "ProxmoxAvailable")
+            .is_some_and(|(_, reason, _)| reason == "CredentialsInvalid")
+    })
+    .await;
+    let secret = Api::<Secret>::namespaced(env.client(), "default")
+        .get("demo-credentials")
+        .await
+        .expect("secret");
+    assert!(
+        secret.finalizers().is_empty() && secret.owner_references().is_empty(),
+        "{:?}",
+        secret.metadata
+    );
+}

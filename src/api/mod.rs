@@ -32,6 +32,11 @@ pub mod labels {
 
 /// Well-known annotation keys, as the Go provider writes them.
 pub mod annotations {
+    /// On a credentials Secret: the namespaces (comma-separated, or `*`) whose ProxmoxClusters
+    /// may use it through a `credentialsRef` from another namespace. Without it a Secret serves
+    /// only its own namespace, so a ProxmoxCluster cannot borrow (or lock) another tenant's.
+    pub const ALLOWED_NAMESPACES: &str =
+        "proxmox.infrastructure.cluster.x-k8s.io/allowed-namespaces";
     /// Pauses reconciliation of an object.
     pub const PAUSED: &str = "cluster.x-k8s.io/paused";
     /// IP family of an `InClusterIPPool` (`ipv4`/`ipv6`).

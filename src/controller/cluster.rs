@@ -536,14 +536,27 @@ async fn credentials(
             name: secret_name,
         }));
     };
-    if adopt {
-        adopt_secret(&secrets, &secret, cluster).await?;
+    if !credentials::namespace_allowed(
+        namespace,
+        &secret_namespace,
+        secret.metadata.annotations.as_ref(),
+    ) {
+        return Ok(Err(CredentialsError::NamespaceNotAllowed {
+            namespace: secret_namespace,
+            name: secret_name,
+            cluster_namespace: namespace.to_owned(),
+        }));
     }
-    Ok(credentials::from_secret_data(
+    // Validated before it is adopted: a Secret that is not usable credentials is never locked.
+    let config = credentials::from_secret_data(
         &secret_namespace,
         &secret_name,
         &secret.data.clone().unwrap_or_default(),
-    ))
+    );
+    if adopt && config.is_ok() {
+        adopt_secret(&secrets, &secret, cluster, secret_namespace == namespace).await?;
+    }
+    Ok(config)
 }
 
 /// The client configuration for this cluster, adopting its credentials Secret.
@@ -565,14 +578,17 @@ pub(crate) async fn client_config_for(
     credentials(context, cluster, namespace, false).await
 }
 
-/// Owner reference and finalizer on the credentials Secret, so it outlives the cluster's machines.
+/// Finalizer on the credentials Secret, so it outlives the cluster's machines, and, when the
+/// Secret is in the cluster's namespace, an owner reference (garbage collection treats an owner
+/// in another namespace as absent and would delete the Secret).
 async fn adopt_secret(
     secrets: &Api<Secret>,
     secret: &Secret,
     cluster: &ProxmoxCluster,
+    same_namespace: bool,
 ) -> Result<(), ClusterError> {
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
-    let has_owner = secret.owner_references().iter().any(|o| o.uid == uid);
+    let has_owner = !same_namespace || secret.owner_references().iter().any(|o| o.uid == uid);
     let has_finalizer = secret
         .finalizers()
         .iter()

@@ -31,6 +31,19 @@ pub enum CredentialsError {
         /// Secret name.
         name: String,
     },
+    /// The Secret lives in another namespace that has not allowed this cluster's.
+    #[error(
+        "credentials Secret {namespace}/{name} is in another namespace than the ProxmoxCluster ({cluster_namespace}); move the Secret to {cluster_namespace}, or let that namespace use it with the annotation {annotation}: \"{cluster_namespace}\" on the Secret",
+        annotation = crate::api::annotations::ALLOWED_NAMESPACES
+    )]
+    NamespaceNotAllowed {
+        /// Secret namespace.
+        namespace: String,
+        /// Secret name.
+        name: String,
+        /// The ProxmoxCluster's namespace.
+        cluster_namespace: String,
+    },
     /// The Secret lacks a key or has an unusable value.
     #[error("credentials Secret {namespace}/{name}: {problem}")]
     Invalid {
@@ -49,8 +62,28 @@ impl CredentialsError {
         match self {
             Self::NotConfigured | Self::SecretNotFound { .. } => "CredentialsNotFound",
             Self::Invalid { .. } => "CredentialsInvalid",
+            Self::NamespaceNotAllowed { .. } => "CredentialsNamespaceNotAllowed",
         }
     }
+}
+
+/// Whether a ProxmoxCluster in `cluster_namespace` may use a Secret in `secret_namespace` with
+/// these annotations: always within one namespace, across namespaces only when the Secret's
+/// owner listed the cluster's namespace (or `*`) in [`crate::api::annotations::ALLOWED_NAMESPACES`].
+pub fn namespace_allowed(
+    cluster_namespace: &str,
+    secret_namespace: &str,
+    secret_annotations: Option<&BTreeMap<String, String>>,
+) -> bool {
+    cluster_namespace == secret_namespace
+        || secret_annotations
+            .and_then(|a| a.get(crate::api::annotations::ALLOWED_NAMESPACES))
+            .is_some_and(|allowed| {
+                allowed
+                    .split(',')
+                    .map(str::trim)
+                    .any(|n| n == "*" || n == cluster_namespace)
+            })
 }
 
 /// The controller-wide credentials from flags or environment.
@@ -158,6 +191,22 @@ pub fn unreachable_reason(error: &ProxmoxError) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_secret_serves_its_namespace_and_those_it_lists() {
+        let listed = |value: &str| {
+            BTreeMap::from([(
+                crate::api::annotations::ALLOWED_NAMESPACES.to_owned(),
+                value.to_owned(),
+            )])
+        };
+        assert!(namespace_allowed("a", "a", None));
+        assert!(!namespace_allowed("a", "b", None));
+        assert!(!namespace_allowed("a", "b", Some(&BTreeMap::new())));
+        assert!(namespace_allowed("a", "b", Some(&listed("x, a"))));
+        assert!(!namespace_allowed("a", "b", Some(&listed("ab,x"))));
+        assert!(namespace_allowed("a", "b", Some(&listed("*"))));
+    }
+
     use super::*;
 
     fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
