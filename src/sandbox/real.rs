@@ -309,21 +309,58 @@ async fn install_crds(client: &Client, options: &RealOptions) -> Result<(), Real
     Ok(())
 }
 
-/// Applies the shipped RBAC; returns what did not exist before (and is removed afterwards).
-async fn install_rbac(client: &Client, objects: &[Value]) -> Result<Vec<Created>, RealError> {
-    let mut created = Vec::new();
+/// Waits until namespace `name` is gone, if it is being deleted (an earlier run's clean-up).
+async fn wait_namespace_gone(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+    only_if_terminating: bool,
+) -> Result<(), RealError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    match api.get_opt(name).await? {
+        None => return Ok(()),
+        Some(namespace)
+            if only_if_terminating && namespace.metadata.deletion_timestamp.is_none() =>
+        {
+            return Ok(());
+        }
+        Some(_) => {}
+    }
+    println!("Waiting for namespace {name} to finish terminating");
+    let gone = await_condition(api, name, |n: Option<&Namespace>| n.is_none());
+    tokio::time::timeout(timeout, gone)
+        .await
+        .map_err(|_| RealError::Timeout {
+            what: format!("namespace {name} to be deleted"),
+            timeout,
+        })?
+        .map_err(|e| RealError::Check(format!("watching namespace {name}: {e}")))?;
+    Ok(())
+}
+
+/// Applies the shipped RBAC, recording in `created` what did not exist before (and is removed
+/// afterwards).
+async fn install_rbac(
+    client: &Client,
+    objects: &[Value],
+    timeout: Duration,
+    created: &mut Vec<Created>,
+) -> Result<(), RealError> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for object in objects {
         let Some((api, name)) = dynamic_api(client, object) else {
             continue;
         };
+        if object["kind"] == "Namespace" {
+            wait_namespace_gone(client, &name, timeout, true).await?;
+        }
         let existed = api.get_opt(&name).await?.is_some();
         api.patch(&name, &params, &Patch::Apply(object)).await?;
         if !existed {
             created.push(Created { api, name });
         }
     }
-    Ok(created)
+    Ok(())
 }
 
 /// A client that acts as `account`: the API server authorizes it with that account's RBAC.
@@ -511,29 +548,35 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
         message,
     })?;
     install_crds(&admin, &options).await?;
-    let created_rbac = install_rbac(&admin, &rbac).await?;
-    println!(
-        "capmox runs as:          {} (shipped RBAC applied)",
-        account.user()
-    );
-
-    let namespaces: Api<Namespace> = Api::all(admin.clone());
-    let namespace: Namespace = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": options.namespace}
-    }))
-    .map_err(|e| RealError::Option(e.to_string()))?;
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await?;
-
-    let outcome = scenario(&admin, &account, &options).await;
+    // Everything this run creates is recorded as it goes, so a failure at any step still
+    // removes exactly that (and nothing that was there before).
+    let mut created = Vec::new();
+    let outcome = async {
+        install_rbac(&admin, &rbac, options.timeout, &mut created).await?;
+        println!(
+            "capmox runs as:          {} (shipped RBAC applied)",
+            account.user()
+        );
+        wait_namespace_gone(&admin, &options.namespace, options.timeout, true).await?;
+        let namespace = json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": options.namespace}
+        });
+        let (api, name) = dynamic_api(&admin, &namespace)
+            .ok_or_else(|| RealError::Option("Namespace is an RBAC-set kind".into()))?;
+        let object: DynamicObject =
+            serde_json::from_value(namespace).map_err(|e| RealError::Option(e.to_string()))?;
+        api.create(&PostParams::default(), &object).await?;
+        created.push(Created { api, name });
+        scenario(&admin, &account, &options).await
+    }
+    .await;
     if options.keep {
         println!(
             "--keep: the namespace {}, the CRDs and the RBAC stay",
             options.namespace
         );
     } else {
-        cleanup(&admin, &options, created_rbac).await;
+        cleanup(&admin, &options, created).await;
     }
     let summary = outcome?;
     println!("{summary}\nPASS in {:.1}s", started.elapsed().as_secs_f64());
@@ -585,22 +628,48 @@ async fn scenario(
     create_example_cluster(admin, &example).await?;
     let expected = usize::try_from(options.control_plane + options.workers).unwrap_or(0);
     let provisioning = Instant::now();
-    let rows = tokio::select! {
-        rows = wait_ready(admin, &options.namespace, expected, options.timeout) => rows?,
-        ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
+    let provisioned = async {
+        let rows = tokio::select! {
+            rows = wait_ready(admin, &options.namespace, expected, options.timeout) => rows?,
+            ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
+        };
+        check_spread(&rows, &options.worker_failure_domain, options.control_plane)?;
+        let vmids: Vec<&String> = rows.iter().map(|r| &r.vmid).collect();
+        let unique: BTreeSet<&&String> = vmids.iter().collect();
+        if unique.len() != vmids.len() {
+            return Err(RealError::Check(format!(
+                "two machines recorded one VMID: {vmids:?}"
+            )));
+        }
+        Ok(rows)
+    }
+    .await;
+    let rows = match provisioned {
+        Ok(rows) => rows,
+        Err(error) => {
+            // Delete what was made while capmox and the stand-ins still run, so the
+            // namespace can go (the Cluster's finalizer is the stand-in's).
+            eprintln!("{error}; deleting the example cluster");
+            let _ = Api::<crate::capi::Cluster>::namespaced(admin.clone(), &options.namespace)
+                .delete("demo", &DeleteParams::default())
+                .await;
+            if let Err(cleanup) = wait_empty::<crate::capi::Cluster>(
+                admin,
+                &options.namespace,
+                "the Cluster",
+                options.timeout,
+            )
+            .await
+            {
+                eprintln!("cleanup: {cleanup}");
+            }
+            return Err(error);
+        }
     };
     let ready_after = provisioning.elapsed();
-    check_spread(&rows, &options.worker_failure_domain, options.control_plane)?;
     let mut per_domain: BTreeMap<&str, usize> = BTreeMap::new();
     for row in &rows {
         *per_domain.entry(row.failure_domain.as_str()).or_default() += 1;
-    }
-    let vmids: Vec<String> = rows.iter().map(|r| r.vmid.clone()).collect();
-    let unique: BTreeSet<&String> = vmids.iter().collect();
-    if unique.len() != vmids.len() {
-        return Err(RealError::Check(format!(
-            "two machines recorded one VMID: {vmids:?}"
-        )));
     }
 
     // Deletion: the Cluster goes, and with it everything capmox made.
@@ -613,7 +682,10 @@ async fn scenario(
             wait_empty::<ProxmoxMachine>(admin, &options.namespace, "ProxmoxMachines", options.timeout).await?;
             wait_empty::<ProxmoxCluster>(admin, &options.namespace, "the ProxmoxCluster", options.timeout).await?;
             wait_empty::<IPAddressClaim>(admin, &options.namespace, "IPAddressClaims", options.timeout).await?;
-            wait_empty::<InClusterIPPool>(admin, &options.namespace, "InClusterIPPools", options.timeout).await
+            wait_empty::<InClusterIPPool>(admin, &options.namespace, "InClusterIPPools", options.timeout).await?;
+            // The stand-in releases the Cluster last; stopping it earlier would strand the
+            // Cluster's finalizer and with it the namespace.
+            wait_empty::<crate::capi::Cluster>(admin, &options.namespace, "the Cluster", options.timeout).await
         } => gone?,
         ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
     }
@@ -657,17 +729,14 @@ async fn scenario(
     ))
 }
 
-/// Removes the namespace and the RBAC objects this run created (never CRDs: other clusters'
-/// objects may use them).
+/// Removes what this run created: the namespaces (waiting until they are gone, so the next
+/// run starts clean) and the RBAC objects; never the CRDs, which other objects may use.
 async fn cleanup(admin: &Client, options: &RealOptions, created: Vec<Created>) {
-    let namespaces: Api<Namespace> = Api::all(admin.clone());
-    if let Err(error) = namespaces
-        .delete(&options.namespace, &DeleteParams::default())
-        .await
-    {
-        eprintln!("cleanup: namespace {}: {error}", options.namespace);
-    }
+    let mut namespaces = Vec::new();
     for object in created.into_iter().rev() {
+        if object.api.resource_url().ends_with("/namespaces") {
+            namespaces.push(object.name.clone());
+        }
         if let Err(error) = object
             .api
             .delete(&object.name, &DeleteParams::default())
@@ -676,9 +745,14 @@ async fn cleanup(admin: &Client, options: &RealOptions, created: Vec<Created>) {
             eprintln!("cleanup: {}: {error}", object.name);
         }
     }
+    for namespace in &namespaces {
+        if let Err(error) = wait_namespace_gone(admin, namespace, options.timeout, false).await {
+            eprintln!("cleanup: {error}");
+        }
+    }
     println!(
-        "Cleaned up:              namespace {} and the RBAC this run created",
-        options.namespace
+        "Cleaned up:              namespaces {} and the RBAC this run created",
+        namespaces.join(", ")
     );
 }
 
