@@ -45,8 +45,9 @@ use crate::api::{
 };
 use crate::capi::{self, IPAddress, IPAddressClaim, IpPoolReference};
 use crate::placement::{
-    self, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory, PlacedMachine, Placement,
-    ScheduleRequest, TemplateInfo, TemplateSource,
+    self, CloneSources, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory,
+    PlacedMachine, Placement, ScheduleRequest, StorageInfo, TemplateChoice, TemplateCopy,
+    TemplateError, TemplateInfo, TemplateSource,
 };
 use crate::proxmox::{
     CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
@@ -891,72 +892,14 @@ impl<'a> Reconcile<'a> {
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
     ) -> Result<Step, MachineError> {
-        // Template and node.
-        let templates: Vec<TemplateInfo> = resources
-            .iter()
-            .filter(|r| r.kind == ResourceType::Qemu && r.template)
-            .filter_map(|r| {
-                Some(TemplateInfo {
-                    node: r.node.clone()?,
-                    vmid: r.vmid?,
-                    name: r.name.clone().unwrap_or_default(),
-                    tags: r.tags.clone(),
-                })
-            })
-            .collect();
-        let template_memory = |vmid: u32| {
-            resources
-                .iter()
-                .find(|r| r.vmid == Some(vmid))
-                .and_then(|r| r.maxmem)
+        let (source, target) = match self
+            .clone_source(scope, placement, proxmox, resources)
+            .await?
+        {
+            Ok(chosen) => chosen,
+            Err(step) => return Ok(step),
         };
-        let node = match placement.candidates() {
-            NodeCandidates::TemplateNode => None,
-            NodeCandidates::Nodes(_) => {
-                let inventory = self.inventory(scope, resources).await?;
-                let first_template = match placement.template() {
-                    TemplateSource::Id { vmid, .. } => u32::try_from(*vmid).ok(),
-                    TemplateSource::Tags(selector) => {
-                        placement::select_template(selector, &templates, None)
-                            .ok()
-                            .map(|c| c.vmid)
-                    }
-                };
-                let request =
-                    ScheduleRequest::new(placement, first_template.and_then(template_memory));
-                let mut reservations = self.context.reservations.lock().await;
-                reservations.release_visible(&inventory);
-                match reservations.schedule_and_reserve(placement, &inventory, &request) {
-                    Ok(choice) => Some(choice.node),
-                    Err(error) => {
-                        return Ok(waiting(
-                            error.reason(),
-                            error.to_string(),
-                            Action::requeue(Duration::from_secs(30)),
-                        ));
-                    }
-                }
-            }
-        };
-        let (source_node, template_vmid) = match placement.template() {
-            TemplateSource::Id { vmid, node } => {
-                (node.clone(), u32::try_from(*vmid).unwrap_or_default())
-            }
-            TemplateSource::Tags(selector) => {
-                match placement::select_template(selector, &templates, node.as_deref()) {
-                    Ok(choice) => (choice.node, choice.vmid),
-                    Err(error) => {
-                        self.context.reservations.lock().await.release(&scope.name);
-                        return Ok(waiting(
-                            error.reason(),
-                            error.to_string(),
-                            Action::requeue(Duration::from_secs(60)),
-                        ));
-                    }
-                }
-            }
-        };
-        let target = node.unwrap_or_else(|| source_node.clone());
+        let (source_node, template_vmid) = (source.node, source.vmid);
 
         // The VMID: the recorded one if it is still free, else from the range or Proxmox.
         // Claimed until this pass ends, so parallel reconciles never clone to the same one.
@@ -1068,6 +1011,137 @@ impl<'a> Reconcile<'a> {
             format!("VM {vmid} cloned on {target}"),
             Action::requeue(Duration::from_millis(100)),
         ))
+    }
+
+    /// The template copy to clone and the node to clone to. The template's copies (one, or
+    /// one per node for node-local storage) decide which candidate nodes can receive a clone;
+    /// the scheduler chooses among those only, and the chosen node clones its own copy, else a
+    /// copy on shared storage. `Err`: the machine waits (no template, ambiguous, no node).
+    async fn clone_source(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<Result<(TemplateChoice, String), Step>, MachineError> {
+        let templates: Vec<TemplateInfo> = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Qemu && r.template)
+            .filter_map(|r| {
+                Some(TemplateInfo {
+                    node: r.node.clone()?,
+                    vmid: r.vmid?,
+                    name: r.name.clone().unwrap_or_default(),
+                    tags: r.tags.clone(),
+                })
+            })
+            .collect();
+        let copies = match placement.template() {
+            TemplateSource::Id { vmid, node } => {
+                let vmid = u32::try_from(*vmid).unwrap_or_default();
+                let listed = templates.iter().find(|t| t.vmid == vmid);
+                vec![TemplateInfo {
+                    node: node.clone(),
+                    vmid,
+                    name: listed
+                        .as_ref()
+                        .map(|t| t.name.clone())
+                        .filter(|n| !n.is_empty())
+                        .unwrap_or_else(|| vmid.to_string()),
+                    tags: listed.map(|t| t.tags.clone()).unwrap_or_default(),
+                }]
+            }
+            TemplateSource::Tags(selector) => {
+                match placement::select_template(selector, &templates) {
+                    Ok(copies) => copies,
+                    Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
+                }
+            }
+        };
+        // Where the copies' volumes live matters only for a candidate node without a copy.
+        let elsewhere = match placement.candidates() {
+            NodeCandidates::Nodes(nodes) => {
+                nodes.iter().any(|n| !copies.iter().any(|c| c.node == *n))
+            }
+            NodeCandidates::TemplateNode => false,
+        };
+        let mut with_storages = Vec::with_capacity(copies.len());
+        for template in copies {
+            let storages = if elsewhere {
+                Some(
+                    proxmox
+                        .vm_config(&template.node, template.vmid)
+                        .await?
+                        .volume_storages(),
+                )
+            } else {
+                None
+            };
+            with_storages.push(TemplateCopy { template, storages });
+        }
+        let template_memory = with_storages.first().and_then(|c| {
+            resources
+                .iter()
+                .find(|r| r.vmid == Some(c.template.vmid))
+                .and_then(|r| r.maxmem)
+        });
+        let storages: Vec<StorageInfo> = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Storage)
+            .filter_map(|r| {
+                Some(StorageInfo {
+                    node: r.node.clone()?,
+                    storage: r.storage.clone()?,
+                    shared: r.shared,
+                })
+            })
+            .collect();
+        let sources = CloneSources::new(
+            with_storages,
+            &storages,
+            self.machine.spec.storage.as_deref(),
+        );
+
+        let node = if placement.needs_scheduling() {
+            let narrowed = match sources.narrow(placement) {
+                Ok(narrowed) => narrowed,
+                Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
+            };
+            let inventory = self.inventory(scope, resources).await?;
+            let request = ScheduleRequest::new(&narrowed, template_memory);
+            let mut reservations = self.context.reservations.lock().await;
+            reservations.release_visible(&inventory);
+            match reservations.schedule_and_reserve(&narrowed, &inventory, &request) {
+                Ok(choice) => Some(choice.node),
+                Err(error) => {
+                    return Ok(Err(waiting(
+                        error.reason(),
+                        error.to_string(),
+                        Action::requeue(Duration::from_secs(30)),
+                    )));
+                }
+            }
+        } else {
+            None
+        };
+        match sources.choose(node.as_deref()) {
+            Ok(source) => {
+                let target = node.unwrap_or_else(|| source.node.clone());
+                Ok(Ok((source, target)))
+            }
+            Err(error) => Ok(Err(self.template_waiting(scope, &error).await)),
+        }
+    }
+
+    /// Waits on a template problem (checked again in a minute: templates are not watched),
+    /// giving back any memory reserved for the machine.
+    async fn template_waiting(&self, scope: &Scope, error: &TemplateError) -> Step {
+        self.context.reservations.lock().await.release(&scope.name);
+        waiting(
+            error.reason(),
+            error.to_string(),
+            Action::requeue(Duration::from_secs(60)),
+        )
     }
 
     async fn pick_vmid(
