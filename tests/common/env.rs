@@ -43,6 +43,12 @@ impl Env {
 
     /// As [`Env::start`], with simulator options (task durations, faults).
     pub async fn start_with(options: SimOptions) -> Env {
+        let topology = Topology::from_yaml(TOPOLOGY, "test topology").expect("topology");
+        Self::start_with_topology(topology, options).await
+    }
+
+    /// As [`Env::start_with`], on another Proxmox cluster (storages, templates).
+    pub async fn start_with_topology(topology: Topology, options: SimOptions) -> Env {
         let server = ApiServer::new();
         server.register_builtin_kinds();
         server
@@ -67,7 +73,6 @@ impl Env {
                 })
                 .expect("kind registered");
         }
-        let topology = Topology::from_yaml(TOPOLOGY, "test topology").expect("topology");
         let sim = Simulator::start(topology, options)
             .await
             .expect("simulator starts");
