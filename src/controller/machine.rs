@@ -38,7 +38,6 @@ use tokio_util::sync::CancellationToken;
 use super::Context;
 use super::cluster::{self, ClusterError};
 use super::conditions::{self, Decided, Status};
-use super::vmid::VmidClaim;
 use crate::api::{
     self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
     ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, annotations, finalizers, labels,
@@ -125,6 +124,19 @@ pub fn machine_tag(machine: &ProxmoxMachine) -> String {
         .take(16)
         .collect();
     format!("{MACHINE_TAG_PREFIX}{}", short.to_ascii_lowercase())
+}
+
+/// Whom a VMID claim belongs to: the machine's UID (a machine re-created under the same name
+/// is another machine), else its namespace and name.
+fn claim_key(machine: &ProxmoxMachine) -> String {
+    match machine.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid.to_owned(),
+        _ => format!(
+            "{}/{}",
+            machine.metadata.namespace.as_deref().unwrap_or_default(),
+            machine.name_any()
+        ),
+    }
 }
 
 /// Runs the controller until `shutdown` is cancelled.
@@ -854,6 +866,9 @@ impl<'a> Reconcile<'a> {
             }
             // The VMID belongs to someone else now: forget it and create ours elsewhere.
             tracing::warn!(machine = %scope.name, vmid, "the recorded VMID belongs to another VM; choosing a new one");
+            self.context
+                .vmid_claims
+                .unclaim(vmid, &claim_key(self.machine));
             scope.status.virtual_machine_id = None;
             scope.current.virtual_machine_id = None;
         }
@@ -902,8 +917,9 @@ impl<'a> Reconcile<'a> {
         let (source_node, template_vmid) = (source.node, source.vmid);
 
         // The VMID: the recorded one if it is still free, else from the range or Proxmox.
-        // Claimed until this pass ends, so parallel reconciles never clone to the same one.
-        let vmid_claim = match self.pick_vmid(scope, proxmox, resources).await? {
+        // Claimed for this machine until it is deleted, so no other machine ever records it,
+        // even while a clone that did not happen leaves it free in Proxmox.
+        let vmid = match self.pick_vmid(scope, proxmox, resources).await? {
             Some(claim) => claim,
             None => {
                 self.context.reservations.lock().await.release(&scope.name);
@@ -919,7 +935,6 @@ impl<'a> Reconcile<'a> {
                 ));
             }
         };
-        let vmid = vmid_claim.vmid();
         self.context
             .reservations
             .lock()
@@ -998,6 +1013,9 @@ impl<'a> Reconcile<'a> {
             Err(ProxmoxError::AlreadyExists { .. }) => {
                 // Taken meanwhile by someone else: forget it and pick another next time.
                 scope.status.virtual_machine_id = None;
+                self.context
+                    .vmid_claims
+                    .unclaim(vmid, &claim_key(self.machine));
                 return Ok(waiting(
                     "VMIDTaken",
                     format!("VMID {vmid} was taken meanwhile; choosing another"),
@@ -1144,60 +1162,73 @@ impl<'a> Reconcile<'a> {
         )
     }
 
+    /// A VMID for the machine, claimed for it: the recorded one while no VM uses it, else the
+    /// first free one of `spec.vmIDRange` or from Proxmox's `nextid` that no other machine holds.
     async fn pick_vmid(
         &self,
         scope: &Scope,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Result<Option<VmidClaim>, MachineError> {
+    ) -> Result<Option<u32>, MachineError> {
         let claims = &self.context.vmid_claims;
+        claims.seed(|| self.recorded_vmids()).await?;
+        let key = claim_key(self.machine);
         let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
         if let Some(recorded) = scope
             .status
             .virtual_machine_id
             .and_then(|id| u32::try_from(id).ok())
             && !used(recorded)
-            && let Some(claim) = claims.claim(recorded)
+            && claims.claim(recorded, &key)
         {
-            return Ok(Some(claim));
+            return Ok(Some(recorded));
         }
-        let Some(range) = &self.machine.spec.vm_id_range else {
-            // Proxmox names the lowest free VMID; while parallel reconciles hold it and the
-            // ones after it, the next unclaimed one Proxmox accepts is taken.
-            let lowest = proxmox.next_id(None).await?;
-            for vmid in lowest..=MAX_VMID {
-                let Some(claim) = claims.claim(vmid) else {
-                    continue;
-                };
-                if vmid == lowest || vmid_free(proxmox, vmid).await? {
-                    return Ok(Some(claim));
+        // Proxmox names the lowest VMID without a VM; while other machines hold it and the ones
+        // after it, the next unclaimed one Proxmox accepts is taken.
+        let candidates = match &self.machine.spec.vm_id_range {
+            Some(range) => (range.start, range.end),
+            None => {
+                let lowest = proxmox.next_id(None).await?;
+                if claims.claim(lowest, &key) {
+                    return Ok(Some(lowest));
                 }
+                (i64::from(lowest) + 1, i64::from(MAX_VMID))
             }
-            return Ok(None);
         };
-        let taken_by_machines: Vec<i64> = scope
-            .api
-            .list(&ListParams::default())
-            .await?
-            .into_iter()
-            .filter(|m| m.name_any() != scope.name)
-            .filter_map(|m| m.status.and_then(|s| s.virtual_machine_id))
-            .collect();
-        for candidate in range.start..=range.end {
+        for candidate in candidates.0..=candidates.1 {
             let Ok(vmid) = u32::try_from(candidate) else {
                 continue;
             };
-            if used(vmid) || taken_by_machines.contains(&candidate) {
+            if used(vmid) || !claims.claim(vmid, &key) {
                 continue;
             }
-            let Some(claim) = claims.claim(vmid) else {
-                continue;
-            };
             if vmid_free(proxmox, vmid).await? {
-                return Ok(Some(claim));
+                return Ok(Some(vmid));
             }
+            claims.unclaim(vmid, &key);
         }
         Ok(None)
+    }
+
+    /// The VMIDs the ProxmoxMachines this controller watches have recorded, by machine, to
+    /// seed the claims of a freshly started process.
+    async fn recorded_vmids(&self) -> Result<Vec<(String, u32)>, MachineError> {
+        let api: Api<ProxmoxMachine> = match &self.context.config.watch_namespace {
+            Some(namespace) => Api::namespaced(self.context.client.clone(), namespace),
+            None => Api::all(self.context.client.clone()),
+        };
+        let machines = api.list(&ListParams::default()).await?;
+        Ok(machines
+            .iter()
+            .flat_map(|m| {
+                let status = m.status.as_ref().and_then(|s| s.virtual_machine_id);
+                [status, m.spec.virtual_machine_id]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|id| u32::try_from(id).ok())
+                    .map(|vmid| (claim_key(m), vmid))
+            })
+            .collect())
     }
 
     /// Nodes with their memory, guests and this cluster's machines, for the scheduler.
@@ -1819,6 +1850,7 @@ impl<'a> Reconcile<'a> {
     async fn released(&self, scope: &Scope) -> Result<Action, MachineError> {
         self.context.reservations.lock().await.release(&scope.name);
         cluster::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
+        self.context.vmid_claims.release(&claim_key(self.machine));
         Ok(Action::await_change())
     }
 
