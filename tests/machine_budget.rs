@@ -31,16 +31,43 @@ fn proxmox_calls(env: &Env) -> u64 {
 }
 
 async fn cluster(env: &Env, spec: serde_json::Value) {
+    cluster_started_by(env, spec, Env::run_controllers).await;
+}
+
+/// The `demo` cluster of `spec`, provisioned by the controllers `start` runs; returns what
+/// `start` returned (a handle to restart them by).
+async fn cluster_started_by<T>(
+    env: &Env,
+    spec: serde_json::Value,
+    start: impl FnOnce(&Env) -> T,
+) -> T {
     env.create_credentials("demo-credentials", None).await;
     let uid = env.create_capi_cluster("demo").await;
     env.create_proxmox_cluster("demo", &uid, spec).await;
-    env.run_controllers();
+    let started = start(env);
     let ready = env
         .wait_cluster("demo", "Ready=True", |c| {
             condition(c, "Ready").is_some_and(|c| c.0 == "True")
         })
         .await;
     env.mark_cluster_provisioned("demo", &ready).await;
+    started
+}
+
+/// Clone requests answered after `latency_ms`, that share of them with Proxmox's lock timeout
+/// (`can't lock file ... got timeout`) instead.
+fn slow_clones(latency_ms: u64, lock_contention_rate: f64) -> SimOptions {
+    let mut options = instant_sim();
+    options.faults.rules.push(FaultRule {
+        endpoint: "POST /nodes/{node}/qemu/{vmid}/clone".into(),
+        error_rate: 0.0,
+        error_status: 596,
+        error_reason: String::new(),
+        drop_rate: 0.0,
+        lock_contention_rate,
+        latency_ms,
+    });
+    options
 }
 
 /// A ProxmoxCluster with one zone, rack-a, of nodes pve1 and pve2.
@@ -193,17 +220,7 @@ async fn two_machines_scheduled_at_once_never_share_the_last_slot() {
 async fn machines_reconciled_side_by_side_clone_to_different_vmids_at_the_first_try() {
     // A slow clone request: for a second and a half after a reconcile has chosen its VMID,
     // Proxmox still calls it free, as it does while a real clone request is under way.
-    let mut options = instant_sim();
-    options.faults.rules.push(FaultRule {
-        endpoint: "POST /nodes/{node}/qemu/{vmid}/clone".into(),
-        error_rate: 0.0,
-        error_status: 596,
-        error_reason: String::new(),
-        drop_rate: 0.0,
-        lock_contention_rate: 0.0,
-        latency_ms: 1500,
-    });
-    let env = Env::start_with(options).await;
+    let env = Env::start_with(slow_clones(1500, 0.0)).await;
     cluster(&env, rack_a_cluster()).await;
     let names = ["demo-md-1", "demo-md-2", "demo-md-3", "demo-md-4"];
     futures::future::join_all(
@@ -252,17 +269,8 @@ async fn machines_reconciled_side_by_side_clone_to_different_vmids_at_the_first_
 /// end), and Proxmox ends with exactly one VM per machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_two_machines_ever_record_the_same_vmid_while_clones_fail() {
-    let mut options = instant_sim();
+    let mut options = slow_clones(300, 0.4);
     options.faults.seed = 14;
-    options.faults.rules.push(FaultRule {
-        endpoint: "POST /nodes/{node}/qemu/{vmid}/clone".into(),
-        error_rate: 0.0,
-        error_status: 596,
-        error_reason: String::new(),
-        drop_rate: 0.0,
-        lock_contention_rate: 0.4,
-        latency_ms: 300,
-    });
     let env = Env::start_with(options).await;
     cluster(&env, rack_a_cluster()).await;
 
@@ -349,18 +357,8 @@ async fn no_two_machines_ever_record_the_same_vmid_while_clones_fail() {
 #[tokio::test]
 async fn a_vmid_recorded_before_a_restart_is_not_handed_to_another_machine() {
     let env = Env::start_with(instant_sim()).await;
-    env.create_credentials("demo-credentials", None).await;
-    let uid = env.create_capi_cluster("demo").await;
-    env.create_proxmox_cluster("demo", &uid, rack_a_cluster())
-        .await;
     env.run_ipam();
-    let first = env.spawn_controllers();
-    let ready = env
-        .wait_cluster("demo", "Ready=True", |c| {
-            condition(c, "Ready").is_some_and(|c| c.0 == "True")
-        })
-        .await;
-    env.mark_cluster_provisioned("demo", &ready).await;
+    let first = cluster_started_by(&env, rack_a_cluster(), Env::spawn_controllers).await;
 
     env.sim
         .with_cluster(|c| c.set_task_failure(Box::new(|kind| kind == "qmclone")));
@@ -372,13 +370,7 @@ async fn a_vmid_recorded_before_a_restart_is_not_handed_to_another_machine() {
         machine_spec(2048),
     )
     .await;
-    let failed = env
-        .wait_machine("demo-md-1", "TaskFailed", |m| {
-            m.status
-                .as_ref()
-                .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "TaskFailed"))
-        })
-        .await;
+    let (failed, _) = env.wait_machine_reason("demo-md-1", "TaskFailed").await;
     let recorded = failed.status.and_then(|s| s.virtual_machine_id);
     assert!(recorded.is_some(), "the failed clone's VMID stays recorded");
     first.crash().await;

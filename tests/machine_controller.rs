@@ -336,22 +336,9 @@ async fn a_template_on_node_local_storage_keeps_its_zones_machines_on_its_node()
 
     env.create_machine("demo", "demo-md-b", Some("rack-b"), false, machine_spec())
         .await;
-    let waiting = env
-        .wait_machine("demo-md-b", "TemplateUnreachable", |m| {
-            m.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.reason == "TemplateUnreachable")
-            })
-        })
+    let (_, message) = env
+        .wait_machine_reason("demo-md-b", "TemplateUnreachable")
         .await;
-    let message = waiting
-        .status
-        .iter()
-        .flat_map(|s| s.conditions.iter())
-        .find(|c| c.reason == "TemplateUnreachable")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
     for part in [
         "VM template \"ubuntu-2404-kube\"",
         "9000 \"ubuntu-2404-kube\" on pve1",

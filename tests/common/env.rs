@@ -223,6 +223,27 @@ impl Env {
         }
     }
 
+    /// Waits until the ProxmoxMachine has a condition with this reason, returning it and the
+    /// condition's message.
+    pub async fn wait_machine_reason(
+        &self,
+        name: &str,
+        reason: &str,
+    ) -> (capmox::api::ProxmoxMachine, String) {
+        let message = |m: &capmox::api::ProxmoxMachine| {
+            m.status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.reason == reason)
+                .map(|c| c.message.clone())
+        };
+        let machine = self
+            .wait_machine(name, reason, |m| message(m).is_some())
+            .await;
+        let text = message(&machine).unwrap_or_default();
+        (machine, text)
+    }
+
     /// A Proxmox client for the simulator.
     pub fn proxmox(&self) -> capmox::proxmox::ProxmoxClient {
         let config = capmox::proxmox::ClientConfig::new(
