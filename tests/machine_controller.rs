@@ -4,6 +4,7 @@
 mod common;
 
 use capmox::api::ProxmoxMachine;
+use capmox::sim::{SimOptions, StorageSpec, Topology};
 use common::env::{Env, condition};
 use kube::api::{Api, DeleteParams};
 use serde_json::{Value, json};
@@ -34,11 +35,14 @@ fn machine_spec() -> Value {
 }
 
 async fn ready_cluster() -> Env {
-    let env = Env::start().await;
+    ready(Env::start().await, cluster_spec()).await
+}
+
+/// Runs the controllers on `env` with a provisioned cluster `demo` of this spec.
+async fn ready(env: Env, spec: Value) -> Env {
     env.create_credentials("demo-credentials", None).await;
     let uid = env.create_capi_cluster("demo").await;
-    env.create_proxmox_cluster("demo", &uid, cluster_spec())
-        .await;
+    env.create_proxmox_cluster("demo", &uid, spec).await;
     env.run_controllers();
     let cluster = env
         .wait_cluster("demo", "Ready=True", |c| {
@@ -246,4 +250,156 @@ async fn a_go_provider_machine_deleted_at_takeover_takes_its_vm_with_it() {
         matches!(proxmox.find_vm(150).await, Ok(None)),
         "VM 150 was deleted with its machine"
     );
+}
+
+/// The test cluster with `local-lvm` on every node and template 9000 on pve1's `local-lvm`,
+/// plus copies of it (same name and tags, on their node's `local-lvm`) at these nodes and VMIDs.
+fn local_template_topology(copies: &[(&str, u32)]) -> Topology {
+    let mut topology =
+        Topology::from_yaml(common::env::TOPOLOGY, "test topology").expect("topology");
+    topology.storages.push(StorageSpec {
+        name: "local-lvm".into(),
+        kind: "lvmthin".into(),
+        shared: false,
+        content: vec!["images".into(), "rootdir".into()],
+        nodes: vec![],
+        size_gib: 1024,
+    });
+    topology.templates[0].storage = "local-lvm".into();
+    for (node, vmid) in copies {
+        let mut copy = topology.templates[0].clone();
+        copy.node = (*node).into();
+        copy.vmid = *vmid;
+        topology.templates.push(copy);
+    }
+    topology
+}
+
+/// The clone requests Proxmox answered: (path, status, whether a target node was sent).
+fn clone_requests(env: &Env) -> Vec<(String, u16, bool)> {
+    env.sim
+        .request_log()
+        .into_iter()
+        .filter(|r| r.endpoint == "POST /nodes/{node}/qemu/{vmid}/clone")
+        .map(|r| (r.path, r.status, r.params.iter().any(|p| p == "target")))
+        .collect()
+}
+
+fn node_of(machine: &ProxmoxMachine) -> String {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.proxmox_node.clone())
+        .unwrap_or_default()
+}
+
+/// A template on pve1's local storage: rack-a (pve1, pve2) machines are all cloned on pve1
+/// (Proxmox refuses to clone local disks to another node) and no clone fails; rack-b (pve3,
+/// pve4) has no node that can receive a clone, so its machine waits and says why.
+#[tokio::test]
+async fn a_template_on_node_local_storage_keeps_its_zones_machines_on_its_node() {
+    let topology = local_template_topology(&[]);
+    let env = ready(
+        Env::start_with_topology(topology, SimOptions::default()).await,
+        cluster_spec(),
+    )
+    .await;
+    let names = ["demo-md-1", "demo-md-2", "demo-md-3"];
+    for name in names {
+        env.create_machine("demo", name, Some("rack-a"), false, machine_spec())
+            .await;
+    }
+    for name in names {
+        let machine = env
+            .wait_machine(name, "provisioned", ProxmoxMachine::is_provisioned)
+            .await;
+        assert_eq!(node_of(&machine), "pve1", "{name}");
+    }
+    assert_eq!(
+        clone_requests(&env),
+        vec![("/nodes/pve1/qemu/9000/clone".to_owned(), 200, false); names.len()],
+        "one clone per machine, on the template's node"
+    );
+    assert!(
+        env.sim
+            .task_records()
+            .iter()
+            .filter(|t| t.kind == "qmclone")
+            .all(|t| t.ok),
+        "a clone task failed"
+    );
+    assert_eq!(
+        env.sim.with_cluster(|c| c.vm_count()),
+        1 + names.len(),
+        "the template and one VM per machine"
+    );
+
+    env.create_machine("demo", "demo-md-b", Some("rack-b"), false, machine_spec())
+        .await;
+    let (_, message) = env
+        .wait_machine_reason("demo-md-b", "TemplateUnreachable")
+        .await;
+    for part in [
+        "VM template \"ubuntu-2404-kube\"",
+        "9000 \"ubuntu-2404-kube\" on pve1",
+        "node-local storage \"local-lvm\"",
+        "zone \"rack-b\": \"pve3\", \"pve4\"",
+    ] {
+        assert!(message.contains(part), "{part:?} missing in {message}");
+    }
+    assert_eq!(
+        clone_requests(&env).len(),
+        names.len(),
+        "no clone was tried for rack-b"
+    );
+}
+
+/// Copies of one template (same name and tags) on pve1's and pve2's local storage, in a zone
+/// of pve1, pve2 and pve5: machines land on pve1 and pve2 only, each cloned from its own
+/// node's copy without a cross-node clone.
+#[tokio::test]
+async fn per_node_template_copies_each_serve_their_own_node() {
+    let topology = local_template_topology(&[("pve2", 9001)]);
+    let mut spec = cluster_spec();
+    spec["zoneConfig"][0]["nodes"] = json!(["pve1", "pve2", "pve5"]);
+    let env = ready(
+        Env::start_with_topology(topology, SimOptions::default()).await,
+        spec,
+    )
+    .await;
+    let mut by_tags = machine_spec();
+    let fields = by_tags.as_object_mut().expect("spec object");
+    fields.remove("sourceNode");
+    fields.remove("templateID");
+    fields.insert(
+        "templateSelector".into(),
+        json!({"matchTags": ["capmox", "ubuntu"]}),
+    );
+    let names = ["demo-md-1", "demo-md-2", "demo-md-3", "demo-md-4"];
+    for name in names {
+        env.create_machine("demo", name, Some("rack-a"), false, by_tags.clone())
+            .await;
+    }
+    let mut nodes = std::collections::BTreeSet::new();
+    for name in names {
+        let machine = env
+            .wait_machine(name, "provisioned", ProxmoxMachine::is_provisioned)
+            .await;
+        nodes.insert(node_of(&machine));
+    }
+    assert_eq!(
+        nodes,
+        ["pve1", "pve2"].map(str::to_owned).into(),
+        "spread over the nodes with a copy, never pve5"
+    );
+    let clones = clone_requests(&env);
+    assert_eq!(clones.len(), names.len(), "{clones:?}");
+    for (path, status, target) in clones {
+        assert!(
+            ["/nodes/pve1/qemu/9000/clone", "/nodes/pve2/qemu/9001/clone"].contains(&path.as_str())
+                && status == 200
+                && !target,
+            "{path} answered {status}, target sent: {target}"
+        );
+    }
 }

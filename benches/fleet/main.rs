@@ -253,7 +253,8 @@ fn node_name(zone: u32, node: u32) -> String {
     format!("pve-{}{}", (b'a' + zone as u8) as char, node + 1)
 }
 
-/// Nodes with room for the whole fleet, local storage with a template copy on every node.
+/// Nodes with room for the whole fleet, local storage with a copy of the template on every node
+/// (same name and tags: copies of one template).
 fn topology(args: &Args) -> Result<Topology, BenchError> {
     let nodes = args.zones * args.nodes_per_zone;
     let per_node = args.machines.div_ceil(nodes) as u64 + 2;
@@ -266,7 +267,7 @@ fn topology(args: &Args) -> Result<Topology, BenchError> {
             let index = zone * args.nodes_per_zone + node;
             node_specs.push(json!({"name": name, "memory_mib": memory_mib, "cores": 64}));
             templates.push(json!({
-                "vmid": 9000 + index, "name": format!("ubuntu-2404-kube-{name}"), "node": name,
+                "vmid": 9000 + index, "name": "ubuntu-2404-kube", "node": name,
                 "tags": ["capmox", "bench"], "storage": "local-lvm", "disk_gib": 10,
                 "config": {"agent": "1", "net0": format!("virtio=BC:24:11:00:{:02X}:{:02X},bridge=vmbr0", index / 256, index % 256)}
             }));

@@ -38,15 +38,15 @@ use tokio_util::sync::CancellationToken;
 use super::Context;
 use super::cluster::{self, ClusterError};
 use super::conditions::{self, Decided, Status};
-use super::vmid::VmidClaim;
 use crate::api::{
     self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
     ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, annotations, finalizers, labels,
 };
 use crate::capi::{self, IPAddress, IPAddressClaim, IpPoolReference};
 use crate::placement::{
-    self, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory, PlacedMachine, Placement,
-    ScheduleRequest, TemplateInfo, TemplateSource,
+    self, CloneSources, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory,
+    PlacedMachine, Placement, ScheduleRequest, StorageInfo, TemplateChoice, TemplateCopy,
+    TemplateError, TemplateInfo, TemplateSource,
 };
 use crate::proxmox::{
     CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
@@ -124,6 +124,19 @@ pub fn machine_tag(machine: &ProxmoxMachine) -> String {
         .take(16)
         .collect();
     format!("{MACHINE_TAG_PREFIX}{}", short.to_ascii_lowercase())
+}
+
+/// Whom a VMID claim belongs to: the machine's UID (a machine re-created under the same name
+/// is another machine), else its namespace and name.
+fn claim_key(machine: &ProxmoxMachine) -> String {
+    match machine.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid.to_owned(),
+        _ => format!(
+            "{}/{}",
+            machine.metadata.namespace.as_deref().unwrap_or_default(),
+            machine.name_any()
+        ),
+    }
 }
 
 /// Runs the controller until `shutdown` is cancelled.
@@ -853,6 +866,9 @@ impl<'a> Reconcile<'a> {
             }
             // The VMID belongs to someone else now: forget it and create ours elsewhere.
             tracing::warn!(machine = %scope.name, vmid, "the recorded VMID belongs to another VM; choosing a new one");
+            self.context
+                .vmid_claims
+                .unclaim(vmid, &claim_key(self.machine));
             scope.status.virtual_machine_id = None;
             scope.current.virtual_machine_id = None;
         }
@@ -891,76 +907,19 @@ impl<'a> Reconcile<'a> {
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
     ) -> Result<Step, MachineError> {
-        // Template and node.
-        let templates: Vec<TemplateInfo> = resources
-            .iter()
-            .filter(|r| r.kind == ResourceType::Qemu && r.template)
-            .filter_map(|r| {
-                Some(TemplateInfo {
-                    node: r.node.clone()?,
-                    vmid: r.vmid?,
-                    name: r.name.clone().unwrap_or_default(),
-                    tags: r.tags.clone(),
-                })
-            })
-            .collect();
-        let template_memory = |vmid: u32| {
-            resources
-                .iter()
-                .find(|r| r.vmid == Some(vmid))
-                .and_then(|r| r.maxmem)
+        let (source, target) = match self
+            .clone_source(scope, placement, proxmox, resources)
+            .await?
+        {
+            Ok(chosen) => chosen,
+            Err(step) => return Ok(step),
         };
-        let node = match placement.candidates() {
-            NodeCandidates::TemplateNode => None,
-            NodeCandidates::Nodes(_) => {
-                let inventory = self.inventory(scope, resources).await?;
-                let first_template = match placement.template() {
-                    TemplateSource::Id { vmid, .. } => u32::try_from(*vmid).ok(),
-                    TemplateSource::Tags(selector) => {
-                        placement::select_template(selector, &templates, None)
-                            .ok()
-                            .map(|c| c.vmid)
-                    }
-                };
-                let request =
-                    ScheduleRequest::new(placement, first_template.and_then(template_memory));
-                let mut reservations = self.context.reservations.lock().await;
-                reservations.release_visible(&inventory);
-                match reservations.schedule_and_reserve(placement, &inventory, &request) {
-                    Ok(choice) => Some(choice.node),
-                    Err(error) => {
-                        return Ok(waiting(
-                            error.reason(),
-                            error.to_string(),
-                            Action::requeue(Duration::from_secs(30)),
-                        ));
-                    }
-                }
-            }
-        };
-        let (source_node, template_vmid) = match placement.template() {
-            TemplateSource::Id { vmid, node } => {
-                (node.clone(), u32::try_from(*vmid).unwrap_or_default())
-            }
-            TemplateSource::Tags(selector) => {
-                match placement::select_template(selector, &templates, node.as_deref()) {
-                    Ok(choice) => (choice.node, choice.vmid),
-                    Err(error) => {
-                        self.context.reservations.lock().await.release(&scope.name);
-                        return Ok(waiting(
-                            error.reason(),
-                            error.to_string(),
-                            Action::requeue(Duration::from_secs(60)),
-                        ));
-                    }
-                }
-            }
-        };
-        let target = node.unwrap_or_else(|| source_node.clone());
+        let (source_node, template_vmid) = (source.node, source.vmid);
 
         // The VMID: the recorded one if it is still free, else from the range or Proxmox.
-        // Claimed until this pass ends, so parallel reconciles never clone to the same one.
-        let vmid_claim = match self.pick_vmid(scope, proxmox, resources).await? {
+        // Claimed for this machine until it is deleted, so no other machine ever records it,
+        // even while a clone that did not happen leaves it free in Proxmox.
+        let vmid = match self.pick_vmid(scope, proxmox, resources).await? {
             Some(claim) => claim,
             None => {
                 self.context.reservations.lock().await.release(&scope.name);
@@ -976,7 +935,6 @@ impl<'a> Reconcile<'a> {
                 ));
             }
         };
-        let vmid = vmid_claim.vmid();
         self.context
             .reservations
             .lock()
@@ -1055,6 +1013,9 @@ impl<'a> Reconcile<'a> {
             Err(ProxmoxError::AlreadyExists { .. }) => {
                 // Taken meanwhile by someone else: forget it and pick another next time.
                 scope.status.virtual_machine_id = None;
+                self.context
+                    .vmid_claims
+                    .unclaim(vmid, &claim_key(self.machine));
                 return Ok(waiting(
                     "VMIDTaken",
                     format!("VMID {vmid} was taken meanwhile; choosing another"),
@@ -1070,60 +1031,204 @@ impl<'a> Reconcile<'a> {
         ))
     }
 
+    /// The template copy to clone and the node to clone to. The template's copies (one, or
+    /// one per node for node-local storage) decide which candidate nodes can receive a clone;
+    /// the scheduler chooses among those only, and the chosen node clones its own copy, else a
+    /// copy on shared storage. `Err`: the machine waits (no template, ambiguous, no node).
+    async fn clone_source(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<Result<(TemplateChoice, String), Step>, MachineError> {
+        let templates: Vec<TemplateInfo> = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Qemu && r.template)
+            .filter_map(|r| {
+                Some(TemplateInfo {
+                    node: r.node.clone()?,
+                    vmid: r.vmid?,
+                    name: r.name.clone().unwrap_or_default(),
+                    tags: r.tags.clone(),
+                })
+            })
+            .collect();
+        let copies = match placement.template() {
+            TemplateSource::Id { vmid, node } => {
+                let vmid = u32::try_from(*vmid).unwrap_or_default();
+                let listed = templates.iter().find(|t| t.vmid == vmid);
+                vec![TemplateInfo {
+                    node: node.clone(),
+                    vmid,
+                    name: listed
+                        .as_ref()
+                        .map(|t| t.name.clone())
+                        .filter(|n| !n.is_empty())
+                        .unwrap_or_else(|| vmid.to_string()),
+                    tags: listed.map(|t| t.tags.clone()).unwrap_or_default(),
+                }]
+            }
+            TemplateSource::Tags(selector) => {
+                match placement::select_template(selector, &templates) {
+                    Ok(copies) => copies,
+                    Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
+                }
+            }
+        };
+        // Where the copies' volumes live matters only for a candidate node without a copy.
+        let elsewhere = match placement.candidates() {
+            NodeCandidates::Nodes(nodes) => {
+                nodes.iter().any(|n| !copies.iter().any(|c| c.node == *n))
+            }
+            NodeCandidates::TemplateNode => false,
+        };
+        let mut with_storages = Vec::with_capacity(copies.len());
+        for template in copies {
+            let storages = if elsewhere {
+                Some(
+                    proxmox
+                        .vm_config(&template.node, template.vmid)
+                        .await?
+                        .volume_storages(),
+                )
+            } else {
+                None
+            };
+            with_storages.push(TemplateCopy { template, storages });
+        }
+        let template_memory = with_storages.first().and_then(|c| {
+            resources
+                .iter()
+                .find(|r| r.vmid == Some(c.template.vmid))
+                .and_then(|r| r.maxmem)
+        });
+        let storages: Vec<StorageInfo> = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Storage)
+            .filter_map(|r| {
+                Some(StorageInfo {
+                    node: r.node.clone()?,
+                    storage: r.storage.clone()?,
+                    shared: r.shared,
+                })
+            })
+            .collect();
+        let sources = CloneSources::new(
+            with_storages,
+            &storages,
+            self.machine.spec.storage.as_deref(),
+        );
+
+        let node = if placement.needs_scheduling() {
+            let narrowed = match sources.narrow(placement) {
+                Ok(narrowed) => narrowed,
+                Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
+            };
+            let inventory = self.inventory(scope, resources).await?;
+            let request = ScheduleRequest::new(&narrowed, template_memory);
+            let mut reservations = self.context.reservations.lock().await;
+            reservations.release_visible(&inventory);
+            match reservations.schedule_and_reserve(&narrowed, &inventory, &request) {
+                Ok(choice) => Some(choice.node),
+                Err(error) => {
+                    return Ok(Err(waiting(
+                        error.reason(),
+                        error.to_string(),
+                        Action::requeue(Duration::from_secs(30)),
+                    )));
+                }
+            }
+        } else {
+            None
+        };
+        match sources.choose(node.as_deref()) {
+            Ok(source) => {
+                let target = node.unwrap_or_else(|| source.node.clone());
+                Ok(Ok((source, target)))
+            }
+            Err(error) => Ok(Err(self.template_waiting(scope, &error).await)),
+        }
+    }
+
+    /// Waits on a template problem (checked again in a minute: templates are not watched),
+    /// giving back any memory reserved for the machine.
+    async fn template_waiting(&self, scope: &Scope, error: &TemplateError) -> Step {
+        self.context.reservations.lock().await.release(&scope.name);
+        waiting(
+            error.reason(),
+            error.to_string(),
+            Action::requeue(Duration::from_secs(60)),
+        )
+    }
+
+    /// A VMID for the machine, claimed for it: the recorded one while no VM uses it, else the
+    /// first free one of `spec.vmIDRange` or from Proxmox's `nextid` that no other machine holds.
     async fn pick_vmid(
         &self,
         scope: &Scope,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Result<Option<VmidClaim>, MachineError> {
+    ) -> Result<Option<u32>, MachineError> {
         let claims = &self.context.vmid_claims;
+        claims.seed(|| self.recorded_vmids()).await?;
+        let key = claim_key(self.machine);
         let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
         if let Some(recorded) = scope
             .status
             .virtual_machine_id
             .and_then(|id| u32::try_from(id).ok())
             && !used(recorded)
-            && let Some(claim) = claims.claim(recorded)
+            && claims.claim(recorded, &key)
         {
-            return Ok(Some(claim));
+            return Ok(Some(recorded));
         }
-        let Some(range) = &self.machine.spec.vm_id_range else {
-            // Proxmox names the lowest free VMID; while parallel reconciles hold it and the
-            // ones after it, the next unclaimed one Proxmox accepts is taken.
-            let lowest = proxmox.next_id(None).await?;
-            for vmid in lowest..=MAX_VMID {
-                let Some(claim) = claims.claim(vmid) else {
-                    continue;
-                };
-                if vmid == lowest || vmid_free(proxmox, vmid).await? {
-                    return Ok(Some(claim));
+        // Proxmox names the lowest VMID without a VM; while other machines hold it and the ones
+        // after it, the next unclaimed one Proxmox accepts is taken.
+        let candidates = match &self.machine.spec.vm_id_range {
+            Some(range) => (range.start, range.end),
+            None => {
+                let lowest = proxmox.next_id(None).await?;
+                if claims.claim(lowest, &key) {
+                    return Ok(Some(lowest));
                 }
+                (i64::from(lowest) + 1, i64::from(MAX_VMID))
             }
-            return Ok(None);
         };
-        let taken_by_machines: Vec<i64> = scope
-            .api
-            .list(&ListParams::default())
-            .await?
-            .into_iter()
-            .filter(|m| m.name_any() != scope.name)
-            .filter_map(|m| m.status.and_then(|s| s.virtual_machine_id))
-            .collect();
-        for candidate in range.start..=range.end {
+        for candidate in candidates.0..=candidates.1 {
             let Ok(vmid) = u32::try_from(candidate) else {
                 continue;
             };
-            if used(vmid) || taken_by_machines.contains(&candidate) {
+            if used(vmid) || !claims.claim(vmid, &key) {
                 continue;
             }
-            let Some(claim) = claims.claim(vmid) else {
-                continue;
-            };
             if vmid_free(proxmox, vmid).await? {
-                return Ok(Some(claim));
+                return Ok(Some(vmid));
             }
+            claims.unclaim(vmid, &key);
         }
         Ok(None)
+    }
+
+    /// The VMIDs the ProxmoxMachines this controller watches have recorded, by machine, to
+    /// seed the claims of a freshly started process.
+    async fn recorded_vmids(&self) -> Result<Vec<(String, u32)>, MachineError> {
+        let api: Api<ProxmoxMachine> = match &self.context.config.watch_namespace {
+            Some(namespace) => Api::namespaced(self.context.client.clone(), namespace),
+            None => Api::all(self.context.client.clone()),
+        };
+        let machines = api.list(&ListParams::default()).await?;
+        Ok(machines
+            .iter()
+            .flat_map(|m| {
+                let status = m.status.as_ref().and_then(|s| s.virtual_machine_id);
+                [status, m.spec.virtual_machine_id]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|id| u32::try_from(id).ok())
+                    .map(|vmid| (claim_key(m), vmid))
+            })
+            .collect())
     }
 
     /// Nodes with their memory, guests and this cluster's machines, for the scheduler.
@@ -1745,6 +1850,7 @@ impl<'a> Reconcile<'a> {
     async fn released(&self, scope: &Scope) -> Result<Action, MachineError> {
         self.context.reservations.lock().await.release(&scope.name);
         cluster::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
+        self.context.vmid_claims.release(&claim_key(self.machine));
         Ok(Action::await_change())
     }
 

@@ -6,11 +6,13 @@
 //! - Cluster controller: [`failure_domains`] for `status.failureDomains` (on error keep the last
 //!   good list and report the [`ZoneConfigError`]); [`cluster_pools`] for the `InClusterIPPool`s.
 //! - Machine controller: [`Placement::resolve`] from the ProxmoxCluster, ProxmoxMachine and CAPI
-//!   Machine; if [`Placement::needs_scheduling`], [`Reservations::schedule_and_reserve`] with a
-//!   [`NodeInventory`] read from Proxmox (for a [`TemplateSource::Tags`] source with per-node
-//!   templates, first narrowed to [`template_nodes`]); then [`select_template`] with the chosen
-//!   node; IPAM claims the [`PoolClaim`]s of [`Placement::network_devices`]; cloud-init reads
-//!   the same NICs.
+//!   Machine; the template's copies ([`select_template`] for a [`TemplateSource::Tags`] source)
+//!   with the storages of their volumes become [`CloneSources`]; if
+//!   [`Placement::needs_scheduling`], [`CloneSources::narrow`] keeps the candidate nodes that can
+//!   receive a clone (a copy on the node, or a copy on shared storage) and
+//!   [`Reservations::schedule_and_reserve`] chooses among them with a [`NodeInventory`] read from
+//!   Proxmox; [`CloneSources::choose`] gives the copy to clone for the chosen node; IPAM claims
+//!   the [`PoolClaim`]s of [`Placement::network_devices`]; cloud-init reads the same NICs.
 //!
 //! Nothing downstream reads `allowedNodes`, `network.zone`, `zoneConfig`, `schedulerHints` or the
 //! NIC pool fields itself: they are only reachable through this module, and a test
@@ -26,14 +28,19 @@
 //!   a request equal to what is left fits; memory promised to machines still being created counts;
 //!   an unset `memoryMiB` uses the template's memory instead of 0; "nothing fits" is retried, not terminal.
 //! - Spreading counts machines of the same owner first (KCP or MachineDeployment), then role.
-//! - `bestSubset` picks the template with the fewest extra tags whatever the listing order, the
-//!   user's `matchTags` are never rewritten, and per-node templates resolve to the chosen node's copy.
+//! - `bestSubset` picks the template with the fewest extra tags whatever the listing order, and
+//!   the user's `matchTags` are never rewritten. Exactly one template must match, as in Go, but
+//!   its copies on several nodes (same name and tags) count as one: the chosen node clones its
+//!   own copy. Different templates matching are ambiguous, on whatever node.
+//! - A machine is only scheduled to nodes that can receive a clone of its template (Go let a
+//!   clone of a template on node-local storage fail on the other nodes forever).
 //! - Claims reference pools with the bare API group `ipam.cluster.x-k8s.io`, never a group/version.
 
 mod failure_domains;
 mod pools;
 mod resolve;
 mod scheduler;
+mod sources;
 mod templates;
 
 #[cfg(test)]
@@ -56,7 +63,8 @@ pub use scheduler::{
     GuestInfo, GuestKind, NodeChoice, NodeInfo, NodeInventory, PlacedMachine, Reservation,
     Reservations, ScheduleError, ScheduleRequest, schedule,
 };
+pub use sources::{CloneSources, StorageInfo, TemplateCopy};
 pub use templates::{
     TagSelector, TemplateChoice, TemplateError, TemplateInfo, normalize_tags, select_template,
-    split_proxmox_tags, template_nodes,
+    split_proxmox_tags,
 };

@@ -377,6 +377,15 @@ impl Placement {
         &self.candidates
     }
 
+    /// The same placement with other candidate nodes (those that can receive a clone of the
+    /// template, see [`super::CloneSources::narrow`]).
+    pub(super) fn with_candidates(&self, nodes: Vec<String>) -> Self {
+        Self {
+            candidates: NodeCandidates::Nodes(nodes),
+            ..self.clone()
+        }
+    }
+
     /// Whether the scheduler must choose a node (false: clone on the template's node).
     pub fn needs_scheduling(&self) -> bool {
         matches!(self.candidates, NodeCandidates::Nodes(_))

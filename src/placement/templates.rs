@@ -5,6 +5,8 @@ use std::fmt;
 
 use crate::api::{TemplateMatchPolicy, TemplateSelector};
 
+use super::failure_domains::quoted_list;
+
 /// A normalised `templateSelector`: tags trimmed, lower-cased, deduplicated and sorted (a copy;
 /// the user's list is never touched).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,7 +89,17 @@ pub struct TemplateChoice {
     pub vmid: u32,
 }
 
-/// Why no single template could be chosen; both list what was found so the user can fix tags.
+impl From<&TemplateInfo> for TemplateChoice {
+    fn from(t: &TemplateInfo) -> Self {
+        Self {
+            node: t.node.clone(),
+            vmid: t.vmid,
+        }
+    }
+}
+
+/// Why no template can be cloned for the machine; each lists what was found so the user can
+/// fix tags, copies or nodes.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
     /// `matchTags` holds no usable tag after trimming.
@@ -106,12 +118,12 @@ pub enum TemplateError {
         /// Templates carrying all wanted tags that the policy still rejected.
         near_misses: Vec<String>,
     },
-    /// Several templates match equally well.
+    /// Different templates match equally well (or one node holds two copies).
     #[error(
-        "{} VM templates match tags {wanted:?} with matchPolicy {policy}{}: {}; \
-         exactly one must match (tag one template per node, or make the tags distinct)",
+        "{} VM templates match tags {wanted:?} with matchPolicy {policy}: {}; exactly one \
+         template must match (copies of it on several nodes must carry the same name and tags, \
+         one per node), or make the tags distinct",
         .candidates.len(),
-        on_node(.node),
         .candidates.join(", ")
     )]
     Ambiguous {
@@ -119,17 +131,49 @@ pub enum TemplateError {
         wanted: String,
         /// The match policy.
         policy: String,
-        /// Node the choice was restricted to, if any.
-        node: Option<String>,
         /// The matching templates.
         candidates: Vec<String>,
+    },
+    /// The template has copies on several nodes, but the machine has no candidate nodes to
+    /// choose among them.
+    #[error(
+        "VM template {template:?} has copies on several nodes ({}) and this machine has no zone \
+         or allowed nodes to choose among them; set allowedNodes (or a failure domain with \
+         nodes) so capmox schedules it, or keep one copy",
+        .copies.join(", ")
+    )]
+    CopiesWithoutNodes {
+        /// Name of the template.
+        template: String,
+        /// Its copies.
+        copies: Vec<String>,
+    },
+    /// None of the nodes the machine may use can receive a clone of the template: its disks
+    /// are on one node's local storage (or on storage those nodes lack). Waits for a copy.
+    #[error(
+        "VM template {template:?} cannot be cloned to any node this machine may use ({}): {}; \
+         add a copy of the template (same name and tags) on one of these nodes, or keep its \
+         disks on shared storage that these nodes have",
+        nodes_text(.zone, .nodes),
+        .copies.join("; ")
+    )]
+    Unreachable {
+        /// Name of the template.
+        template: String,
+        /// Each copy with its node and why it cannot reach these nodes.
+        copies: Vec<String>,
+        /// The machine's zone, if any.
+        zone: Option<String>,
+        /// The nodes the machine may use.
+        nodes: Vec<String>,
     },
 }
 
 impl TemplateError {
-    /// Template errors need a change to tags or templates, so retrying alone does not help.
+    /// Only a missing copy on the machine's nodes may resolve itself (a copy being added);
+    /// the others need a change to tags, templates or the spec.
     pub fn is_retryable(&self) -> bool {
-        false
+        matches!(self, Self::Unreachable { .. })
     }
 
     /// Condition reason for the machine's `VirtualMachineProvisioned` condition.
@@ -137,7 +181,8 @@ impl TemplateError {
         match self {
             Self::NoTags => "InvalidSpec",
             Self::NotFound { .. } => "TemplateNotFound",
-            Self::Ambiguous { .. } => "AmbiguousTemplate",
+            Self::Ambiguous { .. } | Self::CopiesWithoutNodes { .. } => "AmbiguousTemplate",
+            Self::Unreachable { .. } => "TemplateUnreachable",
         }
     }
 }
@@ -153,10 +198,12 @@ fn describe_near_misses(items: &[String]) -> String {
     }
 }
 
-fn on_node(node: &Option<String>) -> String {
-    node.as_ref()
-        .map(|n| format!(" on node {n}"))
-        .unwrap_or_default()
+fn nodes_text(zone: &Option<String>, nodes: &[String]) -> String {
+    let nodes = quoted_list(nodes);
+    match zone {
+        Some(zone) => format!("zone {zone:?}: {nodes}"),
+        None => nodes,
+    }
 }
 
 fn policy_name(policy: TemplateMatchPolicy) -> &'static str {
@@ -167,17 +214,24 @@ fn policy_name(policy: TemplateMatchPolicy) -> &'static str {
     }
 }
 
-/// Picks the one template matching `selector`.
+/// What makes templates copies of one template: the same name and the same (normalised) tags.
+/// Not the config digest: every copy has its own disk volumes, MAC addresses and SMBIOS UUID,
+/// so digests of copies always differ.
+fn identity(t: &TemplateInfo) -> (&str, Vec<String>) {
+    (t.name.as_str(), normalize_tags(&t.tags))
+}
+
+/// Picks the one template matching `selector`, as its copies (one per node, sorted by node).
 ///
-/// With `node` set (the scheduler's choice) a match on that node wins, so per-node templates
-/// (the same tags on every node, for local storage) resolve to the local copy; if that node has
-/// none, the single match elsewhere is used (a cross-node clone, as the Go provider does).
-/// `bestSubset` keeps only the matches with the fewest extra tags, whatever the listing order.
+/// Like the Go provider, exactly one template must match, across the whole Proxmox cluster
+/// (so identical machines get the same template whatever their zone), except that copies of
+/// it on several nodes (same name and tags, for node-local storage) count as one. Matches that
+/// differ in name or tags, or two copies on one node, are ambiguous. `bestSubset` keeps only
+/// the matches with the fewest extra tags, whatever the listing order.
 pub fn select_template(
     selector: &TagSelector,
     templates: &[TemplateInfo],
-    node: Option<&str>,
-) -> Result<TemplateChoice, TemplateError> {
+) -> Result<Vec<TemplateInfo>, TemplateError> {
     if selector.tags.is_empty() {
         return Err(TemplateError::NoTags);
     }
@@ -193,72 +247,37 @@ pub fn select_template(
                 .then(|| (t, have.len() - wanted.len()))
         })
         .collect();
+    let best = supersets.iter().map(|(_, d)| *d).min();
+    let mut found: Vec<TemplateInfo> = supersets
+        .iter()
+        .filter(|(_, extra)| match selector.policy {
+            TemplateMatchPolicy::Exact => *extra == 0,
+            TemplateMatchPolicy::UniqueSubset => true,
+            TemplateMatchPolicy::BestSubset => Some(*extra) == best,
+        })
+        .map(|(t, _)| (*t).clone())
+        .collect();
+    found.sort_by(|a, b| (&a.node, a.vmid).cmp(&(&b.node, b.vmid)));
 
-    let matches_in = |scope: &[(&TemplateInfo, usize)]| -> Vec<TemplateInfo> {
-        let best = scope.iter().map(|(_, d)| *d).min();
-        scope
-            .iter()
-            .filter(|(_, extra)| match selector.policy {
-                TemplateMatchPolicy::Exact => *extra == 0,
-                TemplateMatchPolicy::UniqueSubset => true,
-                TemplateMatchPolicy::BestSubset => Some(*extra) == best,
-            })
-            .map(|(t, _)| (*t).clone())
-            .collect()
-    };
-
-    let wanted_text = selector.tags.join(";");
+    let wanted = selector.tags.join(";");
     let policy = policy_name(selector.policy).to_owned();
-    let ambiguous = |node: Option<&str>, found: &[TemplateInfo]| TemplateError::Ambiguous {
-        wanted: wanted_text.clone(),
-        policy: policy.clone(),
-        node: node.map(str::to_owned),
-        candidates: found.iter().map(ToString::to_string).collect(),
-    };
-
-    if let Some(node) = node {
-        let local: Vec<_> = supersets
-            .iter()
-            .filter(|(t, _)| t.node == node)
-            .copied()
-            .collect();
-        let found = matches_in(&local);
-        match found.as_slice() {
-            [one] => return Ok(choice(one)),
-            [] => {}
-            many => return Err(ambiguous(Some(node), many)),
-        }
-    }
-    let found = matches_in(&supersets);
-    match found.as_slice() {
-        [one] => Ok(choice(one)),
-        [] => Err(TemplateError::NotFound {
-            wanted: wanted_text,
+    let Some(first) = found.first() else {
+        return Err(TemplateError::NotFound {
+            wanted,
             policy,
             near_misses: supersets.iter().map(|(t, _)| t.to_string()).collect(),
-        }),
-        many => Err(ambiguous(None, many)),
-    }
-}
-
-/// Nodes that hold their own matching template (the ones [`select_template`] resolves locally).
-/// With per-node templates on local storage, the controller keeps only these nodes in the
-/// inventory before scheduling, so the chosen node always has a copy to clone.
-pub fn template_nodes(selector: &TagSelector, templates: &[TemplateInfo]) -> Vec<String> {
-    let nodes: BTreeSet<&str> = templates.iter().map(|t| t.node.as_str()).collect();
-    nodes
-        .into_iter()
-        .filter(|node| {
-            select_template(selector, templates, Some(node)).is_ok_and(|c| c.node == *node)
+        });
+    };
+    let one_template = found.iter().all(|t| identity(t) == identity(first));
+    let one_per_node = found.windows(2).all(|pair| pair[0].node != pair[1].node);
+    if one_template && one_per_node {
+        Ok(found)
+    } else {
+        Err(TemplateError::Ambiguous {
+            wanted,
+            policy,
+            candidates: found.iter().map(ToString::to_string).collect(),
         })
-        .map(str::to_owned)
-        .collect()
-}
-
-fn choice(t: &TemplateInfo) -> TemplateChoice {
-    TemplateChoice {
-        node: t.node.clone(),
-        vmid: t.vmid,
     }
 }
 
@@ -272,6 +291,13 @@ mod tests {
             vmid,
             name: format!("tpl-{vmid}"),
             tags: split_proxmox_tags(tags),
+        }
+    }
+
+    fn copy(node: &str, vmid: u32, name: &str, tags: &str) -> TemplateInfo {
+        TemplateInfo {
+            name: name.to_owned(),
+            ..t(node, vmid, tags)
         }
     }
 
@@ -359,13 +385,17 @@ mod tests {
             ),
         ];
         for (name, tags, policy, want) in cases {
-            let got = select_template(&sel(tags, policy), &templates, None);
+            let got = select_template(&sel(tags, policy), &templates);
             match (want, got) {
-                (Ok(vmid), Ok(c)) => assert_eq!(c.vmid, vmid, "{name}"),
+                (Ok(vmid), Ok(copies)) => assert_eq!(vmids(&copies), [vmid], "{name}"),
                 (Err(msg), Err(e)) => assert!(e.to_string().contains(msg), "{name}: {e}"),
                 (want, got) => panic!("{name}: want {want:?}, got {got:?}"),
             }
         }
+    }
+
+    fn vmids(copies: &[TemplateInfo]) -> Vec<u32> {
+        copies.iter().map(|c| c.vmid).collect()
     }
 
     #[test]
@@ -374,97 +404,78 @@ mod tests {
         let a = t("pve1", 200, "base;extra1;extra2");
         let b = t("pve1", 201, "base;extra1");
         for templates in [vec![a.clone(), b.clone()], vec![b, a]] {
-            let c = select_template(&sel(&["base"], BestSubset), &templates, None).unwrap();
-            assert_eq!(c.vmid, 201);
+            let copies = select_template(&sel(&["base"], BestSubset), &templates).unwrap();
+            assert_eq!(vmids(&copies), [201]);
         }
     }
 
     #[test]
-    fn per_node_templates_pick_the_one_on_the_chosen_node() {
+    fn copies_of_one_template_on_several_nodes_are_one_match() {
+        // Per-node copies for node-local storage: same name and tags, listed in any order.
         let templates = vec![
-            t("pve1", 100, "ubuntu"),
-            t("pve2", 200, "ubuntu"),
-            t("pve3", 300, "ubuntu"),
+            copy("pve3", 300, "ubuntu-2404", "Ubuntu;k8s"),
+            copy("pve1", 100, "ubuntu-2404", "k8s;ubuntu"),
+            copy("pve2", 200, "ubuntu-2404", "ubuntu;K8S"),
+            copy("pve1", 101, "debian-12", "k8s;debian"),
         ];
-        let s = sel(&["ubuntu"], Exact);
-        assert_eq!(
-            select_template(&s, &templates, Some("pve2")).unwrap(),
-            TemplateChoice {
-                node: "pve2".into(),
-                vmid: 200
-            }
-        );
-        // Without a node (no scheduling) three templates are ambiguous.
-        let err = select_template(&s, &templates, None).unwrap_err();
+        let copies = select_template(&sel(&["ubuntu"], UniqueSubset), &templates).unwrap();
+        assert_eq!(vmids(&copies), [100, 200, 300], "sorted by node");
+    }
+
+    #[test]
+    fn different_templates_on_different_nodes_are_ambiguous_whatever_the_node() {
+        // Two identical machines must not get different templates because they were scheduled
+        // to different nodes: templates differing in name (or tags) are two templates.
+        let templates = vec![
+            copy("pve1", 100, "ubuntu-2404", "ubuntu"),
+            copy("pve2", 200, "ubuntu-2404-hwe", "ubuntu"),
+        ];
+        let err = select_template(&sel(&["ubuntu"], Exact), &templates).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "3 VM templates match tags \"ubuntu\" with matchPolicy exact: \
-             100 \"tpl-100\" on pve1 (tags \"ubuntu\"), 200 \"tpl-200\" on pve2 (tags \"ubuntu\"), \
-             300 \"tpl-300\" on pve3 (tags \"ubuntu\"); exactly one must match \
-             (tag one template per node, or make the tags distinct)"
+            "2 VM templates match tags \"ubuntu\" with matchPolicy exact: \
+             100 \"ubuntu-2404\" on pve1 (tags \"ubuntu\"), \
+             200 \"ubuntu-2404-hwe\" on pve2 (tags \"ubuntu\"); exactly one template must \
+             match (copies of it on several nodes must carry the same name and tags, one per \
+             node), or make the tags distinct"
         );
-        // A node without its own copy cannot choose among the others.
-        let err = select_template(&s, &templates, Some("pve9")).unwrap_err();
-        assert!(matches!(err, TemplateError::Ambiguous { node: None, .. }));
-    }
-
-    #[test]
-    fn template_nodes_are_those_with_their_own_unique_match() {
-        let templates = vec![
-            t("pve1", 100, "ubuntu"),
-            t("pve2", 200, "ubuntu"),
-            t("pve3", 300, "ubuntu;gpu"),
-            t("pve4", 400, "ubuntu;a"),
-            t("pve4", 401, "ubuntu;b"),
-        ];
-        assert_eq!(
-            template_nodes(&sel(&["ubuntu"], Exact), &templates),
-            ["pve1", "pve2"]
-        );
-        assert_eq!(
-            template_nodes(&sel(&["ubuntu"], UniqueSubset), &templates),
-            ["pve1", "pve2", "pve3"],
-            "pve4 has two candidates"
-        );
-        assert!(template_nodes(&sel(&["windows"], Exact), &templates).is_empty());
-    }
-
-    #[test]
-    fn a_single_template_elsewhere_is_used_for_a_node_without_one() {
-        let templates = vec![t("pve1", 100, "ubuntu")];
-        let c = select_template(&sel(&["ubuntu"], Exact), &templates, Some("pve2")).unwrap();
-        assert_eq!(c.node, "pve1");
-    }
-
-    #[test]
-    fn two_matches_on_the_chosen_node_are_ambiguous() {
-        let templates = vec![
-            t("pve1", 100, "ubuntu;a"),
-            t("pve1", 101, "ubuntu;b"),
-            t("pve2", 200, "ubuntu"),
-        ];
-        let err =
-            select_template(&sel(&["ubuntu"], UniqueSubset), &templates, Some("pve1")).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "2 VM templates match tags \"ubuntu\" with matchPolicy uniqueSubset on node pve1: \
-             100 \"tpl-100\" on pve1 (tags \"a;ubuntu\"), 101 \"tpl-101\" on pve1 (tags \"b;ubuntu\"); \
-             exactly one must match (tag one template per node, or make the tags distinct)"
-        );
-        assert!(!err.is_retryable());
         assert_eq!(err.reason(), "AmbiguousTemplate");
+        assert!(!err.is_retryable());
+        // Same name, different tags under uniqueSubset: still two templates.
+        let templates = vec![
+            copy("pve1", 100, "ubuntu-2404", "ubuntu;gpu"),
+            copy("pve2", 200, "ubuntu-2404", "ubuntu"),
+        ];
+        let err = select_template(&sel(&["ubuntu"], UniqueSubset), &templates).unwrap_err();
+        assert!(matches!(err, TemplateError::Ambiguous { .. }), "{err}");
+    }
+
+    #[test]
+    fn two_copies_on_one_node_are_ambiguous() {
+        let templates = vec![
+            copy("pve1", 100, "ubuntu-2404", "ubuntu"),
+            copy("pve1", 101, "ubuntu-2404", "ubuntu"),
+            copy("pve2", 200, "ubuntu-2404", "ubuntu"),
+        ];
+        let err = select_template(&sel(&["ubuntu"], Exact), &templates).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("3 VM templates match tags \"ubuntu\" with matchPolicy exact: 100"),
+            "{err}"
+        );
     }
 
     #[test]
     fn absence_lists_templates_the_policy_rejected() {
         let templates = vec![t("pve1", 100, "ubuntu;gpu")];
-        let err = select_template(&sel(&["ubuntu"], Exact), &templates, None).unwrap_err();
+        let err = select_template(&sel(&["ubuntu"], Exact), &templates).unwrap_err();
         assert_eq!(
             err.to_string(),
             "no VM template matches tags \"ubuntu\" with matchPolicy exact; templates carrying \
              all of them but rejected by the policy: 100 \"tpl-100\" on pve1 (tags \"gpu;ubuntu\")"
         );
-        let err = select_template(&sel(&["  "], Exact), &templates, None).unwrap_err();
+        assert_eq!(err.reason(), "TemplateNotFound");
+        let err = select_template(&sel(&["  "], Exact), &templates).unwrap_err();
         assert_eq!(err, TemplateError::NoTags);
     }
 }

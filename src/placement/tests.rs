@@ -376,15 +376,15 @@ fn kcp_spreads_control_planes_over_eligible_failure_domains() {
     }
 }
 
-/// The whole machine flow on per-node templates: resolve in rack-b, schedule onto one of its
-/// nodes, then clone the copy of the template that lives on that node.
+/// The whole machine flow on per-node templates on node-local storage: resolve in rack-b, keep
+/// the nodes with a copy, schedule onto one of them, then clone the copy on that node.
 #[test]
 fn per_node_template_follows_the_scheduled_node() {
     let c = cluster(
         &[],
         vec![
             zone("rack-a", &["pve1", "pve2"]),
-            zone("rack-b", &["pve3", "pve4"]),
+            zone("rack-b", &["pve3", "pve4", "pve5"]),
         ],
     );
     let mut m = machine("w-0", &[], None);
@@ -400,6 +400,7 @@ fn per_node_template_follows_the_scheduled_node() {
         &capi_machine("w-0", Some("rack-b"), false, Some(("MachineSet", "md-b-1"))),
     )
     .unwrap();
+    // Copies on pve1..pve4 (not pve5), each on its node's local-lvm.
     let templates: Vec<TemplateInfo> = (1..=4)
         .map(|i| TemplateInfo {
             node: node_name(i),
@@ -408,22 +409,42 @@ fn per_node_template_follows_the_scheduled_node() {
             tags: split_proxmox_tags("k8s;ubuntu-24.04"),
         })
         .collect();
-    // pve3 is fuller, so pve4 is chosen.
-    let inventory = NodeInventory {
-        nodes: (1..=4)
-            .map(|i| empty_node(&node_name(i), if i == 3 { 16 } else { 64 } * GIB))
-            .collect(),
-    };
-    let choice = Reservations::new()
-        .schedule_and_reserve(&p, &inventory, &ScheduleRequest::new(&p, None))
-        .unwrap();
-    assert_eq!(choice.node, "pve4");
     let TemplateSource::Tags(selector) = p.template() else {
         panic!("selector expected");
     };
-    let template = select_template(selector, &templates, Some(&choice.node)).unwrap();
+    let copies = select_template(selector, &templates)
+        .unwrap()
+        .into_iter()
+        .map(|template| TemplateCopy {
+            template,
+            storages: Some(strings(&["local-lvm"])),
+        })
+        .collect();
+    let storages: Vec<StorageInfo> = (1..=5)
+        .map(|i| StorageInfo {
+            node: node_name(i),
+            storage: "local-lvm".into(),
+            shared: false,
+        })
+        .collect();
+    let sources = CloneSources::new(copies, &storages, None);
+    let narrowed = sources.narrow(&p).unwrap();
     assert_eq!(
-        template,
+        narrowed.candidates(),
+        &NodeCandidates::Nodes(strings(&["pve3", "pve4"]))
+    );
+    // pve3 is fuller and pve5 (emptiest) has no copy, so pve4 is chosen.
+    let inventory = NodeInventory {
+        nodes: (1..=5)
+            .map(|i| empty_node(&node_name(i), if i == 3 { 16 } else { 64 * i as u64 } * GIB))
+            .collect(),
+    };
+    let choice = Reservations::new()
+        .schedule_and_reserve(&narrowed, &inventory, &ScheduleRequest::new(&p, None))
+        .unwrap();
+    assert_eq!(choice.node, "pve4");
+    assert_eq!(
+        sources.choose(Some(&choice.node)).unwrap(),
         TemplateChoice {
             node: "pve4".into(),
             vmid: 9004

@@ -450,7 +450,25 @@ impl VmConfig {
             .map(|(index, value)| NetDevice::parse(index, &value))
             .collect()
     }
+
+    /// Storages of the VM's volumes (disks, cloud-init drive, ISO images; not empty or host
+    /// drives), sorted: what Proxmox checks for sharing before it clones to another node.
+    pub fn volume_storages(&self) -> Vec<String> {
+        let storages: std::collections::BTreeSet<String> = DRIVE_PREFIXES
+            .iter()
+            .flat_map(|prefix| self.indexed(prefix))
+            .filter_map(|(_, value)| {
+                let file = parse_property_string(&value, "file").remove("file")?;
+                let (storage, _) = file.split_once(':')?;
+                (!file.starts_with('/')).then(|| storage.to_owned())
+            })
+            .collect();
+        storages.into_iter().collect()
+    }
 }
+
+/// Config keys (followed by an index) of a QEMU VM's drives.
+const DRIVE_PREFIXES: [&str; 6] = ["ide", "sata", "scsi", "virtio", "efidisk", "tpmstate"];
 
 /// A parsed `netN` value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -852,6 +870,30 @@ impl PowerAction {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_storages_are_those_of_disks_and_images_not_empty_drives() {
+        // The drives of go-proxmox's many-devices config fixture, plus empty and host drives.
+        let cfg: VmConfig = serde_json::from_value(serde_json::json!({
+            "ide0": "local:100/vm-101-disk-0.qcow2",
+            "ide1": "none,media=cdrom",
+            "ide2": "local:iso/debian-12.iso,media=cdrom",
+            "ide3": "cdrom,media=cdrom",
+            "sata0": "local-lvm:vm-101-disk-1,size=32G",
+            "sata1": "/dev/disk/by-id/ata-X,size=1T",
+            "scsi0": "file=ceph:vm-101-disk-0,size=32G",
+            "scsihw": "virtio-scsi-pci",
+            "unused0": "nfs:vm-101-unused",
+            "virtio0": "local-lvm:vm-101-disk-2,size=64G",
+            "efidisk0": "local-zfs:vm-101-disk-3,efitype=4m"
+        }))
+        .expect("decodes");
+        assert_eq!(
+            cfg.volume_storages(),
+            ["ceph", "local", "local-lvm", "local-zfs"]
+        );
+        assert!(VmConfig::default().volume_storages().is_empty());
+    }
 
     #[test]
     fn config_accessors() {

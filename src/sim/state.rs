@@ -121,6 +121,19 @@ impl Vm {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     }
+    /// Storages of every volume, CD-ROM images and cloud-init drives included (not empty or
+    /// host drives): what Proxmox checks for sharing before it clones to another node.
+    fn volume_storages(&self) -> BTreeSet<String> {
+        self.config
+            .iter()
+            .filter(|(k, _)| is_disk_key(k))
+            .filter_map(|(_, v)| {
+                let file = parse_property_string(v, "file").remove("file")?;
+                let (storage, _) = file.split_once(':')?;
+                (!file.starts_with('/')).then(|| storage.to_owned())
+            })
+            .collect()
+    }
     fn boot_disk_size(&self) -> u64 {
         self.disks()
             .first()
@@ -1207,10 +1220,10 @@ impl Cluster {
         let target = params.get("target").filter(|t| *t != node).cloned();
         if let Some(t) = &target {
             self.node_checked(t)?;
-            let local = src.disks().iter().any(|(_, v)| {
-                let st = v.split(':').next().unwrap_or_default();
-                !self.storages.get(st).is_some_and(|s| s.shared)
-            });
+            let local = src
+                .volume_storages()
+                .iter()
+                .any(|st| !self.storages.get(st).is_some_and(|s| s.shared));
             if local {
                 return Err(SimError::e500(format!(
                     "can't clone VM to node '{t}' (VM uses local storage)"
@@ -1223,6 +1236,11 @@ impl Cluster {
             if !s.content.iter().any(|c| c == "images") {
                 return Err(SimError::e500(format!(
                     "storage '{st}' does not support vm images"
+                )));
+            }
+            if target.is_some() && !s.shared {
+                return Err(SimError::e500(format!(
+                    "can't clone to non-shared storage '{st}'"
                 )));
             }
         }
@@ -2210,6 +2228,41 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_local_iso_keeps_a_shared_template_on_its_node_as_proxmox_does() {
+        let mut topology = Topology::example();
+        topology.templates[1]
+            .config
+            .insert("ide2".into(), "local:iso/ubuntu.iso,media=cdrom".into());
+        topology.templates[1]
+            .config
+            .insert("ide0".into(), "none,media=cdrom".into());
+        let mut c = Cluster::new(&topology, SimOptions::default(), Box::new(|_| false));
+        let now = Instant::now();
+        let e = c
+            .clone_vm(
+                now,
+                "pve1",
+                9001,
+                &p(&[("newid", "100"), ("target", "pve2")]),
+            )
+            .expect_err("local ISO");
+        assert_eq!(
+            (e.status, e.reason.as_str()),
+            (500, "can't clone VM to node 'pve2' (VM uses local storage)")
+        );
+        // An empty drive is no volume: without the ISO the clone may cross nodes.
+        topology.templates[1].config.remove("ide2");
+        let mut c = Cluster::new(&topology, SimOptions::default(), Box::new(|_| false));
+        c.clone_vm(
+            now,
+            "pve1",
+            9001,
+            &p(&[("newid", "100"), ("target", "pve2")]),
+        )
+        .expect("shared disks only");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn clone_rules() {
         let mut c = cluster();
         let now = Instant::now();
@@ -2222,8 +2275,8 @@ mod tests {
             )
             .expect_err("local storage");
         assert_eq!(
-            e.reason,
-            "can't clone VM to node 'pve2' (VM uses local storage)"
+            (e.status, e.reason.as_str()),
+            (500, "can't clone VM to node 'pve2' (VM uses local storage)")
         );
         let e = c
             .clone_vm(
@@ -2234,6 +2287,24 @@ mod tests {
             )
             .expect_err("linked");
         assert_eq!(e.status, 400);
+        // A full clone to another node needs a shared target storage too.
+        let e = c
+            .clone_vm(
+                now,
+                "pve1",
+                9001,
+                &p(&[
+                    ("newid", "100"),
+                    ("target", "pve2"),
+                    ("full", "1"),
+                    ("storage", "local-lvm"),
+                ]),
+            )
+            .expect_err("non-shared target storage");
+        assert_eq!(
+            (e.status, e.reason.as_str()),
+            (500, "can't clone to non-shared storage 'local-lvm'")
+        );
         c.clone_vm(
             now,
             "pve1",

@@ -57,7 +57,9 @@ pub struct StorageSpec {
     /// Plugin type: `dir`, `lvmthin`, `lvm`, `zfspool`, `rbd`, `nfs`, ...
     #[serde(rename = "type", default = "default_storage_type")]
     pub kind: String,
-    /// Shared between nodes (clones to another node need all disks on shared storage).
+    /// Shared between nodes (`shared: 1` in `/cluster/resources` and `/nodes/{node}/storage`):
+    /// clones to another node need every volume of the source, and the `storage` asked for, on
+    /// shared storage.
     #[serde(default)]
     pub shared: bool,
     /// Content types (`images`, `iso`, `rootdir`, `vztmpl`, `snippets`).
@@ -90,7 +92,10 @@ pub struct GuestSpec {
     /// Cores.
     #[serde(default = "default_guest_cores")]
     pub cores: u32,
-    /// Storage of the boot disk `scsi0`.
+    /// Storage of the boot disk `scsi0`. A storage without `shared` puts the disk on this
+    /// node's local storage: clones of it to another node are then refused as Proxmox does
+    /// (`can't clone VM to node 'X' (VM uses local storage)`); one copy per node (same name
+    /// and tags, other VMID) is how real clusters serve every node from local storage.
     pub storage: String,
     /// Size of `scsi0` in GiB.
     #[serde(default = "default_disk")]

@@ -43,6 +43,12 @@ impl Env {
 
     /// As [`Env::start`], with simulator options (task durations, faults).
     pub async fn start_with(options: SimOptions) -> Env {
+        let topology = Topology::from_yaml(TOPOLOGY, "test topology").expect("topology");
+        Self::start_with_topology(topology, options).await
+    }
+
+    /// As [`Env::start_with`], on another Proxmox cluster (storages, templates).
+    pub async fn start_with_topology(topology: Topology, options: SimOptions) -> Env {
         let server = ApiServer::new();
         server.register_builtin_kinds();
         server
@@ -67,7 +73,6 @@ impl Env {
                 })
                 .expect("kind registered");
         }
-        let topology = Topology::from_yaml(TOPOLOGY, "test topology").expect("topology");
         let sim = Simulator::start(topology, options)
             .await
             .expect("simulator starts");
@@ -216,6 +221,27 @@ impl Env {
                 );
             }
         }
+    }
+
+    /// Waits until the ProxmoxMachine has a condition with this reason, returning it and the
+    /// condition's message.
+    pub async fn wait_machine_reason(
+        &self,
+        name: &str,
+        reason: &str,
+    ) -> (capmox::api::ProxmoxMachine, String) {
+        let message = |m: &capmox::api::ProxmoxMachine| {
+            m.status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.reason == reason)
+                .map(|c| c.message.clone())
+        };
+        let machine = self
+            .wait_machine(name, reason, |m| message(m).is_some())
+            .await;
+        let text = message(&machine).unwrap_or_default();
+        (machine, text)
     }
 
     /// A Proxmox client for the simulator.
