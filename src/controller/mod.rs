@@ -70,7 +70,8 @@ pub struct Context {
     /// Memory promised to machines whose VMs are still being created, so parallel reconciles
     /// never both take the last slot on a node.
     pub reservations: Arc<tokio::sync::Mutex<crate::placement::Reservations>>,
-    /// VMIDs about to be cloned to, so parallel reconciles never pick the same one.
+    /// VMIDs held by the machines that chose them (until those are deleted), so parallel
+    /// reconciles never pick the same one and a VMID freed by a failed clone is not handed on.
     pub vmid_claims: vmid::VmidClaims,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
