@@ -62,6 +62,25 @@ impl Decided {
     }
 }
 
+/// Longest condition message the API server accepts (bytes); longer ones fail the whole status
+/// write, so a long Proxmox or guest-supplied message must never reach it uncut.
+pub const CONDITION_MESSAGE_MAX: usize = 32 * 1024;
+/// Longest Event note the API server accepts (bytes).
+pub const EVENT_NOTE_MAX: usize = 1024;
+
+/// `message` cut to at most `max` bytes on a character boundary, ending in "…" when cut.
+pub fn truncate_message(message: &str, max: usize) -> String {
+    const ELLIPSIS: &str = "…";
+    if message.len() <= max {
+        return message.to_owned();
+    }
+    let mut end = max.saturating_sub(ELLIPSIS.len());
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ELLIPSIS}", &message[..end])
+}
+
 /// The conditions this controller owns, sorted by type: `decided` plus their `Ready` summary
 /// (False with the first failing condition's reason and message, else True). Each keeps its
 /// `lastTransitionTime` from `existing` unless its status changed. Conditions other writers own
@@ -90,7 +109,7 @@ pub fn merge(
                 type_: d.type_.to_owned(),
                 status: d.status.as_str().to_owned(),
                 reason: d.reason.clone(),
-                message: d.message.clone(),
+                message: truncate_message(&d.message, CONDITION_MESSAGE_MAX),
                 last_transition_time: since,
                 observed_generation: generation,
             }
@@ -125,6 +144,32 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        assert_eq!(truncate_message("short", 10), "short");
+        let cut = truncate_message(&"é".repeat(20), 10);
+        assert!(cut.len() <= 10, "{cut}");
+        assert!(cut.ends_with('…'), "{cut}");
+        assert!(cut.starts_with("éé"), "{cut}");
+        let huge = "x".repeat(CONDITION_MESSAGE_MAX * 2);
+        let merged = merge(
+            &[],
+            &[Decided::failed(
+                "VirtualMachineProvisioned",
+                "CloudInitFailed",
+                huge,
+            )],
+            None,
+            Timestamp::now(),
+        );
+        assert!(
+            merged
+                .iter()
+                .all(|c| c.message.len() <= CONDITION_MESSAGE_MAX),
+            "every condition (Ready's summary too) fits the API's limit"
+        );
+    }
+
     use super::*;
 
     fn at(seconds: i64) -> Timestamp {
