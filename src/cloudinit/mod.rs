@@ -120,13 +120,32 @@ impl BootstrapFormat {
     }
 }
 
-/// The bootstrap Secret's content: `value` and `format`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The bootstrap Secret's content: `value` and `format`. Its `Debug` shows only sizes: the
+/// value holds join tokens and certificates that must never reach a log line.
+#[derive(Clone, PartialEq, Eq)]
 pub struct BootstrapData {
     /// The `value` key, unchanged.
     pub value: Vec<u8>,
     /// The `format` key.
     pub format: BootstrapFormat,
+}
+
+impl std::fmt::Debug for BootstrapData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BootstrapData")
+            .field("value", &Redacted(self.value.len()))
+            .field("format", &self.format)
+            .finish()
+    }
+}
+
+/// Stands in for secret bytes in `Debug` output: their length, never their content.
+struct Redacted(usize);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<redacted, {} bytes>", self.0)
+    }
 }
 
 /// What goes into `meta-data`.
@@ -142,8 +161,9 @@ pub struct MetaData {
     pub kubernetes_version: Option<String>,
 }
 
-/// The four NoCloud files, ready for [`build_nocloud_iso`].
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+/// The four NoCloud files, ready for [`build_nocloud_iso`]. `Debug` redacts the user- and
+/// vendor-data (bootstrap secrets); meta-data and network-config are shown.
+#[derive(Clone, PartialEq, Eq, Default)]
 pub struct NoCloudFiles {
     /// `user-data`: the bootstrap data.
     pub user_data: Vec<u8>,
@@ -153,6 +173,23 @@ pub struct NoCloudFiles {
     pub network_config: Vec<u8>,
     /// `vendor-data`, written only when present.
     pub vendor_data: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for NoCloudFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NoCloudFiles")
+            .field("user_data", &Redacted(self.user_data.len()))
+            .field("meta_data", &String::from_utf8_lossy(&self.meta_data))
+            .field(
+                "network_config",
+                &String::from_utf8_lossy(&self.network_config),
+            )
+            .field(
+                "vendor_data",
+                &self.vendor_data.as_ref().map(|v| Redacted(v.len())),
+            )
+            .finish()
+    }
 }
 
 /// The provider ID of a VM, `proxmox://<SMBIOS uuid>`, as CAPI and the cloud provider expect it.

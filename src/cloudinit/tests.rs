@@ -1057,3 +1057,28 @@ fn errors_tell_the_reconciler_whether_to_wait_or_report() {
 fn the_seed_image_keeps_the_go_provider_file_name() {
     assert_eq!(seed_iso_name(1234), "user-data-1234.iso");
 }
+
+#[test]
+fn debug_output_never_shows_bootstrap_secrets() {
+    const TOKEN: &str = "abcdef.0123456789abcdef";
+    let user_data = format!("#cloud-config\nruncmd: [kubeadm join --token {TOKEN}]\n").into_bytes();
+    let data = BootstrapData {
+        value: user_data.clone(),
+        format: BootstrapFormat::CloudConfig,
+    };
+    let files = NoCloudFiles {
+        user_data,
+        meta_data: b"instance-id: 4f3c\n".to_vec(),
+        network_config: b"version: 2\n".to_vec(),
+        vendor_data: Some(format!("token: {TOKEN}").into_bytes()),
+    };
+    for shown in [
+        format!("{data:?}"),
+        format!("{files:?}"),
+        format!("{files:#?}"),
+    ] {
+        assert!(!shown.contains(TOKEN), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
+    assert!(format!("{files:?}").contains("instance-id: 4f3c"));
+}
