@@ -698,7 +698,7 @@ impl<'a> Reconcile<'a> {
                 scope.status.task_ref = None;
                 scope.status.retry_after = None;
                 scope.status.task_failures = None;
-                if upid.task_type == "qmclone" {
+                if upid.task_type == "qmclone" && self.forget_task(scope, &raw).await? {
                     let vmid = scope.status.virtual_machine_id.unwrap_or_default();
                     self.event(
                         scope,
@@ -755,6 +755,34 @@ impl<'a> Reconcile<'a> {
                     }
                 }
             }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Removes the finished task `upid` from the recorded status, if it is still there: a JSON
+    /// patch that first tests `status.taskRef`, so of all passes that see the task finished
+    /// (one may work from a stale cached copy of the machine) only the first gets `true`, and
+    /// what it announces is announced once.
+    async fn forget_task(&self, scope: &mut Scope, upid: &str) -> Result<bool, MachineError> {
+        let patch = json!([
+            {"op": "test", "path": "/status/taskRef", "value": upid},
+            {"op": "remove", "path": "/status/taskRef"}
+        ]);
+        let patched = scope
+            .api
+            .patch_status(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(patch)?),
+            )
+            .await;
+        match patched {
+            Ok(_) => {
+                scope.current.task_ref = None;
+                Ok(true)
+            }
+            // The test failed: an earlier pass already forgot it.
+            Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
             Err(error) => Err(error.into()),
         }
     }
