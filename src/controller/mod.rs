@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod conditions;
 pub mod credentials;
+pub mod failures;
 pub mod http;
 pub mod leader;
 pub mod machine;
@@ -72,6 +73,8 @@ pub struct Context {
     pub reservations: Arc<tokio::sync::Mutex<crate::placement::Reservations>>,
     /// VMIDs about to be cloned to, so parallel reconciles never pick the same one.
     pub vmid_claims: vmid::VmidClaims,
+    /// Each failing object's back-off, so retries slow down per object.
+    pub retries: failures::Retries,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
 }
@@ -92,6 +95,7 @@ impl Context {
             global_credentials,
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
+            retries: failures::Retries::default(),
             readiness: Readiness::default(),
         }
     }
@@ -139,6 +143,7 @@ pub async fn run(
             global_credentials,
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
+            retries: failures::Retries::default(),
             readiness: readiness.clone(),
         };
         readiness.set_leading(true);

@@ -198,10 +198,7 @@ impl ProxmoxClient {
             ))
         })?;
         auth.set_sensitive(true);
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0x9E37_79B9_7F4A_7C15);
+        let seed = jitter_seed();
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
@@ -247,15 +244,7 @@ impl ProxmoxClient {
             .base_delay
             .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
         let capped = exp.min(retry.max_delay);
-        // xorshift64*; quality is irrelevant, spreading retries is the point
-        let mut x = self.inner.jitter.load(Ordering::Relaxed);
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.inner.jitter.store(x, Ordering::Relaxed);
-        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
-        let frac = (r as f64) / ((1u64 << 53) as f64); // [0,1)
-        capped.mul_f64(0.5 + frac)
+        capped.mul_f64(0.5 + jitter_fraction(&self.inner.jitter))
     }
 
     /// Sends a request and decodes `data` into `T`, retrying idempotent requests on transient errors.
@@ -357,6 +346,27 @@ impl ProxmoxClient {
         }
         Err(error_from_parts(status, phrase.as_deref(), &bytes).with_retry_after(retry_after))
     }
+}
+
+/// A non-zero seed for [`jitter_fraction`], from the clock.
+pub(crate) fn jitter_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0x9E37_79B9_7F4A_7C15)
+        | 1
+}
+
+/// The next pseudo-random fraction in [0, 1) from `state` (xorshift64*): it only spreads
+/// retries of many callers apart, so its quality is irrelevant.
+pub(crate) fn jitter_fraction(state: &AtomicU64) -> f64 {
+    let mut x = state.load(Ordering::Relaxed);
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    state.store(x, Ordering::Relaxed);
+    let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
+    (r as f64) / ((1u64 << 53) as f64)
 }
 
 /// The `Retry-After` of a response: delay-seconds or an HTTP date (RFC 9110 §10.2.3).

@@ -115,7 +115,8 @@ pub enum ProxmoxError {
     Config(String),
 }
 
-fn format_errors(errors: &BTreeMap<String, String>) -> String {
+/// `name: problem; name: problem` of a parameter error map.
+pub(crate) fn format_errors(errors: &BTreeMap<String, String>) -> String {
     errors
         .iter()
         .map(|(k, v)| format!("{k}: {v}"))
