@@ -2,8 +2,9 @@
 //! a condition reason and a Warning event per kind of failure, saying what failed and what to
 //! fix; a per-machine back-off that thins out a whole fleet's requests during an outage (and
 //! waits as long as a rate limit asks); and every machine provisioned once Proxmox answers
-//! again. Also: a machine whose VM Proxmox answers 404 for (where PVE answers 500 "does not
-//! exist") is deleted.
+//! again. Also what must not be lost to a failure: the seed ISO (it holds the bootstrap token)
+//! when its deletion fails once, and the deletion of a machine whose VM Proxmox answers 404 for
+//! (where PVE answers 500 "does not exist").
 
 mod common;
 #[allow(dead_code)]
@@ -34,6 +35,38 @@ fn quick_sim() -> SimOptions {
         boot_delay: Duration::from_millis(50),
         ..SimOptions::default()
     }
+}
+
+/// Polls `check` (bounded by the environment's wait) until it holds.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + common::env::ENV_WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The first deletion of a storage volume (the seed ISO) fails; returns how many were refused.
+fn fail_first_volume_deletion(tap: &tap::Tap) -> Arc<AtomicUsize> {
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counter = refused.clone();
+    tap.set_fault(Box::new(move |method, path| {
+        (method == "DELETE"
+            && path.contains("/storage/")
+            && path.contains("/content/")
+            && counter
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok())
+        .then(|| Injected::new(500, "volume deletion failed: storage 'local' is busy"))
+    }));
+    refused
 }
 
 /// The machine's VMID and node from its status.
@@ -295,4 +328,76 @@ async fn a_rate_limit_is_waited_out_as_long_as_the_server_asks() {
             "retried {gap:?} after a 429 with Retry-After: 3"
         );
     }
+}
+
+#[tokio::test]
+async fn a_failed_seed_iso_deletion_after_the_node_joined_is_retried_until_it_is_gone() {
+    let scenario = Scenario::start(quick_sim()).await;
+    scenario.create("demo-md-1").await;
+    let machine = scenario.wait_ready("demo-md-1").await;
+    let (vmid, node) = placed(&machine);
+    assert_eq!(
+        scenario.seed_isos().await.len(),
+        1,
+        "attached while booting"
+    );
+    let refused = fail_first_volume_deletion(&scenario.tap);
+    // The node joined: the ISO, with the bootstrap token inside, goes.
+    Api::<capmox::capi::Machine>::namespaced(scenario.env.client(), "default")
+        .patch_status(
+            "demo-md-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"nodeRef": {"name": "demo-md-1"}}})),
+        )
+        .await
+        .expect("nodeRef set");
+    let proxmox = scenario.env.proxmox();
+    eventually("the seed ISO deleted and detached", || async {
+        scenario.seed_isos().await.is_empty()
+            && proxmox
+                .vm_config(&node, vmid)
+                .await
+                .expect("config")
+                .get("ide0")
+                .is_none()
+    })
+    .await;
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        1,
+        "the first deletion failed"
+    );
+    let warning = wait_event(&scenario.env, "demo-md-1", "ProxmoxServerError").await;
+    assert!(
+        warning
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("deleting the seed ISO") && n.contains("is busy")),
+        "{warning:?}"
+    );
+    let machine = scenario.wait_ready("demo-md-1").await;
+    assert!(machine.is_provisioned(), "still provisioned meanwhile");
+}
+
+#[tokio::test]
+async fn a_failed_seed_iso_deletion_holds_the_machine_until_the_iso_is_gone() {
+    let scenario = Scenario::start(quick_sim()).await;
+    scenario.create("demo-md-2").await;
+    scenario.wait_ready("demo-md-2").await;
+    assert_eq!(
+        scenario.seed_isos().await.len(),
+        1,
+        "attached while booting"
+    );
+    let refused = fail_first_volume_deletion(&scenario.tap);
+    let uid = scenario.delete("demo-md-2").await;
+    scenario.wait_deleted("demo-md-2", &uid).await;
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        1,
+        "the first deletion failed"
+    );
+    scenario
+        .assert_nothing_left("after a failed ISO deletion")
+        .await;
 }

@@ -1756,7 +1756,9 @@ impl<'a> Reconcile<'a> {
         Ok(None)
     }
 
-    /// Detaches and deletes the cloud-init ISO once the node has joined.
+    /// Deletes the cloud-init ISO (it holds the bootstrap token) once the node has joined, and
+    /// only then detaches it: a failed deletion leaves it attached, so the next pass finds it
+    /// and tries again.
     async fn remove_iso(
         &self,
         proxmox: &ProxmoxClient,
@@ -1776,14 +1778,6 @@ impl<'a> Reconcile<'a> {
         else {
             return Ok(());
         };
-        finish(
-            proxmox,
-            proxmox
-                .update_vm_config(node, vmid, &ConfigUpdate::default().delete("ide0"))
-                .await,
-            || format!("detaching the seed ISO from VM {vmid}"),
-        )
-        .await?;
         if let Some((storage, _)) = volume.split_once(':') {
             match proxmox.delete_volume(node, storage, &volume).await {
                 Err(error) if error.is_not_found() => {}
@@ -1795,7 +1789,14 @@ impl<'a> Reconcile<'a> {
                 }
             }
         }
-        Ok(())
+        finish(
+            proxmox,
+            proxmox
+                .update_vm_config(node, vmid, &ConfigUpdate::default().delete("ide0"))
+                .await,
+            || format!("detaching the seed ISO from VM {vmid}"),
+        )
+        .await
     }
 
     async fn delete(&self, scope: &mut Scope, cluster_found: bool) -> Result<Action, MachineError> {
@@ -1879,8 +1880,7 @@ impl<'a> Reconcile<'a> {
             // Gone already (deleted by an earlier pass that did not finish): its seed ISO
             // may be left, since it is a separate volume.
             if let Some(node) = scope.current.proxmox_node.clone() {
-                self.delete_seed_iso(scope, proxmox, &node, vmid, None)
-                    .await?;
+                self.delete_seed_iso(proxmox, &node, vmid, None).await?;
             }
             return Ok(None);
         };
@@ -1931,8 +1931,7 @@ impl<'a> Reconcile<'a> {
         let attached = config
             .get("ide0")
             .and_then(|v| v.split(',').next().map(str::to_owned));
-        self.delete_seed_iso(scope, proxmox, &node, vmid, attached)
-            .await?;
+        self.delete_seed_iso(proxmox, &node, vmid, attached).await?;
         self.event(
             scope,
             EventType::Normal,
@@ -1944,10 +1943,10 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on
-    /// the node's ISO storage. A missing ISO is fine; a failure is only logged.
+    /// the node's ISO storage. A missing ISO is fine; a failure fails the pass, so the machine
+    /// is not released (and the ISO with its bootstrap token forgotten) before it is gone.
     async fn delete_seed_iso(
         &self,
-        scope: &Scope,
         proxmox: &ProxmoxClient,
         node: &str,
         vmid: u32,
@@ -1956,13 +1955,10 @@ impl<'a> Reconcile<'a> {
         let seed = crate::cloudinit::seed_iso_name(vmid);
         let volume = match attached {
             Some(volume) => Some(volume).filter(|v| v.contains(&seed)),
-            None => match iso_storage(proxmox, node).await {
-                Ok(storage) => storage.map(|s| format!("{s}:iso/{seed}")),
-                Err(error) => {
-                    tracing::warn!(machine = %scope.name, %error, "cannot list the ISO storage to delete the cloud-init ISO");
-                    None
-                }
-            },
+            None => iso_storage(proxmox, node)
+                .await
+                .during(|| format!("listing the ISO storages of {node}"))?
+                .map(|s| format!("{s}:iso/{seed}")),
         };
         let Some(volume) = volume else {
             return Ok(());
@@ -1971,13 +1967,14 @@ impl<'a> Reconcile<'a> {
             return Ok(());
         };
         match proxmox.delete_volume(node, storage, &volume).await {
-            Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
-            Err(error) if error.is_not_found() => {}
-            Err(error) => {
-                tracing::warn!(machine = %scope.name, %error, "could not delete the cloud-init ISO")
+            Err(error) if error.is_not_found() => Ok(()),
+            started => {
+                finish(proxmox, started, || {
+                    format!("deleting the seed ISO {volume} of VM {vmid}")
+                })
+                .await
             }
         }
-        Ok(())
     }
 
     /// `VirtualMachineProvisioned=False` with what the deletion waits for (`Deleting`) or what
