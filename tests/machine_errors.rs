@@ -4,7 +4,8 @@
 //! waits as long as a rate limit asks); and every machine provisioned once Proxmox answers
 //! again. Also what must not be lost to a failure: the seed ISO (it holds the bootstrap token)
 //! when its deletion fails once, and the deletion of a machine whose VM Proxmox answers 404 for
-//! (where PVE answers 500 "does not exist").
+//! (where PVE answers 500 "does not exist"). And a VM config that lacks its SMBIOS UUID is
+//! polled with back-off, not every second.
 
 mod common;
 #[allow(dead_code)]
@@ -400,4 +401,64 @@ async fn a_failed_seed_iso_deletion_holds_the_machine_until_the_iso_is_gone() {
     scenario
         .assert_nothing_left("after a failed ISO deletion")
         .await;
+}
+
+#[tokio::test]
+async fn a_vm_config_without_its_smbios_uuid_is_polled_with_back_off() {
+    let scenario = Scenario::start(quick_sim()).await;
+    // A Proxmox whose VM configs lack smbios1 for a while; each answer is noted.
+    let answered: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>> = Arc::default();
+    let notes = answered.clone();
+    let hide = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let hiding = hide.clone();
+    scenario
+        .tap
+        .set_rewrite(Box::new(move |method, path, body| {
+            if method != "GET" || !path.ends_with("/config") || !hiding.load(Ordering::SeqCst) {
+                return None;
+            }
+            let mut answer: serde_json::Value = serde_json::from_slice(body).ok()?;
+            answer["data"].as_object_mut()?.remove("smbios1")?;
+            notes
+                .lock()
+                .expect("notes")
+                .push(tokio::time::Instant::now());
+            serde_json::to_vec(&answer).ok()
+        }));
+    scenario.create("demo-md-3").await;
+    wait_reason(&scenario, "demo-md-3", "WaitingForVMConfig").await;
+    let seen = tokio::time::Instant::now();
+    // The passes from now on: each reads the config twice in a row, so reads less than
+    // 200 ms apart belong to one pass.
+    let passes = || {
+        let reads = answered.lock().expect("notes").clone();
+        let mut starts: Vec<tokio::time::Instant> = Vec::new();
+        for read in reads.into_iter().filter(|r| *r >= seen) {
+            if starts
+                .last()
+                .is_none_or(|last| read.duration_since(*last) > Duration::from_millis(200))
+            {
+                starts.push(read);
+            }
+        }
+        starts
+    };
+    eventually("three more passes", || {
+        let count = passes().len();
+        async move { count >= 3 }
+    })
+    .await;
+    let starts = passes();
+    let gaps: Vec<Duration> = starts[..3]
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]))
+        .collect();
+    println!("passes waiting for the VM config, apart: {gaps:?}");
+    // Every second would keep the passes about 1 s apart; with back-off the gap grows.
+    assert!(
+        gaps.iter().any(|g| *g >= Duration::from_millis(2500)),
+        "no back-off: {gaps:?}"
+    );
+    hide.store(false, Ordering::SeqCst);
+    scenario.wait_ready("demo-md-3").await;
 }

@@ -92,6 +92,12 @@ const TRACKED_TASK_WAIT: Duration = Duration::from_secs(10);
 /// Requeue of a machine whose bootstrap data capmox cannot deliver: only a change helps (the
 /// Machine is watched); the long requeue only catches an edited Secret.
 const UNSUPPORTED_BOOTSTRAP_REQUEUE: Duration = Duration::from_secs(600);
+/// How often a VM whose config lacks its SMBIOS UUID is looked at again: Proxmox writes it
+/// with the clone, so a long wait means something else is wrong and polling will not fix it.
+const VM_CONFIG_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+};
 /// What a Proxmox failure is reported as having happened in when its step is not known.
 const UNNAMED_STEP: &str = "talking to Proxmox";
 
@@ -293,6 +299,15 @@ enum Step {
     /// Stop, and keep the machine's back-off streak going (a pass that stops with
     /// [`Step::Stop`] ends it).
     Backoff(Decided, Action),
+}
+
+/// Waiting for something that polling more often does not bring sooner: the machine's back-off
+/// streak goes on, and the next look comes after `retry.delay`.
+fn waiting_longer(reason: &str, message: impl Into<String>, retry: &failures::Retry) -> Step {
+    Step::Backoff(
+        Decided::failed(PROVISIONED, reason, message),
+        Action::requeue(retry.delay),
+    )
 }
 
 fn waiting(reason: &str, message: impl Into<String>, action: Action) -> Step {
@@ -1648,10 +1663,14 @@ impl<'a> Reconcile<'a> {
             .and_then(|v| String::from_utf8(v.0.clone()).ok())
             .unwrap_or_else(|| "cloud-config".into());
         let Some(uuid) = smbios_uuid(config) else {
-            return Ok(Some(waiting(
+            let retry =
+                self.context
+                    .retries
+                    .failed(&failures::key(self.machine), &VM_CONFIG_BACKOFF, None);
+            return Ok(Some(waiting_longer(
                 "WaitingForVMConfig",
                 format!("VM {vmid} has no SMBIOS UUID yet"),
-                Action::requeue(Duration::from_secs(1)),
+                &retry,
             )));
         };
         let macs: BTreeMap<String, String> = placement
