@@ -3,6 +3,8 @@
 //! clear refusal of bootstrap data it cannot deliver (Ignition) before any VM exists.
 
 mod common;
+#[path = "machine_support/lag.rs"]
+mod lag;
 #[allow(dead_code)]
 #[path = "machine_support/scenario.rs"]
 mod scenario;
@@ -16,14 +18,22 @@ use std::time::Duration;
 use capmox::api::ProxmoxMachine;
 use capmox::sim::SimOptions;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use scenario::{Scenario, machine_condition, sim_options, wait_event};
 use serde_json::{Value, json};
 
 #[tokio::test]
 async fn provisioning_publishes_normal_events_for_each_proxmox_action() {
-    let scenario = Scenario::start(sim_options()).await;
+    let mut scenario = Scenario::start(sim_options()).await;
+    // Watch events arrive late, as from a busy kube-apiserver: a reconcile may start from a
+    // copy of the machine older than the controller's own last status write.
+    scenario.stop_controllers().await;
+    scenario.start_controllers_with(lag::lagging_client(
+        &scenario.env.server,
+        Duration::from_millis(300),
+    ));
     scenario.create("demo-md-1").await;
     let machine = scenario.wait_ready("demo-md-1").await;
     let vmid = machine
@@ -49,6 +59,25 @@ async fn provisioning_publishes_normal_events_for_each_proxmox_action() {
             "{reason} names VM {vmid}: {:?}",
             event.note
         );
+    }
+    // Each action is announced once: a pass that works from a stale cached copy of the machine
+    // (its status still naming the finished clone task) must not announce the clone again.
+    let announced = |reason: &str| {
+        let reason = reason.to_owned();
+        let uid = machine.metadata.uid.clone();
+        let events = Api::<Event>::namespaced(scenario.env.client(), "default");
+        async move {
+            let list = events.list(&ListParams::default()).await.expect("events");
+            list.items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason.as_str()))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.clone()) == uid)
+                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                .sum::<i32>()
+        }
+    };
+    for reason in ["Cloning", "Cloned", "PoweredOn", "Provisioned"] {
+        assert_eq!(announced(reason).await, 1, "{reason} events");
     }
 }
 

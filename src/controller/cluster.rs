@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::Context;
 use super::conditions::{self, Decided};
 use super::credentials::{self, CredentialsError};
+use super::failures::{self, Pass};
 use crate::api::{
     self, InClusterZoneRef, Initialization, LocalObjectReference, ProxmoxCluster,
     ProxmoxClusterStatus, ProxmoxMachine, annotations, finalizers, labels,
@@ -105,9 +107,12 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         .await;
 }
 
-fn error_policy(cluster: Arc<ProxmoxCluster>, error: &ClusterError, _: Arc<Context>) -> Action {
-    tracing::warn!(controller = CONTROLLER, cluster = %cluster.name_any(), %error, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+fn error_policy(
+    cluster: Arc<ProxmoxCluster>,
+    error: &ClusterError,
+    context: Arc<Context>,
+) -> Action {
+    failures::after_error(&context.retries, CONTROLLER, &*cluster, error)
 }
 
 /// One reconcile, with its duration and outcome recorded in the metrics.
@@ -115,16 +120,17 @@ pub async fn reconcile(
     cluster: Arc<ProxmoxCluster>,
     context: Arc<Context>,
 ) -> Result<Action, ClusterError> {
-    context
+    let pass = context
         .metrics
         .measure(CONTROLLER, &*cluster, reconcile_inner(&cluster, &context))
-        .await
+        .await?;
+    Ok(context.retries.settle(&failures::key(&*cluster), pass))
 }
 
 async fn reconcile_inner(
     cluster: &ProxmoxCluster,
     context: &Context,
-) -> Result<Action, ClusterError> {
+) -> Result<Pass, ClusterError> {
     let namespace = cluster.namespace().ok_or(ClusterError::MissingIdentity)?;
     let name = cluster
         .metadata
@@ -135,30 +141,32 @@ async fn reconcile_inner(
 
     let Some(owner) = owner_cluster_name(cluster) else {
         tracing::info!(cluster = %name, "waiting for the CAPI Cluster controller to set the owner reference");
-        return Ok(Action::await_change());
+        return Ok(Pass::Done(Action::await_change()));
     };
     let capi_cluster = Api::<capi::Cluster>::namespaced(context.client.clone(), &namespace)
         .get_opt(&owner)
         .await?;
     let Some(capi_cluster) = capi_cluster else {
         tracing::info!(cluster = %name, owner = %owner, "owner Cluster not found yet");
-        return Ok(Action::requeue(SHORT_RETRY));
+        return Ok(Pass::Done(Action::requeue(SHORT_RETRY)));
     };
 
     let current = cluster.status.clone().unwrap_or_default();
     if is_paused(cluster, &capi_cluster) {
         // Nothing but the Paused condition is written while paused, and only once.
         if conditions::is_true(&current.conditions, api::conditions::PAUSED) {
-            return Ok(Action::await_change());
+            return Ok(Pass::Done(Action::await_change()));
         }
         let mut status = owned_status(&current);
         status.conditions = with_paused(&current.conditions, true, cluster.metadata.generation);
         apply_status_if_changed(&api, &name, &current, status).await?;
-        return Ok(Action::await_change());
+        return Ok(Pass::Done(Action::await_change()));
     }
 
     if cluster.metadata.deletion_timestamp.is_some() {
-        return reconcile_delete(cluster, context, &namespace, &name, &owner).await;
+        return reconcile_delete(cluster, context, &namespace, &name, &owner)
+            .await
+            .map(Pass::Done);
     }
 
     ensure_finalizer(&api, cluster, finalizers::CLUSTER).await?;
@@ -187,13 +195,14 @@ async fn reconcile_inner(
 
     // Credentials and Proxmox reachability.
     let mut requeue = RESYNC;
+    let mut proxmox_failed = false;
     let proxmox = match client_config(context, cluster, &namespace).await? {
         Ok(config) => match context.proxmox.get(&config) {
-            Ok(client) => Some(client),
+            Ok(client) => Some((client, config.url)),
             Err(error) => {
                 decided.push(Decided::failed(
                     api::conditions::PROXMOX_AVAILABLE,
-                    credentials::unreachable_reason(&error),
+                    failures::reason(&error),
                     error.to_string(),
                 ));
                 None
@@ -210,7 +219,7 @@ async fn reconcile_inner(
         }
     };
     let mut unknown_nodes = Vec::new();
-    if let Some(proxmox) = proxmox {
+    if let Some((proxmox, url)) = proxmox {
         match check_proxmox(&proxmox, cluster).await {
             Ok(unknown) => {
                 decided.push(Decided::ok(
@@ -221,12 +230,33 @@ async fn reconcile_inner(
                 unknown_nodes = unknown;
             }
             Err(error) => {
+                let described = failures::describe(&format!("checking Proxmox at {url}"), &error);
+                let retry = context.retries.failed(
+                    &failures::key(cluster),
+                    &failures::PROXMOX_BACKOFF,
+                    Some(described.reason),
+                );
+                requeue = retry.delay.max(described.retry_after.unwrap_or_default());
+                if retry.news {
+                    tracing::warn!(cluster = %name, reason = described.reason, "{}", described.message);
+                    failures::publish_event(
+                        &context.client,
+                        FIELD_MANAGER,
+                        &cluster.object_ref(&()),
+                        EventType::Warning,
+                        described.reason,
+                        &described.message,
+                    )
+                    .await;
+                } else {
+                    tracing::warn!(cluster = %name, reason = described.reason, failures = retry.failures, retry_in_ms = failures::millis(requeue), %error, "Proxmox check failed again; backing off");
+                }
                 decided.push(Decided::failed(
                     api::conditions::PROXMOX_AVAILABLE,
-                    credentials::unreachable_reason(&error),
-                    error.to_string(),
+                    described.reason,
+                    described.message,
                 ));
-                requeue = Duration::from_secs(30);
+                proxmox_failed = true;
             }
         }
     }
@@ -266,7 +296,10 @@ async fn reconcile_inner(
             "MissingControlPlaneEndpoint",
             "spec.controlPlaneEndpoint is not set yet; set it, or let the external control plane provider set it",
         ));
-        requeue = requeue.min(Duration::from_secs(10));
+        if !proxmox_failed {
+            // Not sooner than the back-off of a failing Proxmox.
+            requeue = requeue.min(Duration::from_secs(10));
+        }
     }
 
     let proxmox_ok = decided.iter().any(|d| {
@@ -286,7 +319,11 @@ async fn reconcile_inner(
         Timestamp::now(),
     );
     apply_status_if_changed(&api, &name, &current, status).await?;
-    Ok(Action::requeue(requeue))
+    Ok(if proxmox_failed {
+        Pass::BackingOff(Action::requeue(requeue))
+    } else {
+        Pass::Done(Action::requeue(requeue))
+    })
 }
 
 /// Name of the owning CAPI Cluster, from the owner references CAPI sets.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 
-use crate::proxmox::{ApiToken, ClientConfig, ProxmoxError, Secret, TlsOptions};
+use crate::proxmox::{ApiToken, ClientConfig, Secret, TlsOptions};
 
 /// Why no usable credentials were found; each maps to a condition reason.
 #[derive(Debug, thiserror::Error)]
@@ -170,25 +170,6 @@ pub fn from_secret_data(
     Ok(config)
 }
 
-/// The `ProxmoxAvailable` reason for a failed reachability check, so the user knows what to fix.
-pub fn unreachable_reason(error: &ProxmoxError) -> &'static str {
-    let text = error.to_string().to_ascii_lowercase();
-    let tls = [
-        "certificate",
-        "tls verification",
-        "unknownissuer",
-        "fingerprint",
-    ]
-    .iter()
-    .any(|k| text.contains(k));
-    match error {
-        ProxmoxError::Unauthorized { .. } | ProxmoxError::Forbidden { .. } => "Unauthorized",
-        _ if tls => "TLSVerificationFailed",
-        ProxmoxError::Config(_) => "CredentialsInvalid",
-        _ => "ProxmoxUnreachable",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -302,27 +283,5 @@ mod tests {
             assert!(error.starts_with("credentials Secret ns/creds"), "{error}");
             assert!(!error.contains(SECRET), "the secret leaked into {error}");
         }
-    }
-
-    #[test]
-    fn reachability_failures_map_to_actionable_reasons() {
-        let unauthorized = ProxmoxError::Unauthorized {
-            reason: "authentication failure".into(),
-        };
-        assert_eq!(unreachable_reason(&unauthorized), "Unauthorized");
-        let tls = ProxmoxError::Transient {
-            status: None,
-            reason: "invalid peer certificate: UnknownIssuer".into(),
-        };
-        assert_eq!(unreachable_reason(&tls), "TLSVerificationFailed");
-        let rejected = ProxmoxError::Config(
-            "TLS verification of the Proxmox VE server failed (invalid peer certificate: UnknownIssuer)".into(),
-        );
-        assert_eq!(unreachable_reason(&rejected), "TLSVerificationFailed");
-        let down = ProxmoxError::Transient {
-            status: None,
-            reason: "connection refused".into(),
-        };
-        assert_eq!(unreachable_reason(&down), "ProxmoxUnreachable");
     }
 }

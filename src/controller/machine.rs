@@ -15,6 +15,13 @@
 //! behind (Proxmox destroys the half-created one, and so does the simulator); should one be
 //! left anyway, it carries the machine's name and recorded VMID and is adopted like any clone.
 //!
+//! Any other failed Proxmox request stops the pass with `VirtualMachineProvisioned=False` and a
+//! reason per kind of failure (see [`super::failures`]), its message naming the step, Proxmox's
+//! answer and what to fix; a Warning event when a streak of failures starts or its reason
+//! changes; and a per-machine back-off (1 s doubling to 5 minutes, jittered, at least the
+//! server's `Retry-After`) that holds off every pass until it is over, reset by a pass that
+//! succeeds. Kubernetes API errors are retried with their own per-machine back-off.
+//!
 //! Bootstrap data other than cloud-config (Ignition) is refused with
 //! `BootstrapFormatUnsupported` before anything is created in Proxmox.
 
@@ -38,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use super::Context;
 use super::cluster::{self, ClusterError};
 use super::conditions::{self, Decided, Status};
+use super::failures::{self, Backoff, Pass};
 use crate::api::{
     self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
     ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, annotations, finalizers, labels,
@@ -50,7 +58,7 @@ use crate::placement::{
 };
 use crate::proxmox::{
     CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
-    ProxmoxError, ResourceType, Upid, VmConfig, WaitOptions,
+    ProxmoxError, ResourceType, TaskRef, Upid, VmConfig, WaitOptions,
 };
 
 /// Field manager of everything this controller writes.
@@ -84,14 +92,23 @@ const TRACKED_TASK_WAIT: Duration = Duration::from_secs(10);
 /// Requeue of a machine whose bootstrap data capmox cannot deliver: only a change helps (the
 /// Machine is watched); the long requeue only catches an edited Secret.
 const UNSUPPORTED_BOOTSTRAP_REQUEUE: Duration = Duration::from_secs(600);
+/// How often a VM whose config lacks its SMBIOS UUID is looked at again: Proxmox writes it
+/// with the clone, so a long wait means something else is wrong and polling will not fix it.
+const VM_CONFIG_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+};
+/// What a Proxmox failure is reported as having happened in when its step is not known.
+const UNNAMED_STEP: &str = "talking to Proxmox";
 
 /// The back-off before retrying after the `failures`-th consecutive failed task:
 /// 10 s, 20 s, 40 s, ... capped at 5 minutes.
 pub fn task_backoff(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    TASK_BACKOFF_INITIAL
-        .saturating_mul(1 << doublings)
-        .min(TASK_BACKOFF_MAX)
+    Backoff {
+        initial: TASK_BACKOFF_INITIAL,
+        max: TASK_BACKOFF_MAX,
+    }
+    .nominal(failures)
 }
 
 /// Why a reconcile failed; it is retried with back-off.
@@ -103,6 +120,14 @@ pub enum MachineError {
     /// A Proxmox call failed.
     #[error("Proxmox: {0}")]
     Proxmox(#[from] ProxmoxError),
+    /// A Proxmox call failed in a known step, named for the condition that reports it.
+    #[error("{step}: {source}")]
+    ProxmoxStep {
+        /// What capmox was doing, e.g. "cloning template 9000 on pve1 to VM 101 on pve3".
+        step: String,
+        /// What Proxmox answered.
+        source: ProxmoxError,
+    },
     /// An object could not be encoded.
     #[error("cannot encode object: {0}")]
     Json(#[from] serde_json::Error),
@@ -112,6 +137,58 @@ pub enum MachineError {
     /// The object lacks a name or namespace (never true for objects read from the API).
     #[error("ProxmoxMachine without name or namespace")]
     MissingIdentity,
+}
+
+impl MachineError {
+    /// The Proxmox failure behind this error, with the step it happened in when known.
+    fn proxmox(&self) -> Option<(&ProxmoxError, &str)> {
+        match self {
+            Self::Proxmox(error) => Some((error, UNNAMED_STEP)),
+            Self::ProxmoxStep { step, source } => Some((source, step)),
+            _ => None,
+        }
+    }
+}
+
+/// Names the step a Proxmox call belongs to, so the condition reporting its failure says what
+/// capmox was doing.
+trait During<T> {
+    fn during(self, step: impl FnOnce() -> String) -> Result<T, MachineError>;
+}
+
+impl<T> During<T> for Result<T, ProxmoxError> {
+    fn during(self, step: impl FnOnce() -> String) -> Result<T, MachineError> {
+        self.map_err(|source| MachineError::ProxmoxStep {
+            step: step(),
+            source,
+        })
+    }
+}
+
+impl<T> During<T> for Result<T, MachineError> {
+    fn during(self, step: impl FnOnce() -> String) -> Result<T, MachineError> {
+        self.map_err(|error| match error {
+            MachineError::Proxmox(source) => MachineError::ProxmoxStep {
+                step: step(),
+                source,
+            },
+            other => other,
+        })
+    }
+}
+
+/// Waits for the task a Proxmox request started (`started`, its answer); a failure of either is
+/// reported as having happened in `step`.
+async fn finish(
+    proxmox: &ProxmoxClient,
+    started: Result<TaskRef, ProxmoxError>,
+    step: impl Fn() -> String,
+) -> Result<(), MachineError> {
+    let task = started.during(&step)?;
+    proxmox
+        .wait_task_ref(&task, &task_wait())
+        .await
+        .during(step)
 }
 
 /// The tag that marks a VM as this machine's: derived from the ProxmoxMachine's UID, so a VM
@@ -205,9 +282,12 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         .await;
 }
 
-fn error_policy(machine: Arc<ProxmoxMachine>, error: &MachineError, _: Arc<Context>) -> Action {
-    tracing::warn!(controller = CONTROLLER, machine = %machine.name_any(), %error, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+fn error_policy(
+    machine: Arc<ProxmoxMachine>,
+    error: &MachineError,
+    context: Arc<Context>,
+) -> Action {
+    failures::after_error(&context.retries, CONTROLLER, &*machine, error)
 }
 
 /// One reconcile, with its duration and outcome recorded in the metrics.
@@ -229,6 +309,18 @@ pub async fn reconcile(
 enum Step {
     Continue,
     Stop(Decided, Action),
+    /// Stop, and keep the machine's back-off streak going (a pass that stops with
+    /// [`Step::Stop`] ends it).
+    Backoff(Decided, Action),
+}
+
+/// Waiting for something that polling more often does not bring sooner: the machine's back-off
+/// streak goes on, and the next look comes after `retry.delay`.
+fn waiting_longer(reason: &str, message: impl Into<String>, retry: &failures::Retry) -> Step {
+    Step::Backoff(
+        Decided::failed(PROVISIONED, reason, message),
+        Action::requeue(retry.delay),
+    )
 }
 
 fn waiting(reason: &str, message: impl Into<String>, action: Action) -> Step {
@@ -277,7 +369,24 @@ impl<'a> Reconcile<'a> {
         Self { machine, context }
     }
 
+    /// One pass, unless the machine's back-off after a failed Proxmox request still runs; a
+    /// pass that ends without a failure resets the back-off.
     async fn and_then_run(self) -> Result<Action, MachineError> {
+        let key = failures::key(self.machine);
+        let deleting = self.machine.metadata.deletion_timestamp.is_some();
+        if let Some(remaining) =
+            self.context
+                .retries
+                .held(&key, self.machine.metadata.generation, deleting)
+        {
+            tracing::debug!(machine = %self.machine.name_any(), ?remaining, "backing off after a failed Proxmox request");
+            return Ok(Action::requeue(remaining));
+        }
+        let pass = self.pass().await?;
+        Ok(self.context.retries.settle(&key, pass))
+    }
+
+    async fn pass(&self) -> Result<Pass, MachineError> {
         let namespace = self
             .machine
             .namespace()
@@ -307,14 +416,14 @@ impl<'a> Reconcile<'a> {
                 cluster::release(&api, self.machine, finalizers::MACHINE, None).await?;
             }
             tracing::debug!(machine = %name, "waiting for the CAPI Machine to set the owner reference");
-            return Ok(Action::await_change());
+            return Ok(Pass::Done(Action::await_change()));
         };
         let capi_machine =
             Api::<capi::Machine>::namespaced(self.context.client.clone(), &namespace)
                 .get_opt(&owner)
                 .await?;
         let Some(capi_machine) = capi_machine else {
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
         };
         let cluster_name = if capi_machine.spec.cluster_name.is_empty() {
             self.machine
@@ -330,7 +439,7 @@ impl<'a> Reconcile<'a> {
                 .get_opt(&cluster_name)
                 .await?;
         let Some(capi_cluster) = capi_cluster else {
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
         };
         let infra_name = capi_cluster
             .spec
@@ -352,7 +461,7 @@ impl<'a> Reconcile<'a> {
                 status.conditions = paused_conditions(&current, self.machine.metadata.generation);
                 apply_status(&api, &name, &current, &status).await?;
             }
-            return Ok(Action::await_change());
+            return Ok(Pass::Done(Action::await_change()));
         }
 
         let mut scope = Scope {
@@ -370,37 +479,49 @@ impl<'a> Reconcile<'a> {
         };
 
         if self.machine.metadata.deletion_timestamp.is_some() {
-            return self.delete(&mut scope, proxmox_cluster.is_some()).await;
+            return match self.delete(&mut scope, proxmox_cluster.is_some()).await {
+                Ok(action) => Ok(Pass::Done(action)),
+                Err(error) => {
+                    let Some((proxmox, step)) = error.proxmox() else {
+                        return Err(error);
+                    };
+                    let (described, action) = self.proxmox_failure(&scope, step, proxmox).await;
+                    self.deleting_status(&mut scope, described.reason, described.message)
+                        .await?;
+                    Ok(Pass::BackingOff(action))
+                }
+            };
         }
         let step = match self
             .provision(&mut scope, proxmox_cluster.is_some(), &capi_cluster)
             .await
         {
             Ok(step) => step,
-            // Any awaited task that failed (clone, config, resize, upload, start): back off.
-            Err(MachineError::Proxmox(ProxmoxError::TaskFailed { upid, exitstatus })) => {
-                self.record_task_failure(&mut scope, &upid, &exitstatus)
-                    .await
-            }
-            // A lock held by another Proxmox operation: it will be released, try again soon.
-            Err(MachineError::Proxmox(error @ ProxmoxError::Locked { .. })) => waiting(
-                "ProxmoxLocked",
-                format!("{error}; retrying"),
-                Action::requeue(Duration::from_secs(1)),
-            ),
-            Err(error) => return Err(error),
+            Err(error) => match error.proxmox() {
+                // Any awaited task that failed (clone, config, resize, upload, start): its own
+                // back-off, recorded in status.
+                Some((ProxmoxError::TaskFailed { upid, exitstatus }, _)) => {
+                    self.record_task_failure(&mut scope, upid, exitstatus).await
+                }
+                // Any other Proxmox failure (locks included): reported, and backed off.
+                Some((proxmox, step)) => {
+                    let (described, action) = self.proxmox_failure(&scope, step, proxmox).await;
+                    Step::Backoff(
+                        Decided::failed(PROVISIONED, described.reason, described.message),
+                        action,
+                    )
+                }
+                None => return Err(error),
+            },
         };
-        let (decided, action) = match step {
-            Step::Continue => {
-                scope.status.task_ref = None;
-                scope.status.retry_after = None;
-                scope.status.task_failures = None;
-                (
-                    Decided::ok(PROVISIONED, "Provisioned", ""),
-                    Action::requeue(Duration::from_secs(600)),
-                )
-            }
-            Step::Stop(decided, action) => (decided, action),
+        let (decided, action, backing_off) = match step {
+            Step::Continue => (
+                Decided::ok(PROVISIONED, "Provisioned", ""),
+                Action::requeue(Duration::from_secs(600)),
+                false,
+            ),
+            Step::Stop(decided, action) => (decided, action, false),
+            Step::Backoff(decided, action) => (decided, action, true),
         };
         let decided = [
             Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
@@ -413,7 +534,47 @@ impl<'a> Reconcile<'a> {
             Timestamp::now(),
         );
         apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await?;
-        Ok(action)
+        Ok(if backing_off {
+            Pass::BackingOff(action)
+        } else {
+            Pass::Done(action)
+        })
+    }
+
+    /// Reports a failed Proxmox request in `step`: one more failure in the machine's streak,
+    /// a hold for its back-off (at least the server's `Retry-After`), and a Warning event when
+    /// the streak starts or its reason changes. Returns what to report and the requeue.
+    async fn proxmox_failure(
+        &self,
+        scope: &Scope,
+        step: &str,
+        error: &ProxmoxError,
+    ) -> (failures::Described, Action) {
+        let described = failures::describe(step, error);
+        let key = failures::key(self.machine);
+        let retry =
+            self.context
+                .retries
+                .failed(&key, &failures::PROXMOX_BACKOFF, Some(described.reason));
+        let delay = retry.delay.max(described.retry_after.unwrap_or_default());
+        self.context.retries.hold(
+            &key,
+            delay,
+            self.machine.metadata.generation,
+            self.machine.metadata.deletion_timestamp.is_some(),
+        );
+        if retry.news {
+            self.event(
+                scope,
+                EventType::Warning,
+                described.reason,
+                &described.message,
+            )
+            .await;
+        } else {
+            tracing::warn!(machine = %scope.name, reason = described.reason, failures = retry.failures, retry_in_ms = failures::millis(delay), %error, step, "Proxmox request failed again; backing off");
+        }
+        (described, Action::requeue(delay))
     }
 
     async fn provision(
@@ -499,7 +660,10 @@ impl<'a> Reconcile<'a> {
         }
 
         // The VM: find it, or create it.
-        let resources = proxmox.cluster_resources(None).await?;
+        let resources = proxmox
+            .cluster_resources(None)
+            .await
+            .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
         let vm = match self.find_vm(scope, &resources, &proxmox).await? {
             Some(vm) => vm,
             None => {
@@ -521,7 +685,8 @@ impl<'a> Reconcile<'a> {
             ));
         }
 
-        let config = proxmox.vm_config(&node, vmid).await?;
+        let read_config = || format!("reading the config of VM {vmid} on {node}");
+        let config = proxmox.vm_config(&node, vmid).await.during(read_config)?;
         let running = vm.status.as_deref() == Some("running");
         if !running {
             self.configure(scope, &placement, &proxmox, &node, vmid, &config)
@@ -539,7 +704,7 @@ impl<'a> Reconcile<'a> {
         scope.status.ip_addresses = addresses.status.clone();
 
         if !running {
-            let config = proxmox.vm_config(&node, vmid).await?;
+            let config = proxmox.vm_config(&node, vmid).await.during(read_config)?;
             if let Some(step) = self
                 .bootstrap(
                     scope,
@@ -555,8 +720,12 @@ impl<'a> Reconcile<'a> {
             {
                 return Ok(step);
             }
-            let task = proxmox.power(&node, vmid, PowerAction::Start).await?;
-            proxmox.wait_task_ref(&task, &task_wait()).await?;
+            finish(
+                &proxmox,
+                proxmox.power(&node, vmid, PowerAction::Start).await,
+                || format!("starting VM {vmid} on {node}"),
+            )
+            .await?;
             self.event(
                 scope,
                 EventType::Normal,
@@ -615,7 +784,9 @@ impl<'a> Reconcile<'a> {
                         Action::requeue(Duration::from_secs(2)),
                     ));
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => {
+                    return Err(error).during(|| format!("checking cloud-init in VM {vmid}"));
+                }
             }
         } else if check_agent && proxmox.agent_ping(&node, vmid).await.is_err() {
             return Ok(waiting(
@@ -626,10 +797,12 @@ impl<'a> Reconcile<'a> {
         }
 
         // Provisioned: provider ID, addresses, placement, readiness.
-        let uuid = smbios_uuid(&config).ok_or_else(|| ProxmoxError::Decode {
-            endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
-            message: format!("VM {vmid} has no smbios1 uuid"),
-        })?;
+        let uuid = smbios_uuid(&config)
+            .ok_or_else(|| ProxmoxError::Decode {
+                endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
+                message: format!("VM {vmid} has no smbios1 uuid"),
+            })
+            .during(read_config)?;
         let provider_id = format!("proxmox://{uuid}");
         if self.machine.spec.provider_id.as_deref() != Some(provider_id.as_str()) {
             scope
@@ -656,14 +829,27 @@ impl<'a> Reconcile<'a> {
             )
             .await;
         }
+        scope.status.task_ref = None;
+        scope.status.retry_after = None;
+        scope.status.task_failures = None;
         if scope
             .capi_machine
             .status
             .as_ref()
             .and_then(|s| s.node_ref.as_ref())
             .is_some()
+            && let Err(error) = self.remove_iso(&proxmox, &node, vmid, &config).await
         {
-            self.remove_iso(&proxmox, &node, vmid, &config).await?;
+            // The machine stays provisioned; the seed ISO left behind (it holds the bootstrap
+            // token) is reported by a Warning event, and its removal retried with back-off.
+            let Some((proxmox, step)) = error.proxmox() else {
+                return Err(error);
+            };
+            let (_, action) = self.proxmox_failure(scope, step, proxmox).await;
+            return Ok(Step::Backoff(
+                Decided::ok(PROVISIONED, "Provisioned", ""),
+                action,
+            ));
         }
         Ok(Step::Continue)
     }
@@ -711,7 +897,7 @@ impl<'a> Reconcile<'a> {
                 scope.status.task_ref = None;
                 scope.status.retry_after = None;
                 scope.status.task_failures = None;
-                if upid.task_type == "qmclone" {
+                if upid.task_type == "qmclone" && self.forget_task(scope, &raw).await? {
                     let vmid = scope.status.virtual_machine_id.unwrap_or_default();
                     self.event(
                         scope,
@@ -768,6 +954,39 @@ impl<'a> Reconcile<'a> {
                     }
                 }
             }
+            Err(error) => Err(error).during(|| {
+                format!(
+                    "waiting for Proxmox task {} on {} ({upid})",
+                    upid.task_type, upid.node
+                )
+            }),
+        }
+    }
+
+    /// Removes the finished task `upid` from the recorded status, if it is still there: a JSON
+    /// patch that first tests `status.taskRef`, so of all passes that see the task finished
+    /// (one may work from a stale cached copy of the machine) only the first gets `true`, and
+    /// what it announces is announced once.
+    async fn forget_task(&self, scope: &mut Scope, upid: &str) -> Result<bool, MachineError> {
+        let patch = json!([
+            {"op": "test", "path": "/status/taskRef", "value": upid},
+            {"op": "remove", "path": "/status/taskRef"}
+        ]);
+        let patched = scope
+            .api
+            .patch_status(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(patch)?),
+            )
+            .await;
+        match patched {
+            Ok(_) => {
+                scope.current.task_ref = None;
+                Ok(true)
+            }
+            // The test failed: an earlier pass already forgot it.
+            Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
             Err(error) => Err(error.into()),
         }
     }
@@ -1022,7 +1241,13 @@ impl<'a> Reconcile<'a> {
                     Action::requeue(Duration::from_millis(200)),
                 ));
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => {
+                return Err(error).during(|| {
+                    format!(
+                        "cloning template {template_vmid} on {source_node} to VM {vmid} on {target}"
+                    )
+                });
+            }
         }
         Ok(waiting(
             "Cloning",
@@ -1354,10 +1579,14 @@ impl<'a> Reconcile<'a> {
             changed = true;
         }
         if changed {
-            let task = proxmox
-                .update_vm_config(node, vmid, &update.digest(config.digest()))
-                .await?;
-            proxmox.wait_task_ref(&task, &task_wait()).await?;
+            finish(
+                proxmox,
+                proxmox
+                    .update_vm_config(node, vmid, &update.digest(config.digest()))
+                    .await,
+                || format!("configuring VM {vmid} on {node}"),
+            )
+            .await?;
             self.event(
                 scope,
                 EventType::Normal,
@@ -1372,10 +1601,14 @@ impl<'a> Reconcile<'a> {
                 .and_then(|v| disk_size_gb(&v))
                 .unwrap_or(0);
             if current_gb < u64::try_from(boot.size_gb).unwrap_or(0) {
-                let task = proxmox
-                    .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
-                    .await?;
-                proxmox.wait_task_ref(&task, &task_wait()).await?;
+                finish(
+                    proxmox,
+                    proxmox
+                        .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
+                        .await,
+                    || format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb),
+                )
+                .await?;
             }
         }
         Ok(())
@@ -1535,10 +1768,14 @@ impl<'a> Reconcile<'a> {
             .and_then(|v| String::from_utf8(v.0.clone()).ok())
             .unwrap_or_else(|| "cloud-config".into());
         let Some(uuid) = smbios_uuid(config) else {
-            return Ok(Some(waiting(
+            let retry =
+                self.context
+                    .retries
+                    .failed(&failures::key(self.machine), &VM_CONFIG_BACKOFF, None);
+            return Ok(Some(waiting_longer(
                 "WaitingForVMConfig",
                 format!("VM {vmid} has no SMBIOS UUID yet"),
-                Action::requeue(Duration::from_secs(1)),
+                &retry,
             )));
         };
         let macs: BTreeMap<String, String> = placement
@@ -1606,7 +1843,9 @@ impl<'a> Reconcile<'a> {
                 )));
             }
         };
-        let storage = iso_storage(proxmox, node).await?;
+        let storage = iso_storage(proxmox, node)
+            .await
+            .during(|| format!("listing the ISO storages of {node}"))?;
         let Some(storage) = storage else {
             return Ok(Some(waiting(
                 "NoISOStorage",
@@ -1616,12 +1855,20 @@ impl<'a> Reconcile<'a> {
                 Action::requeue(Duration::from_secs(60)),
             )));
         };
-        let task = proxmox.upload_iso(node, &storage, &iso_name, image).await?;
-        proxmox.wait_task_ref(&task, &task_wait()).await?;
+        finish(
+            proxmox,
+            proxmox.upload_iso(node, &storage, &iso_name, image).await,
+            || format!("uploading the seed ISO {iso_name} to {storage} on {node}"),
+        )
+        .await?;
         let attach =
             ConfigUpdate::default().set("ide0", format!("{storage}:iso/{iso_name},media=cdrom"));
-        let task = proxmox.update_vm_config(node, vmid, &attach).await?;
-        proxmox.wait_task_ref(&task, &task_wait()).await?;
+        finish(
+            proxmox,
+            proxmox.update_vm_config(node, vmid, &attach).await,
+            || format!("attaching the seed ISO {iso_name} to VM {vmid}"),
+        )
+        .await?;
         scope.status.bootstrap_data_provided = Some(true);
         self.event(
             scope,
@@ -1633,7 +1880,9 @@ impl<'a> Reconcile<'a> {
         Ok(None)
     }
 
-    /// Detaches and deletes the cloud-init ISO once the node has joined.
+    /// Deletes the cloud-init ISO (it holds the bootstrap token) once the node has joined, and
+    /// only then detaches it: a failed deletion leaves it attached, so the next pass finds it
+    /// and tries again.
     async fn remove_iso(
         &self,
         proxmox: &ProxmoxClient,
@@ -1653,18 +1902,25 @@ impl<'a> Reconcile<'a> {
         else {
             return Ok(());
         };
-        let task = proxmox
-            .update_vm_config(node, vmid, &ConfigUpdate::default().delete("ide0"))
-            .await?;
-        proxmox.wait_task_ref(&task, &task_wait()).await?;
         if let Some((storage, _)) = volume.split_once(':') {
             match proxmox.delete_volume(node, storage, &volume).await {
-                Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
                 Err(error) if error.is_not_found() => {}
-                Err(error) => return Err(error.into()),
+                started => {
+                    finish(proxmox, started, || {
+                        format!("deleting the seed ISO {volume} of VM {vmid}")
+                    })
+                    .await?
+                }
             }
         }
-        Ok(())
+        finish(
+            proxmox,
+            proxmox
+                .update_vm_config(node, vmid, &ConfigUpdate::default().delete("ide0"))
+                .await,
+            || format!("detaching the seed ISO from VM {vmid}"),
+        )
+        .await
     }
 
     async fn delete(&self, scope: &mut Scope, cluster_found: bool) -> Result<Action, MachineError> {
@@ -1692,7 +1948,8 @@ impl<'a> Reconcile<'a> {
                 Some(vmid) => Some(vmid),
                 None => proxmox
                     .cluster_resources(None)
-                    .await?
+                    .await
+                    .during(|| "looking for the machine's VM in Proxmox".to_owned())?
                     .into_iter()
                     .filter(|r| r.kind == ResourceType::Qemu && !r.template)
                     .find(|r| r.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)))
@@ -1721,24 +1978,33 @@ impl<'a> Reconcile<'a> {
             match proxmox.vm_config(&node, vmid).await {
                 Ok(config) => located = Some((node, config)),
                 Err(error) if error.is_not_found() => {}
-                Err(error) => return Err(error.into()),
+                Err(error) => {
+                    return Err(error)
+                        .during(|| format!("reading the config of VM {vmid} on {node}"));
+                }
             }
         }
         if located.is_none()
-            && let Some(node) = proxmox.find_vm(vmid).await?.and_then(|vm| vm.node)
+            && let Some(node) = proxmox
+                .find_vm(vmid)
+                .await
+                .during(|| format!("looking for VM {vmid} in Proxmox"))?
+                .and_then(|vm| vm.node)
         {
             match proxmox.vm_config(&node, vmid).await {
                 Ok(config) => located = Some((node, config)),
                 Err(error) if error.is_not_found() => {}
-                Err(error) => return Err(error.into()),
+                Err(error) => {
+                    return Err(error)
+                        .during(|| format!("reading the config of VM {vmid} on {node}"));
+                }
             }
         }
         let Some((node, config)) = located else {
             // Gone already (deleted by an earlier pass that did not finish): its seed ISO
             // may be left, since it is a separate volume.
             if let Some(node) = scope.current.proxmox_node.clone() {
-                self.delete_seed_iso(scope, proxmox, &node, vmid, None)
-                    .await?;
+                self.delete_seed_iso(proxmox, &node, vmid, None).await?;
             }
             return Ok(None);
         };
@@ -1755,6 +2021,7 @@ impl<'a> Reconcile<'a> {
             // locked VM, so wait for the lock to go.
             self.deleting_status(
                 scope,
+                "Deleting",
                 format!(
                     "VM {vmid} on {node} is locked ({lock}); deleting it once the lock is released"
                 ),
@@ -1762,25 +2029,33 @@ impl<'a> Reconcile<'a> {
             .await?;
             return Ok(Some(Action::requeue(Duration::from_secs(1))));
         }
-        if proxmox.vm_status(&node, vmid).await?.is_running() {
-            let task = proxmox.power(&node, vmid, PowerAction::Stop).await?;
-            proxmox.wait_task_ref(&task, &task_wait()).await?;
+        let stopping = || format!("stopping VM {vmid} on {node}");
+        if proxmox
+            .vm_status(&node, vmid)
+            .await
+            .during(stopping)?
+            .is_running()
+        {
+            finish(
+                proxmox,
+                proxmox.power(&node, vmid, PowerAction::Stop).await,
+                stopping,
+            )
+            .await?;
         }
         let params = DeleteParams {
             purge: true,
             destroy_unreferenced_disks: true,
         };
         match proxmox.delete_vm(&node, vmid, params).await {
-            Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
             Err(error) if error.is_not_found() => {}
-            Err(error) => return Err(error.into()),
+            started => finish(proxmox, started, || format!("deleting VM {vmid} on {node}")).await?,
         }
         // The seed ISO is a separate volume: the attached one, if still attached.
         let attached = config
             .get("ide0")
             .and_then(|v| v.split(',').next().map(str::to_owned));
-        self.delete_seed_iso(scope, proxmox, &node, vmid, attached)
-            .await?;
+        self.delete_seed_iso(proxmox, &node, vmid, attached).await?;
         self.event(
             scope,
             EventType::Normal,
@@ -1792,10 +2067,10 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on
-    /// the node's ISO storage. A missing ISO is fine; a failure is only logged.
+    /// the node's ISO storage. A missing ISO is fine; a failure fails the pass, so the machine
+    /// is not released (and the ISO with its bootstrap token forgotten) before it is gone.
     async fn delete_seed_iso(
         &self,
-        scope: &Scope,
         proxmox: &ProxmoxClient,
         node: &str,
         vmid: u32,
@@ -1804,13 +2079,10 @@ impl<'a> Reconcile<'a> {
         let seed = crate::cloudinit::seed_iso_name(vmid);
         let volume = match attached {
             Some(volume) => Some(volume).filter(|v| v.contains(&seed)),
-            None => match iso_storage(proxmox, node).await {
-                Ok(storage) => storage.map(|s| format!("{s}:iso/{seed}")),
-                Err(error) => {
-                    tracing::warn!(machine = %scope.name, %error, "cannot list the ISO storage to delete the cloud-init ISO");
-                    None
-                }
-            },
+            None => iso_storage(proxmox, node)
+                .await
+                .during(|| format!("listing the ISO storages of {node}"))?
+                .map(|s| format!("{s}:iso/{seed}")),
         };
         let Some(volume) = volume else {
             return Ok(());
@@ -1819,26 +2091,29 @@ impl<'a> Reconcile<'a> {
             return Ok(());
         };
         match proxmox.delete_volume(node, storage, &volume).await {
-            Ok(task) => proxmox.wait_task_ref(&task, &task_wait()).await?,
-            Err(error) if error.is_not_found() => {}
-            Err(error) => {
-                tracing::warn!(machine = %scope.name, %error, "could not delete the cloud-init ISO")
+            Err(error) if error.is_not_found() => Ok(()),
+            started => {
+                finish(proxmox, started, || {
+                    format!("deleting the seed ISO {volume} of VM {vmid}")
+                })
+                .await
             }
         }
-        Ok(())
     }
 
-    /// `VirtualMachineProvisioned=False/Deleting` with what the deletion waits for.
+    /// `VirtualMachineProvisioned=False` with what the deletion waits for (`Deleting`) or what
+    /// stopped it.
     async fn deleting_status(
         &self,
         scope: &mut Scope,
+        reason: &str,
         message: String,
     ) -> Result<(), MachineError> {
         scope.status.conditions = conditions::merge(
             &scope.current.conditions,
             &[
                 Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
-                Decided::failed(PROVISIONED, "Deleting", message),
+                Decided::failed(PROVISIONED, reason, message),
             ],
             self.machine.metadata.generation,
             Timestamp::now(),
@@ -1859,26 +2134,15 @@ impl<'a> Reconcile<'a> {
             EventType::Normal => tracing::info!(machine = %scope.name, reason, "{note}"),
             EventType::Warning => tracing::warn!(machine = %scope.name, reason, "{note}"),
         }
-        let recorder = kube::runtime::events::Recorder::new(
-            self.context.client.clone(),
-            kube::runtime::events::Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: None,
-            },
-        );
-        let event = kube::runtime::events::Event {
+        failures::publish_event(
+            &self.context.client,
+            FIELD_MANAGER,
+            &self.machine.object_ref(&()),
             type_,
-            reason: reason.into(),
-            note: Some(note.into()),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(error) = recorder
-            .publish(&event, &self.machine.object_ref(&()))
-            .await
-        {
-            tracing::debug!(%error, "could not record an event");
-        }
+            reason,
+            note,
+        )
+        .await;
     }
 }
 

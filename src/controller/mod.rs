@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod conditions;
 pub mod credentials;
+pub mod failures;
 pub mod http;
 pub mod leader;
 pub mod machine;
@@ -73,6 +74,8 @@ pub struct Context {
     /// VMIDs held by the machines that chose them (until those are deleted), so parallel
     /// reconciles never pick the same one and a VMID freed by a failed clone is not handed on.
     pub vmid_claims: vmid::VmidClaims,
+    /// Each failing object's back-off, so retries slow down per object.
+    pub retries: failures::Retries,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
 }
@@ -93,6 +96,7 @@ impl Context {
             global_credentials,
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
+            retries: failures::Retries::default(),
             readiness: Readiness::default(),
         }
     }
@@ -148,6 +152,7 @@ pub async fn run(
             global_credentials,
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
+            retries: failures::Retries::default(),
             readiness: readiness.clone(),
         };
         readiness.set_standby(false);

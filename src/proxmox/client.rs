@@ -198,10 +198,7 @@ impl ProxmoxClient {
             ))
         })?;
         auth.set_sensitive(true);
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0x9E37_79B9_7F4A_7C15);
+        let seed = jitter_seed();
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
@@ -247,15 +244,7 @@ impl ProxmoxClient {
             .base_delay
             .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
         let capped = exp.min(retry.max_delay);
-        // xorshift64*; quality is irrelevant, spreading retries is the point
-        let mut x = self.inner.jitter.load(Ordering::Relaxed);
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.inner.jitter.store(x, Ordering::Relaxed);
-        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
-        let frac = (r as f64) / ((1u64 << 53) as f64); // [0,1)
-        capped.mul_f64(0.5 + frac)
+        capped.mul_f64(0.5 + jitter_fraction(&self.inner.jitter))
     }
 
     /// Sends a request and decodes `data` into `T`, retrying idempotent requests on transient errors.
@@ -335,6 +324,7 @@ impl ProxmoxClient {
     async fn exchange(&self, builder: reqwest::RequestBuilder, endpoint: &str) -> Result<Value> {
         let resp = builder.send().await.map_err(transport_error)?;
         let status = resp.status();
+        let retry_after = retry_after(resp.headers());
         let phrase = resp
             .extensions()
             .get::<hyper::ext::ReasonPhrase>()
@@ -354,8 +344,47 @@ impl ProxmoxClient {
                 }),
             };
         }
-        Err(error_from_parts(status, phrase.as_deref(), &bytes))
+        Err(error_from_parts(status, phrase.as_deref(), &bytes).with_retry_after(retry_after))
     }
+}
+
+/// A non-zero seed for [`jitter_fraction`], from the clock.
+pub(crate) fn jitter_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0x9E37_79B9_7F4A_7C15)
+        | 1
+}
+
+/// The next pseudo-random fraction in [0, 1) from `state` (xorshift64*): it only spreads
+/// retries of many callers apart, so its quality is irrelevant.
+pub(crate) fn jitter_fraction(state: &AtomicU64) -> f64 {
+    let mut x = state.load(Ordering::Relaxed);
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    state.store(x, Ordering::Relaxed);
+    let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
+    (r as f64) / ((1u64 << 53) as f64)
+}
+
+/// The `Retry-After` of a response: delay-seconds or an HTTP date (RFC 9110 §10.2.3).
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = k8s_openapi::jiff::fmt::rfc2822::parse(value).ok()?;
+    let wait = at
+        .timestamp()
+        .duration_since(k8s_openapi::jiff::Timestamp::now());
+    // A date in the past means "now".
+    Some(Duration::try_from(wait).unwrap_or(Duration::ZERO))
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -459,6 +488,43 @@ mod tests {
         let e = error_from_parts(StatusCode::NOT_IMPLEMENTED, None, b"Method not implemented");
         assert!(matches!(e, ProxmoxError::Api { status: 501, .. }));
         assert_eq!(e.reason(), Some("Method not implemented"));
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_a_date() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after(&headers), None);
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_static("120"),
+        );
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(120)));
+        let soon =
+            k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(30);
+        let date = k8s_openapi::jiff::fmt::rfc2822::to_string(
+            &soon.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC),
+        )
+        .expect("date")
+        .replace("+0000", "GMT");
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_str(&date).expect("header"),
+        );
+        let wait = retry_after(&headers).expect(&date);
+        assert!(
+            wait > Duration::from_secs(27) && wait <= Duration::from_secs(30),
+            "{date}: {wait:?}"
+        );
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(&headers), Some(Duration::ZERO), "a past date");
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_static("soon"),
+        );
+        assert_eq!(retry_after(&headers), None);
     }
 
     #[tokio::test]

@@ -69,6 +69,15 @@ pub enum ProxmoxError {
         /// What went wrong.
         reason: String,
     },
+    /// Proxmox or a proxy in front of it limits the request rate (HTTP 429); retry no sooner
+    /// than `retry_after` when the server said so.
+    #[error("Proxmox VE is rate limiting requests (HTTP 429: {reason})")]
+    RateLimited {
+        /// Reason phrase or message from the server.
+        reason: String,
+        /// The server's `Retry-After`, when it sent one.
+        retry_after: Option<std::time::Duration>,
+    },
     /// A task ended with an exit status other than `OK`/`WARNINGS: n`.
     #[error("Proxmox VE task {upid} failed: {exitstatus}")]
     TaskFailed {
@@ -106,7 +115,8 @@ pub enum ProxmoxError {
     Config(String),
 }
 
-fn format_errors(errors: &BTreeMap<String, String>) -> String {
+/// `name: problem; name: problem` of a parameter error map.
+pub(crate) fn format_errors(errors: &BTreeMap<String, String>) -> String {
     errors
         .iter()
         .map(|(k, v)| format!("{k}: {v}"))
@@ -143,9 +153,21 @@ impl ProxmoxError {
             | Self::Forbidden { reason }
             | Self::InvalidParameters { reason, .. }
             | Self::Transient { reason, .. }
+            | Self::RateLimited { reason, .. }
             | Self::Api { reason, .. } => Some(reason),
             Self::TaskFailed { exitstatus, .. } => Some(exitstatus),
             _ => None,
+        }
+    }
+
+    /// The same error with the server's `Retry-After` attached, when it is a rate limit.
+    pub fn with_retry_after(self, after: Option<std::time::Duration>) -> Self {
+        match self {
+            Self::RateLimited { reason, .. } => Self::RateLimited {
+                reason,
+                retry_after: after,
+            },
+            other => other,
         }
     }
 
@@ -157,6 +179,13 @@ impl ProxmoxError {
         match status {
             401 => Self::Unauthorized { reason },
             403 => Self::Forbidden { reason },
+            // PVE says "does not exist" with a 500, but some builds and proxies in front of it
+            // answer 404 for a VM that is gone; both mean the same.
+            404 => Self::NotFound { status, reason },
+            429 => Self::RateLimited {
+                reason,
+                retry_after: None,
+            },
             400 => {
                 let joined = errors
                     .values()
@@ -309,6 +338,37 @@ mod tests {
         let e =
             ProxmoxError::from_response(500, "shrinking disks is not supported", BTreeMap::new());
         assert!(matches!(e, ProxmoxError::Api { status: 500, .. }));
+    }
+
+    #[test]
+    fn a_404_is_not_found_and_a_429_a_rate_limit() {
+        let e = ProxmoxError::from_response(
+            404,
+            "Configuration file 'nodes/pve1/qemu-server/101.conf' does not exist",
+            BTreeMap::new(),
+        );
+        assert!(e.is_not_found(), "{e:?}");
+        let e = crate::proxmox::error_from_parts(
+            reqwest::StatusCode::NOT_FOUND,
+            None,
+            br#"{"data":null,"message":"Configuration file 'nodes/pve1/qemu-server/101.conf' does not exist\n"}"#,
+        );
+        assert!(e.is_not_found(), "a 404 with PVE's body: {e:?}");
+        let e = ProxmoxError::from_response(404, "Not Found", BTreeMap::new());
+        assert!(e.is_not_found(), "a proxy's plain 404 too: {e:?}");
+        let e = ProxmoxError::from_response(429, "Too Many Requests", BTreeMap::new())
+            .with_retry_after(Some(std::time::Duration::from_secs(7)));
+        assert_eq!(
+            e,
+            ProxmoxError::RateLimited {
+                reason: "Too Many Requests".into(),
+                retry_after: Some(std::time::Duration::from_secs(7)),
+            }
+        );
+        assert!(
+            !e.is_retryable(),
+            "the caller backs off, the client does not sleep"
+        );
     }
 
     #[test]

@@ -101,8 +101,13 @@ impl Env {
     /// Starts only capmox's reconcilers, with a fresh [`Context`] (no caches, reservations or
     /// Proxmox clients of an earlier run), as a restarted process would; see [`Controllers`].
     pub fn spawn_controllers(&self) -> Controllers {
+        self.spawn_controllers_with(self.client())
+    }
+
+    /// As [`Env::spawn_controllers`], talking to the API server through `client`.
+    pub fn spawn_controllers_with(&self, client: kube::Client) -> Controllers {
         let context = Arc::new(Context::new(
-            self.client(),
+            client,
             manager_config(),
             GlobalCredentials::default(),
         ));

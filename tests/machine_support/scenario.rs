@@ -91,6 +91,11 @@ impl Scenario {
         self.controllers = Some(self.env.spawn_controllers());
     }
 
+    /// Starts fresh controllers that talk to the API server through `client`.
+    pub fn start_controllers_with(&mut self, client: kube::Client) {
+        self.controllers = Some(self.env.spawn_controllers_with(client));
+    }
+
     /// Kills the controllers like a crashed process and starts fresh ones.
     pub async fn restart(&mut self) {
         if let Some(controllers) = self.controllers.take() {

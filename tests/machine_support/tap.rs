@@ -1,7 +1,8 @@
 //! A pass-through HTTP proxy in front of the Proxmox simulator, for the machine tests: it logs
 //! every request, counts the mutating ones (anything but GET and guest-agent commands), can hold the answer to the k-th
-//! mutating request until the test has done something (killed the controllers), and can
-//! rewrite answers to play a guest the simulator does not model.
+//! mutating request until the test has done something (killed the controllers), can
+//! rewrite answers to play a guest the simulator does not model, and can answer requests
+//! itself with an error, as a failing Proxmox or a proxy in front of it would.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +23,10 @@ pub struct Seen {
     pub method: String,
     /// Path below `/api2/json` (query excluded).
     pub path: String,
-    /// When Proxmox answered it.
+    /// When Proxmox (or the tap, for an injected error) answered it.
     pub at: SystemTime,
+    /// The answer's HTTP status.
+    pub status: u16,
 }
 
 impl Seen {
@@ -35,6 +38,34 @@ impl Seen {
 
 /// Rewrites the answer body of a request (method, path, body) or leaves it (`None`).
 pub type Rewrite = Box<dyn Fn(&str, &str, &[u8]) -> Option<Vec<u8>> + Send + Sync>;
+
+/// Answers a request (method, path) with an error instead of passing it on (`None`: pass it on).
+pub type Fault = Box<dyn Fn(&str, &str) -> Option<Injected> + Send + Sync>;
+
+/// An error answer the tap gives in Proxmox's place.
+#[derive(Clone, Debug)]
+pub struct Injected {
+    /// HTTP status.
+    pub status: u16,
+    /// Reason phrase, also the body's `message` (as PVE ≥ 8.3 sends it).
+    pub reason: String,
+    /// The body's parameter `errors`, if any.
+    pub errors: serde_json::Value,
+    /// Extra headers (e.g. `Retry-After`).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Injected {
+    /// An error with `status` and `reason`, nothing else.
+    pub fn new(status: u16, reason: &str) -> Injected {
+        Injected {
+            status,
+            reason: reason.to_owned(),
+            errors: serde_json::Value::Null,
+            headers: Vec::new(),
+        }
+    }
+}
 
 /// The moment the k-th mutating request was answered by Proxmox; the answer is held back
 /// until `resume` is sent (or dropped).
@@ -52,6 +83,7 @@ struct State {
     mutating: AtomicUsize,
     trip: Mutex<Option<(usize, oneshot::Sender<Tripped>)>>,
     rewrite: Mutex<Option<Rewrite>>,
+    fault: Mutex<Option<Fault>>,
 }
 
 /// The running proxy; dropping it stops listening.
@@ -83,6 +115,7 @@ impl Tap {
             mutating: AtomicUsize::new(0),
             trip: Mutex::new(None),
             rewrite: Mutex::new(None),
+            fault: Mutex::new(None),
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -139,6 +172,44 @@ impl Tap {
     pub fn set_rewrite(&self, rewrite: Rewrite) {
         *self.state.rewrite.lock().expect("tap rewrite") = Some(rewrite);
     }
+
+    /// Answers the requests `fault` picks with its error from now on, without passing them on.
+    pub fn set_fault(&self, fault: Fault) {
+        *self.state.fault.lock().expect("tap fault") = Some(fault);
+    }
+
+    /// Passes every request on again.
+    pub fn clear_fault(&self) {
+        *self.state.fault.lock().expect("tap fault") = None;
+    }
+}
+
+/// The answer of an injected error, logged like any other.
+fn inject(state: &State, method: &str, path: String, injected: Injected) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "data": null, "message": format!("{}\n", injected.reason), "errors": injected.errors
+    });
+    let mut response = Response::builder().status(injected.status);
+    for (name, value) in &injected.headers {
+        response = response.header(name.as_str(), value.as_str());
+    }
+    let mut response = response
+        .header(
+            hyper::header::CONTENT_TYPE,
+            "application/json;charset=UTF-8",
+        )
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("response");
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(injected.reason.into_bytes()) {
+        response.extensions_mut().insert(phrase);
+    }
+    state.log.lock().expect("tap log").push(Seen {
+        method: method.to_owned(),
+        path,
+        at: SystemTime::now(),
+        status: injected.status,
+    });
+    response
 }
 
 async fn forward(
@@ -152,6 +223,16 @@ async fn forward(
         .map(|p| p.as_str().to_owned())
         .unwrap_or_default();
     let path = req.uri().path().to_owned();
+    let api_path = path.strip_prefix("/api2/json").unwrap_or(&path).to_owned();
+    let injected = state
+        .fault
+        .lock()
+        .expect("tap fault")
+        .as_ref()
+        .and_then(|fault| fault(method.as_str(), &api_path));
+    if let Some(injected) = injected {
+        return Ok(inject(&state, method.as_str(), api_path, injected));
+    }
     let headers = req.headers().clone();
     let body = req
         .into_body()
@@ -184,7 +265,6 @@ async fn forward(
         .cloned();
     let answer_headers = answer.headers().clone();
     let mut bytes = answer.bytes().await.unwrap_or_default().to_vec();
-    let api_path = path.strip_prefix("/api2/json").unwrap_or(&path).to_owned();
     if let Some(rewrite) = state.rewrite.lock().expect("tap rewrite").as_ref()
         && let Some(new) = rewrite(method.as_str(), &api_path, &bytes)
     {
@@ -194,6 +274,7 @@ async fn forward(
         method: method.to_string(),
         path: api_path,
         at: SystemTime::now(),
+        status,
     };
     state.log.lock().expect("tap log").push(seen.clone());
     // Guest-agent commands (`cloud-init status`) change nothing in Proxmox; their number
