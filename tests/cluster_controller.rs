@@ -557,3 +557,37 @@ async fn an_invalid_secret_is_not_adopted() {
         secret.metadata
     );
 }
+
+/// A pass that works from a stale copy (its guarded finalizer patch is refused with 422, as the
+/// real API server answers a failed JSON-patch `test`) is not a failure: no back-off, no
+/// warning, a prompt second look.
+#[tokio::test]
+async fn a_pass_on_a_stale_copy_looks_again_without_backing_off() {
+    let env = Env::start().await;
+    env.create_credentials("demo-credentials", None).await;
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, zoned_spec()).await;
+    let api: Api<ProxmoxCluster> = Api::namespaced(env.client(), "default");
+    let stale = std::sync::Arc::new(api.get("demo").await.expect("cluster"));
+    api.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"example.com/edited": "1"}}})),
+    )
+    .await
+    .expect("a newer version");
+    let error = capmox::controller::cluster::reconcile(stale.clone(), env.context.clone())
+        .await
+        .expect_err("the guarded write is refused");
+    assert!(error.is_stale(), "{error}");
+    let action = capmox::controller::cluster::error_policy(stale, &error, env.context.clone());
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(capmox::controller::cluster::STALE_RETRY)
+    );
+    let fresh = api.get("demo").await.expect("cluster");
+    assert!(
+        fresh.finalizers().is_empty(),
+        "nothing was written from the stale copy"
+    );
+}

@@ -58,6 +58,44 @@ pub enum ClusterError {
     /// The object lacks a name or namespace (never true for objects read from the API).
     #[error("ProxmoxCluster without name or namespace")]
     MissingIdentity,
+    /// A write guarded by the object's resourceVersion found a newer version (the API server
+    /// answers the failed `test` with 422, or 409): the pass worked from a stale copy, and the
+    /// newer version's watch event brings the next one.
+    #[error("{kind} {name} changed since it was read; looking again")]
+    Stale {
+        /// The object's kind.
+        kind: String,
+        /// The object's name.
+        name: String,
+    },
+}
+
+impl ClusterError {
+    /// Whether the pass only saw an outdated copy (no failure to report or back off from).
+    pub fn is_stale(&self) -> bool {
+        matches!(self, Self::Stale { .. })
+    }
+}
+
+/// Requeue after a pass that worked from a stale copy: the newer version's watch event
+/// normally comes first; this only covers a missed one.
+pub const STALE_RETRY: Duration = Duration::from_secs(1);
+
+/// The error of a write guarded by `object`'s resourceVersion: a refused guard means the object
+/// changed since it was read.
+fn guarded_write_error<K: Resource<DynamicType = ()>>(
+    object: &K,
+    error: kube::Error,
+) -> ClusterError {
+    match &error {
+        kube::Error::Api(status) if status.code == 409 || status.code == 422 => {
+            ClusterError::Stale {
+                kind: K::kind(&()).into_owned(),
+                name: object.meta().name.clone().unwrap_or_default(),
+            }
+        }
+        _ => ClusterError::Kube(error),
+    }
 }
 
 /// Runs the controller until `shutdown` is cancelled.
@@ -107,11 +145,17 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         .await;
 }
 
-fn error_policy(
+/// The requeue after a failed pass: a stale copy is looked at again soon and quietly, anything
+/// else backs off.
+pub fn error_policy(
     cluster: Arc<ProxmoxCluster>,
     error: &ClusterError,
     context: Arc<Context>,
 ) -> Action {
+    if error.is_stale() {
+        tracing::debug!(controller = CONTROLLER, %error, "pass saw a stale copy");
+        return Action::requeue(STALE_RETRY);
+    }
     failures::after_error(&context.retries, CONTROLLER, &*cluster, error)
 }
 
@@ -436,7 +480,7 @@ pub(crate) async fn ensure_finalizer<K>(
     finalizer: &str,
 ) -> Result<(), ClusterError>
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     if object.finalizers().iter().any(|f| f == finalizer) {
         return Ok(());
@@ -462,7 +506,8 @@ where
         &PatchParams::default(),
         &Patch::Json::<()>(serde_json::from_value(patch)?),
     )
-    .await?;
+    .await
+    .map_err(|error| guarded_write_error(object, error))?;
     Ok(())
 }
 
@@ -474,7 +519,7 @@ pub(crate) async fn release<K>(
     owner_uid: Option<&str>,
 ) -> Result<(), ClusterError>
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let name = object
         .meta()
@@ -500,7 +545,8 @@ where
         &PatchParams::default(),
         &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),
     )
-    .await?;
+    .await
+    .map_err(|error| guarded_write_error(object, error))?;
     Ok(())
 }
 
@@ -658,7 +704,8 @@ async fn adopt_secret(
             &PatchParams::default(),
             &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),
         )
-        .await?;
+        .await
+        .map_err(|error| guarded_write_error(secret, error))?;
     Ok(())
 }
 

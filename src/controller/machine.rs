@@ -282,11 +282,19 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         .await;
 }
 
-fn error_policy(
+/// The requeue after a failed pass: a stale copy is looked at again soon and quietly, anything
+/// else backs off.
+pub fn error_policy(
     machine: Arc<ProxmoxMachine>,
     error: &MachineError,
     context: Arc<Context>,
 ) -> Action {
+    if let MachineError::Cluster(stale) = error
+        && stale.is_stale()
+    {
+        tracing::debug!(controller = CONTROLLER, error = %stale, "pass saw a stale copy");
+        return Action::requeue(cluster::STALE_RETRY);
+    }
     failures::after_error(&context.retries, CONTROLLER, &*machine, error)
 }
 
