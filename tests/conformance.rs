@@ -1,9 +1,10 @@
 //! Conformance with the official API schema: every (method, path) the client calls and
 //! every route the simulator serves exists in `apidata.json` (PVE 9.1) with that method,
 //! and every parameter the client sends is declared there with a compatible type.
-//! The same check is reported against PVE 8.4 (`pve8/apidata.json`).
+//! The same check is reported against PVE 8.4 (`pve8/apidata.json`). Both files are the
+//! subsets in `tests/data/pve-api/` that `subset.py` cuts for the endpoints in `endpoints.txt`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,35 +12,54 @@ use capmox::proxmox::*;
 use capmox::sim::{SIM_ROUTES, SimOptions, Simulator, Topology};
 use serde_json::Value;
 
-const API91: &str = "../shared/pve-api/apidata.json";
-const API84: &str = "../shared/pve-api/pve8/apidata.json";
+const API91: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/pve-api/apidata.json"
+);
+const API84: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/pve-api/pve8/apidata.json"
+);
+const ENDPOINTS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/pve-api/endpoints.txt"
+);
 
 /// path → method → properties
 type Schema = BTreeMap<String, BTreeMap<String, serde_json::Map<String, Value>>>;
 
-fn load(path: &str) -> Option<Schema> {
-    let text = std::fs::read_to_string(Path::new(path)).ok()?;
-    let tree: Value = serde_json::from_str(&text).expect("apidata.json is JSON");
+/// Reads a schema subset written by `tests/data/pve-api/subset.py`.
+fn load(path: &str) -> Schema {
+    let text = std::fs::read_to_string(Path::new(path))
+        .unwrap_or_else(|e| panic!("cannot read {path} (part of the repository): {e}"));
+    let subset: Value = serde_json::from_str(&text).expect("the schema subset is JSON");
+    let endpoints = subset["endpoints"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{path} has no `endpoints` object"));
     let mut out = Schema::new();
-    fn walk(nodes: &Value, out: &mut Schema) {
-        for n in nodes.as_array().into_iter().flatten() {
-            let path = n["path"].as_str().unwrap_or_default().to_string();
-            if let Some(info) = n["info"].as_object() {
-                for (method, m) in info {
-                    let props = m["parameters"]["properties"]
-                        .as_object()
-                        .cloned()
-                        .unwrap_or_default();
-                    out.entry(path.clone())
-                        .or_default()
-                        .insert(method.clone(), props);
-                }
-            }
-            walk(&n["children"], out);
+    for (path, methods) in endpoints {
+        for (method, m) in methods.as_object().into_iter().flatten() {
+            let props = m["parameters"].as_object().cloned().unwrap_or_default();
+            out.entry(path.clone())
+                .or_default()
+                .insert(method.clone(), props);
         }
     }
-    walk(&tree, &mut out);
-    Some(out)
+    out
+}
+
+/// The `METHOD /path` lines of `endpoints.txt`, the list the subsets were cut for.
+fn listed_endpoints() -> BTreeSet<(String, String)> {
+    std::fs::read_to_string(ENDPOINTS)
+        .unwrap_or_else(|e| panic!("cannot read {ENDPOINTS}: {e}"))
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (method, path) = l.split_once(' ').expect("`METHOD /path`");
+            (method.to_owned(), path.trim().to_owned())
+        })
+        .collect()
 }
 
 /// Looks a parameter up, mapping `net0` to the schema's `net[n]`.
@@ -57,7 +77,10 @@ fn check(schema: &Schema, extra_params: &BTreeMap<(String, String), Vec<String>>
     let mut problems = Vec::new();
     for (method, path, params) in CLIENT_ENDPOINTS {
         let Some(props) = schema.get(*path).and_then(|m| m.get(*method)) else {
-            problems.push(format!("client: {method} {path} is not in the schema"));
+            problems.push(format!(
+                "client: {method} {path} is not in the schema (new endpoints go into \
+                 tests/data/pve-api/endpoints.txt, then rerun subset.py)"
+            ));
             continue;
         };
         for p in *params {
@@ -79,7 +102,10 @@ fn check(schema: &Schema, extra_params: &BTreeMap<(String, String), Vec<String>>
     }
     for (method, path) in SIM_ROUTES {
         if schema.get(*path).and_then(|m| m.get(*method)).is_none() {
-            problems.push(format!("simulator: {method} {path} is not in the schema"));
+            problems.push(format!(
+                "simulator: {method} {path} is not in the schema (new endpoints go into \
+                 tests/data/pve-api/endpoints.txt, then rerun subset.py)"
+            ));
         }
     }
     // parameters actually seen on the wire (from the simulator's request log)
@@ -216,10 +242,7 @@ async fn wire_params() -> BTreeMap<(String, String), Vec<String>> {
 
 #[tokio::test]
 async fn client_and_simulator_conform_to_pve_9_1_schema() {
-    let Some(schema) = load(API91) else {
-        println!("SKIP: {API91} not found; conformance test not run");
-        return;
-    };
+    let schema = load(API91);
     let wire = wire_params().await;
     assert!(
         wire.len() >= 15,
@@ -242,10 +265,7 @@ async fn client_and_simulator_conform_to_pve_9_1_schema() {
 
 #[tokio::test]
 async fn report_against_pve_8_4_schema() {
-    let Some(schema) = load(API84) else {
-        println!("SKIP: {API84} not found; PVE 8.4 report not produced");
-        return;
-    };
+    let schema = load(API84);
     let wire = wire_params().await;
     let problems = check(&schema, &wire);
     if problems.is_empty() {
@@ -263,13 +283,36 @@ async fn report_against_pve_8_4_schema() {
 
 #[test]
 fn schema_loader_finds_known_entries() {
-    let Some(schema) = load(API91) else {
-        println!("SKIP: {API91} not found");
-        return;
-    };
+    let schema = load(API91);
     let props = &schema["/nodes/{node}/qemu/{vmid}/config"]["POST"];
     assert!(param(props, "net0").is_some());
     assert!(param(props, "scsi12").is_some());
     assert!(param(props, "bogus0").is_none());
     assert!(!schema.contains_key("/nodes/{node}/qemu/{vmid}/nonsense"));
+}
+
+#[test]
+fn the_schema_subsets_hold_exactly_the_endpoints_capmox_uses() {
+    let used: BTreeSet<(String, String)> = CLIENT_ENDPOINTS
+        .iter()
+        .map(|(method, path, _)| (*method, *path))
+        .chain(SIM_ROUTES.iter().copied())
+        .map(|(method, path)| (method.to_owned(), path.to_owned()))
+        .collect();
+    let listed = listed_endpoints();
+    assert_eq!(
+        listed, used,
+        "tests/data/pve-api/endpoints.txt must list exactly the client's and simulator's \
+         endpoints; fix it and rerun subset.py for both schema versions"
+    );
+    for file in [API91, API84] {
+        let cut: BTreeSet<(String, String)> = load(file)
+            .into_iter()
+            .flat_map(|(path, methods)| methods.into_keys().map(move |m| (m, path.clone())))
+            .collect();
+        assert_eq!(
+            cut, listed,
+            "{file} was not cut for endpoints.txt: rerun subset.py"
+        );
+    }
 }

@@ -131,8 +131,11 @@ async fn record_a_lifecycle(lease_namespace: &str) -> BTreeMap<ClientRequest, u6
     server.register_builtin_kinds();
     server.register_crd_dir("crds").expect("capmox CRDs");
     server
-        .register_crd_dir("../shared/external-crds")
-        .expect("upstream CRDs (../shared/external-crds)");
+        .register_crd_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/external-crds"
+        ))
+        .expect("upstream CRDs (tests/data/external-crds)");
     let sim = Simulator::start(
         Topology::from_yaml(TOPOLOGY, "sandbox topology").expect("topology"),
         SimOptions {

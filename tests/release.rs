@@ -259,13 +259,13 @@ fn schema_for(object: &Value) -> Option<Value> {
         .ok()?
         .map(|e| e.ok().map(|e| e.path()))
         .collect::<Option<_>>()?;
-    if let Ok(upstream) = std::fs::read_dir("../shared/external-crds") {
-        files.extend(
-            upstream
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "yaml")),
-        );
-    }
+    let upstream = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/external-crds");
+    files.extend(
+        std::fs::read_dir(upstream)
+            .unwrap_or_else(|e| panic!("cannot read {upstream}: {e}"))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml")),
+    );
     files.into_iter().find_map(|file| {
         let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&file).ok()?).ok()?;
         if crd["spec"]["names"]["kind"] != kind {

@@ -10,7 +10,7 @@ use capmox::proxmox::*;
 use capmox::sim::{SimOptions, Simulator, Topology};
 use serde_json::Value;
 
-const FIXTURES: &str = "../shared/pve-fixtures";
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pve-fixtures");
 
 fn kind(v: &Value) -> &'static str {
     match v {
@@ -171,10 +171,6 @@ fn fixture(file: &str) -> Value {
 
 #[tokio::test]
 async fn simulator_matches_fixture_shapes() {
-    if !Path::new(FIXTURES).exists() {
-        println!("SKIP: {FIXTURES} not found; shape test not run");
-        return;
-    }
     let sim = Simulator::start(Topology::example(), SimOptions::default())
         .await
         .expect("simulator");
@@ -412,10 +408,6 @@ async fn simulator_matches_fixture_shapes() {
 #[tokio::test]
 async fn simulator_errors_match_fixture_errors() {
     let dir = Path::new(FIXTURES);
-    if !dir.exists() {
-        println!("SKIP: {FIXTURES} not found");
-        return;
-    }
     let index: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).expect("index"))
             .expect("json");

@@ -35,8 +35,11 @@ fn server() -> ApiServer {
     server.register_builtin_kinds();
     server.register_crd_dir("crds").expect("capmox CRDs");
     server
-        .register_crd_dir("../shared/external-crds")
-        .expect("upstream CRDs (../shared/external-crds)");
+        .register_crd_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/external-crds"
+        ))
+        .expect("upstream CRDs (tests/data/external-crds)");
     // capmox objects are checked against their schemas, so the stand-in's ProxmoxMachines
     // must be valid ones.
     for crd in capmox::api::crd::all().expect("CRDs render") {

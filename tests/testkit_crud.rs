@@ -481,9 +481,7 @@ async fn delete_without_finalizers_removes_immediately() {
 
 #[tokio::test]
 async fn shared_crds_register_and_serve() {
-    let Some(server) = shared_server() else {
-        return;
-    };
+    let server = upstream_server();
     let kinds: Vec<String> = server.kinds().into_iter().map(|k| k.kind).collect();
     for k in [
         "Cluster",
@@ -572,9 +570,7 @@ async fn concurrent_read_modify_write_loses_no_update() {
 
 #[tokio::test]
 async fn create_yaml_seeds_objects_with_status() {
-    let Some(server) = shared_server() else {
-        return;
-    };
+    let server = upstream_server();
     let created = server
         .create_yaml(
             r#"

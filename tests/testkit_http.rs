@@ -61,9 +61,7 @@ async fn kube_client_over_http_with_streaming_watch() {
 
 #[tokio::test]
 async fn discovery_finds_registered_groups() {
-    let Some(server) = shared_server() else {
-        return;
-    };
+    let server = upstream_server();
     let http = server.serve_http().await.unwrap();
     let client = http_client(&http.kubeconfig()).await;
     let discovery = Discovery::new(client).run().await.unwrap();
@@ -89,18 +87,8 @@ async fn discovery_finds_registered_groups() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_proxmoxmachines() {
-    let Some(server) = shared_server() else {
-        return;
-    };
-    if std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_err()
-    {
-        println!("SKIPPED: kubectl not on PATH");
-        return;
-    }
+    let server = upstream_server();
+    let kubectl = kubectl();
     let client = server.client();
     let pm = dynamic(
         &client,
@@ -129,8 +117,8 @@ async fn kubectl_get_proxmoxmachines() {
         http.addr().port()
     ));
     http.write_kubeconfig(&path).unwrap();
-    let run = |path: &std::path::Path, args: &[&str]| {
-        let out = std::process::Command::new("kubectl")
+    let run = move |path: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(&kubectl)
             .arg("--kubeconfig")
             .arg(path)
             .args(args)
@@ -192,22 +180,8 @@ async fn kubectl_get_proxmoxmachines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_of_a_crd_registers_its_kind() {
-    let crd_path = std::path::Path::new(
-        "../shared/go-provider/crds/infrastructure.cluster.x-k8s.io_proxmoxclusters.yaml",
-    );
-    if !crd_path.is_file() {
-        println!("SKIPPED: {} not found", crd_path.display());
-        return;
-    }
-    if std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_err()
-    {
-        println!("SKIPPED: kubectl not on PATH");
-        return;
-    }
+    let crd_path = data("go-provider/crds/infrastructure.cluster.x-k8s.io_proxmoxclusters.yaml");
+    let kubectl = kubectl();
     let server = widget_server();
     assert!(server.kinds().iter().all(|k| k.kind != "ProxmoxCluster"));
     let http = server.serve_http().await.unwrap();
@@ -219,7 +193,7 @@ async fn kubectl_apply_of_a_crd_registers_its_kind() {
     http.write_kubeconfig(&path).unwrap();
     let crd = crd_path.to_path_buf();
     let out = tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new("kubectl")
+        let out = std::process::Command::new(&kubectl)
             .arg("--kubeconfig")
             .arg(&path)
             .args(["apply", "--server-side", "--validate=false", "-f"])

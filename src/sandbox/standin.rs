@@ -2,21 +2,21 @@
 //! the sandbox and tests**.
 //!
 //! It drives capmox's real controllers through the infrastructure-provider contract (v1beta2,
-//! `../shared/reference/capi-contract.md` §2–4) in one namespace, on one machine, without CAPI
+//! as Cluster API defines it for providers) in one namespace, on one machine, without CAPI
 //! installed:
 //!
-//! - **Cluster** (§2.3): adds the non-controller owner reference Cluster→ProxmoxCluster and the
+//! - **Cluster**: adds the non-controller owner reference Cluster→ProxmoxCluster and the
 //!   `cluster.x-k8s.io/cluster-name` label; once the ProxmoxCluster reports
 //!   `status.initialization.provisioned`, latches `status.initialization.infrastructureProvisioned`
 //!   and copies `status.failureDomains` (sorted by name, missing `controlPlane` → `false`) on every
 //!   change. Sets `controlPlaneInitialized` once a control-plane Machine has a node.
-//! - **KubeadmControlPlane** (§4.2, §4.3): keeps `spec.replicas` control-plane Machines, creating
+//! - **KubeadmControlPlane**: keeps `spec.replicas` control-plane Machines, creating
 //!   one at a time (the next once every existing one's ProxmoxMachine is provisioned) in the
 //!   failure domain [`failure_domain_for_scale_up`] picks, and deleting one at a time the machine
 //!   [`machine_for_scale_down`] picks.
-//! - **MachineDeployment** (§4.4): keeps `spec.replicas` worker Machines, all in the deployment's
+//! - **MachineDeployment**: keeps `spec.replicas` worker Machines, all in the deployment's
 //!   single failure domain, created in parallel; scale-down deletes the newest first.
-//! - **Machine** (§3.3): copies `providerID`, addresses and `status.failureDomain` from the
+//! - **Machine**: copies `providerID`, addresses and `status.failureDomain` from the
 //!   ProxmoxMachine, latches `status.initialization.infrastructureProvisioned` and sets
 //!   `status.nodeRef` once the ProxmoxMachine is provisioned (there is no real node).
 //! - **Deletion**: a Machine deletes its ProxmoxMachine and waits for it to be gone before
@@ -864,7 +864,7 @@ impl CapiStandIn {
         }
         let current = machine.status.clone().unwrap_or_default();
         let infra_status = infra.status.clone().unwrap_or_default();
-        // CAPI waits for the provider ID even when the InfraMachine says provisioned (§3.3.6).
+        // CAPI waits for the provider ID even when the InfraMachine says provisioned.
         let provisioned = current
             .initialization
             .as_ref()
@@ -982,7 +982,7 @@ impl MachinePlacement {
     }
 }
 
-/// KCP's choice of failure domain for a new control-plane machine (contract §4.2): among the
+/// KCP's choice of failure domain for a new control-plane machine: among the
 /// domains with `controlPlane: true`, the one with the fewest non-deleting machines, then the
 /// fewest machines overall, then — where KCP is random — the first by name. `None` when no
 /// domain is control-plane eligible.
@@ -1002,7 +1002,7 @@ pub fn failure_domain_for_scale_up(
         })
 }
 
-/// KCP's choice of the control-plane machine to delete on scale-down (contract §4.3), by name.
+/// KCP's choice of the control-plane machine to delete on scale-down, by name.
 ///
 /// Eligible: machines marked with the delete-machine annotation if any, else all (none is ever
 /// outdated here), deleting ones excluded. If an eligible machine sits outside the current

@@ -10,7 +10,7 @@
 //! use capmox::testkit::ApiServer;
 //! let server = ApiServer::new();
 //! server.register_builtin_kinds();
-//! server.register_crd_dir("../shared/external-crds")?;
+//! server.register_crd_dir("tests/data/external-crds")?;
 //! let client = server.client(); // a real kube::Client over an in-process tower::Service
 //! let http = server.serve_http().await?; // the same server on 127.0.0.1:<port>
 //! std::fs::write("/tmp/kubeconfig", http.kubeconfig())?;

@@ -49,8 +49,8 @@ impl Env {
             .register_crd_dir("crds")
             .expect("capmox CRDs register");
         server
-            .register_crd_dir("../shared/external-crds")
-            .expect("upstream CRDs register (../shared/external-crds)");
+            .register_crd_dir(super::data("external-crds"))
+            .expect("upstream CRDs register (tests/data/external-crds)");
         for crd in capmox::api::crd::all().expect("CRDs render") {
             let schema = capmox::api::crd::schema_json(&crd).expect("schema");
             server

