@@ -28,25 +28,25 @@ release-manifests: $(TOOLS) ## Write the clusterctl release files to out/.
 	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml out/
 
 test: tools release-manifests ## Run every test (unit, integration, end-to-end).
-	$(CARGO) test --locked --doc
-	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked --workspace --doc
+	$(CARGO) test --locked --workspace --all-targets
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
 lint:
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 crds: ## Regenerate crds/ from the API types.
-	$(CARGO) run --locked --quiet -- crds --output-dir crds
+	$(CARGO) run --locked --quiet --bin capmox -- crds --output-dir crds
 
 crds-check: ## Fail when crds/ differs from what the API types generate.
-	diff -u <($(CARGO) run --locked --quiet -- crds) <(for f in crds/*.yaml; do echo ---; cat "$$f"; done)
+	diff -u <($(CARGO) run --locked --quiet --bin capmox -- crds) <(for f in crds/*.yaml; do echo ---; cat "$$f"; done)
 
 verify: fmt-check lint crds-check test ## Everything CI checks.
 
 sandbox: ## See capmox work end to end on this machine (simulated Proxmox, in-process Kubernetes API).
-	$(CARGO) run --locked --quiet -- sandbox $(SANDBOX_ARGS)
+	$(CARGO) run --locked --quiet -p capmox-sandbox -- $(SANDBOX_ARGS)
 
 bench: ## Fleet benchmark (release): provision and delete 60 machines on the simulator; table + out/bench.json.
 	$(CARGO) bench --locked --bench fleet -- $(BENCH_ARGS)

@@ -21,16 +21,15 @@ pub enum CliError {
     /// The controller manager stopped with an error.
     #[error(transparent)]
     Manager(#[from] crate::controller::ManagerError),
-    /// The sandbox failed.
-    #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::run::SandboxError),
-    /// The simulator could not start.
-    #[error(transparent)]
-    Simulator(#[from] crate::sim::SimStartError),
     /// The log filter was malformed.
-    #[error("invalid log filter (RUST_LOG syntax, e.g. `info,capmox=debug`): {0}")]
-    LogFilter(String),
+    #[error(transparent)]
+    LogFilter(#[from] LogFilterError),
 }
+
+/// The log filter given on the command line or in `RUST_LOG` was malformed.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid log filter (RUST_LOG syntax, e.g. `info,capmox=debug`): {0}")]
+pub struct LogFilterError(String);
 
 /// capmox: Cluster API infrastructure provider for Proxmox VE, with zones as failure domains.
 #[derive(Debug, Parser)]
@@ -66,41 +65,6 @@ pub enum Command {
         /// Write one file per CRD (`<group>_<plural>.yaml`) into this directory instead.
         #[arg(long)]
         output_dir: Option<std::path::PathBuf>,
-    },
-    /// Serve a simulated Proxmox VE API on 127.0.0.1 to try capmox without a Proxmox cluster.
-    SimulateProxmox {
-        /// Topology file (YAML): nodes, storages, templates, guests, simulation settings.
-        /// A built-in three-node example is used when unset.
-        #[arg(long)]
-        topology: Option<std::path::PathBuf>,
-        /// Loopback address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8006")]
-        listen: std::net::SocketAddr,
-        /// PEM certificate to serve HTTPS with (plain HTTP without it).
-        #[arg(long, requires = "tls_key")]
-        tls_cert: Option<std::path::PathBuf>,
-        /// PEM private key of `--tls-cert`.
-        #[arg(long, requires = "tls_cert")]
-        tls_key: Option<std::path::PathBuf>,
-    },
-    /// See capmox work on this machine: simulated Proxmox, in-process Kubernetes API, real
-    /// controllers, an example cluster spread over failure domains.
-    Sandbox {
-        /// Keep everything running after the machines are ready, so kubectl can look around.
-        #[arg(long)]
-        keep_running: bool,
-        /// Control-plane machines.
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
-        control_plane: i32,
-        /// Worker machines (all in rack-b).
-        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..=50))]
-        workers: i32,
-        /// Proxmox topology file (nodes pve1..pve4 in racks rack-a/rack-b are expected).
-        #[arg(long)]
-        topology: Option<std::path::PathBuf>,
-        /// Where to write the kubeconfig of the in-process Kubernetes API.
-        #[arg(long)]
-        kubeconfig: Option<std::path::PathBuf>,
     },
     /// Print the capmox version.
     Version,
@@ -262,50 +226,6 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
-        Command::SimulateProxmox {
-            topology,
-            listen,
-            tls_cert,
-            tls_key,
-        } => {
-            init_logging(cli.log_format, cli.log_filter.as_deref())?;
-            let tls = match (tls_cert, tls_key) {
-                (Some(cert), Some(key)) => Some(crate::sim::TlsMaterial::from_files(&cert, &key)?),
-                _ => None,
-            };
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(crate::sim::run_simulate_proxmox(
-                topology.as_deref(),
-                listen,
-                tls,
-            ))?;
-            Ok(())
-        }
-        Command::Sandbox {
-            keep_running,
-            control_plane,
-            workers,
-            topology,
-            kubeconfig,
-        } => {
-            init_logging(cli.log_format, cli.log_filter.as_deref().or(Some("warn")))?;
-            let mut options = crate::sandbox::run::SandboxOptions {
-                control_plane,
-                workers,
-                topology,
-                ..Default::default()
-            };
-            if let Some(path) = kubeconfig {
-                options.kubeconfig = path;
-            }
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(crate::sandbox::run::run(options, keep_running))?;
-            Ok(())
-        }
         Command::Version => {
             println!("capmox {}", env!("CARGO_PKG_VERSION"));
             Ok(())
@@ -320,12 +240,14 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), CliError> {
+/// Logs to stderr in `format`, filtered by `filter` (RUST_LOG syntax; `RUST_LOG` or `info` when
+/// unset). Public so the simulator and sandbox binaries log the way `capmox` does.
+pub fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), LogFilterError> {
     let filter = match filter {
         Some(directives) => EnvFilter::try_new(directives),
         None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new("info")),
     }
-    .map_err(|error| CliError::LogFilter(error.to_string()))?;
+    .map_err(|error| LogFilterError(error.to_string()))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

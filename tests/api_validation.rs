@@ -68,7 +68,7 @@ fn round_trip_by_kind(object: &Value) -> Value {
 }
 
 fn violations(kind: &str, object: &Value) -> Vec<String> {
-    match capmox::schema::validate_object(&schema_for(kind), object, None) {
+    match capmox_testkit::schema::validate_object(&schema_for(kind), object, None) {
         Ok(_) => Vec::new(),
         Err(found) => found.iter().map(ToString::to_string).collect(),
     }
@@ -104,8 +104,9 @@ fn examples_are_valid_against_the_crds() {
 #[test]
 fn defaults_are_applied_as_the_api_server_would() {
     let cluster = example_objects().remove(0);
-    let defaulted = capmox::schema::validate_object(&schema_for("ProxmoxCluster"), &cluster, None)
-        .expect("valid");
+    let defaulted =
+        capmox_testkit::schema::validate_object(&schema_for("ProxmoxCluster"), &cluster, None)
+            .expect("valid");
     assert_eq!(
         defaulted["spec"]["externalManagedControlPlane"],
         json!(false)
@@ -123,8 +124,9 @@ fn defaults_are_applied_as_the_api_server_would() {
         json!(100)
     );
     let machine = example_objects().remove(3);
-    let defaulted = capmox::schema::validate_object(&schema_for("ProxmoxMachine"), &machine, None)
-        .expect("valid");
+    let defaulted =
+        capmox_testkit::schema::validate_object(&schema_for("ProxmoxMachine"), &machine, None)
+            .expect("valid");
     assert_eq!(defaulted["spec"]["full"], json!(true));
     assert_eq!(
         defaulted["spec"]["network"]["networkDevices"][0]["model"],
@@ -374,14 +376,15 @@ fn the_boot_volume_is_immutable() {
     let schema = schema_for("ProxmoxMachine");
     let old = machine(json!({"disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}}}));
     let new = machine(json!({"disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 30}}}));
-    let found = capmox::schema::validate_object(&schema, &new, Some(&old)).expect_err("immutable");
+    let found =
+        capmox_testkit::schema::validate_object(&schema, &new, Some(&old)).expect_err("immutable");
     assert!(
         found
             .iter()
             .any(|v| v.message.contains("Value is immutable")),
         "{found:?}"
     );
-    assert!(capmox::schema::validate_object(&schema, &old, Some(&old)).is_ok());
+    assert!(capmox_testkit::schema::validate_object(&schema, &old, Some(&old)).is_ok());
 }
 
 /// Values for the Go provider templates' `${VARIABLES}`, as a user would set them.

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use analysis::*;
-use capmox::sim::{LoggedRequest, TaskRecord};
+use capmox_sim::{LoggedRequest, TaskRecord};
 use serde_json::json;
 use tokio::time::Instant;
 

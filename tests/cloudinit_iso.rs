@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use capmox::cloudinit::iso::{NOCLOUD_VOLUME_ID, build_iso};
 use capmox::cloudinit::{NoCloudFiles, build_nocloud_iso};
+use capmox_sim::iso::IsoImage;
 use serde::Deserialize;
 
 /// Reads the image named by the first argument and prints what it holds as one JSON object.
@@ -182,4 +184,30 @@ fn the_same_files_give_the_same_image() {
         build_nocloud_iso(&files(true)),
         build_nocloud_iso(&files(true))
     );
+}
+
+const FILES: [(&str, &[u8]); 3] = [
+    ("user-data", b"#cloud-config\nruncmd: []\n"),
+    ("meta-data", b"instance-id: x\n"),
+    ("network-config", b"network:\n  version: 2\n"),
+];
+
+#[test]
+fn the_simulator_reader_finds_every_file_by_its_real_name() {
+    let img = IsoImage::parse(&build_iso(NOCLOUD_VOLUME_ID, &FILES)).expect("parses");
+    assert_eq!(img.volume_id, "cidata");
+    assert_eq!(img.files.len(), 3);
+    for (name, data) in FILES {
+        assert_eq!(img.files.get(name).map(Vec::as_slice), Some(data), "{name}");
+    }
+}
+
+#[test]
+fn large_and_empty_files_keep_their_bytes() {
+    let big: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let iso = build_iso("cidata", &[("big", &big), ("empty", b"")]);
+    let img = IsoImage::parse(&iso).expect("parses");
+    assert_eq!(img.files.get("big"), Some(&big));
+    assert_eq!(img.files.get("empty"), Some(&Vec::new()));
+    assert_eq!(iso.len() % 2048, 0, "whole 2048-byte sectors");
 }

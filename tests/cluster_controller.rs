@@ -347,7 +347,7 @@ async fn pause_stops_all_writes() {
     let after = api.get("demo").await.expect("get");
     assert_eq!(after.status, status_before, "status unchanged while paused");
     let writes_after = env.server.request_counts();
-    let writes = |counts: &capmox::testkit::RequestCounts| -> u64 {
+    let writes = |counts: &capmox_testkit::RequestCounts| -> u64 {
         ["create", "update", "patch", "delete"]
             .iter()
             .map(|v| counts.by_verb.get(*v).copied().unwrap_or(0))

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use capmox::proxmox::*;
-use capmox::sim::{SIM_ROUTES, SimOptions, Simulator, Topology};
+use capmox_sim::{SIM_ROUTES, SimOptions, Simulator, Topology};
 use serde_json::Value;
 
 const API91: &str = concat!(
@@ -199,7 +199,7 @@ async fn wire_params() -> BTreeMap<(String, String), Vec<String>> {
             "pve1",
             "local",
             "seed.iso",
-            capmox::sim::iso::build_iso("cidata", &[]),
+            capmox_sim::iso::build_iso("cidata", &[]),
         )
         .await
         .expect("upload");

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use capmox::api::crd;
-use capmox::schema::{cel_compile_errors, structural_violations};
+use capmox_testkit::schema::{cel_compile_errors, structural_violations};
 use serde_json::Value;
 
 fn generated()

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use capmox::controller::{LeaderElectionConfig, leader};
-use capmox::testkit::ApiServer;
+use capmox_testkit::ApiServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio::sync::watch;

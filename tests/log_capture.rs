@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capmox::proxmox::*;
-use capmox::sim::{SimOptions, Simulator, Topology};
+use capmox_sim::{SimOptions, Simulator, Topology};
 
 #[derive(Clone, Default)]
 struct Buf(Arc<Mutex<Vec<u8>>>);

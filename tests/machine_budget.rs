@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use capmox::api::ProxmoxMachine;
-use capmox::sim::{FaultRule, SimOptions};
+use capmox_sim::{FaultRule, SimOptions};
 use common::env::{Env, condition};
 use kube::api::{Api, DeleteParams};
 use serde_json::json;

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
-use capmox::sim::{FaultConfig, FaultRule, SimOptions};
-use capmox::testkit::FaultKind;
+use capmox_sim::{FaultConfig, FaultRule, SimOptions};
+use capmox_testkit::FaultKind;
 use scenario::{Scenario, condition_status, machine_condition, sim_options, wait_event};
 
 /// A clean provisioning and deletion through the tap: the mutating requests of each.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capmox::api::ProxmoxMachine;
-use capmox::sim::SimOptions;
+use capmox_sim::SimOptions;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;

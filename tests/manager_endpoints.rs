@@ -2,7 +2,9 @@
 
 use std::net::SocketAddr;
 
-use capmox::controller::{EndpointServer, Metrics, Readiness};
+use capmox::controller::{
+    EndpointServer, GlobalCredentials, ManagerConfig, Metrics, Readiness, run,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -92,4 +94,25 @@ async fn a_taken_port_fails_with_a_clear_error() {
             .contains(&format!("cannot listen on {address}")),
         "{error}"
     );
+}
+
+fn assert_send<T: Send>(_: &T) {}
+
+#[tokio::test]
+async fn the_manager_future_can_be_spawned() {
+    let config = ManagerConfig {
+        metrics_address: "127.0.0.1:0".parse().expect("address"),
+        health_address: "127.0.0.1:0".parse().expect("address"),
+        leader_election: None,
+        watch_namespace: None,
+        cluster_concurrency: 1,
+        machine_concurrency: 1,
+    };
+    let manager = run(
+        capmox_testkit::ApiServer::new().client(),
+        config,
+        GlobalCredentials::default(),
+        CancellationToken::new(),
+    );
+    assert_send(&manager);
 }

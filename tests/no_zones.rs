@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use capmox::api::{ProxmoxCluster, ProxmoxMachine};
 use capmox::capi::{IPAddressClaim, InClusterIPPool};
-use capmox::sandbox::run::{Sandbox, SandboxOptions, example_machine_spec};
-use capmox::sandbox::standin::{ExampleCluster, create_example_cluster};
-use capmox::sim::SimOptions;
+use capmox_sandbox::run::{Sandbox, SandboxOptions, example_machine_spec};
+use capmox_sandbox::standin::{ExampleCluster, create_example_cluster};
+use capmox_sim::SimOptions;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;

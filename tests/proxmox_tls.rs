@@ -2,7 +2,7 @@
 //! certificate: default rejects, CA accepts, right fingerprint accepts, wrong rejects.
 
 use capmox::proxmox::*;
-use capmox::sim::{SimOptions, Simulator, TlsMaterial, Topology};
+use capmox_sim::{SimOptions, Simulator, TlsMaterial, Topology};
 
 const CA: &str = include_str!("data/tls/ca.pem");
 const NODE_CERT: &str = include_str!("data/tls/node.pem");

@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use capmox::api::ProxmoxMachine;
 use capmox::controller::{GlobalCredentials, LeaderElectionConfig, ManagerConfig};
-use capmox::sandbox::run::{TOPOLOGY, example_cluster_spec, example_machine_spec};
-use capmox::sandbox::standin::{
-    CapiStandIn, ExampleCluster, create_example_cluster, scale_workers,
-};
-use capmox::sim::{SimOptions, Simulator, Topology};
-use capmox::testkit::{ApiServer, ClientRequest};
+use capmox_sandbox::run::{TOPOLOGY, example_cluster_spec, example_machine_spec};
+use capmox_sandbox::standin::{CapiStandIn, ExampleCluster, create_example_cluster, scale_workers};
+use capmox_sim::{SimOptions, Simulator, Topology};
+use capmox_testkit::{ApiServer, ClientRequest};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -182,7 +180,7 @@ async fn record_a_lifecycle(lease_namespace: &str) -> BTreeMap<ClientRequest, u6
 async fn lifecycle(server: &ApiServer, sim: &Simulator, stop: &CancellationToken) {
     // CAPI core, KCP, MachineDeployment and the IPAM provider: other clients, not recorded.
     let client = server.client();
-    tokio::spawn(capmox::sandbox::ipam::run(client.clone(), stop.clone()));
+    tokio::spawn(capmox_sandbox::ipam::run(client.clone(), stop.clone()));
     CapiStandIn::spawn(client.clone(), "default", stop.clone());
 
     // A cluster with zones and a credentials Secret; 2 control-plane machines, 2 workers.

@@ -289,7 +289,8 @@ fn template_objects_are_valid_against_the_crds() {
             let Some(schema) = schema_for(&object) else {
                 continue;
             };
-            if let Err(violations) = capmox::schema::validate_object(&schema, &object, None) {
+            if let Err(violations) = capmox_testkit::schema::validate_object(&schema, &object, None)
+            {
                 panic!(
                     "{template}: {kind} {}: {violations:#?}",
                     object["metadata"]["name"]

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use capmox::api::{ProxmoxCluster, ProxmoxMachine};
 use capmox::capi::{IPAddressClaim, InClusterIPPool};
-use capmox::sandbox::run::{Sandbox, SandboxOptions};
-use capmox::sandbox::standin::{scale_control_plane, scale_workers};
-use capmox::sim::SimOptions;
+use capmox_sandbox::run::{Sandbox, SandboxOptions};
+use capmox_sandbox::standin::{scale_control_plane, scale_workers};
+use capmox_sim::SimOptions;
 use kube::api::{Api, DeleteParams};
 
 fn options() -> SandboxOptions {

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use capmox::proxmox::*;
-use capmox::sim::iso::build_iso;
-use capmox::sim::{FaultConfig, FaultRule, SimOptions, Simulator, Topology};
+use capmox_sim::iso::build_iso;
+use capmox_sim::{FaultConfig, FaultRule, SimOptions, Simulator, Topology};
 
 fn client_for(sim: &Simulator) -> ProxmoxClient {
     let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
@@ -537,7 +537,7 @@ async fn error_paths_map_to_variants() {
     let sim403 = Simulator::start(
         Topology::example(),
         SimOptions {
-            denied: vec![capmox::sim::DenyRule {
+            denied: vec![capmox_sim::DenyRule {
                 endpoint: "DELETE /nodes/{node}/qemu/{vmid}".into(),
                 privilege: "VM.Allocate".into(),
             }],

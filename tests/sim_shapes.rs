@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use capmox::proxmox::*;
-use capmox::sim::{SimOptions, Simulator, Topology};
+use capmox_sim::{SimOptions, Simulator, Topology};
 use serde_json::Value;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pve-fixtures");
@@ -207,7 +207,7 @@ async fn simulator_matches_fixture_shapes() {
             "pve1",
             "local",
             "seed.iso",
-            capmox::sim::iso::build_iso("cidata", &[]),
+            capmox_sim::iso::build_iso("cidata", &[]),
         )
         .await
         .expect("upload");

@@ -1,4 +1,4 @@
-//! The CAPI stand-in (`capmox::sandbox::standin`) against the in-process API server, with the
+//! The CAPI stand-in (`capmox_sandbox::standin`) against the in-process API server, with the
 //! test playing the infrastructure provider by hand: it publishes failure domains on the
 //! ProxmoxCluster and marks ProxmoxMachines provisioned. capmox's controllers are not used.
 
@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use capmox::api::{FailureDomain, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate, labels};
 use capmox::capi::{Cluster, Machine};
-use capmox::sandbox::standin::{
+use capmox_sandbox::standin::{
     self, BOOTSTRAP_SECRET_TYPE, CLUSTER_FINALIZER, CapiStandIn, ExampleCluster, MACHINE_FINALIZER,
     MachinePlacement, bootstrap_secret_name, control_plane_resource, deployment_resource,
     machine_for_scale_down,
 };
-use capmox::testkit::ApiServer;
+use capmox_testkit::ApiServer;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -46,7 +46,7 @@ fn server() -> ApiServer {
         let schema = capmox::api::crd::schema_json(&crd).expect("schema");
         server
             .set_validator(&crd.spec.names.plural, move |object| {
-                capmox::schema::validate_object(&schema, object, None)
+                capmox_testkit::schema::validate_object(&schema, object, None)
                     .map(|_| ())
                     .map_err(|v| {
                         v.iter()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use capmox::api::{FailureDomain, ProxmoxCluster, labels};
 use capmox::capi::{Cluster, Machine};
-use capmox::sandbox::standin::{self, CapiStandIn, ExampleCluster};
+use capmox_sandbox::standin::{self, CapiStandIn, ExampleCluster};
 use common::env::Env;
 use futures::TryStreamExt;
 use kube::api::{Api, DeleteParams};

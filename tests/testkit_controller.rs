@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use capmox::testkit::{ApiServer, FaultKind};
+use capmox_testkit::{ApiServer, FaultKind};
 
 use common::*;
 use futures::StreamExt;

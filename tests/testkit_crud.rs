@@ -608,7 +608,7 @@ stringData: {token: x}
         .create_yaml("apiVersion: example.com/v9\nkind: Nope\nmetadata: {name: x}\n")
         .unwrap_err();
     assert!(
-        matches!(err, capmox::testkit::TestkitError::UnknownKind(_)),
+        matches!(err, capmox_testkit::TestkitError::UnknownKind(_)),
         "{err}"
     );
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use capmox::testkit::{FaultKind, TestkitError};
+use capmox_testkit::{FaultKind, TestkitError};
 use common::*;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;

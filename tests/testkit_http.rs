@@ -292,7 +292,7 @@ async fn dropping_the_http_server_closes_open_watches() {
 /// transport and over HTTP with the header; other clients' requests are not attributed.
 #[tokio::test]
 async fn requests_are_attributed_to_named_clients_in_rbac_terms() {
-    use capmox::testkit::{CLIENT_HEADER, ClientRequest};
+    use capmox_testkit::{CLIENT_HEADER, ClientRequest};
     use kube::api::{DeleteParams, Patch, PatchParams};
     use std::collections::BTreeMap;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use capmox::api::ProxmoxCluster;
 use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
-use capmox::sim::{SimOptions, Simulator, Topology};
-use capmox::testkit::ApiServer;
+use capmox_sim::{SimOptions, Simulator, Topology};
+use capmox_testkit::ApiServer;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 pub const ENV_WAIT: Duration = Duration::from_secs(30);
 
 /// Five nodes: rack-a (pve1, pve2), rack-b (pve3, pve4) and a spare (pve5), as the sandbox has.
-pub const TOPOLOGY: &str = capmox::sandbox::run::TOPOLOGY;
+pub const TOPOLOGY: &str = capmox_sandbox::run::TOPOLOGY;
 
 /// The running environment; dropping it stops the controllers.
 pub struct Env {
@@ -55,7 +55,7 @@ impl Env {
             let schema = capmox::api::crd::schema_json(&crd).expect("schema");
             server
                 .set_validator(&crd.spec.names.plural, move |object| {
-                    capmox::schema::validate_object(&schema, object, None)
+                    capmox_testkit::schema::validate_object(&schema, object, None)
                         .map(|_| ())
                         .map_err(|violations| {
                             violations
@@ -90,7 +90,7 @@ impl Env {
             self.context.clone(),
             self.stop.clone(),
         ));
-        tokio::spawn(capmox::sandbox::ipam::run(self.client(), self.stop.clone()));
+        tokio::spawn(capmox_sandbox::ipam::run(self.client(), self.stop.clone()));
     }
 
     /// Starts only capmox's reconcilers, with a fresh [`Context`] (no caches, reservations or
@@ -108,7 +108,7 @@ impl Env {
 
     /// Starts the IPAM stand-in alone (it stops when the environment is dropped).
     pub fn run_ipam(&self) {
-        tokio::spawn(capmox::sandbox::ipam::run(self.client(), self.stop.clone()));
+        tokio::spawn(capmox_sandbox::ipam::run(self.client(), self.stop.clone()));
     }
 
     /// Plays CAPI core for a provisioned ProxmoxCluster: marks the Cluster's infrastructure

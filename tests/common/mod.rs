@@ -7,7 +7,7 @@ pub mod fixture_server;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use capmox::testkit::ApiServer;
+use capmox_testkit::ApiServer;
 use kube::CustomResource;
 use kube::CustomResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};

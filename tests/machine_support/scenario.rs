@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use capmox::api::ProxmoxMachine;
 use capmox::capi::IPAddressClaim;
-use capmox::sim::SimOptions;
+use capmox_sim::SimOptions;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};

@@ -78,11 +78,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{
+use capmox::api::{
     FailureDomain, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineTemplate, TemplateObjectMeta,
     labels,
 };
-use crate::capi::{Cluster, ContractVersionedObjectReference, Machine};
+use capmox::capi::{Cluster, ContractVersionedObjectReference, Machine};
 
 /// Finalizer the stand-in keeps on every Machine until its ProxmoxMachine is gone (as CAPI).
 pub const MACHINE_FINALIZER: &str = "cluster.x-k8s.io/machine";
@@ -159,7 +159,7 @@ impl Snapshot {
             .spec
             .infrastructure_ref
             .as_ref()
-            .filter(|r| r.kind == "ProxmoxMachine" && r.api_group == crate::api::GROUP)?;
+            .filter(|r| r.kind == "ProxmoxMachine" && r.api_group == capmox::api::GROUP)?;
         self.proxmox_machines
             .binary_search_by(|p| p.meta().name.as_deref().cmp(&Some(reference.name.as_str())))
             .ok()
@@ -686,7 +686,7 @@ impl CapiStandIn {
             "clusterName": blueprint.cluster_name,
             "bootstrap": {"dataSecretName": bootstrap_secret_name(&name)},
             "infrastructureRef": {
-                "apiGroup": crate::api::GROUP,
+                "apiGroup": capmox::api::GROUP,
                 "kind": "ProxmoxMachine",
                 "name": name,
             },
@@ -810,7 +810,7 @@ impl CapiStandIn {
         annotations.insert(CLONED_FROM_NAME.into(), template.name_any());
         annotations.insert(
             CLONED_FROM_GROUP_KIND.into(),
-            format!("ProxmoxMachineTemplate.{}", crate::api::GROUP),
+            format!("ProxmoxMachineTemplate.{}", capmox::api::GROUP),
         );
         let object = json!({
             "apiVersion": INFRA_API_VERSION,
@@ -1159,8 +1159,7 @@ impl ExampleCluster {
 pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -> Result<()> {
     let ns = example.namespace.as_str();
     let name = example.name.as_str();
-    let infra_ref =
-        |kind: &str, name: &str| json!({"apiGroup": crate::api::GROUP, "kind": kind, "name": name});
+    let infra_ref = |kind: &str, name: &str| json!({"apiGroup": capmox::api::GROUP, "kind": kind, "name": name});
     let cluster = json!({
         "apiVersion": CLUSTER_API_VERSION, "kind": "Cluster",
         "metadata": {"name": name, "namespace": ns},
@@ -1403,7 +1402,7 @@ fn controller_ref(api_version: &str, kind: &str, name: &str, uid: &str) -> Owner
 fn is_paused(meta: &ObjectMeta) -> bool {
     meta.annotations
         .as_ref()
-        .is_some_and(|a| a.contains_key(crate::api::annotations::PAUSED))
+        .is_some_and(|a| a.contains_key(capmox::api::annotations::PAUSED))
 }
 
 fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {

@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::capi::{
+use capmox::capi::{
     GlobalInClusterIPPool, IPAddress, IPAddressClaim, InClusterIPPool, PoolAddresses,
 };
 
@@ -98,11 +98,11 @@ async fn reconcile(claim: Arc<IPAddressClaim>, state: Arc<State>) -> Result<Acti
         })?;
     let mut address = IPAddress::new(
         &name,
-        crate::capi::IpAddressSpec {
+        capmox::capi::IpAddressSpec {
             address: free.to_string(),
             prefix: pool.prefix,
             gateway: pool.gateway.clone(),
-            claim_ref: crate::api::LocalObjectReference { name: name.clone() },
+            claim_ref: capmox::api::LocalObjectReference { name: name.clone() },
             pool_ref: claim.spec.pool_ref.clone(),
         },
     );

@@ -236,7 +236,7 @@ impl RequestCounts {
 }
 
 /// One kind of request a named client made, in the terms RBAC authorizes
-/// (see [`crate::testkit::ApiServer::client_named`]).
+/// (see [`crate::ApiServer::client_named`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClientRequest {
     /// API group (empty for core and for non-resource requests).

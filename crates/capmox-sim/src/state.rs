@@ -10,9 +10,9 @@ use tokio::time::{Duration, Instant};
 
 use super::iso::IsoImage;
 use super::topology::{GuestSpec, SimOptions, StorageSpec, Topology};
-use crate::proxmox::de::split_tags;
-use crate::proxmox::types::{NetDevice, parse_property_string};
-use crate::proxmox::upid::Upid;
+use capmox::proxmox::de::split_tags;
+use capmox::proxmox::types::{NetDevice, parse_property_string};
+use capmox::proxmox::upid::Upid;
 
 /// An API error as Proxmox would send it: status, reason phrase, optional `errors` map.
 #[derive(Debug, Clone, PartialEq, Eq)]

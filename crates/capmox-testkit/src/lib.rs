@@ -1,4 +1,5 @@
-//! An in-process Kubernetes API server for tests and the sandbox.
+//! An in-process Kubernetes API server for tests and the sandbox, plus [`schema`]: the API
+//! server's CRD schema and CEL checks, without one.
 //!
 //! No kube-apiserver binary can run on our CI machines and `kube-fake-client` has no watch
 //! and breaks kube's finalizer flow, so this module implements the parts of the API server
@@ -7,7 +8,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use capmox::testkit::ApiServer;
+//! use capmox_testkit::ApiServer;
 //! let server = ApiServer::new();
 //! server.register_builtin_kinds();
 //! server.register_crd_dir("tests/data/external-crds")?;
@@ -128,6 +129,7 @@ mod error;
 mod kinds;
 mod patch;
 mod router;
+pub mod schema;
 mod selector;
 mod service;
 mod store;

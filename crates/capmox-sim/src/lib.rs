@@ -1,9 +1,9 @@
 //! Stateful Proxmox VE simulator served over HTTP(S) on 127.0.0.1, for tests,
-//! benchmarks, `capmox sandbox` and `capmox simulate-proxmox --topology FILE`.
+//! benchmarks, the sandbox and the `simulate-proxmox --topology FILE` binary.
 //!
 //! ```no_run
 //! use capmox::proxmox::{ApiToken, ClientConfig, ProxmoxClient};
-//! use capmox::sim::{SimOptions, Simulator, Topology};
+//! use capmox_sim::{SimOptions, Simulator, Topology};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let sim = Simulator::start(Topology::example(), SimOptions::default()).await?;
@@ -278,7 +278,7 @@ fn tls_acceptor(t: &TlsMaterial) -> Result<tokio_rustls::TlsAcceptor, SimStartEr
     let key = PrivateKeyDer::from_pem_slice(t.key_pem.as_bytes())
         .map_err(|e| SimStartError::Tls(format!("key: {e}")))?;
     let config =
-        rustls::ServerConfig::builder_with_provider(crate::proxmox::tls::crypto_provider())
+        rustls::ServerConfig::builder_with_provider(capmox::proxmox::tls::crypto_provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| SimStartError::Tls(e.to_string()))?
             .with_no_client_auth()
@@ -287,7 +287,7 @@ fn tls_acceptor(t: &TlsMaterial) -> Result<tokio_rustls::TlsAcceptor, SimStartEr
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Entry point for `capmox simulate-proxmox --topology FILE`: serves until Ctrl-C.
+/// Entry point for `simulate-proxmox --topology FILE`: serves until Ctrl-C.
 /// Without a file the built-in example cluster is used; the file's `simulation`
 /// section sets token, durations and faults. Prints the URL and token to use.
 pub async fn run_simulate_proxmox(

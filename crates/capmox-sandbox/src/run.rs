@@ -1,5 +1,5 @@
-//! `capmox sandbox`: capmox doing its job on one machine. One process runs the in-process
-//! Kubernetes API (served on 127.0.0.1 with a kubeconfig), the Proxmox VE simulator with two
+//! `capmox-sandbox` (`make sandbox`): capmox doing its job on one machine. One process runs the
+//! in-process Kubernetes API (served on 127.0.0.1 with a kubeconfig), the Proxmox VE simulator with two
 //! zones and a spare node, capmox's real controllers, and the stand-ins for CAPI core and IPAM;
 //! it applies an example cluster and reports where every machine landed.
 
@@ -17,20 +17,20 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::standin::{CapiStandIn, ExampleCluster, create_example_cluster};
-use crate::api::ProxmoxMachine;
-use crate::controller::{Context, GlobalCredentials, ManagerConfig};
-use crate::sim::{SimOptions, Simulator, Topology};
-use crate::testkit::{ApiServer, KindInfo};
+use capmox::api::ProxmoxMachine;
+use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
+use capmox_sim::{SimOptions, Simulator, Topology};
+use capmox_testkit::{ApiServer, KindInfo};
 
 /// Why the sandbox could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// The simulator did not start.
     #[error("Proxmox simulator: {0}")]
-    Simulator(#[from] crate::sim::SimStartError),
+    Simulator(#[from] capmox_sim::SimStartError),
     /// A topology file was unusable.
     #[error(transparent)]
-    Topology(#[from] crate::sim::topology::TopologyError),
+    Topology(#[from] capmox_sim::topology::TopologyError),
     /// The in-process Kubernetes API could not be set up or served.
     #[error("in-process Kubernetes API: {0}")]
     Testkit(String),
@@ -116,7 +116,7 @@ pub struct Sandbox {
     pub context: Arc<Context>,
     /// Stops everything.
     pub stop: CancellationToken,
-    http: Option<crate::testkit::HttpServer>,
+    http: Option<capmox_testkit::HttpServer>,
 }
 
 impl Drop for Sandbox {
@@ -188,9 +188,9 @@ impl Sandbox {
     pub async fn start(options: &SandboxOptions, serve_http: bool) -> Result<Self, SandboxError> {
         let server = ApiServer::new();
         server.register_builtin_kinds();
-        for crd in crate::api::crd::all().map_err(|e| SandboxError::Testkit(e.to_string()))? {
-            let yaml =
-                crate::api::crd::to_yaml(&crd).map_err(|e| SandboxError::Testkit(e.to_string()))?;
+        for crd in capmox::api::crd::all().map_err(|e| SandboxError::Testkit(e.to_string()))? {
+            let yaml = capmox::api::crd::to_yaml(&crd)
+                .map_err(|e| SandboxError::Testkit(e.to_string()))?;
             server
                 .register_crd_yaml(&yaml)
                 .map_err(|e| SandboxError::Testkit(e.to_string()))?;
@@ -231,7 +231,7 @@ impl Sandbox {
             GlobalCredentials::default(),
         ));
         let stop = CancellationToken::new();
-        tokio::spawn(crate::controller::run_controllers(
+        tokio::spawn(capmox::controller::run_controllers(
             context.clone(),
             stop.clone(),
         ));
@@ -351,7 +351,7 @@ fn rows(machines: &[ProxmoxMachine]) -> Vec<MachineRow> {
                 status
                     .conditions
                     .iter()
-                    .find(|c| c.type_ == crate::api::conditions::VIRTUAL_MACHINE_PROVISIONED)
+                    .find(|c| c.type_ == capmox::api::conditions::VIRTUAL_MACHINE_PROVISIONED)
                     .map(|c| c.reason.clone())
                     .unwrap_or_else(|| "Pending".into())
             };
@@ -454,7 +454,7 @@ pub fn example_machine_spec() -> Value {
     })
 }
 
-/// Runs the sandbox as `capmox sandbox` does: prints progress, a summary and the time taken.
+/// Runs the sandbox as the `capmox-sandbox` binary does: prints progress, a summary and the time taken.
 pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), SandboxError> {
     let started = Instant::now();
     let sandbox = Sandbox::start(&options, true).await?;

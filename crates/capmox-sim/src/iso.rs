@@ -1,6 +1,6 @@
 //! A tiny ISO9660 reader (root directory files, with Joliet and Rock Ridge names) so the
 //! simulator can read a NoCloud seed image, re-exporting the
-//! NoCloud image writer of [`crate::cloudinit::iso`] for tests and demos.
+//! NoCloud image writer of [`capmox::cloudinit::iso`] for tests and demos.
 
 use std::collections::BTreeMap;
 
@@ -139,7 +139,7 @@ fn rock_ridge_name(su: &[u8]) -> Option<String> {
 }
 
 /// The image writer lives with the NoCloud renderers; the simulator and its tests use it too.
-pub use crate::cloudinit::iso::build_iso;
+pub use capmox::cloudinit::iso::build_iso;
 
 #[cfg(test)]
 mod tests {

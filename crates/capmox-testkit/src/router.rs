@@ -23,7 +23,7 @@ use super::store::{
 };
 
 /// Header naming the client an HTTP request is attributed to (in-process clients of
-/// [`crate::testkit::ApiServer::client_named`] carry [`ClientName`] instead).
+/// [`crate::ApiServer::client_named`] carry [`ClientName`] instead).
 pub const CLIENT_HEADER: &str = "x-testkit-client";
 
 /// The client an in-process request is attributed to (a request extension).
