@@ -1,15 +1,13 @@
 //! kube-runtime's Controller, finalizer helper and event Recorder run unchanged against the
 //! fake, including under injected write faults.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use capmox_testkit::{ApiServer, FaultKind};
 
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};

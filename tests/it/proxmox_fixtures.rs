@@ -2,13 +2,11 @@
 //! is served over real HTTP (status, reason phrase, exact body) and decoded by the
 //! typed client call; error fixtures must map to the right error variant with the reason kept.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 
+use crate::common::fixture_server::{Canned, FixtureServer};
 use capmox::proxmox::*;
-use common::fixture_server::{Canned, FixtureServer};
 use serde_json::Value;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pve-fixtures");

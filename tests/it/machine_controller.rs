@@ -1,10 +1,8 @@
 //! The ProxmoxMachine reconciler against the in-process Kubernetes API, an IPAM stand-in and the
 //! Proxmox simulator: from Machine to a running, zone-placed, addressed VM, and back.
 
-mod common;
-
+use crate::common::env::{Env, condition};
 use capmox::api::ProxmoxMachine;
-use common::env::{Env, condition};
 use kube::api::{Api, DeleteParams};
 use serde_json::{Value, json};
 
@@ -111,7 +109,7 @@ async fn a_machine_in_rack_a_provisions_on_a_rack_a_node_with_rack_a_addresses()
         .await
         .expect("delete");
     tokio::time::timeout(
-        common::env::ENV_WAIT,
+        crate::common::env::ENV_WAIT,
         kube::runtime::wait::await_condition(
             machines.clone(),
             "demo-cp-1",
@@ -233,7 +231,7 @@ async fn a_go_provider_machine_deleted_at_takeover_takes_its_vm_with_it() {
 
     env.run_controllers();
     let gone = tokio::time::timeout(
-        common::env::ENV_WAIT,
+        crate::common::env::ENV_WAIT,
         kube::runtime::wait::await_condition(
             machines.clone(),
             "legacy-0",

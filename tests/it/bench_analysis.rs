@@ -2,7 +2,7 @@
 //! runs without a test harness, so its pure parts are tested from here.
 
 #[allow(dead_code)] // the bench uses all of it; these tests only part
-#[path = "../benches/fleet/analysis.rs"]
+#[path = "../../benches/fleet/analysis.rs"]
 mod analysis;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -1,10 +1,8 @@
 //! The ProxmoxCluster reconciler against the in-process Kubernetes API and the Proxmox simulator.
 
-mod common;
-
+use crate::common::env::{Env, condition};
 use capmox::api::{FailureDomain, ProxmoxCluster, ProxmoxMachine};
 use capmox::capi::InClusterIPPool;
-use common::env::{Env, condition};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -328,7 +326,7 @@ async fn pause_stops_all_writes() {
     )
     .await;
     let writes_before = env.server.request_counts();
-    tokio::time::timeout(common::env::ENV_WAIT, async {
+    tokio::time::timeout(crate::common::env::ENV_WAIT, async {
         while reconciles() <= before {
             tokio::task::yield_now().await;
         }
@@ -396,7 +394,7 @@ async fn deletion_waits_for_the_machines_and_releases_the_secret() {
         .await
         .expect("machine deleted");
     tokio::time::timeout(
-        common::env::ENV_WAIT,
+        crate::common::env::ENV_WAIT,
         kube::runtime::wait::await_condition(
             api.clone(),
             "demo",
@@ -430,7 +428,7 @@ async fn readiness_follows_cache_sync_with_objects_already_present() {
         "no controller has started, so nothing has synced"
     );
     env.run_controllers();
-    if tokio::time::timeout(common::env::ENV_WAIT, readiness.wait_ready())
+    if tokio::time::timeout(crate::common::env::ENV_WAIT, readiness.wait_ready())
         .await
         .is_err()
     {

@@ -2,14 +2,12 @@
 //! the failure domains capmox publishes reach the Cluster and steer KCP, and deleting the
 //! Cluster tears everything down through capmox's finalizer.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::env::Env;
 use capmox::api::{FailureDomain, ProxmoxCluster, labels};
 use capmox::capi::{Cluster, Machine};
 use capmox_sandbox::standin::{self, CapiStandIn, ExampleCluster};
-use common::env::Env;
 use futures::TryStreamExt;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::WatchStreamExt;

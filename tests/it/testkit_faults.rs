@@ -1,9 +1,7 @@
 //! Conformance: fault injection, validation hooks and request counters.
 
-mod common;
-
+use crate::common::*;
 use capmox_testkit::{FaultKind, TestkitError};
-use common::*;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 

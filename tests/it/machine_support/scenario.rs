@@ -12,8 +12,8 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
+use super::tap::{self, Tap};
 use crate::common::env::{Controllers, ENV_WAIT, Env, condition};
-use crate::tap::{self, Tap};
 
 /// Clones take a while, other tasks a little: a crash can land while a task runs.
 pub fn sim_options() -> SimOptions {

@@ -1,9 +1,7 @@
 //! Conformance: finalizers, deletionTimestamp, owner-reference garbage collection
 //! (background, foreground with blockOwnerDeletion, orphan) and namespace deletion.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;

@@ -3,13 +3,7 @@
 //! contention, and a failed clone task with its back-off. Every run ends with exactly one VM
 //! per machine and, after deletion, no VM, no seed ISO and no IPAddressClaim.
 
-mod common;
-#[allow(dead_code)]
-#[path = "machine_support/scenario.rs"]
-mod scenario;
-#[allow(dead_code)]
-#[path = "machine_support/tap.rs"]
-mod tap;
+use crate::machine_support::scenario;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,13 +2,7 @@
 //! (events.k8s.io/v1) for what it does in Proxmox and for what went wrong in the guest, and a
 //! clear refusal of bootstrap data it cannot deliver (Ignition) before any VM exists.
 
-mod common;
-#[allow(dead_code)]
-#[path = "machine_support/scenario.rs"]
-mod scenario;
-#[allow(dead_code)]
-#[path = "machine_support/tap.rs"]
-mod tap;
+use crate::machine_support::{scenario, tap};
 
 use std::sync::Arc;
 use std::time::Duration;

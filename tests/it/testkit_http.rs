@@ -1,9 +1,7 @@
 //! The HTTP form: a kube client built from the generated kubeconfig, streaming watches over
 //! the wire, discovery, and `kubectl get proxmoxmachines`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};

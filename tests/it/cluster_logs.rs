@@ -1,36 +1,14 @@
 //! No Proxmox secret reaches the logs while the cluster controller works with right and wrong
-//! credentials. Alone in its own test binary: tracing caches callsite interest process-wide.
+//! credentials. The logs are captured per thread with `crate::common::logs`, which stays correct while
+//! other tests log in the same process.
 
-mod common;
-
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-use common::env::{Env, condition};
+use crate::common::env::{Env, condition};
+use crate::common::logs;
 use serde_json::json;
-
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buf {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test]
 async fn secrets_never_reach_the_logs() {
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let captured = logs::capture();
 
     let env = Env::start().await;
     let wrong = "00000000-0000-4000-8000-00000000beef";
@@ -63,7 +41,7 @@ async fn secrets_never_reach_the_logs() {
     .await;
     drop(env);
 
-    let logs = String::from_utf8(buf.0.lock().expect("lock").clone()).expect("utf-8 logs");
+    let logs = captured.text();
     assert!(
         logs.contains("proxmoxcluster") || logs.contains("reconcil"),
         "the controller logged nothing:\n{logs}"

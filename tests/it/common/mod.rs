@@ -3,6 +3,7 @@
 
 pub mod env;
 pub mod fixture_server;
+pub mod logs;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,25 +1,12 @@
-//! Log capture tests, alone in their own test binary: tracing caches callsite interest
-//! process-wide, so other tests running in parallel could hide events from a scoped subscriber.
+//! Log capture tests: nothing secret is logged, and insecure TLS is. The logs are captured per
+//! thread with `crate::common::logs`, which stays correct while other tests log in the same process.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capmox::proxmox::*;
 use capmox_sim::{SimOptions, Simulator, Topology};
 
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use crate::common::logs;
 
 fn client_for(sim: &Simulator) -> ProxmoxClient {
     let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
@@ -29,13 +16,7 @@ fn client_for(sim: &Simulator) -> ProxmoxClient {
 
 #[tokio::test]
 async fn secret_never_logged() {
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let captured = logs::capture();
 
     let sim = Simulator::start(Topology::example(), SimOptions::default())
         .await
@@ -52,7 +33,7 @@ async fn secret_never_logged() {
     let bad = ProxmoxClient::new(&bad_cfg).expect("client");
     let err = bad.version().await.expect_err("401");
     tracing::info!(error = %err, error_debug = ?err, client = ?client, config = ?bad_cfg, "after calls");
-    let logs = String::from_utf8(buf.0.lock().expect("lock").clone()).expect("utf8");
+    let logs = captured.text();
     assert!(logs.contains("after calls"), "logs captured");
     assert!(
         logs.contains("Proxmox request failed"),
@@ -63,20 +44,14 @@ async fn secret_never_logged() {
 
 #[test]
 fn insecure_tls_logs_a_warning() {
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let _guard = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
+    let captured = logs::capture();
     let mut cfg = ClientConfig::new(
         "https://127.0.0.1:8006",
         ApiToken::parse("root@pam!capi=s3cr3t-value").expect("token"),
     );
     cfg.tls.insecure = true;
     ProxmoxClient::new(&cfg).expect("client");
-    let logs = String::from_utf8(buf.0.lock().expect("lock").clone()).expect("utf8");
+    let logs = captured.text();
     assert!(
         logs.contains("WARN") && logs.contains("verification for Proxmox VE is DISABLED"),
         "insecure mode must log a warning: {logs}"

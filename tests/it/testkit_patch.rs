@@ -1,8 +1,6 @@
 //! Conformance: JSON merge patch, JSON patch, strategic merge, server-side apply.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;

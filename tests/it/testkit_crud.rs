@@ -1,8 +1,6 @@
 //! Conformance: CRUD, status subresource, generation, optimistic concurrency, error bodies.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;

@@ -4,9 +4,9 @@
 use capmox::proxmox::*;
 use capmox_sim::{SimOptions, Simulator, TlsMaterial, Topology};
 
-const CA: &str = include_str!("data/tls/ca.pem");
-const NODE_CERT: &str = include_str!("data/tls/node.pem");
-const NODE_KEY: &str = include_str!("data/tls/node.key");
+const CA: &str = include_str!("../data/tls/ca.pem");
+const NODE_CERT: &str = include_str!("../data/tls/node.pem");
+const NODE_KEY: &str = include_str!("../data/tls/node.key");
 /// As printed by `openssl x509 -noout -fingerprint -sha256 -in node.pem`.
 const NODE_FP: &str = "88:E3:CC:69:6C:3B:66:B8:2C:1E:4B:79:DE:31:27:21:50:20:FA:C1:C5:C6:14:98:0F:98:19:C8:00:1A:E0:C8";
 

@@ -1,11 +1,9 @@
 //! Conformance: watch events, history replay, bookmarks, 410 Gone, selector transitions,
 //! streaming lists, and kube-runtime's watcher/reflector against the fake.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures::{Stream, StreamExt};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};

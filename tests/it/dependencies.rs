@@ -54,3 +54,40 @@ mod toml_like {
         }
     }
 }
+
+/// The product's normal dependency tree holds none of the test rigs nor what only they need
+/// (the CEL interpreter behind the schema checks).
+#[test]
+fn the_product_does_not_depend_on_its_test_rigs() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "--locked", "--offline", "-p", "capmox"])
+        .args(["-e", "normal", "--prefix", "none"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).expect("UTF-8");
+    let crates: std::collections::BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert!(crates.contains("kube"), "not a dependency tree:\n{tree}");
+    for rig in [
+        "capmox-sim",
+        "capmox-testkit",
+        "capmox-sandbox",
+        "kube-cel",
+        "cel",
+        "antlr4rust",
+    ] {
+        assert!(
+            !crates.contains(rig),
+            "the product depends on {rig}:\n{tree}"
+        );
+    }
+}

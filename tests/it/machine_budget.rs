@@ -2,13 +2,11 @@
 //! two machines scheduled at once onto nodes with room for one each, and machines that all
 //! hear the same free VMID from Proxmox.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::env::{Env, condition};
 use capmox::api::ProxmoxMachine;
 use capmox_sim::{FaultRule, SimOptions};
-use common::env::{Env, condition};
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
@@ -81,7 +79,7 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
         .await
         .expect("delete");
     tokio::time::timeout(
-        common::env::ENV_WAIT,
+        crate::common::env::ENV_WAIT,
         kube::runtime::wait::await_condition(
             machines.clone(),
             "demo-cp-1",

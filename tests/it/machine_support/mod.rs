@@ -1,0 +1,6 @@
+//! The ProxmoxMachine crash and event tests' scenario (an Env plus a request tap) and the tap.
+
+#![allow(dead_code)]
+
+pub mod scenario;
+pub mod tap;
