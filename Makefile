@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests sandbox bench clean
+.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox bench clean
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
@@ -21,11 +21,29 @@ $(TOOLS): requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-release-manifests: $(TOOLS) ## Write the clusterctl release files to out/.
-	mkdir -p out
-	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > out/infrastructure-components.yaml
-	cp metadata.yaml out/metadata.yaml
-	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml out/
+# The controller image: what docker-build tags and the release manifests' Deployment runs.
+# The default is the name config/manager sets, which nobody publishes yet: build and push your
+# own, e.g. `make docker-build docker-push release-manifests IMG=registry.example.org/capmox:v0.1.0`.
+CONFIG_IMG := ghcr.io/capmox/capmox:v0.1.0
+IMG ?= $(CONFIG_IMG)
+# Where release-manifests writes (the tests point it elsewhere to try IMG).
+OUT ?= out
+
+release-manifests: $(TOOLS) ## Write the clusterctl release files to $(OUT)/, the manager running $(IMG).
+	mkdir -p $(OUT)
+	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > $(OUT)/components.tmp
+	[ "$$(grep -c 'image: $(CONFIG_IMG)$$' $(OUT)/components.tmp)" = 1 ] \
+	  || { echo "config/default must name the image $(CONFIG_IMG) exactly once" >&2; exit 1; }
+	sed 's|image: $(CONFIG_IMG)$$|image: $(IMG)|' $(OUT)/components.tmp > $(OUT)/infrastructure-components.yaml
+	rm $(OUT)/components.tmp
+	cp metadata.yaml $(OUT)/metadata.yaml
+	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml $(OUT)/
+
+docker-build: ## Build the controller image as $(IMG) (static binary, distroless, non-root).
+	docker build -t $(IMG) .
+
+docker-push: ## Push $(IMG) to its registry.
+	docker push $(IMG)
 
 # --tests --benches rather than --all-targets: the binaries have no unit tests and say
 # test = false and bench = false, so their empty harnesses are not linked; the integration

@@ -1,8 +1,10 @@
 //! The clusterctl release files (`make release-manifests` writes them to `out/`) follow
-//! clusterctl's rules, and the cluster templates produce objects the CRDs accept.
+//! clusterctl's rules, `IMG=` sets the manager's image, the cluster templates produce objects
+//! the CRDs accept, and the Dockerfile's build stage copies everything the build needs.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -335,4 +337,189 @@ fn the_failure_domain_flavor_pins_one_deployment_per_zone() {
         .collect();
     assert_eq!(zones, pinned);
     assert_eq!(zones.len(), 3);
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    /// `capmox-<tag>-<process id>` in the system's temporary directory.
+    fn new(tag: &str) -> Self {
+        Self::at(std::env::temp_dir().join(format!("capmox-{tag}-{}", std::process::id())))
+    }
+
+    fn at(path: PathBuf) -> Self {
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create a temporary directory");
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A command run from the repository root in the environment a user's shell would give it:
+/// without the make job-server settings of a surrounding `make test`, nor the `CARGO_*`
+/// variables `cargo test` sets for this test (a nested cargo would see them as changes and
+/// rebuild crates that read them).
+fn tool(program: &str) -> Command {
+    let mut command = Command::new(program);
+    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let cargo_set =
+            name.starts_with("CARGO_") && !["CARGO_HOME", "CARGO_TARGET_DIR"].contains(&name);
+        if cargo_set || ["MAKEFLAGS", "MFLAGS", "MAKELEVEL"].contains(&name) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+fn cargo() -> Command {
+    tool(&std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+}
+
+#[test]
+fn release_manifests_run_the_image_given_as_img() {
+    let out = TempDir::new("release-img");
+    let run = tool("make")
+        .args(["--no-print-directory", "release-manifests"])
+        .arg("IMG=example.org/capmox:dev")
+        .arg(format!("OUT={}", out.0.display()))
+        .output()
+        .expect("make runs");
+    assert!(
+        run.status.success(),
+        "make release-manifests IMG=...: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = std::fs::read_to_string(out.0.join("infrastructure-components.yaml"))
+        .expect("infrastructure-components.yaml written");
+    let images: Vec<String> = documents(&text)
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|c| c["image"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(images, ["example.org/capmox:dev"]);
+}
+
+/// The source paths of the `COPY` lines of the Dockerfile's build stage, each with where it
+/// lands relative to the build's working directory.
+fn build_stage_copies(dockerfile: &str) -> Vec<(String, String)> {
+    let mut copies = Vec::new();
+    let mut stages = 0;
+    for line in dockerfile.lines().map(str::trim) {
+        if line.starts_with("FROM ") {
+            stages += 1;
+        }
+        let Some(arguments) = line.strip_prefix("COPY ") else {
+            continue;
+        };
+        if stages != 1 || arguments.starts_with("--") {
+            continue;
+        }
+        let words: Vec<&str> = arguments.split_whitespace().collect();
+        let (destination, sources) = words.split_last().expect("COPY <source>... <destination>");
+        for source in sources {
+            let target = if destination.ends_with('/') {
+                format!("{destination}{source}")
+            } else {
+                (*destination).to_owned()
+            };
+            copies.push(((*source).to_owned(), target));
+        }
+    }
+    copies
+}
+
+/// Copies a file or a directory tree, keeping modification times so that cargo finds a
+/// previous check of the same copy fresh.
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).expect("create a directory");
+        for entry in std::fs::read_dir(from).expect("read a directory") {
+            let entry = entry.expect("directory entry");
+            copy_tree(&entry.path(), &to.join(entry.file_name()));
+        }
+    } else {
+        std::fs::copy(from, to).unwrap_or_else(|e| panic!("cannot copy {}: {e}", from.display()));
+        let modified = std::fs::metadata(from)
+            .and_then(|m| m.modified())
+            .expect("modification time");
+        std::fs::File::options()
+            .write(true)
+            .open(to)
+            .and_then(|f| f.set_modified(modified))
+            .expect("keep the modification time");
+    }
+}
+
+#[test]
+fn the_dockerfile_build_context_builds_the_binary() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile.contains("--bin capmox"),
+        "the image builds the capmox binary"
+    );
+    let copies = build_stage_copies(&dockerfile);
+    assert!(copies.len() >= 2, "COPY lines found: {copies:?}");
+    // The repository's own target directory, so what is already built is reused.
+    let metadata = cargo()
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .output()
+        .expect("cargo metadata runs");
+    assert!(metadata.status.success(), "cargo metadata failed");
+    let metadata: Value = serde_json::from_slice(&metadata.stdout).expect("metadata is JSON");
+    let target_directory = metadata["target_directory"]
+        .as_str()
+        .expect("target_directory");
+    // The copy sits at the same path on every run (one per checkout), so cargo reuses its
+    // previous check unless a source changed.
+    let checkout = {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        root.hash(&mut hasher);
+        hasher.finish()
+    };
+    let context =
+        TempDir::at(Path::new(target_directory).join(format!("docker-context-{checkout:016x}")));
+    for (source, target) in &copies {
+        copy_tree(&root.join(source), &context.0.join(target));
+    }
+    let check = cargo()
+        .args([
+            "check",
+            "--locked",
+            "--offline",
+            "--quiet",
+            "--bin",
+            "capmox",
+        ])
+        .arg("--manifest-path")
+        .arg(context.0.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_directory)
+        .output()
+        .expect("cargo check runs");
+    assert!(
+        check.status.success(),
+        "the Dockerfile's COPY lines {copies:?} do not give cargo what it needs:\n{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
 }
