@@ -1,5 +1,7 @@
 //! Command-line interface: `capmox run | crds | version`.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
@@ -35,15 +37,70 @@ pub struct LogFilterError(String);
 #[derive(Debug, Parser)]
 #[command(name = "capmox", version, about, long_about = None)]
 pub struct Cli {
+    /// Logging.
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The logging flags of every capmox binary: `capmox`, and the rigs' `simulate-proxmox` and
+/// `capmox-sandbox`, so they all log alike.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "CAPMOX_LOG_FORMAT")]
     pub log_format: LogFormat,
     /// Log filter in RUST_LOG syntax (overrides RUST_LOG), e.g. `info,capmox=debug`.
     #[arg(long, global = true)]
     pub log_filter: Option<String>,
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
+}
+
+impl LogArgs {
+    /// Logs to stderr as these flags say; without `--log-filter`, `fallback` when given, else
+    /// `RUST_LOG`, else `info`.
+    pub fn init(&self, fallback: Option<&str>) -> Result<(), LogFilterError> {
+        init_logging(self.log_format, self.log_filter.as_deref().or(fallback))
+    }
+}
+
+/// Runs a binary: logging as `log` says (see [`LogArgs::init`] for `fallback_filter`), then
+/// `work` to completion on a multi-threaded Tokio runtime; returns its exit status.
+pub fn run_binary<E: std::fmt::Display>(
+    program: &str,
+    log: &LogArgs,
+    fallback_filter: Option<&str>,
+    work: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    if let Err(error) = log.init(fallback_filter) {
+        return exit_status(program, Err(error));
+    }
+    match block_on(work) {
+        Ok(outcome) => exit_status(program, outcome),
+        Err(error) => exit_status(
+            program,
+            Err(format!("cannot start the async runtime: {error}")),
+        ),
+    }
+}
+
+fn block_on<F: std::future::Future>(work: F) -> std::io::Result<F::Output> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(work))
+}
+
+/// A binary's exit status: success, or failure with the error printed after its name.
+pub fn exit_status(program: &str, outcome: Result<(), impl std::fmt::Display>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The log output format.
@@ -231,18 +288,15 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Run(args) => {
-            init_logging(cli.log_format, cli.log_filter.as_deref())?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(run(*args))
+            cli.log.init(None)?;
+            block_on(run(*args))?
         }
     }
 }
 
 /// Logs to stderr in `format`, filtered by `filter` (RUST_LOG syntax; `RUST_LOG` or `info` when
-/// unset). Public so the simulator and sandbox binaries log the way `capmox` does.
-pub fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), LogFilterError> {
+/// unset).
+fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), LogFilterError> {
     let filter = match filter {
         Some(directives) => EnvFilter::try_new(directives),
         None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new("info")),

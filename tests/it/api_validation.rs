@@ -9,6 +9,8 @@ use capmox::api::{
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 
+use crate::common::{TEMPLATE_VALUES, substitute};
+
 fn schema_for(kind: &str) -> Value {
     static SCHEMAS: std::sync::OnceLock<Vec<(String, Value)>> = std::sync::OnceLock::new();
     let schemas = SCHEMAS.get_or_init(|| {
@@ -387,52 +389,6 @@ fn the_boot_volume_is_immutable() {
     assert!(capmox_testkit::schema::validate_object(&schema, &old, Some(&old)).is_ok());
 }
 
-/// Values for the Go provider templates' `${VARIABLES}`, as a user would set them.
-const VARIABLES: &[(&str, &str)] = &[
-    ("CLUSTER_NAME", "demo"),
-    ("CONTROL_PLANE_ENDPOINT_IP", "10.0.0.10"),
-    ("NODE_IP_RANGES", "[10.0.0.100-10.0.0.150]"),
-    ("IP_PREFIX", "24"),
-    ("GATEWAY", "10.0.0.1"),
-    ("DNS_SERVERS", "[10.0.0.2]"),
-    ("PROXMOX_SOURCENODE", "pve1"),
-    ("TEMPLATE_VMID", "9000"),
-    ("BOOT_VOLUME_DEVICE", "scsi0"),
-    ("BRIDGE", "vmbr0"),
-    ("KUBERNETES_VERSION", "v1.33.0"),
-    ("CONTROL_PLANE_MACHINE_COUNT", "3"),
-    ("WORKER_MACHINE_COUNT", "2"),
-    ("VM_SSH_KEYS", "ssh-ed25519 AAAA"),
-    ("PROXMOX_URL", "https://pve.example:8006"),
-    ("PROXMOX_TOKEN", "capmox@pve!capi"),
-    ("PROXMOX_SECRET", "secret"),
-];
-
-/// clusterctl-style substitution: `${VAR}`, `${VAR:=default}`, `${VAR=default}`.
-fn substitute(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find('}').expect("closing brace") + start;
-        let expr = &rest[start + 2..end];
-        let (name, default) = match expr.split_once(":=").or_else(|| expr.split_once('=')) {
-            Some((name, default)) => (name, Some(default)),
-            None => (expr, None),
-        };
-        let value = VARIABLES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| *v)
-            .or(default)
-            .unwrap_or_else(|| panic!("no value for ${{{name}}}"));
-        out.push_str(value);
-        rest = &rest[end + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
 #[test]
 fn the_go_provider_templates_apply_unchanged() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/go-provider/templates");
@@ -441,7 +397,10 @@ fn the_go_provider_templates_apply_unchanged() {
     let mut checked = 0;
     for entry in entries {
         let path = entry.expect("dir entry").path();
-        let text = substitute(&std::fs::read_to_string(&path).expect("readable"));
+        let text = substitute(
+            &std::fs::read_to_string(&path).expect("readable"),
+            TEMPLATE_VALUES,
+        );
         for object in documents(&text) {
             let kind = object["kind"].as_str().unwrap_or_default().to_owned();
             if !kind.starts_with("Proxmox") {

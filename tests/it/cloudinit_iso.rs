@@ -2,7 +2,7 @@
 //! from PyPI into the Makefile's `.venv` by `make tools`, which `make test` runs first): the
 //! volume id, the Joliet and Rock Ridge file names cloud-init relies on, and every file's bytes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use capmox::cloudinit::iso::{NOCLOUD_VOLUME_ID, build_iso};
@@ -50,17 +50,6 @@ struct Read {
     rock_ridge_files: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
-/// The virtualenv's Python; panics saying how to get it when it is absent.
-fn python() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make tools` (`make test` does) to create the virtualenv with pycdlib",
-        path.display()
-    );
-    path
-}
-
 /// A temporary file removed on drop, unique per test so tests run in parallel.
 struct TempIso(PathBuf);
 
@@ -81,7 +70,7 @@ impl Drop for TempIso {
 
 fn read_back(tag: &str, image: &[u8]) -> Read {
     let iso = TempIso::new(tag, image);
-    let out = Command::new(python())
+    let out = Command::new(crate::common::venv_tool("python3"))
         .arg("-c")
         .arg(READER)
         .arg(&iso.0)

@@ -59,17 +59,11 @@ mod toml_like {
 /// (the CEL interpreter behind the schema checks).
 #[test]
 fn the_product_does_not_depend_on_its_test_rigs() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let out = std::process::Command::new(cargo)
-        .args(["tree", "--locked", "--offline", "-p", "capmox"])
-        .args(["-e", "normal", "--prefix", "none"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree runs");
-    assert!(
-        out.status.success(),
-        "cargo tree failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = crate::common::run_ok(
+        crate::common::cargo()
+            .args(["tree", "--locked", "--offline", "-p", "capmox"])
+            .args(["-e", "normal", "--prefix", "none"]),
+        "cargo tree -p capmox -e normal",
     );
     let tree = String::from_utf8(out.stdout).expect("UTF-8");
     let crates: std::collections::BTreeSet<&str> = tree

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
+
+use crate::common::{TEMPLATE_VALUES, cargo, run_ok, substitute, tool};
 
 fn read_out(file: &str) -> String {
     let path = Path::new("out").join(file);
@@ -211,48 +212,6 @@ fn every_template_variable_is_documented_in_the_readme() {
     );
 }
 
-const VALUES: &[(&str, &str)] = &[
-    ("CLUSTER_NAME", "demo"),
-    ("CONTROL_PLANE_ENDPOINT_IP", "10.0.0.10"),
-    ("NODE_IP_RANGES", "[10.0.0.100-10.0.0.150]"),
-    ("IP_PREFIX", "24"),
-    ("GATEWAY", "10.0.0.1"),
-    ("DNS_SERVERS", "[10.0.0.2]"),
-    ("PROXMOX_SOURCENODE", "pve1"),
-    ("TEMPLATE_VMID", "9000"),
-    ("BRIDGE", "vmbr0"),
-    ("KUBERNETES_VERSION", "v1.33.0"),
-    ("CONTROL_PLANE_MACHINE_COUNT", "3"),
-    ("WORKER_MACHINE_COUNT", "2"),
-    ("VM_SSH_KEYS", "ssh-ed25519 AAAA"),
-    ("ZONE_A_NODES", "[pve1, pve2]"),
-    ("ZONE_B_NODES", "[pve3, pve4]"),
-    ("ZONE_C_NODES", "[pve5]"),
-];
-
-fn substitute(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find('}').expect("closing brace") + start;
-        let expr = &rest[start + 2..end];
-        let (name, default) = match expr.split_once(":=").or_else(|| expr.split_once('=')) {
-            Some((name, default)) => (name, Some(default)),
-            None => (expr, None),
-        };
-        let value = VALUES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| *v)
-            .or(default);
-        out.push_str(value.unwrap_or_else(|| panic!("no test value for ${{{name}}}")));
-        rest = &rest[end + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
 /// The schema for an object's kind and version: capmox's CRDs or the upstream ones.
 fn schema_for(object: &Value) -> Option<Value> {
     let kind = object["kind"].as_str()?;
@@ -286,7 +245,7 @@ fn schema_for(object: &Value) -> Option<Value> {
 fn template_objects_are_valid_against_the_crds() {
     let mut validated = BTreeSet::new();
     for template in TEMPLATES {
-        for object in documents(&substitute(&read_out(template))) {
+        for object in documents(&substitute(&read_out(template), TEMPLATE_VALUES)) {
             let kind = object["kind"].as_str().unwrap_or_default().to_owned();
             let Some(schema) = schema_for(&object) else {
                 continue;
@@ -317,9 +276,10 @@ fn template_objects_are_valid_against_the_crds() {
 
 #[test]
 fn the_failure_domain_flavor_pins_one_deployment_per_zone() {
-    let objects = documents(&substitute(&read_out(
-        "cluster-template-failure-domains.yaml",
-    )));
+    let objects = documents(&substitute(
+        &read_out("cluster-template-failure-domains.yaml"),
+        TEMPLATE_VALUES,
+    ));
     let cluster = objects
         .iter()
         .find(|o| o["kind"] == "ProxmoxCluster")
@@ -361,41 +321,15 @@ impl Drop for TempDir {
     }
 }
 
-/// A command run from the repository root in the environment a user's shell would give it:
-/// without the make job-server settings of a surrounding `make test`, nor the `CARGO_*`
-/// variables `cargo test` sets for this test (a nested cargo would see them as changes and
-/// rebuild crates that read them).
-fn tool(program: &str) -> Command {
-    let mut command = Command::new(program);
-    command.current_dir(env!("CARGO_MANIFEST_DIR"));
-    for (name, _) in std::env::vars_os() {
-        let Some(name) = name.to_str() else { continue };
-        let cargo_set =
-            name.starts_with("CARGO_") && !["CARGO_HOME", "CARGO_TARGET_DIR"].contains(&name);
-        if cargo_set || ["MAKEFLAGS", "MFLAGS", "MAKELEVEL"].contains(&name) {
-            command.env_remove(name);
-        }
-    }
-    command
-}
-
-fn cargo() -> Command {
-    tool(&std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-}
-
 #[test]
 fn release_manifests_run_the_image_given_as_img() {
     let out = TempDir::new("release-img");
-    let run = tool("make")
-        .args(["--no-print-directory", "release-manifests"])
-        .arg("IMG=example.org/capmox:dev")
-        .arg(format!("OUT={}", out.0.display()))
-        .output()
-        .expect("make runs");
-    assert!(
-        run.status.success(),
-        "make release-manifests IMG=...: {}",
-        String::from_utf8_lossy(&run.stderr)
+    run_ok(
+        tool("make")
+            .args(["--no-print-directory", "release-manifests"])
+            .arg("IMG=example.org/capmox:dev")
+            .arg(format!("OUT={}", out.0.display())),
+        "make release-manifests IMG=example.org/capmox:dev",
     );
     let text = std::fs::read_to_string(out.0.join("infrastructure-components.yaml"))
         .expect("infrastructure-components.yaml written");
@@ -475,17 +409,10 @@ fn the_dockerfile_build_context_builds_the_binary() {
     let copies = build_stage_copies(&dockerfile);
     assert!(copies.len() >= 2, "COPY lines found: {copies:?}");
     // The repository's own target directory, so what is already built is reused.
-    let metadata = cargo()
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .output()
-        .expect("cargo metadata runs");
-    assert!(metadata.status.success(), "cargo metadata failed");
+    let metadata = run_ok(
+        cargo().args(["metadata", "--format-version=1", "--no-deps", "--offline"]),
+        "cargo metadata",
+    );
     let metadata: Value = serde_json::from_slice(&metadata.stdout).expect("metadata is JSON");
     let target_directory = metadata["target_directory"]
         .as_str()
@@ -503,23 +430,19 @@ fn the_dockerfile_build_context_builds_the_binary() {
     for (source, target) in &copies {
         copy_tree(&root.join(source), &context.0.join(target));
     }
-    let check = cargo()
-        .args([
-            "check",
-            "--locked",
-            "--offline",
-            "--quiet",
-            "--bin",
-            "capmox",
-        ])
-        .arg("--manifest-path")
-        .arg(context.0.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", target_directory)
-        .output()
-        .expect("cargo check runs");
-    assert!(
-        check.status.success(),
-        "the Dockerfile's COPY lines {copies:?} do not give cargo what it needs:\n{}",
-        String::from_utf8_lossy(&check.stderr)
+    run_ok(
+        cargo()
+            .args([
+                "check",
+                "--locked",
+                "--offline",
+                "--quiet",
+                "--bin",
+                "capmox",
+            ])
+            .arg("--manifest-path")
+            .arg(context.0.join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", target_directory),
+        &format!("cargo check of the Dockerfile's build context (COPY lines {copies:?})"),
     );
 }

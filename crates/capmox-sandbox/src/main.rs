@@ -3,8 +3,8 @@
 
 use std::process::ExitCode;
 
-use capmox::cli::{LogFilterError, LogFormat, init_logging};
-use capmox_sandbox::run::{SandboxError, SandboxOptions};
+use capmox::cli::{LogArgs, run_binary};
+use capmox_sandbox::run::SandboxOptions;
 use clap::Parser;
 
 /// See capmox work on this machine: simulated Proxmox, in-process Kubernetes API, real
@@ -27,27 +27,13 @@ struct Args {
     /// Where to write the kubeconfig of the in-process Kubernetes API.
     #[arg(long)]
     kubeconfig: Option<std::path::PathBuf>,
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "CAPMOX_LOG_FORMAT")]
-    log_format: LogFormat,
-    /// Log filter in RUST_LOG syntax (`warn` when unset, so the table stays readable).
-    #[arg(long)]
-    log_filter: Option<String>,
+    /// Logging (`warn` unless `--log-filter` says otherwise, so the table stays readable).
+    #[command(flatten)]
+    log: LogArgs,
 }
 
-/// Why the sandbox stopped with an error.
-#[derive(Debug, thiserror::Error)]
-enum Error {
-    #[error(transparent)]
-    LogFilter(#[from] LogFilterError),
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
-    #[error("cannot start the async runtime: {0}")]
-    Runtime(#[from] std::io::Error),
-}
-
-fn run(args: Args) -> Result<(), Error> {
-    init_logging(args.log_format, args.log_filter.as_deref().or(Some("warn")))?;
+fn main() -> ExitCode {
+    let args = Args::parse();
     let mut options = SandboxOptions {
         control_plane: args.control_plane,
         workers: args.workers,
@@ -57,19 +43,6 @@ fn run(args: Args) -> Result<(), Error> {
     if let Some(path) = args.kubeconfig {
         options.kubeconfig = path;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(capmox_sandbox::run::run(options, args.keep_running))?;
-    Ok(())
-}
-
-fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("capmox-sandbox: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    let work = capmox_sandbox::run::run(options, args.keep_running);
+    run_binary("capmox-sandbox", &args.log, Some("warn"), work)
 }
