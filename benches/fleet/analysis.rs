@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use capmox::sim::{LoggedRequest, TaskRecord};
+use capmox_sim::{LoggedRequest, TaskRecord};
 
 /// (verb, resource) of a Kubernetes API request, as the API server's audit log names them.
 pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {

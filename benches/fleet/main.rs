@@ -31,12 +31,12 @@ use tokio_util::sync::CancellationToken;
 use capmox::api::{ProxmoxMachine, labels};
 use capmox::capi;
 use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
-use capmox::sandbox::run::capi_kinds;
-use capmox::sandbox::standin::{
+use capmox_sandbox::run::capi_kinds;
+use capmox_sandbox::standin::{
     CapiStandIn, ExampleCluster, create_example_cluster, deployment_resource,
 };
-use capmox::sim::{SimOptions, Simulator, TaskRecord, Topology};
-use capmox::testkit::ApiServer;
+use capmox_sim::{SimOptions, Simulator, TaskRecord, Topology};
+use capmox_testkit::ApiServer;
 
 mod analysis;
 use analysis::{
@@ -120,15 +120,15 @@ enum BenchError {
     #[error("cannot start a tokio runtime: {0}")]
     Runtime(std::io::Error),
     #[error("Proxmox simulator: {0}")]
-    Simulator(#[from] capmox::sim::SimStartError),
+    Simulator(#[from] capmox_sim::SimStartError),
     #[error("simulator topology: {0}")]
-    Topology(#[from] capmox::sim::topology::TopologyError),
+    Topology(#[from] capmox_sim::topology::TopologyError),
     #[error("in-process Kubernetes API: {0}")]
     Testkit(String),
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("creating the example cluster: {0}")]
-    Example(#[from] capmox::sandbox::standin::StandInError),
+    Example(#[from] capmox_sandbox::standin::StandInError),
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error(
@@ -782,7 +782,7 @@ async fn bench(
         context.clone(),
         stop.clone(),
     ));
-    tokio::spawn(capmox::sandbox::ipam::run(server.client(), stop.clone()));
+    tokio::spawn(capmox_sandbox::ipam::run(server.client(), stop.clone()));
     CapiStandIn::spawn(server.client(), NAMESPACE, stop.clone());
     let shared: Shared = Arc::new((Mutex::default(), tokio::sync::watch::channel(0).0));
     tokio::spawn(follow_machines(server.client(), shared.clone()));

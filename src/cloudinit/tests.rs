@@ -975,17 +975,6 @@ provider-id: proxmox://9b9f5a46-0c1d-4f7e-8b1a-1c2d3e4f5a6b
         )
     );
     assert_eq!(files.vendor_data, None);
-
-    // The seed image carries exactly these files.
-    let iso = crate::sim::iso::IsoImage::parse(&build_nocloud_iso(&files)).expect("parses");
-    assert_eq!(iso.volume_id, "cidata");
-    assert_eq!(iso.file("user-data"), Some(files.user_data.as_slice()));
-    assert_eq!(iso.file("meta-data"), Some(files.meta_data.as_slice()));
-    assert_eq!(
-        iso.file("network-config"),
-        Some(files.network_config.as_slice())
-    );
-    assert_eq!(iso.files.len(), 3);
 }
 
 #[test]

@@ -313,29 +313,3 @@ fn report_cache_sync<K>(
         }
     });
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    #[tokio::test]
-    async fn the_manager_future_can_be_spawned() {
-        let config = ManagerConfig {
-            metrics_address: "127.0.0.1:0".parse().expect("address"),
-            health_address: "127.0.0.1:0".parse().expect("address"),
-            leader_election: None,
-            watch_namespace: None,
-            cluster_concurrency: 1,
-            machine_concurrency: 1,
-        };
-        let manager = run(
-            crate::testkit::ApiServer::new().client(),
-            config,
-            GlobalCredentials::default(),
-            CancellationToken::new(),
-        );
-        assert_send(&manager);
-    }
-}

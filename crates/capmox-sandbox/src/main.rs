@@ -1,0 +1,48 @@
+//! The `capmox-sandbox` binary: capmox end to end on this machine (simulated Proxmox,
+//! in-process Kubernetes API, real controllers, an example cluster over failure domains).
+
+use std::process::ExitCode;
+
+use capmox::cli::{LogArgs, run_binary};
+use capmox_sandbox::run::SandboxOptions;
+use clap::Parser;
+
+/// See capmox work on this machine: simulated Proxmox, in-process Kubernetes API, real
+/// controllers, an example cluster spread over failure domains.
+#[derive(Debug, Parser)]
+#[command(name = "capmox-sandbox", version, about, long_about = None)]
+struct Args {
+    /// Keep everything running after the machines are ready, so kubectl can look around.
+    #[arg(long)]
+    keep_running: bool,
+    /// Control-plane machines.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
+    control_plane: i32,
+    /// Worker machines (all in rack-b).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..=50))]
+    workers: i32,
+    /// Proxmox topology file (nodes pve1..pve4 in racks rack-a/rack-b are expected).
+    #[arg(long)]
+    topology: Option<std::path::PathBuf>,
+    /// Where to write the kubeconfig of the in-process Kubernetes API.
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// Logging (`warn` unless `--log-filter` says otherwise, so the table stays readable).
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut options = SandboxOptions {
+        control_plane: args.control_plane,
+        workers: args.workers,
+        topology: args.topology,
+        ..Default::default()
+    };
+    if let Some(path) = args.kubeconfig {
+        options.kubeconfig = path;
+    }
+    let work = capmox_sandbox::run::run(options, args.keep_running);
+    run_binary("capmox-sandbox", &args.log, Some("warn"), work)
+}

@@ -1,0 +1,845 @@
+//! `e2e-real`: the sandbox scenario against a real management cluster (the one in
+//! `KUBECONFIG`). It installs the CRDs, applies the shipped RBAC from the release manifests,
+//! runs capmox's manager as `capmox run` does without `--leader-elect`, impersonating the
+//! shipped ServiceAccount so the API server enforces the shipped ClusterRole, plays CAPI core
+//! and IPAM with the stand-ins (as the admin), provisions the example cluster, deletes it, checks
+//! that nothing is left and removes what it installed.
+//!
+//! Proxmox is simulated unless `PROXMOX_URL`, `PROXMOX_TOKEN` and `PROXMOX_SECRET` name a real
+//! one; then the zones' nodes and the template come from the options.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
+use kube::runtime::{wait::await_condition, watcher};
+use kube::{Client, Config, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::run::{MachineRow, TOPOLOGY, example_cluster_spec, example_machine_spec, render};
+use super::standin::{CapiStandIn, ExampleCluster, create_example_cluster};
+use capmox::api::{ProxmoxCluster, ProxmoxMachine};
+use capmox::capi::{IPAddressClaim, InClusterIPPool};
+use capmox::controller::{GlobalCredentials, ManagerConfig};
+use capmox_sim::{SimOptions, Simulator, Topology};
+
+/// Field manager of everything this run applies.
+const FIELD_MANAGER: &str = "capmox-e2e-real";
+
+/// Why the run failed; every variant says what to check.
+#[derive(Debug, thiserror::Error)]
+pub enum RealError {
+    /// No management cluster to run against.
+    #[error(
+        "no Kubernetes cluster: set KUBECONFIG to a cluster where you may install CRDs and RBAC ({0})"
+    )]
+    NoCluster(String),
+    /// A Kubernetes call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// A manifest could not be read or parsed.
+    #[error("{path}: {message}")]
+    Manifest {
+        /// Which file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The simulator did not start.
+    #[error("Proxmox simulator: {0}")]
+    Simulator(#[from] capmox_sim::SimStartError),
+    /// The example cluster could not be created.
+    #[error("example cluster: {0}")]
+    Example(#[from] super::standin::StandInError),
+    /// An option was unusable.
+    #[error("invalid option: {0}")]
+    Option(String),
+    /// A step did not finish in time.
+    #[error("timed out after {timeout:?} waiting for {what}")]
+    Timeout {
+        /// The step.
+        what: String,
+        /// How long it waited.
+        timeout: Duration,
+    },
+    /// The run finished, but what it found is wrong.
+    #[error("check failed: {0}")]
+    Check(String),
+    /// The manager stopped on its own.
+    #[error("capmox's manager stopped: {0}")]
+    Manager(String),
+}
+
+/// A real Proxmox VE endpoint instead of the simulator.
+#[derive(Clone)]
+pub struct RealProxmox {
+    /// API URL, e.g. `https://pve.example:8006`.
+    pub url: String,
+    /// Token id, `user@realm!name`.
+    pub token: String,
+    /// Token secret.
+    pub secret: String,
+    /// Skip TLS verification (self-signed lab clusters).
+    pub insecure: bool,
+}
+
+impl std::fmt::Debug for RealProxmox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealProxmox")
+            .field("url", &self.url)
+            .field("token", &self.token)
+            .field("secret", &"<redacted>")
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+/// What `e2e-real` runs.
+#[derive(Clone, Debug)]
+pub struct RealOptions {
+    /// Namespace the example cluster lives in (created, then deleted).
+    pub namespace: String,
+    /// Control-plane machines.
+    pub control_plane: i32,
+    /// Worker machines.
+    pub workers: i32,
+    /// Failure domain of the workers.
+    pub worker_failure_domain: String,
+    /// The release manifests whose RBAC is applied (`make release-manifests` writes them).
+    pub manifests: PathBuf,
+    /// Folder of the upstream CAPI / KCP / IPAM CRDs.
+    pub upstream_crds: PathBuf,
+    /// Upper bound of each step.
+    pub timeout: Duration,
+    /// Real Proxmox; the simulator when unset.
+    pub proxmox: Option<RealProxmox>,
+    /// Zones `name -> nodes` for a real Proxmox (the example's rack-a/rack-b otherwise).
+    pub zones: BTreeMap<String, Vec<String>>,
+    /// Template VMID for a real Proxmox.
+    pub template_id: Option<u32>,
+    /// Node of the template for a real Proxmox.
+    pub source_node: Option<String>,
+    /// Leave the CRDs, RBAC and namespace in place afterwards.
+    pub keep: bool,
+}
+
+/// The shipped ServiceAccount capmox runs as, found in the release manifests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAccountRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The user name the API server gives this ServiceAccount's tokens.
+    pub fn user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+
+    /// The groups the API server gives this ServiceAccount's tokens.
+    pub fn groups(&self) -> Vec<String> {
+        vec![
+            "system:serviceaccounts".into(),
+            format!("system:serviceaccounts:{}", self.namespace),
+            "system:authenticated".into(),
+        ]
+    }
+}
+
+/// The RBAC (and namespace) objects of the release manifests, in the order they must be applied,
+/// and the ServiceAccount the manager Deployment runs as.
+pub fn shipped_rbac(manifests: &str) -> Result<(Vec<Value>, ServiceAccountRef), String> {
+    const KINDS: [&str; 6] = [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let mut objects = Vec::new();
+    let mut deployment_account = None;
+    for document in serde_yaml::Deserializer::from_str(manifests) {
+        let object: Value = serde::Deserialize::deserialize(document).map_err(|e| e.to_string())?;
+        let kind = object["kind"].as_str().unwrap_or_default();
+        if kind == "Deployment" {
+            let spec = &object["spec"]["template"]["spec"];
+            deployment_account = Some(ServiceAccountRef {
+                namespace: object["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_owned(),
+                name: spec["serviceAccountName"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_owned(),
+            });
+        }
+        if KINDS.contains(&kind) {
+            objects.push(object);
+        }
+    }
+    objects.sort_by_key(|o| {
+        KINDS
+            .iter()
+            .position(|k| o["kind"].as_str() == Some(*k))
+            .unwrap_or(KINDS.len())
+    });
+    let account = deployment_account.ok_or("no Deployment (the manager) in the manifests")?;
+    if !objects.iter().any(|o| {
+        o["kind"] == "ServiceAccount"
+            && o["metadata"]["name"] == account.name.as_str()
+            && o["metadata"]["namespace"] == account.namespace.as_str()
+    }) {
+        return Err(format!(
+            "the manager runs as ServiceAccount {}/{}, which the manifests do not define",
+            account.namespace, account.name
+        ));
+    }
+    if !objects.iter().any(|o| o["kind"] == "ClusterRole") {
+        return Err("no ClusterRole in the manifests".into());
+    }
+    Ok((objects, account))
+}
+
+/// The API resource of one of the RBAC kinds [`shipped_rbac`] returns.
+fn rbac_resource(kind: &str) -> Option<(ApiResource, bool)> {
+    let (group, namespaced) = match kind {
+        "Namespace" => ("", false),
+        "ServiceAccount" => ("", true),
+        "ClusterRole" | "ClusterRoleBinding" => ("rbac.authorization.k8s.io", false),
+        "Role" | "RoleBinding" => ("rbac.authorization.k8s.io", true),
+        _ => return None,
+    };
+    let gvk = GroupVersionKind::gvk(group, "v1", kind);
+    Some((ApiResource::from_gvk(&gvk), namespaced))
+}
+
+fn dynamic_api(client: &Client, object: &Value) -> Option<(Api<DynamicObject>, String)> {
+    let (resource, namespaced) = rbac_resource(object["kind"].as_str()?)?;
+    let name = object["metadata"]["name"].as_str()?.to_owned();
+    let api = if namespaced {
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default");
+        Api::namespaced_with(client.clone(), namespace, &resource)
+    } else {
+        Api::all_with(client.clone(), &resource)
+    };
+    Some((api, name))
+}
+
+/// One object this run created, so cleaning up removes exactly those.
+struct Created {
+    api: Api<DynamicObject>,
+    name: String,
+}
+
+/// Applies capmox's CRDs and the upstream ones and waits until each is established.
+async fn install_crds(client: &Client, options: &RealOptions) -> Result<(), RealError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crds: Vec<CustomResourceDefinition> = capmox::api::crd::all()
+        .map_err(|e| RealError::Option(format!("capmox CRDs do not render: {e}")))?;
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&options.upstream_crds)
+        .map_err(|e| RealError::Manifest {
+            path: options.upstream_crds.clone(),
+            message: format!("{e} (the upstream CAPI, KCP and IPAM CRDs are read from here)"),
+        })?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path).map_err(|e| RealError::Manifest {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(&text).map_err(|e| RealError::Manifest {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        crds.push(crd);
+    }
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for crd in &crds {
+        let mut crd = crd.clone();
+        crd.metadata.managed_fields = None;
+        crd.metadata.resource_version = None;
+        crd.status = None;
+        api.patch(&crd.name_any(), &params, &Patch::Apply(&crd))
+            .await?;
+    }
+    for crd in &crds {
+        let name = crd.name_any();
+        let established = await_condition(
+            api.clone(),
+            &name,
+            |crd: Option<&CustomResourceDefinition>| {
+                crd.and_then(|c| c.status.as_ref())
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    })
+            },
+        );
+        tokio::time::timeout(options.timeout, established)
+            .await
+            .map_err(|_| RealError::Timeout {
+                what: format!("CRD {name} to be established"),
+                timeout: options.timeout,
+            })?
+            .map_err(|e| RealError::Check(format!("watching CRD {name}: {e}")))?;
+    }
+    println!(
+        "CRDs installed:          {} (capmox's and upstream)",
+        crds.len()
+    );
+    Ok(())
+}
+
+/// Waits until namespace `name` is gone, if it is being deleted (an earlier run's clean-up).
+async fn wait_namespace_gone(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+    only_if_terminating: bool,
+) -> Result<(), RealError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    match api.get_opt(name).await? {
+        None => return Ok(()),
+        Some(namespace)
+            if only_if_terminating && namespace.metadata.deletion_timestamp.is_none() =>
+        {
+            return Ok(());
+        }
+        Some(_) => {}
+    }
+    println!("Waiting for namespace {name} to finish terminating");
+    let gone = await_condition(api, name, |n: Option<&Namespace>| n.is_none());
+    tokio::time::timeout(timeout, gone)
+        .await
+        .map_err(|_| RealError::Timeout {
+            what: format!("namespace {name} to be deleted"),
+            timeout,
+        })?
+        .map_err(|e| RealError::Check(format!("watching namespace {name}: {e}")))?;
+    Ok(())
+}
+
+/// Applies the shipped RBAC, recording in `created` what did not exist before (and is removed
+/// afterwards).
+async fn install_rbac(
+    client: &Client,
+    objects: &[Value],
+    timeout: Duration,
+    created: &mut Vec<Created>,
+) -> Result<(), RealError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for object in objects {
+        let Some((api, name)) = dynamic_api(client, object) else {
+            continue;
+        };
+        if object["kind"] == "Namespace" {
+            wait_namespace_gone(client, &name, timeout, true).await?;
+        }
+        let existed = api.get_opt(&name).await?.is_some();
+        api.patch(&name, &params, &Patch::Apply(object)).await?;
+        if !existed {
+            created.push(Created { api, name });
+        }
+    }
+    Ok(())
+}
+
+/// A client that acts as `account`: the API server authorizes it with that account's RBAC.
+async fn impersonating(account: &ServiceAccountRef) -> Result<Client, RealError> {
+    let mut config = Config::infer()
+        .await
+        .map_err(|e| RealError::NoCluster(e.to_string()))?;
+    config.auth_info.impersonate = Some(account.user());
+    config.auth_info.impersonate_groups = Some(account.groups());
+    Client::try_from(config).map_err(RealError::Kube)
+}
+
+/// The ProxmoxCluster and machine specs for this run.
+fn specs(options: &RealOptions) -> Result<(Value, Value), RealError> {
+    let mut cluster = example_cluster_spec();
+    let mut machine = example_machine_spec();
+    if options.proxmox.is_none() {
+        return Ok((cluster, machine));
+    }
+    if options.zones.is_empty() || options.template_id.is_none() || options.source_node.is_none() {
+        return Err(RealError::Option(
+            "with PROXMOX_URL set, give the zones' nodes (--zone rack-a=pve1,pve2 --zone \
+             rack-b=pve3), --template-id and --source-node of your Proxmox"
+                .into(),
+        ));
+    }
+    let examples = cluster["zoneConfig"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut zones = Vec::new();
+    let mut allowed = BTreeSet::new();
+    for (index, (zone, nodes)) in options.zones.iter().enumerate() {
+        // Each zone keeps an example zone's pools and DNS (the first two), or the cluster's.
+        let mut config = examples.get(index).cloned().unwrap_or_else(|| json!({}));
+        config["zone"] = json!(zone);
+        config["nodes"] = json!(nodes);
+        allowed.extend(nodes.iter().cloned());
+        zones.push(config);
+    }
+    cluster["zoneConfig"] = Value::Array(zones);
+    cluster["allowedNodes"] = json!(allowed);
+    machine["templateID"] = json!(options.template_id);
+    machine["sourceNode"] = json!(options.source_node);
+    Ok((cluster, machine))
+}
+
+/// The Proxmox the run uses: its URL and credentials, and the simulator when it is one.
+async fn proxmox(options: &RealOptions) -> Result<(Option<Simulator>, Value), RealError> {
+    match &options.proxmox {
+        Some(real) => Ok((
+            None,
+            json!({"url": real.url, "token": real.token, "secret": real.secret,
+                   "insecure": if real.insecure { "true" } else { "false" }}),
+        )),
+        None => {
+            let topology = Topology::from_yaml(TOPOLOGY, "built-in sandbox topology")
+                .map_err(|e| RealError::Option(e.to_string()))?;
+            let sim = Simulator::start(topology, SimOptions::default()).await?;
+            let token = sim.token();
+            let (id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
+            let data = json!({"url": sim.url(), "token": id, "secret": secret});
+            Ok((Some(sim), data))
+        }
+    }
+}
+
+/// Waits until `expected` ProxmoxMachines of `namespace` are ready, printing changes.
+async fn wait_ready(
+    client: &Client,
+    namespace: &str,
+    expected: usize,
+    timeout: Duration,
+) -> Result<Vec<MachineRow>, RealError> {
+    let api: Api<ProxmoxMachine> = Api::namespaced(client.clone(), namespace);
+    let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        let rows = super::run::rows(&api.list(&ListParams::default()).await?.items);
+        let table = render(&rows);
+        if table != last {
+            println!("{table}\n");
+            last = table;
+        }
+        if rows.len() == expected && rows.iter().all(|r| r.phase == "Ready") {
+            return Ok(rows);
+        }
+        match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(RealError::Check("the ProxmoxMachine watch ended".into())),
+            Err(_) => {
+                return Err(RealError::Timeout {
+                    what: format!("{expected} ready machines"),
+                    timeout,
+                });
+            }
+        }
+    }
+}
+
+/// Waits until the list `what` of `namespace` is empty.
+async fn wait_empty<K>(
+    client: &Client,
+    namespace: &str,
+    what: &str,
+    timeout: Duration,
+) -> Result<(), RealError>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = api.list(&ListParams::default()).await?.items;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::timeout_at(deadline, events.next())
+            .await
+            .is_err()
+        {
+            let names: Vec<String> = left.iter().map(ResourceExt::name_any).collect();
+            return Err(RealError::Timeout {
+                what: format!("{what} to be gone (left: {})", names.join(", ")),
+                timeout,
+            });
+        }
+    }
+}
+
+/// The spread the example asks for: control-plane machines over more than one domain when the
+/// cluster has several, workers only in their domain.
+fn check_spread(
+    rows: &[MachineRow],
+    worker_domain: &str,
+    control_plane: i32,
+) -> Result<(), RealError> {
+    let mut control_plane_domains = BTreeSet::new();
+    for row in rows {
+        if row.machine.contains("-workers-") {
+            if row.failure_domain != worker_domain {
+                return Err(RealError::Check(format!(
+                    "worker {} landed in {} instead of {worker_domain}",
+                    row.machine, row.failure_domain
+                )));
+            }
+        } else {
+            control_plane_domains.insert(row.failure_domain.clone());
+        }
+    }
+    if control_plane > 1 && control_plane_domains.len() < 2 {
+        return Err(RealError::Check(format!(
+            "{control_plane} control-plane machines all in {control_plane_domains:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs the scenario; prints a summary and fails with what went wrong.
+pub async fn run(options: RealOptions) -> Result<(), RealError> {
+    let started = Instant::now();
+    let admin = Client::try_default()
+        .await
+        .map_err(|e| RealError::NoCluster(e.to_string()))?;
+    let version = admin
+        .apiserver_version()
+        .await
+        .map_err(|e| RealError::NoCluster(e.to_string()))?;
+    println!("Kubernetes API server:   {}", version.git_version);
+    let manifests =
+        std::fs::read_to_string(&options.manifests).map_err(|e| RealError::Manifest {
+            path: options.manifests.clone(),
+            message: format!("{e} (run `make release-manifests` first)"),
+        })?;
+    let (rbac, account) = shipped_rbac(&manifests).map_err(|message| RealError::Manifest {
+        path: options.manifests.clone(),
+        message,
+    })?;
+    install_crds(&admin, &options).await?;
+    // Everything this run creates is recorded as it goes, so a failure at any step still
+    // removes exactly that (and nothing that was there before).
+    let mut created = Vec::new();
+    let outcome = async {
+        install_rbac(&admin, &rbac, options.timeout, &mut created).await?;
+        println!(
+            "capmox runs as:          {} (shipped RBAC applied)",
+            account.user()
+        );
+        wait_namespace_gone(&admin, &options.namespace, options.timeout, true).await?;
+        let namespace = json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": options.namespace}
+        });
+        let (api, name) = dynamic_api(&admin, &namespace)
+            .ok_or_else(|| RealError::Option("Namespace is an RBAC-set kind".into()))?;
+        let object: DynamicObject =
+            serde_json::from_value(namespace).map_err(|e| RealError::Option(e.to_string()))?;
+        api.create(&PostParams::default(), &object).await?;
+        created.push(Created { api, name });
+        scenario(&admin, &account, &options).await
+    }
+    .await;
+    if options.keep {
+        println!(
+            "--keep: the namespace {}, the CRDs and the RBAC stay",
+            options.namespace
+        );
+    } else {
+        cleanup(&admin, &options, created).await;
+    }
+    let summary = outcome?;
+    println!("{summary}\nPASS in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The provisioning and deletion, with capmox and the stand-ins running.
+async fn scenario(
+    admin: &Client,
+    account: &ServiceAccountRef,
+    options: &RealOptions,
+) -> Result<String, RealError> {
+    let (sim, credentials) = proxmox(options).await?;
+    let (cluster_spec, machine_spec) = specs(options)?;
+    let stop = CancellationToken::new();
+    let _stop_all = stop.clone().drop_guard();
+
+    // capmox as `capmox run` runs it by default: no leader election, all namespaces.
+    let config = ManagerConfig {
+        metrics_address: ([127, 0, 0, 1], 0).into(),
+        health_address: ([127, 0, 0, 1], 0).into(),
+        leader_election: None,
+        watch_namespace: None,
+        cluster_concurrency: 4,
+        machine_concurrency: 10,
+    };
+    let mut manager = tokio::spawn(capmox::controller::run(
+        impersonating(account).await?,
+        config,
+        GlobalCredentials::default(),
+        stop.clone(),
+    ));
+    tokio::spawn(super::ipam::run(admin.clone(), stop.clone()));
+    CapiStandIn::spawn(admin.clone(), &options.namespace, stop.clone());
+
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "demo-proxmox-credentials", "namespace": options.namespace},
+        "stringData": credentials,
+    }))
+    .map_err(|e| RealError::Option(e.to_string()))?;
+    Api::<Secret>::namespaced(admin.clone(), &options.namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let mut example = ExampleCluster::new(&options.namespace, "demo", cluster_spec, machine_spec);
+    example.control_plane_replicas = options.control_plane;
+    example.worker_replicas = options.workers;
+    example.worker_failure_domain = Some(options.worker_failure_domain.clone());
+    create_example_cluster(admin, &example).await?;
+    let expected = usize::try_from(options.control_plane + options.workers).unwrap_or(0);
+    let provisioning = Instant::now();
+    let provisioned = async {
+        let rows = tokio::select! {
+            rows = wait_ready(admin, &options.namespace, expected, options.timeout) => rows?,
+            ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
+        };
+        check_spread(&rows, &options.worker_failure_domain, options.control_plane)?;
+        let vmids: Vec<&String> = rows.iter().map(|r| &r.vmid).collect();
+        let unique: BTreeSet<&&String> = vmids.iter().collect();
+        if unique.len() != vmids.len() {
+            return Err(RealError::Check(format!(
+                "two machines recorded one VMID: {vmids:?}"
+            )));
+        }
+        Ok(rows)
+    }
+    .await;
+    let rows = match provisioned {
+        Ok(rows) => rows,
+        Err(error) => {
+            // Delete what was made while capmox and the stand-ins still run, so the
+            // namespace can go (the Cluster's finalizer is the stand-in's).
+            eprintln!("{error}; deleting the example cluster");
+            let _ = Api::<capmox::capi::Cluster>::namespaced(admin.clone(), &options.namespace)
+                .delete("demo", &DeleteParams::default())
+                .await;
+            if let Err(cleanup) = wait_empty::<capmox::capi::Cluster>(
+                admin,
+                &options.namespace,
+                "the Cluster",
+                options.timeout,
+            )
+            .await
+            {
+                eprintln!("cleanup: {cleanup}");
+            }
+            return Err(error);
+        }
+    };
+    let ready_after = provisioning.elapsed();
+    let mut per_domain: BTreeMap<&str, usize> = BTreeMap::new();
+    for row in &rows {
+        *per_domain.entry(row.failure_domain.as_str()).or_default() += 1;
+    }
+
+    // Deletion: the Cluster goes, and with it everything capmox made.
+    let deleting = Instant::now();
+    Api::<capmox::capi::Cluster>::namespaced(admin.clone(), &options.namespace)
+        .delete("demo", &DeleteParams::default())
+        .await?;
+    tokio::select! {
+        gone = async {
+            wait_empty::<ProxmoxMachine>(admin, &options.namespace, "ProxmoxMachines", options.timeout).await?;
+            wait_empty::<ProxmoxCluster>(admin, &options.namespace, "the ProxmoxCluster", options.timeout).await?;
+            wait_empty::<IPAddressClaim>(admin, &options.namespace, "IPAddressClaims", options.timeout).await?;
+            wait_empty::<InClusterIPPool>(admin, &options.namespace, "InClusterIPPools", options.timeout).await?;
+            // The stand-in releases the Cluster last; stopping it earlier would strand the
+            // Cluster's finalizer and with it the namespace.
+            wait_empty::<capmox::capi::Cluster>(admin, &options.namespace, "the Cluster", options.timeout).await
+        } => gone?,
+        ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
+    }
+    let deleted_after = deleting.elapsed();
+    let left = match &sim {
+        Some(sim) => {
+            // Only the template stays, and no seed ISO.
+            let (vms, isos) = sim.with_cluster(|c| (c.vm_count(), c.iso_count()));
+            if vms != 1 || isos != 0 {
+                return Err(RealError::Check(format!(
+                    "after deletion the simulator holds {vms} VMs (1 expected: the template) \
+                     and {isos} seed ISOs"
+                )));
+            }
+            "simulator: only the template left, no seed ISO".to_owned()
+        }
+        None => "real Proxmox: check that no VM tagged capmox- is left".to_owned(),
+    };
+    stop.cancel();
+    tokio::time::timeout(options.timeout, manager)
+        .await
+        .map_err(|_| RealError::Timeout {
+            what: "capmox's manager to stop".into(),
+            timeout: options.timeout,
+        })?
+        .map_err(|e| RealError::Manager(e.to_string()))?
+        .map_err(|e| RealError::Manager(e.to_string()))?;
+    Ok(format!(
+        "\n{}\n\n{} machines ready after {:.1}s ({}); VMIDs unique; deleted after {:.1}s; \
+         {left}; nothing left in namespace {}",
+        render(&rows),
+        rows.len(),
+        ready_after.as_secs_f64(),
+        per_domain
+            .iter()
+            .map(|(d, n)| format!("{d}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        deleted_after.as_secs_f64(),
+        options.namespace,
+    ))
+}
+
+/// Removes what this run created: the namespaces (waiting until they are gone, so the next
+/// run starts clean) and the RBAC objects; never the CRDs, which other objects may use.
+async fn cleanup(admin: &Client, options: &RealOptions, created: Vec<Created>) {
+    let mut namespaces = Vec::new();
+    for object in created.into_iter().rev() {
+        if object.api.resource_url().ends_with("/namespaces") {
+            namespaces.push(object.name.clone());
+        }
+        if let Err(error) = object
+            .api
+            .delete(&object.name, &DeleteParams::default())
+            .await
+        {
+            eprintln!("cleanup: {}: {error}", object.name);
+        }
+    }
+    for namespace in &namespaces {
+        if let Err(error) = wait_namespace_gone(admin, namespace, options.timeout, false).await {
+            eprintln!("cleanup: {error}");
+        }
+    }
+    println!(
+        "Cleaned up:              namespaces {} and the RBAC this run created",
+        namespaces.join(", ")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: capmox-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: capmox-manager-role}
+rules: []
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: capmox-controller-manager, namespace: capmox-system}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: capmox-controller-manager, namespace: capmox-system}
+spec:
+  template:
+    spec: {serviceAccountName: capmox-controller-manager}
+"#;
+
+    #[test]
+    fn the_manager_runs_as_the_shipped_service_account() {
+        let (objects, account) = shipped_rbac(MANIFESTS).expect("valid");
+        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        assert_eq!(kinds, ["Namespace", "ServiceAccount", "ClusterRole"]);
+        assert_eq!(
+            account.user(),
+            "system:serviceaccount:capmox-system:capmox-controller-manager"
+        );
+        assert!(
+            account
+                .groups()
+                .contains(&"system:serviceaccounts:capmox-system".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_deployment_without_its_service_account_is_refused() {
+        let manifests = MANIFESTS.replace("kind: ServiceAccount", "kind: ConfigMap");
+        let error = shipped_rbac(&manifests).expect_err("refused");
+        assert!(error.contains("capmox-controller-manager"), "{error}");
+    }
+
+    #[test]
+    fn a_real_proxmox_needs_zones_and_a_template() {
+        let options = RealOptions {
+            namespace: "e2e".into(),
+            control_plane: 3,
+            workers: 2,
+            worker_failure_domain: "rack-b".into(),
+            manifests: PathBuf::new(),
+            upstream_crds: PathBuf::new(),
+            timeout: Duration::from_secs(1),
+            proxmox: Some(RealProxmox {
+                url: "https://pve.example:8006".into(),
+                token: "capmox@pve!e2e".into(),
+                secret: "s3cr3t".into(),
+                insecure: false,
+            }),
+            zones: BTreeMap::new(),
+            template_id: None,
+            source_node: None,
+            keep: false,
+        };
+        assert!(matches!(specs(&options), Err(RealError::Option(_))));
+        assert!(!format!("{:?}", options.proxmox).contains("s3cr3t"));
+        let options = RealOptions {
+            zones: BTreeMap::from([
+                ("a".to_owned(), vec!["n1".to_owned()]),
+                ("b".to_owned(), vec!["n2".to_owned(), "n3".to_owned()]),
+            ]),
+            template_id: Some(100),
+            source_node: Some("n1".into()),
+            ..options
+        };
+        let (cluster, machine) = specs(&options).expect("complete");
+        assert_eq!(cluster["zoneConfig"][1]["nodes"], json!(["n2", "n3"]));
+        assert_eq!(cluster["allowedNodes"], json!(["n1", "n2", "n3"]));
+        assert_eq!(machine["templateID"], json!(100));
+    }
+}

@@ -1,0 +1,500 @@
+//! `capmox-sandbox` (`make sandbox`): capmox doing its job on one machine. One process runs the
+//! in-process Kubernetes API (served on 127.0.0.1 with a kubeconfig), the Proxmox VE simulator with two
+//! zones and a spare node, capmox's real controllers, and the stand-ins for CAPI core and IPAM;
+//! it applies an example cluster and reports where every machine landed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::standin::{CapiStandIn, ExampleCluster, create_example_cluster};
+use capmox::api::ProxmoxMachine;
+use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
+use capmox_sim::{SimOptions, Simulator, Topology};
+use capmox_testkit::{ApiServer, KindInfo};
+
+/// Why the sandbox could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The simulator did not start.
+    #[error("Proxmox simulator: {0}")]
+    Simulator(#[from] capmox_sim::SimStartError),
+    /// A topology file was unusable.
+    #[error(transparent)]
+    Topology(#[from] capmox_sim::topology::TopologyError),
+    /// The in-process Kubernetes API could not be set up or served.
+    #[error("in-process Kubernetes API: {0}")]
+    Testkit(String),
+    /// A Kubernetes call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Creating the example cluster failed.
+    #[error("example cluster: {0}")]
+    Example(#[from] super::standin::StandInError),
+    /// The kubeconfig could not be written.
+    #[error("cannot write the kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The machines did not all become ready in time.
+    #[error("timed out after {0:?} waiting for the machines to become ready")]
+    Timeout(Duration),
+}
+
+/// What the sandbox runs.
+#[derive(Clone, Debug)]
+pub struct SandboxOptions {
+    /// Control-plane machines (spread over the control-plane failure domains).
+    pub control_plane: i32,
+    /// Worker machines (pinned to the worker failure domain).
+    pub workers: i32,
+    /// Failure domain of the workers.
+    pub worker_failure_domain: String,
+    /// Proxmox topology; the built-in two-rack topology when unset.
+    pub topology: Option<PathBuf>,
+    /// Where to write the kubeconfig of the in-process API.
+    pub kubeconfig: PathBuf,
+    /// Simulated task durations and boot delay.
+    pub sim: SimOptions,
+    /// Give up after this long.
+    pub timeout: Duration,
+    /// Print progress.
+    pub verbose: bool,
+}
+
+impl Default for SandboxOptions {
+    fn default() -> Self {
+        Self {
+            control_plane: 3,
+            workers: 2,
+            worker_failure_domain: "rack-b".into(),
+            topology: None,
+            kubeconfig: std::env::temp_dir().join("capmox-sandbox.kubeconfig"),
+            sim: SimOptions::default(),
+            timeout: Duration::from_secs(300),
+            verbose: true,
+        }
+    }
+}
+
+/// The built-in topology: rack-a (pve1, pve2), rack-b (pve3, pve4) and a spare pve5, one
+/// shared storage with the template and a local ISO storage on every node.
+pub const TOPOLOGY: &str = r#"
+cluster_name: sandbox
+nodes:
+  - {name: pve1, memory_mib: 65536, cores: 16}
+  - {name: pve2, memory_mib: 65536, cores: 16}
+  - {name: pve3, memory_mib: 65536, cores: 16}
+  - {name: pve4, memory_mib: 65536, cores: 16}
+  - {name: pve5, memory_mib: 65536, cores: 16}
+storages:
+  - {name: local, type: dir, content: [iso, vztmpl, snippets, images]}
+  - {name: ceph, type: rbd, shared: true, content: [images], size_gib: 4096}
+templates:
+  - {vmid: 9000, name: ubuntu-2404-kube, node: pve1, tags: [capmox, ubuntu], storage: ceph, disk_gib: 10, config: {agent: "1", net0: "virtio=BC:24:11:00:90:00,bridge=vmbr0"}}
+"#;
+
+/// A running sandbox: the API server, the simulator and the controllers.
+pub struct Sandbox {
+    /// The in-process Kubernetes API.
+    pub server: ApiServer,
+    /// The Proxmox VE simulator.
+    pub sim: Simulator,
+    /// The controllers' shared context.
+    pub context: Arc<Context>,
+    /// Stops everything.
+    pub stop: CancellationToken,
+    http: Option<capmox_testkit::HttpServer>,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The kinds the sandbox needs besides capmox's own (status subresources as CAPI's CRDs have);
+/// public so the benchmark can assemble the same environment on its own runtimes.
+pub fn capi_kinds() -> Vec<KindInfo> {
+    [
+        ("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters"),
+        ("cluster.x-k8s.io", "v1beta2", "Machine", "machines"),
+        (
+            "cluster.x-k8s.io",
+            "v1beta2",
+            "MachineDeployment",
+            "machinedeployments",
+        ),
+        (
+            "controlplane.cluster.x-k8s.io",
+            "v1beta2",
+            "KubeadmControlPlane",
+            "kubeadmcontrolplanes",
+        ),
+        (
+            "ipam.cluster.x-k8s.io",
+            "v1beta2",
+            "IPAddressClaim",
+            "ipaddressclaims",
+        ),
+        (
+            "ipam.cluster.x-k8s.io",
+            "v1beta2",
+            "IPAddress",
+            "ipaddresses",
+        ),
+        (
+            "ipam.cluster.x-k8s.io",
+            "v1alpha2",
+            "InClusterIPPool",
+            "inclusterippools",
+        ),
+    ]
+    .into_iter()
+    .map(|(group, version, kind, plural)| {
+        let mut info = KindInfo::builtin(group, version, kind, plural, true);
+        info.status_subresource = true;
+        info
+    })
+    .chain(std::iter::once({
+        let mut info = KindInfo::builtin(
+            "ipam.cluster.x-k8s.io",
+            "v1alpha2",
+            "GlobalInClusterIPPool",
+            "globalinclusterippools",
+            false,
+        );
+        info.status_subresource = true;
+        info
+    }))
+    .collect()
+}
+
+impl Sandbox {
+    /// Starts the API server (served over HTTP with a kubeconfig), the simulator, capmox's
+    /// controllers and the stand-ins.
+    pub async fn start(options: &SandboxOptions, serve_http: bool) -> Result<Self, SandboxError> {
+        let server = ApiServer::new();
+        server.register_builtin_kinds();
+        for crd in capmox::api::crd::all().map_err(|e| SandboxError::Testkit(e.to_string()))? {
+            let yaml = capmox::api::crd::to_yaml(&crd)
+                .map_err(|e| SandboxError::Testkit(e.to_string()))?;
+            server
+                .register_crd_yaml(&yaml)
+                .map_err(|e| SandboxError::Testkit(e.to_string()))?;
+        }
+        for kind in capi_kinds() {
+            server.register_kind(kind);
+        }
+        let topology = match &options.topology {
+            Some(path) => Topology::load(path)?,
+            None => Topology::from_yaml(TOPOLOGY, "built-in sandbox topology")?,
+        };
+        let sim = Simulator::start(topology, options.sim.clone()).await?;
+        let http = if serve_http {
+            let http = server
+                .serve_http()
+                .await
+                .map_err(|e| SandboxError::Testkit(e.to_string()))?;
+            http.write_kubeconfig(&options.kubeconfig)
+                .map_err(|source| SandboxError::Kubeconfig {
+                    path: options.kubeconfig.clone(),
+                    source,
+                })?;
+            Some(http)
+        } else {
+            None
+        };
+        let config = ManagerConfig {
+            metrics_address: ([127, 0, 0, 1], 0).into(),
+            health_address: ([127, 0, 0, 1], 0).into(),
+            leader_election: None,
+            watch_namespace: None,
+            cluster_concurrency: 4,
+            machine_concurrency: 16,
+        };
+        let context = Arc::new(Context::new(
+            server.client(),
+            config,
+            GlobalCredentials::default(),
+        ));
+        let stop = CancellationToken::new();
+        tokio::spawn(capmox::controller::run_controllers(
+            context.clone(),
+            stop.clone(),
+        ));
+        tokio::spawn(super::ipam::run(server.client(), stop.clone()));
+        CapiStandIn::spawn(server.client(), "default", stop.clone());
+        Ok(Self {
+            server,
+            sim,
+            context,
+            stop,
+            http,
+        })
+    }
+
+    /// The Kubernetes client of the sandbox.
+    pub fn client(&self) -> Client {
+        self.server.client()
+    }
+
+    /// Where `kubectl` can reach the API, when served.
+    pub fn api_url(&self) -> Option<String> {
+        self.http.as_ref().map(|h| h.url())
+    }
+
+    /// Creates the credentials and the example cluster `demo`: zones rack-a and rack-b, the
+    /// control plane spread over them, the workers pinned to `worker_failure_domain`.
+    pub async fn apply_example(
+        &self,
+        options: &SandboxOptions,
+    ) -> Result<ExampleCluster, SandboxError> {
+        let token = self.sim.token();
+        let (id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
+        let credentials: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "demo-proxmox-credentials", "namespace": "default"},
+            "stringData": {"url": self.sim.url(), "token": id, "secret": secret}
+        }))
+        .map_err(|e| SandboxError::Testkit(e.to_string()))?;
+        Api::<Secret>::namespaced(self.client(), "default")
+            .create(&PostParams::default(), &credentials)
+            .await?;
+        let mut example = ExampleCluster::new(
+            "default",
+            "demo",
+            example_cluster_spec(),
+            example_machine_spec(),
+        );
+        example.control_plane_replicas = options.control_plane;
+        example.worker_replicas = options.workers;
+        example.worker_failure_domain = Some(options.worker_failure_domain.clone());
+        create_example_cluster(&self.client(), &example).await?;
+        Ok(example)
+    }
+
+    /// Waits (event-driven) until `expected` ProxmoxMachines are ready, printing the table when
+    /// something changes if `verbose`.
+    pub async fn wait_ready(
+        &self,
+        expected: usize,
+        timeout: Duration,
+        verbose: bool,
+    ) -> Result<Vec<MachineRow>, SandboxError> {
+        let api: Api<ProxmoxMachine> = Api::namespaced(self.client(), "default");
+        // Any event (including deletions) is a reason to look again.
+        let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = String::new();
+        loop {
+            let rows = rows(&api.list(&Default::default()).await?.items);
+            let table = render(&rows);
+            if verbose && table != last {
+                println!("{table}");
+                last = table;
+            }
+            if rows.len() == expected && rows.iter().all(|r| r.phase == "Ready") {
+                return Ok(rows);
+            }
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(SandboxError::Testkit(
+                        "the watch on ProxmoxMachines ended".into(),
+                    ));
+                }
+                Err(_) => return Err(SandboxError::Timeout(timeout)),
+            }
+        }
+    }
+}
+
+/// One line of the progress table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineRow {
+    /// ProxmoxMachine name.
+    pub machine: String,
+    /// Failure domain the VM is in.
+    pub failure_domain: String,
+    /// Proxmox node.
+    pub node: String,
+    /// VMID.
+    pub vmid: String,
+    /// Static addresses.
+    pub ips: String,
+    /// `Ready`, or the reason it waits.
+    pub phase: String,
+}
+
+/// The table rows of `machines`, sorted by name.
+pub fn rows(machines: &[ProxmoxMachine]) -> Vec<MachineRow> {
+    let mut rows: Vec<MachineRow> = machines
+        .iter()
+        .map(|m| {
+            let status = m.status.clone().unwrap_or_default();
+            let ready = m.is_provisioned();
+            let phase = if ready {
+                "Ready".to_owned()
+            } else {
+                status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == capmox::api::conditions::VIRTUAL_MACHINE_PROVISIONED)
+                    .map(|c| c.reason.clone())
+                    .unwrap_or_else(|| "Pending".into())
+            };
+            MachineRow {
+                machine: m.name_any(),
+                failure_domain: status.failure_domain.unwrap_or_else(|| "-".into()),
+                node: status.proxmox_node.unwrap_or_else(|| "-".into()),
+                vmid: status
+                    .virtual_machine_id
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                ips: status
+                    .ip_addresses
+                    .iter()
+                    .find(|a| a.net == "default")
+                    .map(|a| {
+                        a.ipv4
+                            .iter()
+                            .chain(&a.ipv6)
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_else(|| "-".into()),
+                phase,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.machine.cmp(&b.machine));
+    rows
+}
+
+/// The rows as an aligned text table.
+pub fn render(rows: &[MachineRow]) -> String {
+    let header = ["MACHINE", "FAILURE DOMAIN", "NODE", "VMID", "IPS", "PHASE"];
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.machine.clone(),
+                r.failure_domain.clone(),
+                r.node.clone(),
+                r.vmid.clone(),
+                r.ips.clone(),
+                r.phase.clone(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        cells
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    let mut out = vec![line(header.to_vec())];
+    out.extend(
+        cells
+            .iter()
+            .map(|row| line(row.iter().map(String::as_str).collect())),
+    );
+    out.join("\n")
+}
+
+/// The example ProxmoxCluster: zones rack-a (pve1, pve2) and rack-b (pve3, pve4) with their own
+/// pools and DNS, pve5 as a spare outside any zone.
+pub fn example_cluster_spec() -> Value {
+    json!({
+        "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
+        "allowedNodes": ["pve1", "pve2", "pve3", "pve4", "pve5"],
+        "dnsServers": ["10.0.0.2"],
+        "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
+        "credentialsRef": {"name": "demo-proxmox-credentials"},
+        "zoneConfig": [
+            {"zone": "rack-a", "nodes": ["pve1", "pve2"], "dnsServers": ["10.0.1.2"],
+             "ipv4Config": {"addresses": ["10.0.1.10-10.0.1.50"], "prefix": 24, "gateway": "10.0.1.1"}},
+            {"zone": "rack-b", "nodes": ["pve3", "pve4"], "dnsServers": ["10.0.2.2"],
+             "ipv4Config": {"addresses": ["10.0.2.10-10.0.2.50"], "prefix": 24, "gateway": "10.0.2.1"}}
+        ]
+    })
+}
+
+/// The example machines: the shared template, 2 GiB, one NIC on the zone's default pool.
+pub fn example_machine_spec() -> Value {
+    json!({
+        "sourceNode": "pve1",
+        "templateID": 9000,
+        "memoryMiB": 2048,
+        "numCores": 2,
+        "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "defaultIPv4": true}]}
+    })
+}
+
+/// Runs the sandbox as the `capmox-sandbox` binary does: prints progress, a summary and the time taken.
+pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), SandboxError> {
+    let started = Instant::now();
+    let sandbox = Sandbox::start(&options, true).await?;
+    println!("Proxmox VE simulator:   {}", sandbox.sim.url());
+    if let Some(url) = sandbox.api_url() {
+        println!("Kubernetes API:         {url}");
+        println!("kubeconfig:             {}", options.kubeconfig.display());
+    }
+    sandbox.apply_example(&options).await?;
+    println!(
+        "Applied cluster demo: {} control-plane machines over the control-plane failure domains, {} workers in {}\n",
+        options.control_plane, options.workers, options.worker_failure_domain
+    );
+    let expected = usize::try_from(options.control_plane + options.workers).unwrap_or(0);
+    let rows = sandbox
+        .wait_ready(expected, options.timeout, options.verbose)
+        .await?;
+    let mut per_domain: BTreeMap<&str, usize> = BTreeMap::new();
+    for row in &rows {
+        *per_domain.entry(row.failure_domain.as_str()).or_default() += 1;
+    }
+    println!("\nSummary:\n{}", render(&rows));
+    println!(
+        "\n{} machines ready in {:.1}s ({}); Proxmox VMs: {}",
+        rows.len(),
+        started.elapsed().as_secs_f64(),
+        per_domain
+            .iter()
+            .map(|(d, n)| format!("{d}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        sandbox.sim.with_cluster(|c| c.vm_count()).saturating_sub(1)
+    );
+    if keep_running {
+        println!(
+            "\nStill running; try: kubectl --kubeconfig {} get proxmoxmachines,proxmoxclusters\nPress Ctrl-C to stop.",
+            options.kubeconfig.display()
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    Ok(())
+}

@@ -1,0 +1,308 @@
+//! Stateful Proxmox VE simulator served over HTTP(S) on 127.0.0.1, for tests,
+//! benchmarks, the sandbox and the `simulate-proxmox --topology FILE` binary.
+//!
+//! ```no_run
+//! use capmox::proxmox::{ApiToken, ClientConfig, ProxmoxClient};
+//! use capmox_sim::{SimOptions, Simulator, Topology};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let sim = Simulator::start(Topology::example(), SimOptions::default()).await?;
+//! let client = ProxmoxClient::new(&ClientConfig::new(sim.url(), ApiToken::parse(&sim.token())?))?;
+//! assert_eq!(client.version().await?.release, "9.1");
+//! println!("{:?}", sim.counters());
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod iso;
+pub mod server;
+pub mod state;
+pub mod topology;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+pub use server::{LoggedRequest, SIM_ROUTES, SimCounters};
+pub use state::{Cluster, SimError, TaskRecord};
+pub use topology::{
+    DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
+    Topology,
+};
+
+use server::{Rng, Shared};
+
+/// Errors starting the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimStartError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Requested address.
+        addr: String,
+        /// I/O error.
+        source: std::io::Error,
+    },
+    /// Refused a non-loopback address.
+    #[error("the simulator only listens on loopback addresses, not {0}")]
+    NotLoopback(String),
+    /// TLS material could not be loaded.
+    #[error("invalid TLS certificate or key for the simulator: {0}")]
+    Tls(String),
+    /// The topology is invalid.
+    #[error(transparent)]
+    Topology(#[from] topology::TopologyError),
+}
+
+/// PEM certificate chain and key for serving HTTPS.
+#[derive(Clone)]
+pub struct TlsMaterial {
+    /// Certificate chain (PEM).
+    pub cert_pem: String,
+    /// Private key (PEM, PKCS#8/PKCS#1/SEC1).
+    pub key_pem: String,
+}
+
+impl TlsMaterial {
+    /// Reads a PEM certificate chain and key from files.
+    pub fn from_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Self, SimStartError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p)
+                .map_err(|e| SimStartError::Tls(format!("cannot read {}: {e}", p.display())))
+        };
+        Ok(Self {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        })
+    }
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsMaterial(<redacted>)")
+    }
+}
+
+/// A running simulator. Dropping it stops the listener.
+pub struct Simulator {
+    addr: SocketAddr,
+    tls: bool,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Simulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulator")
+            .field("addr", &self.addr)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Simulator {
+    /// Starts a plain-HTTP simulator on 127.0.0.1 with an OS-chosen port.
+    pub async fn start(topology: Topology, opts: SimOptions) -> Result<Self, SimStartError> {
+        Self::start_on(
+            topology,
+            opts,
+            "127.0.0.1:0".parse().expect("literal loopback address"),
+            None,
+        )
+        .await
+    }
+
+    /// Starts on the given loopback address, optionally with TLS.
+    pub async fn start_on(
+        topology: Topology,
+        opts: SimOptions,
+        addr: SocketAddr,
+        tls: Option<TlsMaterial>,
+    ) -> Result<Self, SimStartError> {
+        if !addr.ip().is_loopback() {
+            return Err(SimStartError::NotLoopback(addr.to_string()));
+        }
+        topology.validate()?;
+        let acceptor = tls.map(|t| tls_acceptor(&t)).transpose()?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| SimStartError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| SimStartError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let faults = opts.faults.clone();
+        let mut task_rng = Rng::new(faults.seed ^ 0x5EED_7A5C);
+        let task_rates = faults.task_failure_rate.clone();
+        let task_fail = Box::new(move |kind: &str| {
+            let rate = task_rates
+                .get(kind)
+                .or_else(|| task_rates.get("*"))
+                .copied()
+                .unwrap_or(0.0);
+            rate > 0.0 && task_rng.next_f64() < rate
+        });
+        let shared = Arc::new(Shared {
+            cluster: Mutex::new(Cluster::new(&topology, opts.clone(), task_fail)),
+            rng: Mutex::new(Rng::new(faults.seed)),
+            faults,
+            opts,
+            log: Mutex::new(VecDeque::new()),
+            counters: Mutex::new(BTreeMap::new()),
+        });
+        let tls_on = acceptor.is_some();
+        let s = shared.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // e.g. out of file descriptors: back off instead of spinning
+                        tracing::warn!(error = %e, "simulator accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let s = s.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| server::handle(s.clone(), req));
+                    let builder = http1::Builder::new();
+                    match acceptor {
+                        Some(a) => {
+                            if let Ok(tls) = a.accept(stream).await {
+                                let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                            }
+                        }
+                        None => {
+                            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                    }
+                });
+            }
+        });
+        tracing::info!(%addr, tls = tls_on, "Proxmox VE simulator listening");
+        Ok(Self {
+            addr,
+            tls: tls_on,
+            shared,
+            task,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL to give the client (`http(s)://127.0.0.1:PORT`).
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}",
+            if self.tls { "https" } else { "http" },
+            self.addr
+        )
+    }
+
+    /// The accepted token as `user@realm!name=secret`.
+    pub fn token(&self) -> String {
+        format!(
+            "{}={}",
+            self.shared.opts.token_id, self.shared.opts.token_secret
+        )
+    }
+
+    /// A copy of the request log (oldest first).
+    pub fn request_log(&self) -> Vec<LoggedRequest> {
+        self.shared
+            .log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Every task so far with its request, start and end instants (oldest first), so a
+    /// benchmark can tell Proxmox's time from the controller's.
+    pub fn task_records(&self) -> Vec<TaskRecord> {
+        self.with_cluster(|c| c.task_records())
+    }
+
+    /// Per-endpoint counters.
+    pub fn counters(&self) -> BTreeMap<String, SimCounters> {
+        self.shared
+            .counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).
+    pub fn with_cluster<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
+        let mut c = self
+            .shared
+            .cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        c.advance(tokio::time::Instant::now());
+        f(&mut c)
+    }
+}
+
+fn tls_acceptor(t: &TlsMaterial) -> Result<tokio_rustls::TlsAcceptor, SimStartError> {
+    let certs = CertificateDer::pem_slice_iter(t.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| SimStartError::Tls(format!("certificate: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(t.key_pem.as_bytes())
+        .map_err(|e| SimStartError::Tls(format!("key: {e}")))?;
+    let config =
+        rustls::ServerConfig::builder_with_provider(capmox::proxmox::tls::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| SimStartError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| SimStartError::Tls(e.to_string()))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Entry point for `simulate-proxmox --topology FILE`: serves until Ctrl-C.
+/// Without a file the built-in example cluster is used; the file's `simulation`
+/// section sets token, durations and faults. Prints the URL and token to use.
+pub async fn run_simulate_proxmox(
+    topology_path: Option<&std::path::Path>,
+    listen: SocketAddr,
+    tls: Option<TlsMaterial>,
+) -> Result<(), SimStartError> {
+    let topology = match topology_path {
+        Some(p) => Topology::load(p)?,
+        None => Topology::example(),
+    };
+    let opts = SimOptions::from_topology(&topology);
+    let sim = Simulator::start_on(topology, opts, listen, tls).await?;
+    println!("Proxmox VE simulator listening on {}", sim.url());
+    println!("API token: {}", sim.token());
+    let _ = tokio::signal::ctrl_c().await;
+    Ok(())
+}

@@ -1,0 +1,2576 @@
+//! In-memory cluster state with Proxmox semantics: VMID uniqueness, clone locks and
+//! tasks, config digests, resize rules, power tasks, guest agent after boot.
+//! Time is passed in (`tokio::time::Instant`), tasks finish lazily when observed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::time::{Duration, Instant};
+
+use super::iso::IsoImage;
+use super::topology::{GuestSpec, SimOptions, StorageSpec, Topology};
+use capmox::proxmox::de::split_tags;
+use capmox::proxmox::types::{NetDevice, parse_property_string};
+use capmox::proxmox::upid::Upid;
+
+/// An API error as Proxmox would send it: status, reason phrase, optional `errors` map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimError {
+    /// HTTP status.
+    pub status: u16,
+    /// Reason phrase (first line of the message).
+    pub reason: String,
+    /// Parameter errors (400).
+    pub errors: BTreeMap<String, String>,
+}
+
+impl SimError {
+    /// A 500 with the given text.
+    pub fn e500(reason: impl Into<String>) -> Self {
+        Self {
+            status: 500,
+            reason: reason.into(),
+            errors: BTreeMap::new(),
+        }
+    }
+
+    /// A 400 parameter error on one field.
+    pub fn param(field: &str, text: impl Into<String>) -> Self {
+        let mut errors = BTreeMap::new();
+        errors.insert(field.to_string(), text.into());
+        Self {
+            status: 400,
+            reason: "Parameter verification failed.".to_string(),
+            errors,
+        }
+    }
+
+    fn missing_vm(node: &str, vmid: u32) -> Self {
+        Self::e500(format!(
+            "Configuration file 'nodes/{node}/qemu-server/{vmid}.conf' does not exist"
+        ))
+    }
+}
+
+/// Result type of state operations.
+pub type SimResult<T> = Result<T, SimError>;
+
+#[derive(Debug, Clone)]
+struct Node {
+    memory: u64,
+    cores: u32,
+    online: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Vm {
+    node: String,
+    /// Options in Proxmox syntax, without `digest`.
+    config: BTreeMap<String, String>,
+    running: bool,
+    started_at: Option<Instant>,
+    pool: Option<String>,
+    /// Last creation/power change, for the `/cluster/resources` statistics lag.
+    changed_at: Option<Instant>,
+}
+
+impl Vm {
+    fn lock(&self) -> Option<&str> {
+        self.config.get("lock").map(String::as_str)
+    }
+    fn is_template(&self) -> bool {
+        self.config.get("template").is_some_and(|t| t == "1")
+    }
+    fn memory_bytes(&self) -> u64 {
+        self.config
+            .get("memory")
+            .and_then(|m| parse_property_string(m, "current").get("current").cloned())
+            .and_then(|m| m.parse::<u64>().ok())
+            .unwrap_or(512)
+            * 1024
+            * 1024
+    }
+    fn cpus(&self) -> u64 {
+        let c: u64 = self
+            .config
+            .get("cores")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(1);
+        let s: u64 = self
+            .config
+            .get("sockets")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(1);
+        c * s
+    }
+    fn digest(&self) -> String {
+        let text: String = self
+            .config
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\n"))
+            .collect();
+        let d = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, text.as_bytes());
+        d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
+    /// Disk keys with their property strings (`scsi0` → `local-lvm:vm-100-disk-0,size=10G`).
+    fn disks(&self) -> Vec<(String, String)> {
+        self.config
+            .iter()
+            .filter(|(k, v)| is_disk_key(k) && !v.contains("media=cdrom"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+    /// Storages of every volume, CD-ROM images and cloud-init drives included (not empty or
+    /// host drives): what Proxmox checks for sharing before it clones to another node.
+    fn volume_storages(&self) -> BTreeSet<String> {
+        self.config
+            .iter()
+            .filter(|(k, _)| is_disk_key(k))
+            .filter_map(|(_, v)| {
+                let file = parse_property_string(v, "file").remove("file")?;
+                let (storage, _) = file.split_once(':')?;
+                (!file.starts_with('/')).then(|| storage.to_owned())
+            })
+            .collect()
+    }
+    fn boot_disk_size(&self) -> u64 {
+        self.disks()
+            .first()
+            .and_then(|(_, v)| parse_property_string(v, "file").get("size").cloned())
+            .and_then(|s| parse_size(&s))
+            .unwrap_or(0)
+    }
+}
+
+fn is_disk_key(k: &str) -> bool {
+    ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
+        .iter()
+        .any(|p| {
+            k.strip_prefix(p)
+                .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
+        })
+}
+
+/// Parses `10G`, `512M`, `1T`, `1024` (bytes) into bytes.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1u64 << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        'T' | 't' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let v: f64 = num.parse().ok()?;
+    (v >= 0.0).then_some((v * mult as f64) as u64)
+}
+
+/// Formats bytes the way Proxmox writes `size=` (largest exact unit).
+pub fn format_size(bytes: u64) -> String {
+    for (unit, m) in [
+        ("T", 1u64 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ] {
+        if bytes >= m && bytes.is_multiple_of(m) {
+            return format!("{}{unit}", bytes / m);
+        }
+    }
+    bytes.to_string()
+}
+
+#[derive(Debug, Clone)]
+struct Volume {
+    storage: String,
+    /// Node for local storages, `None` for shared.
+    node: Option<String>,
+    volid: String,
+    content: String,
+    size: u64,
+    ctime: u64,
+    vmid: Option<u32>,
+    data: Option<Arc<Vec<u8>>>,
+}
+
+#[derive(Debug, Clone)]
+enum Effect {
+    None,
+    CloneDone {
+        newid: u32,
+        target: Option<String>,
+        pool: Option<String>,
+    },
+    Start {
+        vmid: u32,
+    },
+    Stop {
+        vmid: u32,
+    },
+    Resize {
+        vmid: u32,
+        disk: String,
+        bytes: u64,
+    },
+    Delete {
+        vmid: u32,
+    },
+    AddVolume(Box<Volume>),
+    RemoveVolume {
+        volid: String,
+        node: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Task {
+    upid: Upid,
+    /// When the request created the task.
+    created: Instant,
+    /// When it began to run (`None` while a clone waits for a slot).
+    started: Option<Instant>,
+    /// How long it runs once started.
+    duration: Duration,
+    /// `Ok` or the exit status text.
+    outcome: Result<(), String>,
+    effect: Effect,
+    done: bool,
+    log: Vec<String>,
+    /// The guest the task works on (the new VM for clones).
+    vmid: Option<u32>,
+    /// The volume an upload or volume deletion works on.
+    volume: Option<String>,
+    /// Nodes whose clone slots the task holds while it runs.
+    slots: Vec<String>,
+}
+
+impl Task {
+    fn end(&self) -> Option<Instant> {
+        self.started.map(|s| s + self.duration)
+    }
+}
+
+/// What the simulator recorded about one task: when it was requested, ran and ended. Benchmarks
+/// derive Proxmox's share of a machine's provisioning time from these, not from settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRecord {
+    /// The UPID.
+    pub upid: String,
+    /// Node the task runs on.
+    pub node: String,
+    /// Proxmox task type (`qmclone`, `qmconfig`, `resize`, `imgcopy`, `qmstart`, ...).
+    pub kind: String,
+    /// The guest it works on (for clones, the new VM).
+    pub vmid: Option<u32>,
+    /// The volume it works on (uploads and volume deletions).
+    pub volume: Option<String>,
+    /// When the request created it.
+    pub created: Instant,
+    /// When it began to run (later than `created` when it waited for a clone slot).
+    pub started: Option<Instant>,
+    /// When it ended (`None` while still queued or running).
+    pub ended: Option<Instant>,
+    /// Whether it ended with `OK`.
+    pub ok: bool,
+    /// For successful starts: when the guest agent begins to answer (boot done).
+    pub agent_ready: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct Exec {
+    polls: u32,
+    exitcode: i64,
+    out: String,
+    err: String,
+}
+
+/// The whole simulated cluster.
+pub struct Cluster {
+    cluster_name: Option<String>,
+    nodes: BTreeMap<String, Node>,
+    storages: BTreeMap<String, StorageSpec>,
+    vms: BTreeMap<u32, Vm>,
+    volumes: Vec<Volume>,
+    tasks: HashMap<String, Task>,
+    /// Running tasks by end time, so `advance` touches only what is due.
+    running: BTreeSet<(Instant, String)>,
+    /// Clone tasks waiting for a slot, in request order.
+    clone_queue: VecDeque<String>,
+    /// Clone tasks running per node.
+    clone_slots_used: BTreeMap<String, usize>,
+    pools: BTreeMap<String, Option<String>>,
+    execs: HashMap<(u32, u64), Exec>,
+    counter: u64,
+    epoch: u64,
+    opts: SimOptions,
+    task_fail: Box<dyn FnMut(&str) -> bool + Send>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("nodes", &self.nodes.len())
+            .field("vms", &self.vms.len())
+            .field("tasks", &self.tasks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Builds the initial state. `task_fail(type)` decides injected task failures.
+    pub fn new(
+        topology: &Topology,
+        opts: SimOptions,
+        task_fail: Box<dyn FnMut(&str) -> bool + Send>,
+    ) -> Self {
+        let mut c = Self {
+            cluster_name: topology.cluster_name.clone(),
+            nodes: topology
+                .nodes
+                .iter()
+                .map(|n| {
+                    (
+                        n.name.clone(),
+                        Node {
+                            memory: n.memory_mib * 1024 * 1024,
+                            cores: n.cores,
+                            online: n.online,
+                        },
+                    )
+                })
+                .collect(),
+            storages: topology
+                .storages
+                .iter()
+                .map(|s| (s.name.clone(), s.clone()))
+                .collect(),
+            vms: BTreeMap::new(),
+            volumes: Vec::new(),
+            tasks: HashMap::new(),
+            running: BTreeSet::new(),
+            clone_queue: VecDeque::new(),
+            clone_slots_used: BTreeMap::new(),
+            pools: topology.pools.iter().map(|p| (p.clone(), None)).collect(),
+            execs: HashMap::new(),
+            counter: 0,
+            epoch: 1_767_225_600, // 2026-01-01, for UPID start times
+            opts,
+            task_fail,
+        };
+        for t in &topology.templates {
+            c.add_guest(t, true);
+        }
+        for g in &topology.guests {
+            c.add_guest(g, false);
+        }
+        c
+    }
+
+    fn add_guest(&mut self, g: &GuestSpec, template: bool) {
+        let prefix = if template { "base" } else { "vm" };
+        let volname = format!("{prefix}-{}-disk-0", g.vmid);
+        let mut config = BTreeMap::new();
+        config.insert("name".into(), g.name.clone());
+        config.insert("memory".into(), g.memory_mib.to_string());
+        config.insert("cores".into(), g.cores.to_string());
+        config.insert("sockets".into(), "1".into());
+        config.insert("scsihw".into(), "virtio-scsi-pci".into());
+        config.insert(
+            "scsi0".into(),
+            format!("{}:{volname},size={}G", g.storage, g.disk_gib),
+        );
+        config.insert("boot".into(), "order=scsi0".into());
+        config.insert("smbios1".into(), format!("uuid={}", self.uuid()));
+        config.insert("meta".into(), "creation-qemu=9.0.2,ctime=1767225600".into());
+        if !g.tags.is_empty() {
+            config.insert("tags".into(), canonical_tags(&g.tags.join(";")));
+        }
+        if template {
+            config.insert("template".into(), "1".into());
+        }
+        for (k, v) in &g.config {
+            config.insert(k.clone(), v.clone());
+        }
+        let shared = self.storages.get(&g.storage).is_some_and(|s| s.shared);
+        self.volumes.push(Volume {
+            storage: g.storage.clone(),
+            node: (!shared).then(|| g.node.clone()),
+            volid: format!("{}:{volname}", g.storage),
+            content: "images".into(),
+            size: g.disk_gib << 30,
+            ctime: self.epoch,
+            vmid: Some(g.vmid),
+            data: None,
+        });
+        self.vms.insert(
+            g.vmid,
+            Vm {
+                node: g.node.clone(),
+                config,
+                running: g.running && !template,
+                started_at: (g.running && !template).then(|| {
+                    let now = Instant::now();
+                    now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
+                }),
+                pool: None,
+                changed_at: None,
+            },
+        );
+    }
+
+    fn next_counter(&mut self) -> u64 {
+        self.counter += 1;
+        self.counter
+    }
+
+    fn uuid(&mut self) -> String {
+        let n = self.next_counter();
+        format!("5c0e{n:04x}-1d2b-4c3a-9e8f-{n:012x}")
+    }
+
+    fn mac(&mut self) -> String {
+        let n = self.next_counter();
+        format!(
+            "BC:24:11:{:02X}:{:02X}:{:02X}",
+            (n >> 16) & 0xff,
+            (n >> 8) & 0xff,
+            n & 0xff
+        )
+    }
+
+    /// The options the simulator runs with.
+    pub fn options(&self) -> &SimOptions {
+        &self.opts
+    }
+
+    /// Replaces the injected task failures (`task_fail(type)` true = the task fails), so a
+    /// test can let tasks fail and later recover, as a repaired storage or node would.
+    pub fn set_task_failure(&mut self, task_fail: Box<dyn FnMut(&str) -> bool + Send>) {
+        self.task_fail = task_fail;
+    }
+
+    /// Applies the effects of every task that has ended by `now`, in end order; a clone that
+    /// ends frees its slots, and queued clones start at that instant.
+    pub fn advance(&mut self, now: Instant) {
+        while let Some((end, key)) = self.running.first().cloned() {
+            if end > now {
+                break;
+            }
+            self.running.remove(&(end, key.clone()));
+            let Some(task) = self.tasks.get_mut(&key) else {
+                continue;
+            };
+            task.done = true;
+            let effect = std::mem::replace(&mut task.effect, Effect::None);
+            let ok = task.outcome.is_ok();
+            let slots = std::mem::take(&mut task.slots);
+            let mut log = Vec::new();
+            self.apply(effect, ok, end, &mut log);
+            if let Some(task) = self.tasks.get_mut(&key) {
+                task.log.extend(log);
+                match &task.outcome {
+                    Ok(()) => task.log.push("TASK OK".into()),
+                    Err(e) => task.log.push(format!("TASK ERROR: {e}")),
+                }
+            }
+            if !slots.is_empty() {
+                for node in &slots {
+                    if let Some(used) = self.clone_slots_used.get_mut(node) {
+                        *used = used.saturating_sub(1);
+                    }
+                }
+                self.start_queued_clones(end);
+            }
+        }
+    }
+
+    /// Whether a clone holding slots on `nodes` may start now.
+    fn clone_slots_free(&self, nodes: &[String]) -> bool {
+        let limit = self.opts.clone_slots_per_node;
+        limit == 0
+            || nodes
+                .iter()
+                .all(|n| self.clone_slots_used.get(n).copied().unwrap_or(0) < limit)
+    }
+
+    /// Starts the queued clones that fit, oldest first; one that does not fit does not hold
+    /// back later clones on other nodes.
+    fn start_queued_clones(&mut self, at: Instant) {
+        let queued: Vec<String> = self.clone_queue.iter().cloned().collect();
+        for key in queued {
+            let Some(nodes) = self.tasks.get(&key).map(|t| t.slots.clone()) else {
+                continue;
+            };
+            if self.clone_slots_free(&nodes) {
+                self.clone_queue.retain(|k| *k != key);
+                self.run_task(&key, at);
+            }
+        }
+    }
+
+    /// Marks a task as running from `at` and takes its clone slots.
+    fn run_task(&mut self, key: &str, at: Instant) {
+        let Some(task) = self.tasks.get_mut(key) else {
+            return;
+        };
+        task.started = Some(at);
+        let end = at + task.duration;
+        if task.created < at {
+            task.log.push(format!(
+                "waited {} ms for a clone slot",
+                (at - task.created).as_millis()
+            ));
+        }
+        for node in task.slots.clone() {
+            *self.clone_slots_used.entry(node).or_default() += 1;
+        }
+        self.running.insert((end, key.to_string()));
+    }
+
+    /// Every task so far with its timing, oldest first.
+    pub fn task_records(&self) -> Vec<TaskRecord> {
+        let mut records: Vec<TaskRecord> = self
+            .tasks
+            .values()
+            .map(|t| {
+                let ended = t.done.then(|| t.end()).flatten();
+                let ok = t.done && t.outcome.is_ok();
+                TaskRecord {
+                    upid: t.upid.as_str().to_string(),
+                    node: t.upid.node.clone(),
+                    kind: t.upid.task_type.clone(),
+                    vmid: t.vmid,
+                    volume: t.volume.clone(),
+                    created: t.created,
+                    started: t.started,
+                    ended,
+                    ok,
+                    agent_ready: ended
+                        .filter(|_| ok && t.upid.task_type == "qmstart")
+                        .map(|e| e + self.opts.boot_delay),
+                }
+            })
+            .collect();
+        records.sort_by(|a, b| (a.created, &a.upid).cmp(&(b.created, &b.upid)));
+        records
+    }
+
+    fn apply(&mut self, effect: Effect, ok: bool, end: Instant, log: &mut Vec<String>) {
+        match effect {
+            Effect::None => {}
+            Effect::CloneDone {
+                newid,
+                target,
+                pool,
+            } => {
+                if !ok {
+                    self.remove_vm(newid);
+                    return;
+                }
+                if let Some(vm) = self.vms.get_mut(&newid) {
+                    vm.config.remove("lock");
+                    vm.changed_at = Some(end);
+                    if let Some(t) = target {
+                        vm.node = t;
+                    }
+                    if let Some(p) = pool {
+                        vm.pool = Some(p);
+                    }
+                }
+                log.push(format!("clone to VM {newid} finished"));
+            }
+            Effect::Start { vmid } if ok => {
+                if let Some(vm) = self.vms.get_mut(&vmid) {
+                    vm.running = true;
+                    vm.started_at = Some(end);
+                    vm.changed_at = Some(end);
+                }
+            }
+            Effect::Stop { vmid } if ok => {
+                if let Some(vm) = self.vms.get_mut(&vmid) {
+                    vm.running = false;
+                    vm.started_at = None;
+                    vm.changed_at = Some(end);
+                }
+            }
+            Effect::Resize { vmid, disk, bytes } if ok => {
+                if let Some(vm) = self.vms.get_mut(&vmid)
+                    && let Some(v) = vm.config.get(&disk).cloned()
+                {
+                    let mut props = parse_property_string(&v, "file");
+                    let file = props.remove("file").unwrap_or_default();
+                    props.insert("size".into(), format_size(bytes));
+                    let rest: Vec<String> = props.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    vm.config.insert(disk, format!("{file},{}", rest.join(",")));
+                    log.push(format!("Image resized to {bytes} bytes"));
+                }
+            }
+            Effect::Delete { vmid } => {
+                if ok {
+                    self.remove_vm(vmid);
+                } else if let Some(vm) = self.vms.get_mut(&vmid) {
+                    vm.config.remove("lock");
+                }
+            }
+            Effect::AddVolume(v) if ok => {
+                self.volumes
+                    .retain(|x| !(x.volid == v.volid && x.node == v.node));
+                self.volumes.push(*v);
+            }
+            Effect::RemoveVolume { volid, node } if ok => {
+                self.volumes
+                    .retain(|x| !(x.volid == volid && x.node.as_deref().is_none_or(|n| n == node)));
+            }
+            _ => {}
+        }
+    }
+
+    fn remove_vm(&mut self, vmid: u32) {
+        self.vms.remove(&vmid);
+        self.volumes
+            .retain(|v| v.vmid != Some(vmid) || v.content != "images");
+    }
+
+    #[allow(clippy::too_many_arguments)] // one call per task type; a struct would only rename them
+    fn new_task(
+        &mut self,
+        now: Instant,
+        node: &str,
+        kind: &str,
+        id: &str,
+        mut outcome: Result<(), String>,
+        effect: Effect,
+        volume: Option<String>,
+    ) -> Upid {
+        if outcome.is_ok() && (self.task_fail)(kind) {
+            outcome = Err("injected failure".to_string());
+        }
+        let duration = self.opts.duration_of(kind);
+        let vmid = match &effect {
+            Effect::CloneDone { newid, .. } => Some(*newid),
+            _ => id.parse().ok(),
+        };
+        let slots = match &effect {
+            Effect::CloneDone { target, .. } => {
+                let mut nodes = vec![node.to_string()];
+                nodes.extend(target.iter().filter(|t| *t != node).cloned());
+                nodes
+            }
+            _ => Vec::new(),
+        };
+        let user = self.opts.token_id.clone();
+        let n = self.next_counter();
+        let upid = Upid::new(
+            node,
+            (1000 + n) as u32,
+            0x1000 + n,
+            self.epoch + n,
+            kind,
+            id,
+            &user,
+        );
+        let key = upid.as_str().to_string();
+        let queued = !slots.is_empty() && !self.clone_slots_free(&slots);
+        self.tasks.insert(
+            key.clone(),
+            Task {
+                upid: upid.clone(),
+                created: now,
+                started: None,
+                duration,
+                outcome,
+                effect,
+                done: false,
+                log: vec![format!("starting task {kind}")],
+                vmid,
+                volume,
+                slots,
+            },
+        );
+        if queued {
+            self.clone_queue.push_back(key);
+        } else {
+            self.run_task(&key, now);
+        }
+        upid
+    }
+
+    /// Whether an unfinished clone task reads from `vmid` (it holds the source's flock).
+    fn clone_running_from(&self, vmid: u32) -> bool {
+        let id = vmid.to_string();
+        self.tasks
+            .values()
+            .any(|t| !t.done && t.upid.task_type == "qmclone" && t.upid.id == id)
+    }
+
+    fn flock_timeout(vmid: u32) -> SimError {
+        SimError::e500(format!(
+            "can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout"
+        ))
+    }
+
+    fn node_checked(&self, node: &str) -> SimResult<&Node> {
+        let n = self.nodes.get(node).ok_or_else(|| {
+            SimError::e500(format!(
+                "hostname lookup '{node}' failed - failed to get address info for: {node}: Name or service not known"
+            ))
+        })?;
+        if !n.online {
+            return Err(SimError {
+                status: 595,
+                reason: "Errors during connection establishment, proxy handshake: No route to host"
+                    .into(),
+                errors: BTreeMap::new(),
+            });
+        }
+        Ok(n)
+    }
+
+    fn vm_on(&self, node: &str, vmid: u32) -> SimResult<&Vm> {
+        self.node_checked(node)?;
+        self.vms
+            .get(&vmid)
+            .filter(|v| v.node == node)
+            .ok_or_else(|| SimError::missing_vm(node, vmid))
+    }
+
+    fn storage_on(&self, node: &str, storage: &str) -> SimResult<&StorageSpec> {
+        self.storages
+            .get(storage)
+            .filter(|s| s.nodes.is_empty() || s.nodes.iter().any(|n| n == node))
+            .ok_or_else(|| {
+                SimError::e500(format!(
+                    "storage '{storage}' does not exist on node '{node}'"
+                ))
+            })
+    }
+
+    // ---------------------------------------------------------------- cluster
+
+    /// `GET /version`.
+    pub fn version(&self) -> Value {
+        let release: String = self
+            .opts
+            .version
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".");
+        json!({"release": release, "version": self.opts.version, "repoid": "5ab3c1d2"})
+    }
+
+    /// `GET /nodes`.
+    pub fn nodes(&self) -> Value {
+        Value::Array(
+            self.nodes
+                .iter()
+                .map(|(name, n)| {
+                    if n.online {
+                        json!({"node": name, "status": "online", "id": format!("node/{name}"), "type": "node",
+                           "level": "", "cpu": 0.02, "maxcpu": n.cores, "mem": self.used_memory(name),
+                           "maxmem": n.memory, "disk": 3_u64 << 30, "maxdisk": 100_u64 << 30, "uptime": 86400,
+                           "ssl_fingerprint": "00:11:22:33:44:55:66:77:88:99:AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99:AA:BB:CC:DD:EE:FF"})
+                    } else {
+                        json!({"node": name, "status": "offline", "id": format!("node/{name}"), "type": "node", "level": ""})
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    fn used_memory(&self, node: &str) -> u64 {
+        self.vms
+            .values()
+            .filter(|v| v.node == node && v.running)
+            .map(Vm::memory_bytes)
+            .sum::<u64>()
+            + (2 << 30)
+    }
+
+    /// `GET /nodes/{node}/status`.
+    pub fn node_status(&self, node: &str) -> SimResult<Value> {
+        let n = self.node_checked(node)?;
+        let used = self.used_memory(node);
+        Ok(json!({
+            "cpu": 0.02, "uptime": 86400, "idle": 0, "wait": 0.0,
+            "loadavg": ["0.10", "0.20", "0.30"],
+            "kversion": "Linux 6.14.8-2-pve #1 SMP PREEMPT_DYNAMIC PMX 6.14.8-2",
+            "pveversion": format!("pve-manager/{}/5ab3c1d2", self.opts.version),
+            "memory": {"total": n.memory, "used": used, "free": n.memory.saturating_sub(used), "available": n.memory.saturating_sub(used)},
+            "swap": {"total": 0, "used": 0, "free": 0},
+            "rootfs": {"total": 100_u64 << 30, "used": 3_u64 << 30, "free": 97_u64 << 30, "avail": 97_u64 << 30},
+            "ksm": {"shared": 0},
+            "cpuinfo": {"cpus": n.cores, "cores": n.cores, "sockets": 1, "model": "Simulated CPU", "mhz": "2400.000", "hvm": "1", "flags": "", "user_hz": 100},
+            "current-kernel": {"sysname": "Linux", "release": "6.14.8-2-pve", "version": "#1 SMP", "machine": "x86_64"},
+            "boot-info": {"mode": "efi", "secureboot": 0}
+        }))
+    }
+
+    /// `GET /cluster/status`.
+    pub fn cluster_status(&self) -> Value {
+        let mut out = Vec::new();
+        if let Some(name) = &self.cluster_name {
+            out.push(
+                json!({"type": "cluster", "id": "cluster", "name": name, "nodes": self.nodes.len(),
+                            "quorate": 1, "version": self.nodes.len() + 2}),
+            );
+        }
+        for (i, (name, n)) in self.nodes.iter().enumerate() {
+            out.push(json!({"type": "node", "id": format!("node/{name}"), "name": name, "nodeid": i + 1,
+                            "ip": format!("192.0.2.{}", i + 11), "online": u8::from(n.online), "local": u8::from(i == 0), "level": ""}));
+        }
+        Value::Array(out)
+    }
+
+    fn vm_resource(&self, now: Instant, vmid: u32, vm: &Vm) -> Value {
+        // name/status/template come from pvestatd's RRD broadcast and lag behind changes
+        let lagging = vm
+            .changed_at
+            .is_some_and(|c| now < c + self.opts.resources_lag);
+        let mut r = json!({
+            "id": format!("qemu/{vmid}"), "type": "qemu", "vmid": vmid, "node": vm.node,
+            "status": if vm.running { "running" } else { "stopped" },
+            "template": u8::from(vm.is_template()),
+            "maxcpu": vm.cpus(), "maxmem": vm.memory_bytes(), "maxdisk": vm.boot_disk_size(),
+            "cpu": 0, "mem": if vm.running { vm.memory_bytes() / 2 } else { 0 }, "disk": 0,
+            "uptime": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
+        });
+        if let Some(name) = vm.config.get("name") {
+            r["name"] = json!(name);
+        }
+        if let Some(tags) = vm.config.get("tags") {
+            r["tags"] = json!(tags);
+        }
+        if let Some(lock) = vm.lock() {
+            r["lock"] = json!(lock);
+        }
+        if let Some(pool) = &vm.pool {
+            r["pool"] = json!(pool);
+        }
+        if lagging {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("name");
+                o.remove("template");
+            }
+            r["status"] = json!("unknown");
+        }
+        r
+    }
+
+    /// `GET /cluster/resources[?type=]`.
+    pub fn cluster_resources(&self, now: Instant, kind: Option<&str>) -> SimResult<Value> {
+        let mut out = Vec::new();
+        let want = |k: &str| kind.is_none() || kind == Some(k);
+        if let Some(k) = kind
+            && !["vm", "storage", "node", "sdn"].contains(&k)
+        {
+            return Err(SimError::param(
+                "type",
+                format!(
+                    "value '{k}' does not have a value in the enumeration 'vm, storage, node, sdn'"
+                ),
+            ));
+        }
+        if want("node") {
+            for (name, n) in &self.nodes {
+                if n.online {
+                    out.push(json!({"id": format!("node/{name}"), "type": "node", "node": name, "status": "online",
+                        "cpu": 0.02, "maxcpu": n.cores, "mem": self.used_memory(name), "maxmem": n.memory,
+                        "disk": 3_u64 << 30, "maxdisk": 100_u64 << 30, "uptime": 86400, "level": "", "cgroup-mode": 2}));
+                } else {
+                    out.push(json!({"id": format!("node/{name}"), "type": "node", "node": name, "status": "offline"}));
+                }
+            }
+        }
+        if want("storage") {
+            for node in self.nodes.keys() {
+                for s in self.storages.values() {
+                    if !s.nodes.is_empty() && !s.nodes.contains(node) {
+                        continue;
+                    }
+                    out.push(json!({"id": format!("storage/{node}/{}", s.name), "type": "storage", "storage": s.name,
+                        "node": node, "status": "available", "plugintype": s.kind, "shared": u8::from(s.shared),
+                        "content": s.content.join(","), "disk": self.storage_used(&s.name, node), "maxdisk": s.size_gib << 30}));
+                }
+            }
+        }
+        if want("vm") {
+            for (vmid, vm) in &self.vms {
+                out.push(self.vm_resource(now, *vmid, vm));
+            }
+        }
+        if kind.is_none() {
+            for p in self.pools.keys() {
+                out.push(json!({"id": format!("pool/{p}"), "type": "pool", "pool": p}));
+            }
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn storage_used(&self, storage: &str, node: &str) -> u64 {
+        self.volumes
+            .iter()
+            .filter(|v| v.storage == storage && v.node.as_deref().is_none_or(|n| n == node))
+            .map(|v| v.size)
+            .sum()
+    }
+
+    /// `GET /cluster/nextid[?vmid=]` (returned as a string, like real servers).
+    pub fn next_id(&self, vmid: Option<&str>) -> SimResult<Value> {
+        if let Some(v) = vmid {
+            let id: u32 = v
+                .parse()
+                .ok()
+                .filter(|i| (100..=999_999_999).contains(i))
+                .ok_or_else(|| {
+                    SimError::param(
+                        "vmid",
+                        "invalid format - value does not look like a valid VM ID",
+                    )
+                })?;
+            if self.vms.contains_key(&id) {
+                return Err(SimError::param("vmid", format!("VM {id} already exists")));
+            }
+            return Ok(json!(id.to_string()));
+        }
+        let id = (100..1_000_000u32)
+            .find(|i| !self.vms.contains_key(i))
+            .ok_or_else(|| SimError::e500("unable to get any free VMID in range [100, 1000000)"))?;
+        Ok(json!(id.to_string()))
+    }
+
+    // ---------------------------------------------------------------- guests
+
+    /// `GET /nodes/{node}/qemu`.
+    pub fn list_vms(&self, node: &str) -> SimResult<Value> {
+        self.node_checked(node)?;
+        Ok(Value::Array(
+            self.vms
+                .iter()
+                .filter(|(_, v)| v.node == node)
+                .map(|(id, vm)| {
+                    let mut r = json!({"vmid": id, "status": if vm.running {"running"} else {"stopped"},
+                        "cpus": vm.cpus(), "maxmem": vm.memory_bytes(), "maxdisk": vm.boot_disk_size(),
+                        "mem": if vm.running { vm.memory_bytes() / 2 } else { 0 }, "cpu": 0, "uptime": 0,
+                        "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0, "disk": 0});
+                    if let Some(n) = vm.config.get("name") {
+                        r["name"] = json!(n);
+                    }
+                    if let Some(t) = vm.config.get("tags") {
+                        r["tags"] = json!(t);
+                    }
+                    if let Some(l) = vm.lock() {
+                        r["lock"] = json!(l);
+                    }
+                    if vm.is_template() {
+                        r["template"] = json!(1);
+                    }
+                    if vm.running {
+                        r["pid"] = json!(10_000 + id);
+                    }
+                    r
+                })
+                .collect(),
+        ))
+    }
+
+    /// `GET .../config`.
+    pub fn vm_config(&self, node: &str, vmid: u32) -> SimResult<Value> {
+        let vm = self.vm_on(node, vmid)?;
+        let mut map = serde_json::Map::new();
+        for (k, v) in &vm.config {
+            // numeric options come back as numbers, like Proxmox (memory is a string since 8.1)
+            let numeric = matches!(
+                k.as_str(),
+                "cores"
+                    | "sockets"
+                    | "template"
+                    | "onboot"
+                    | "protection"
+                    | "balloon"
+                    | "ciupgrade"
+                    | "vcpus"
+                    | "numa"
+            );
+            let value = match (numeric, v.parse::<i64>()) {
+                (true, Ok(n)) => json!(n),
+                _ => json!(v),
+            };
+            map.insert(k.clone(), value);
+        }
+        map.insert("digest".into(), json!(vm.digest()));
+        Ok(Value::Object(map))
+    }
+
+    /// `POST`/`PUT .../config`: early checks, then applies at once. POST returns a `qmconfig` task.
+    pub fn update_config(
+        &mut self,
+        now: Instant,
+        node: &str,
+        vmid: u32,
+        params: &BTreeMap<String, String>,
+        asynchronous: bool,
+    ) -> SimResult<Option<Upid>> {
+        let vm = self.vm_on(node, vmid)?;
+        let skiplock = params.get("skiplock").is_some_and(|v| v == "1");
+        if let Some(lock) = vm.lock()
+            && !skiplock
+        {
+            return Err(SimError::e500(format!("VM is locked ({lock})")));
+        }
+        if self.clone_running_from(vmid) {
+            return Err(Self::flock_timeout(vmid));
+        }
+        if let Some(d) = params.get("digest")
+            && *d != vm.digest()
+        {
+            return Err(SimError::e500(
+                "checksum mismatch (file change by other user?)",
+            ));
+        }
+        let mut errors = BTreeMap::new();
+        for k in params.keys() {
+            if !is_config_option(k)
+                && ![
+                    "digest",
+                    "delete",
+                    "skiplock",
+                    "background_delay",
+                    "revert",
+                    "force",
+                ]
+                .contains(&k.as_str())
+            {
+                errors.insert(
+                    k.clone(),
+                    "property is not defined in schema and the schema does not allow additional properties".to_string(),
+                );
+            }
+        }
+        if let Some(name) = params.get("name")
+            && !is_dns_name(name)
+        {
+            errors.insert(
+                "name".into(),
+                "invalid format - value does not look like a valid DNS name".into(),
+            );
+        }
+        if !errors.is_empty() {
+            return Err(SimError {
+                status: 400,
+                reason: "Parameter verification failed.".into(),
+                errors,
+            });
+        }
+        let mut new_config = vm.config.clone();
+        for (k, v) in params {
+            if !is_config_option(k) {
+                continue;
+            }
+            let value = match k.as_str() {
+                "tags" => canonical_tags(v),
+                k if k.starts_with("net") && is_indexed(k, "net") => {
+                    let dev = NetDevice::parse(0, v);
+                    let mac = dev
+                        .mac
+                        .clone()
+                        .map(|m| m.to_ascii_uppercase())
+                        .unwrap_or_else(|| self.mac());
+                    let model = if dev.model.is_empty() {
+                        "virtio".to_string()
+                    } else {
+                        dev.model.clone()
+                    };
+                    let mut out = format!("{model}={mac}");
+                    for part in v.split(',') {
+                        if let Some((pk, _)) = part.split_once('=')
+                            && !["model", "macaddr"].contains(&pk)
+                            && pk != dev.model
+                        {
+                            out.push(',');
+                            out.push_str(part);
+                        }
+                    }
+                    out
+                }
+                _ => v.clone(),
+            };
+            if (k.starts_with("ide") || k.starts_with("sata") || k.starts_with("scsi"))
+                && value.contains("media=cdrom")
+            {
+                let file = value.split(',').next().unwrap_or_default();
+                if file != "none"
+                    && file != "cdrom"
+                    && !file.ends_with(":cloudinit")
+                    && !self
+                        .volumes
+                        .iter()
+                        .any(|x| x.volid == file && x.node.as_deref().is_none_or(|n| n == node))
+                {
+                    return Err(SimError::e500(format!("volume '{file}' does not exist")));
+                }
+            }
+            new_config.insert(k.clone(), value);
+        }
+        if let Some(del) = params.get("delete") {
+            for key in del.split([',', ';', ' ']).filter(|s| !s.is_empty()) {
+                let key = if key == "cdrom" { "ide2" } else { key };
+                new_config.remove(key);
+            }
+        }
+        if let Some(vm) = self.vms.get_mut(&vmid) {
+            vm.config = new_config;
+        }
+        if asynchronous {
+            Ok(Some(self.new_task(
+                now,
+                node,
+                "qmconfig",
+                &vmid.to_string(),
+                Ok(()),
+                Effect::None,
+                None,
+            )))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// `POST .../clone`.
+    pub fn clone_vm(
+        &mut self,
+        now: Instant,
+        node: &str,
+        vmid: u32,
+        params: &BTreeMap<String, String>,
+    ) -> SimResult<Upid> {
+        let src = self.vm_on(node, vmid)?.clone();
+        let newid: u32 = match params.get("newid") {
+            None => {
+                return Err(SimError::param(
+                    "newid",
+                    "property is missing and it is not optional",
+                ));
+            }
+            Some(v) => v
+                .parse()
+                .ok()
+                .filter(|i| (100..=999_999_999).contains(i))
+                .ok_or_else(|| {
+                    SimError::param(
+                        "newid",
+                        "invalid format - value does not look like a valid VM ID",
+                    )
+                })?,
+        };
+        if let Some(name) = params.get("name")
+            && !is_dns_name(name)
+        {
+            return Err(SimError::param(
+                "name",
+                "invalid format - value does not look like a valid DNS name",
+            ));
+        }
+        if let Some(lock) = src.lock() {
+            return Err(SimError::e500(format!("VM is locked ({lock})")));
+        }
+        // a running (non-template) source is locked exclusively while it is cloned
+        if src.running && self.clone_running_from(vmid) {
+            return Err(Self::flock_timeout(vmid));
+        }
+        if let Some(existing) = self.vms.get(&newid) {
+            return Err(if existing.node == node {
+                SimError::e500(format!(
+                    "unable to create VM {newid}: config file already exists"
+                ))
+            } else {
+                SimError::e500(format!(
+                    "unable to create VM {newid} - VM {newid} already exists on node '{}'",
+                    existing.node
+                ))
+            });
+        }
+        let is_template = src.is_template();
+        let full = match params.get("full").map(String::as_str) {
+            Some("1") => true,
+            Some("0") | None => !is_template,
+            Some(other) => {
+                return Err(SimError::param(
+                    "full",
+                    format!("type check ('boolean') failed - got '{other}'"),
+                ));
+            }
+        };
+        if !full && !is_template {
+            return Err(SimError::e500(
+                "Linked clone feature for VM is only available for templates",
+            ));
+        }
+        if !full {
+            for f in ["storage", "format"] {
+                if params.contains_key(f) {
+                    return Err(SimError::param(
+                        f,
+                        format!("parameter '{f}' not allowed for linked clones"),
+                    ));
+                }
+            }
+        }
+        let target = params.get("target").filter(|t| *t != node).cloned();
+        if let Some(t) = &target {
+            self.node_checked(t)?;
+            let local = src
+                .volume_storages()
+                .iter()
+                .any(|st| !self.storages.get(st).is_some_and(|s| s.shared));
+            if local {
+                return Err(SimError::e500(format!(
+                    "can't clone VM to node '{t}' (VM uses local storage)"
+                )));
+            }
+        }
+        let dest_node = target.clone().unwrap_or_else(|| node.to_string());
+        if let Some(st) = params.get("storage") {
+            let s = self.storage_on(&dest_node, st)?;
+            if !s.content.iter().any(|c| c == "images") {
+                return Err(SimError::e500(format!(
+                    "storage '{st}' does not support vm images"
+                )));
+            }
+            if target.is_some() && !s.shared {
+                return Err(SimError::e500(format!(
+                    "can't clone to non-shared storage '{st}'"
+                )));
+            }
+        }
+        if let Some(p) = params.get("pool")
+            && !self.pools.contains_key(p)
+        {
+            return Err(SimError::e500(format!("pool '{p}' does not exist")));
+        }
+        // Build the clone's config: drop template/unused/lock, new MACs and SMBIOS UUID, new disks.
+        let mut config: BTreeMap<String, String> = src
+            .config
+            .iter()
+            .filter(|(k, _)| {
+                !matches!(k.as_str(), "template" | "lock" | "meta") && !k.starts_with("unused")
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        config.insert(
+            "name".into(),
+            params.get("name").cloned().unwrap_or_else(|| {
+                format!(
+                    "Copy-of-VM-{}",
+                    src.config
+                        .get("name")
+                        .cloned()
+                        .unwrap_or_else(|| vmid.to_string())
+                )
+            }),
+        );
+        if let Some(d) = params.get("description") {
+            config.insert("description".into(), d.clone());
+        }
+        let nets: Vec<(String, String)> = config
+            .iter()
+            .filter(|(k, _)| is_indexed(k, "net"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (k, v) in nets {
+            let dev = NetDevice::parse(0, &v);
+            let mac = self.mac();
+            let rest: Vec<&str> = v
+                .split(',')
+                .skip(1)
+                .filter(|p| !p.starts_with("macaddr="))
+                .collect();
+            let mut s = format!(
+                "{}={mac}",
+                if dev.model.is_empty() {
+                    "virtio"
+                } else {
+                    &dev.model
+                }
+            );
+            for r in rest {
+                s.push(',');
+                s.push_str(r);
+            }
+            config.insert(k, s);
+        }
+        let uuid = self.uuid();
+        config.insert("smbios1".into(), format!("uuid={uuid}"));
+        config.insert("meta".into(), "creation-qemu=9.0.2,ctime=1767225600".into());
+        let mut new_volumes = Vec::new();
+        for (i, (key, value)) in src.disks().into_iter().enumerate() {
+            let props = parse_property_string(&value, "file");
+            let file = props.get("file").cloned().unwrap_or_default();
+            let src_storage = file.split(':').next().unwrap_or_default().to_string();
+            let dst_storage = params
+                .get("storage")
+                .cloned()
+                .unwrap_or(src_storage.clone());
+            let volname = format!("vm-{newid}-disk-{i}");
+            let volid = if full {
+                format!("{dst_storage}:{volname}")
+            } else {
+                format!(
+                    "{src_storage}:{}/{volname}",
+                    file.split(':').nth(1).unwrap_or_default()
+                )
+            };
+            let size = props.get("size").cloned().unwrap_or_else(|| "0".into());
+            config.insert(key, format!("{volid},size={size}"));
+            let shared = self.storages.get(&dst_storage).is_some_and(|s| s.shared);
+            new_volumes.push(Volume {
+                storage: if full {
+                    dst_storage.clone()
+                } else {
+                    src_storage.clone()
+                },
+                node: (!shared).then(|| dest_node.clone()),
+                volid,
+                content: "images".into(),
+                size: parse_size(&size).unwrap_or(0),
+                ctime: self.epoch,
+                vmid: Some(newid),
+                data: None,
+            });
+        }
+        config.insert("lock".into(), "clone".into());
+        self.vms.insert(
+            newid,
+            Vm {
+                node: node.to_string(),
+                config,
+                running: false,
+                started_at: None,
+                pool: None,
+                changed_at: Some(now),
+            },
+        );
+        self.volumes.extend(new_volumes);
+        Ok(self.new_task(
+            now,
+            node,
+            "qmclone",
+            &vmid.to_string(),
+            Ok(()),
+            Effect::CloneDone {
+                newid,
+                target,
+                pool: params.get("pool").cloned(),
+            },
+            None,
+        ))
+    }
+
+    /// `PUT .../resize`: all checks happen inside the task (like PVE ≥ 8).
+    pub fn resize(
+        &mut self,
+        now: Instant,
+        node: &str,
+        vmid: u32,
+        params: &BTreeMap<String, String>,
+    ) -> SimResult<Upid> {
+        self.node_checked(node)?;
+        let disk = params
+            .get("disk")
+            .cloned()
+            .ok_or_else(|| SimError::param("disk", "property is missing and it is not optional"))?;
+        let size = params
+            .get("size")
+            .cloned()
+            .ok_or_else(|| SimError::param("size", "property is missing and it is not optional"))?;
+        let (relative, amount) = match size.strip_prefix('+') {
+            Some(rest) => (true, rest.to_string()),
+            None => (false, size.clone()),
+        };
+        let amount = parse_size(&amount)
+            .ok_or_else(|| SimError::param("size", "value does not match the regex pattern"))?;
+        let mut bytes = 0;
+        let outcome: Result<(), String> =
+            (|| {
+                let vm = self.vms.get(&vmid).filter(|v| v.node == node).ok_or_else(|| {
+                format!("Configuration file 'nodes/{node}/qemu-server/{vmid}.conf' does not exist")
+            })?;
+                if let Some(lock) = vm.lock() {
+                    return Err(format!("VM is locked ({lock})"));
+                }
+                if let Some(d) = params.get("digest")
+                    && *d != vm.digest()
+                {
+                    return Err("checksum mismatch (file change by other user?)".to_string());
+                }
+                let value = vm
+                    .config
+                    .get(&disk)
+                    .ok_or_else(|| format!("disk '{disk}' does not exist"))?;
+                if value.contains("media=cdrom") {
+                    return Err("you can't resize a cdrom".to_string());
+                }
+                let current = parse_property_string(value, "file")
+                    .get("size")
+                    .and_then(|s| parse_size(s))
+                    .unwrap_or(0);
+                bytes = if relative { current + amount } else { amount };
+                if bytes < current {
+                    return Err("shrinking disks is not supported".to_string());
+                }
+                Ok(())
+            })();
+        Ok(self.new_task(
+            now,
+            node,
+            "resize",
+            &vmid.to_string(),
+            outcome,
+            Effect::Resize { vmid, disk, bytes },
+            None,
+        ))
+    }
+
+    /// `GET .../status/current`.
+    pub fn vm_status(&self, now: Instant, node: &str, vmid: u32) -> SimResult<Value> {
+        let vm = self.vm_on(node, vmid)?;
+        let uptime = vm
+            .started_at
+            .map(|s| now.saturating_duration_since(s).as_secs())
+            .unwrap_or(0);
+        let mut r = json!({
+            "vmid": vmid, "status": if vm.running {"running"} else {"stopped"},
+            "qmpstatus": if vm.running {"running"} else {"stopped"},
+            "cpus": vm.cpus(), "maxmem": vm.memory_bytes(), "maxdisk": vm.boot_disk_size(),
+            "mem": if vm.running { vm.memory_bytes() / 2 } else { 0 }, "cpu": 0, "disk": 0,
+            "uptime": uptime, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
+            "ha": {"managed": 0},
+        });
+        for key in ["name", "lock", "tags"] {
+            if let Some(v) = vm.config.get(key) {
+                r[key] = json!(v);
+            }
+        }
+        if vm.is_template() {
+            r["template"] = json!(1);
+        }
+        if agent_enabled(vm) {
+            r["agent"] = json!(1);
+        }
+        if vm.running {
+            r["pid"] = json!(10_000 + vmid);
+            r["running-machine"] = json!("pc-i440fx-9.0+pve0");
+            r["running-qemu"] = json!("9.0.2");
+        }
+        Ok(r)
+    }
+
+    /// `POST .../status/{start|stop|shutdown|resume}`.
+    pub fn power(&mut self, now: Instant, node: &str, vmid: u32, action: &str) -> SimResult<Upid> {
+        let vm = self.vm_on(node, vmid)?;
+        let outcome = match action {
+            "start" => {
+                if vm.is_template() {
+                    Err("you can't start a vm if it's a template".to_string())
+                } else if let Some(l) = vm.lock() {
+                    Err(format!("VM is locked ({l})"))
+                } else if vm.running {
+                    Err(format!("VM {vmid} already running"))
+                } else {
+                    Ok(())
+                }
+            }
+            "stop" => vm
+                .lock()
+                .filter(|l| *l != "suspended")
+                .map_or(Ok(()), |l| Err(format!("VM is locked ({l})"))),
+            "shutdown" => {
+                if let Some(l) = vm.lock() {
+                    Err(format!("VM is locked ({l})"))
+                } else if !vm.running {
+                    Err(format!("VM {vmid} not running"))
+                } else {
+                    Ok(())
+                }
+            }
+            "resume" => {
+                if vm.running {
+                    Ok(())
+                } else {
+                    Err(format!("VM {vmid} not running"))
+                }
+            }
+            other => {
+                return Err(SimError {
+                    status: 501,
+                    reason: format!(
+                        "Method 'POST /nodes/{node}/qemu/{vmid}/status/{other}' not implemented"
+                    ),
+                    errors: BTreeMap::new(),
+                });
+            }
+        };
+        let (kind, effect) = match action {
+            "start" => ("qmstart", Effect::Start { vmid }),
+            "stop" => ("qmstop", Effect::Stop { vmid }),
+            "shutdown" => ("qmshutdown", Effect::Stop { vmid }),
+            _ => ("qmresume", Effect::None),
+        };
+        Ok(self.new_task(now, node, kind, &vmid.to_string(), outcome, effect, None))
+    }
+
+    /// `DELETE /nodes/{node}/qemu/{vmid}`.
+    pub fn delete_vm(&mut self, now: Instant, node: &str, vmid: u32) -> SimResult<Upid> {
+        let vm = self.vm_on(node, vmid)?;
+        if let Some(l) = vm.lock() {
+            return Err(SimError::e500(format!("VM is locked ({l})")));
+        }
+        if vm.config.get("protection").is_some_and(|p| p == "1") {
+            return Err(SimError::e500(format!(
+                "can't remove VM {vmid} - protection mode enabled"
+            )));
+        }
+        if vm.running {
+            return Err(SimError::e500(format!(
+                "VM {vmid} is running - destroy failed"
+            )));
+        }
+        if let Some(vm) = self.vms.get_mut(&vmid) {
+            vm.config.insert("lock".into(), "destroyed".into());
+        }
+        Ok(self.new_task(
+            now,
+            node,
+            "qmdestroy",
+            &vmid.to_string(),
+            Ok(()),
+            Effect::Delete { vmid },
+            None,
+        ))
+    }
+
+    // ---------------------------------------------------------------- storage
+
+    /// `GET /nodes/{node}/storage[?content=]`.
+    pub fn list_storage(&self, node: &str, content: Option<&str>) -> SimResult<Value> {
+        self.node_checked(node)?;
+        Ok(Value::Array(
+            self.storages
+                .values()
+                .filter(|s| s.nodes.is_empty() || s.nodes.iter().any(|n| n == node))
+                .filter(|s| content.is_none_or(|c| c.split(',').all(|c| s.content.iter().any(|x| x == c))))
+                .map(|s| {
+                    let total = s.size_gib << 30;
+                    let used = self.storage_used(&s.name, node);
+                    json!({"storage": s.name, "type": s.kind, "content": s.content.join(","), "active": 1, "enabled": 1,
+                           "shared": u8::from(s.shared), "total": total, "used": used, "avail": total.saturating_sub(used),
+                           "used_fraction": used as f64 / total.max(1) as f64})
+                })
+                .collect(),
+        ))
+    }
+
+    /// `GET .../storage/{storage}/content[?content=&vmid=]`.
+    pub fn storage_content(
+        &self,
+        node: &str,
+        storage: &str,
+        content: Option<&str>,
+        vmid: Option<&str>,
+    ) -> SimResult<Value> {
+        self.node_checked(node)?;
+        self.storage_on(node, storage)?;
+        Ok(Value::Array(
+            self.volumes
+                .iter()
+                .filter(|v| v.storage == storage && v.node.as_deref().is_none_or(|n| n == node))
+                .filter(|v| content.is_none_or(|c| v.content == c))
+                .filter(|v| vmid.is_none_or(|id| v.vmid.map(|x| x.to_string()).as_deref() == Some(id)))
+                .map(|v| {
+                    let format = if v.content == "iso" { "iso" } else { "raw" };
+                    let mut r = json!({"volid": v.volid, "content": v.content, "format": format, "size": v.size, "ctime": v.ctime});
+                    if let Some(id) = v.vmid {
+                        r["vmid"] = json!(id);
+                    }
+                    r
+                })
+                .collect(),
+        ))
+    }
+
+    /// `POST .../storage/{storage}/upload` after the multipart body was parsed.
+    pub fn upload(
+        &mut self,
+        now: Instant,
+        node: &str,
+        storage: &str,
+        content: &str,
+        filename: &str,
+        data: Vec<u8>,
+    ) -> SimResult<Upid> {
+        self.node_checked(node)?;
+        let s = self.storage_on(node, storage)?.clone();
+        if content != "iso" && content != "vztmpl" && content != "import" {
+            return Err(SimError::param(
+                "content",
+                format!(
+                    "value '{content}' does not have a value in the enumeration 'iso, vztmpl, import'"
+                ),
+            ));
+        }
+        if !s.content.iter().any(|c| c == content) {
+            return Err(SimError::e500(format!(
+                "storage '{storage}' does not support content type '{content}'"
+            )));
+        }
+        let base = filename.rsplit(['/', '\\']).next().unwrap_or(filename);
+        let name: String = base
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if content == "iso" && !(name.ends_with(".iso") || name.ends_with(".img")) {
+            return Err(SimError::param("filename", "wrong file extension"));
+        }
+        let volid = format!("{storage}:{content}/{name}");
+        let vol = Volume {
+            storage: storage.to_string(),
+            node: (!s.shared).then(|| node.to_string()),
+            volid: volid.clone(),
+            content: content.to_string(),
+            size: data.len() as u64,
+            ctime: self.epoch,
+            vmid: None,
+            data: Some(Arc::new(data)),
+        };
+        Ok(self.new_task(
+            now,
+            node,
+            "imgcopy",
+            "",
+            Ok(()),
+            Effect::AddVolume(Box::new(vol)),
+            Some(volid),
+        ))
+    }
+
+    /// `DELETE .../storage/{storage}/content/{volume}`.
+    pub fn delete_volume(
+        &mut self,
+        now: Instant,
+        node: &str,
+        storage: &str,
+        volume: &str,
+    ) -> SimResult<Upid> {
+        self.node_checked(node)?;
+        self.storage_on(node, storage)?;
+        let volid = if volume.contains(':') {
+            volume.to_string()
+        } else {
+            format!("{storage}:{volume}")
+        };
+        if !self
+            .volumes
+            .iter()
+            .any(|v| v.volid == volid && v.node.as_deref().is_none_or(|n| n == node))
+        {
+            return Err(SimError::e500(format!("volume '{volid}' does not exist")));
+        }
+        Ok(self.new_task(
+            now,
+            node,
+            "imgdel",
+            "",
+            Ok(()),
+            Effect::RemoveVolume {
+                volid: volid.clone(),
+                node: node.to_string(),
+            },
+            Some(volid),
+        ))
+    }
+
+    // ---------------------------------------------------------------- tasks
+
+    /// `GET /nodes/{node}/tasks/{upid}/status`.
+    pub fn task_status(&self, node: &str, upid: &str) -> SimResult<Value> {
+        let t = self.task(node, upid)?;
+        let u = &t.upid;
+        let mut r = json!({"upid": u.as_str(), "node": u.node, "pid": u.pid, "pstart": u.pstart, "starttime": u.starttime,
+                           "type": u.task_type, "id": u.id, "user": u.user.split('!').next().unwrap_or_default(),
+                           "status": if t.done {"stopped"} else {"running"}});
+        if let Some((_, tok)) = u.user.split_once('!') {
+            r["tokenid"] = json!(tok);
+        }
+        if t.done {
+            r["exitstatus"] = json!(match &t.outcome {
+                Ok(()) => "OK".to_string(),
+                Err(e) => e.clone(),
+            });
+        }
+        Ok(r)
+    }
+
+    /// `GET /nodes/{node}/tasks/{upid}/log` → (lines, total).
+    pub fn task_log(
+        &self,
+        node: &str,
+        upid: &str,
+        start: usize,
+        limit: usize,
+    ) -> SimResult<(Value, usize)> {
+        let t = self.task(node, upid)?;
+        let lines: Vec<Value> = t
+            .log
+            .iter()
+            .enumerate()
+            .skip(start)
+            .take(limit)
+            .map(|(i, l)| json!({"n": i + 1, "t": l}))
+            .collect();
+        Ok((Value::Array(lines), t.log.len()))
+    }
+
+    fn task(&self, node: &str, upid: &str) -> SimResult<&Task> {
+        if upid.parse::<Upid>().is_err() {
+            return Err(SimError::param("upid", "unable to parse worker upid"));
+        }
+        self.node_checked(node)?;
+        self.tasks
+            .get(upid)
+            .filter(|t| t.upid.node == node)
+            .ok_or_else(|| SimError::param("upid", "no such task"))
+    }
+
+    // ---------------------------------------------------------------- agent
+
+    fn agent_vm(&self, now: Instant, node: &str, vmid: u32) -> SimResult<&Vm> {
+        let vm = self.vm_on(node, vmid)?;
+        if !agent_enabled(vm) {
+            return Err(SimError::e500("No QEMU guest agent configured"));
+        }
+        if !vm.running {
+            return Err(SimError::e500(format!("VM {vmid} is not running")));
+        }
+        let booted = vm
+            .started_at
+            .is_some_and(|s| now >= s + self.opts.boot_delay);
+        if !booted {
+            return Err(SimError::e500("QEMU guest agent is not running"));
+        }
+        Ok(vm)
+    }
+
+    /// `POST .../agent/ping`.
+    pub fn agent_ping(&self, now: Instant, node: &str, vmid: u32) -> SimResult<Value> {
+        self.agent_vm(now, node, vmid)?;
+        Ok(json!({"result": {}}))
+    }
+
+    /// `GET .../agent/get-osinfo`.
+    pub fn agent_osinfo(&self, now: Instant, node: &str, vmid: u32) -> SimResult<Value> {
+        self.agent_vm(now, node, vmid)?;
+        Ok(
+            json!({"result": {"id": "ubuntu", "name": "Ubuntu", "pretty-name": "Ubuntu 24.04.2 LTS", "version": "24.04.2 LTS (Noble Numbat)",
+                             "version-id": "24.04", "kernel-release": "6.8.0-60-generic", "kernel-version": "#63-Ubuntu SMP", "machine": "x86_64"}}),
+        )
+    }
+
+    /// The NoCloud seed attached as a CD-ROM, if any: (volid, image).
+    fn seed_iso(&self, vm: &Vm) -> Option<IsoImage> {
+        vm.config
+            .iter()
+            .filter(|(k, v)| is_disk_key(k) && v.contains("media=cdrom"))
+            .filter_map(|(_, v)| {
+                let file = v.split(',').next()?;
+                self.volumes
+                    .iter()
+                    .find(|x| x.volid == file && x.node.as_deref().is_none_or(|n| n == vm.node))
+            })
+            .filter_map(|vol| IsoImage::parse(vol.data.as_ref()?).ok())
+            .next()
+    }
+
+    /// `GET .../agent/network-get-interfaces`: NICs with the VM's MACs (lower-case) and the
+    /// static addresses from the seed ISO's network-config (or `ipconfigN` as a fallback).
+    pub fn agent_interfaces(&self, now: Instant, node: &str, vmid: u32) -> SimResult<Value> {
+        let vm = self.agent_vm(now, node, vmid)?;
+        let seed = self.seed_iso(vm);
+        let by_mac = seed
+            .as_ref()
+            .and_then(|img| img.file("network-config"))
+            .map(addresses_from_network_config)
+            .unwrap_or_default();
+        let mut result = vec![
+            json!({"name": "lo", "hardware-address": "00:00:00:00:00:00",
+            "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8},
+                             {"ip-address": "::1", "ip-address-type": "ipv6", "prefix": 128}],
+            "statistics": stats()}),
+        ];
+        let nets: Vec<(u32, String)> = vm
+            .config
+            .iter()
+            .filter(|(k, _)| is_indexed(k, "net"))
+            .filter_map(|(k, v)| Some((k[3..].parse().ok()?, v.clone())))
+            .collect();
+        for (pos, (idx, value)) in nets.iter().enumerate() {
+            let dev = NetDevice::parse(*idx, value);
+            let mac = dev.mac.unwrap_or_default().to_ascii_lowercase();
+            let ifname = format!("eth{pos}");
+            let mut addrs: Vec<Value> = by_mac
+                .get(&mac)
+                .or_else(|| by_mac.get(&ifname))
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|a| addr_json(&a))
+                .collect();
+            if addrs.is_empty()
+                && seed.is_none()
+                && let Some(ipc) = vm.config.get(&format!("ipconfig{idx}"))
+            {
+                let p = parse_property_string(ipc, "ip");
+                for key in ["ip", "ip6"] {
+                    if let Some(a) = p.get(key).and_then(|a| addr_json(a)) {
+                        addrs.push(a);
+                    }
+                }
+            }
+            addrs.push(json!({"ip-address": format!("fe80::{:x}", 0x1000 + idx), "ip-address-type": "ipv6", "prefix": 64}));
+            result.push(json!({"name": ifname, "hardware-address": mac, "ip-addresses": addrs, "statistics": stats()}));
+        }
+        Ok(json!({"result": result}))
+    }
+
+    /// `POST .../agent/exec`.
+    pub fn agent_exec(
+        &mut self,
+        now: Instant,
+        node: &str,
+        vmid: u32,
+        command: &[String],
+    ) -> SimResult<Value> {
+        self.agent_vm(now, node, vmid)?;
+        if command.is_empty() {
+            return Err(SimError::param(
+                "command",
+                "property is missing and it is not optional",
+            ));
+        }
+        let pid = 2000 + self.next_counter();
+        let is_ci_status = command.first().is_some_and(|c| c.ends_with("cloud-init"))
+            && command.get(1).is_some_and(|c| c == "status");
+        let exec = if is_ci_status {
+            match &self.opts.cloud_init_failure {
+                None => Exec {
+                    polls: 0,
+                    exitcode: 0,
+                    out: "status: done\n".into(),
+                    err: String::new(),
+                },
+                Some(e) => Exec {
+                    polls: 0,
+                    exitcode: 1,
+                    out: "status: error\n".into(),
+                    err: format!("{e}\n"),
+                },
+            }
+        } else {
+            Exec {
+                polls: 0,
+                exitcode: 127,
+                out: String::new(),
+                err: format!("{}: command not found\n", command[0]),
+            }
+        };
+        self.execs.insert((vmid, pid), exec);
+        Ok(json!({"pid": pid}))
+    }
+
+    /// `GET .../agent/exec-status?pid=`: first poll says still running, then the result.
+    pub fn agent_exec_status(
+        &mut self,
+        now: Instant,
+        node: &str,
+        vmid: u32,
+        pid: Option<&str>,
+    ) -> SimResult<Value> {
+        self.agent_vm(now, node, vmid)?;
+        let pid: u64 = pid
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| SimError::param("pid", "property is missing and it is not optional"))?;
+        let exec = self
+            .execs
+            .get_mut(&(vmid, pid))
+            .ok_or_else(|| SimError::e500("Agent error: Invalid parameter 'pid'"))?;
+        exec.polls += 1;
+        if exec.polls == 1 {
+            return Ok(json!({"exited": 0}));
+        }
+        let mut r = json!({"exited": 1, "exitcode": exec.exitcode});
+        if !exec.out.is_empty() {
+            r["out-data"] = json!(exec.out);
+        }
+        if !exec.err.is_empty() {
+            r["err-data"] = json!(exec.err);
+        }
+        Ok(r)
+    }
+
+    // ---------------------------------------------------------------- pools
+
+    /// `GET /pools[?poolid=]`.
+    pub fn pools(&self, now: Instant, poolid: Option<&str>) -> SimResult<Value> {
+        match poolid {
+            None => Ok(Value::Array(
+                self.pools
+                    .iter()
+                    .map(|(p, c)| {
+                        let mut r = json!({"poolid": p});
+                        if let Some(c) = c {
+                            r["comment"] = json!(c);
+                        }
+                        r
+                    })
+                    .collect(),
+            )),
+            Some(id) => {
+                let comment = self
+                    .pools
+                    .get(id)
+                    .ok_or_else(|| SimError::e500(format!("pool '{id}' does not exist")))?;
+                let members: Vec<Value> = self
+                    .vms
+                    .iter()
+                    .filter(|(_, v)| v.pool.as_deref() == Some(id))
+                    .map(|(vmid, vm)| self.vm_resource(now, *vmid, vm))
+                    .collect();
+                let mut r = json!({"poolid": id, "members": members});
+                if let Some(c) = comment {
+                    r["comment"] = json!(c);
+                }
+                Ok(json!([r]))
+            }
+        }
+    }
+
+    /// `POST /pools`.
+    pub fn create_pool(&mut self, poolid: &str, comment: Option<&str>) -> SimResult<()> {
+        if self.pools.contains_key(poolid) {
+            return Err(SimError::e500(format!(
+                "create pool failed: error during cfs-locked 'file-user_cfg' operation: pool '{poolid}' already exists"
+            )));
+        }
+        self.pools
+            .insert(poolid.to_string(), comment.map(str::to_string));
+        Ok(())
+    }
+
+    /// `PUT /pools`: add or remove VMs.
+    pub fn update_pool(&mut self, poolid: &str, vms: Option<&str>, remove: bool) -> SimResult<()> {
+        if !self.pools.contains_key(poolid) {
+            return Err(SimError::e500(format!("pool '{poolid}' does not exist")));
+        }
+        for id in vms
+            .unwrap_or_default()
+            .split([',', ';', ' '])
+            .filter(|s| !s.is_empty())
+        {
+            let vmid: u32 = id.parse().map_err(|_| {
+                SimError::param(
+                    "vms",
+                    format!("invalid format - value '{id}' does not look like a valid VM ID"),
+                )
+            })?;
+            let vm = self
+                .vms
+                .get_mut(&vmid)
+                .ok_or_else(|| SimError::e500(format!("no such VMID '{vmid}'")))?;
+            if remove {
+                if vm.pool.as_deref() == Some(poolid) {
+                    vm.pool = None;
+                }
+            } else if vm.pool.as_deref().is_some_and(|p| p != poolid) {
+                return Err(SimError::e500(format!(
+                    "VM {vmid} belongs already to pool '{}' and allow-move is not set",
+                    vm.pool.clone().unwrap_or_default()
+                )));
+            } else {
+                vm.pool = Some(poolid.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of VMs (for tests and benchmarks).
+    pub fn vm_count(&self) -> usize {
+        self.vms.len()
+    }
+
+    /// Number of ISO images on any storage (seed images left behind show up here).
+    pub fn iso_count(&self) -> usize {
+        self.volumes.iter().filter(|v| v.content == "iso").count()
+    }
+
+    /// Node of a VM, if it exists.
+    pub fn vm_node(&self, vmid: u32) -> Option<String> {
+        self.vms.get(&vmid).map(|v| v.node.clone())
+    }
+
+    /// Node capacity (for the scheduler tests): (memory bytes, cores).
+    pub fn node_capacity(&self, node: &str) -> Option<(u64, u32)> {
+        self.nodes.get(node).map(|n| (n.memory, n.cores))
+    }
+
+    /// Sets a lock on a VM (to simulate a backup or a crashed task).
+    pub fn set_lock(&mut self, vmid: u32, lock: Option<&str>) -> bool {
+        match self.vms.get_mut(&vmid) {
+            Some(vm) => {
+                match lock {
+                    Some(l) => vm.config.insert("lock".into(), l.into()),
+                    None => vm.config.remove("lock"),
+                };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks a node online or offline.
+    pub fn set_node_online(&mut self, node: &str, online: bool) -> bool {
+        self.nodes
+            .get_mut(node)
+            .map(|n| n.online = online)
+            .is_some()
+    }
+}
+
+fn stats() -> Value {
+    json!({"rx-bytes": 0, "rx-packets": 0, "rx-errs": 0, "rx-dropped": 0, "tx-bytes": 0, "tx-packets": 0, "tx-errs": 0, "tx-dropped": 0})
+}
+
+fn addr_json(cidr: &str) -> Option<Value> {
+    let (ip, prefix) = cidr.split_once('/')?;
+    let prefix: u32 = prefix.parse().ok()?;
+    let kind = if ip.parse::<std::net::Ipv4Addr>().is_ok() {
+        "ipv4"
+    } else if ip.parse::<std::net::Ipv6Addr>().is_ok() {
+        "ipv6"
+    } else {
+        return None;
+    };
+    Some(json!({"ip-address": ip, "ip-address-type": kind, "prefix": prefix}))
+}
+
+/// Reads netplan v2 (`ethernets.<name>.match.macaddress` + `addresses`), with or without a
+/// top-level `network:` key. Keys: lower-case MAC and interface name.
+fn addresses_from_network_config(data: &[u8]) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    let Ok(doc) = serde_yaml::from_slice::<serde_yaml::Value>(data) else {
+        return out;
+    };
+    let root = doc.get("network").unwrap_or(&doc);
+    let Some(eths) = root.get("ethernets").and_then(|e| e.as_mapping()) else {
+        return out;
+    };
+    for (name, cfg) in eths {
+        let addrs: Vec<String> = cfg
+            .get("addresses")
+            .and_then(|a| a.as_sequence())
+            .map(|s| {
+                s.iter()
+                    .filter_map(|a| a.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(mac) = cfg
+            .get("match")
+            .and_then(|m| m.get("macaddress"))
+            .and_then(|m| m.as_str())
+        {
+            out.insert(mac.to_ascii_lowercase(), addrs.clone());
+        }
+        if let Some(n) = name.as_str() {
+            out.insert(n.to_string(), addrs);
+        }
+    }
+    out
+}
+
+fn agent_enabled(vm: &Vm) -> bool {
+    vm.config
+        .get("agent")
+        .map(|a| {
+            let p = parse_property_string(a, "enabled");
+            p.get("enabled").is_some_and(|e| e == "1")
+        })
+        .unwrap_or(false)
+}
+
+fn is_indexed(k: &str, prefix: &str) -> bool {
+    k.strip_prefix(prefix)
+        .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// Options the simulator accepts in config updates (a subset of the real schema).
+fn is_config_option(k: &str) -> bool {
+    const PLAIN: &[&str] = &[
+        "name",
+        "description",
+        "cores",
+        "sockets",
+        "vcpus",
+        "memory",
+        "balloon",
+        "cpu",
+        "boot",
+        "agent",
+        "tags",
+        "onboot",
+        "protection",
+        "ciuser",
+        "cipassword",
+        "sshkeys",
+        "nameserver",
+        "searchdomain",
+        "citype",
+        "cicustom",
+        "ciupgrade",
+        "scsihw",
+        "ostype",
+        "machine",
+        "bios",
+        "numa",
+        "cdrom",
+        "smbios1",
+        "vga",
+        "serial0",
+        "hotplug",
+        "kvm",
+    ];
+    const INDEXED: &[&str] = &[
+        "net", "scsi", "virtio", "sata", "ide", "ipconfig", "unused", "serial", "efidisk", "numa",
+        "usb", "hostpci",
+    ];
+    PLAIN.contains(&k) || INDEXED.iter().any(|p| is_indexed(k, p))
+}
+
+fn is_dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn canonical_tags(t: &str) -> String {
+    let tags: BTreeSet<String> = split_tags(&t.to_ascii_lowercase()).into_iter().collect();
+    tags.into_iter().collect::<Vec<_>>().join(";")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> Cluster {
+        Cluster::new(
+            &Topology::example(),
+            SimOptions::default(),
+            Box::new(|_| false),
+        )
+    }
+
+    fn p(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("10G"), Some(10 << 30));
+        assert_eq!(parse_size("1.5K"), Some(1536));
+        assert_eq!(format_size(10 << 30), "10G");
+        assert_eq!(format_size(1536), "1536");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clone_locks_until_task_ends() {
+        let mut c = cluster();
+        let now = Instant::now();
+        let upid = c
+            .clone_vm(now, "pve1", 9000, &p(&[("newid", "100"), ("name", "m1")]))
+            .expect("clone");
+        assert_eq!(upid.id, "9000");
+        let err = c
+            .update_config(now, "pve1", 100, &p(&[("cores", "4")]), true)
+            .expect_err("locked");
+        assert_eq!(err.reason, "VM is locked (clone)");
+        assert_eq!(
+            c.next_id(Some("100")).expect_err("taken").errors["vmid"],
+            "VM 100 already exists"
+        );
+        let later = now + c.options().clone_duration;
+        c.advance(later);
+        c.update_config(later, "pve1", 100, &p(&[("cores", "4")]), true)
+            .expect("unlocked");
+        let st = c.task_status("pve1", upid.as_str()).expect("task");
+        assert_eq!(st["exitstatus"], "OK");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_local_iso_keeps_a_shared_template_on_its_node_as_proxmox_does() {
+        let mut topology = Topology::example();
+        topology.templates[1]
+            .config
+            .insert("ide2".into(), "local:iso/ubuntu.iso,media=cdrom".into());
+        topology.templates[1]
+            .config
+            .insert("ide0".into(), "none,media=cdrom".into());
+        let mut c = Cluster::new(&topology, SimOptions::default(), Box::new(|_| false));
+        let now = Instant::now();
+        let e = c
+            .clone_vm(
+                now,
+                "pve1",
+                9001,
+                &p(&[("newid", "100"), ("target", "pve2")]),
+            )
+            .expect_err("local ISO");
+        assert_eq!(
+            (e.status, e.reason.as_str()),
+            (500, "can't clone VM to node 'pve2' (VM uses local storage)")
+        );
+        // An empty drive is no volume: without the ISO the clone may cross nodes.
+        topology.templates[1].config.remove("ide2");
+        let mut c = Cluster::new(&topology, SimOptions::default(), Box::new(|_| false));
+        c.clone_vm(
+            now,
+            "pve1",
+            9001,
+            &p(&[("newid", "100"), ("target", "pve2")]),
+        )
+        .expect("shared disks only");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clone_rules() {
+        let mut c = cluster();
+        let now = Instant::now();
+        let e = c
+            .clone_vm(
+                now,
+                "pve1",
+                9000,
+                &p(&[("newid", "100"), ("target", "pve2")]),
+            )
+            .expect_err("local storage");
+        assert_eq!(
+            (e.status, e.reason.as_str()),
+            (500, "can't clone VM to node 'pve2' (VM uses local storage)")
+        );
+        let e = c
+            .clone_vm(
+                now,
+                "pve1",
+                9000,
+                &p(&[("newid", "100"), ("storage", "ceph")]),
+            )
+            .expect_err("linked");
+        assert_eq!(e.status, 400);
+        // A full clone to another node needs a shared target storage too.
+        let e = c
+            .clone_vm(
+                now,
+                "pve1",
+                9001,
+                &p(&[
+                    ("newid", "100"),
+                    ("target", "pve2"),
+                    ("full", "1"),
+                    ("storage", "local-lvm"),
+                ]),
+            )
+            .expect_err("non-shared target storage");
+        assert_eq!(
+            (e.status, e.reason.as_str()),
+            (500, "can't clone to non-shared storage 'local-lvm'")
+        );
+        c.clone_vm(
+            now,
+            "pve1",
+            9001,
+            &p(&[("newid", "101"), ("target", "pve2")]),
+        )
+        .expect("shared storage");
+        c.advance(now + Duration::from_secs(5));
+        assert_eq!(c.vm_node(101).as_deref(), Some("pve2"));
+        let e = c
+            .clone_vm(now, "pve1", 9000, &p(&[("newid", "101")]))
+            .expect_err("exists elsewhere");
+        assert!(
+            e.reason.contains("already exists on node 'pve2'"),
+            "{}",
+            e.reason
+        );
+        let e = c
+            .clone_vm(now, "pve2", 9000, &p(&[("newid", "102")]))
+            .expect_err("wrong node");
+        assert!(e.reason.contains("does not exist"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn digest_resize_delete() {
+        let mut c = cluster();
+        let now = Instant::now();
+        c.clone_vm(now, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        let now = now + Duration::from_secs(1);
+        c.advance(now);
+        let cfg = c.vm_config("pve1", 100).expect("config");
+        assert_eq!(cfg["name"], "Copy-of-VM-ubuntu-2404-kube");
+        let digest = cfg["digest"].as_str().expect("digest").to_string();
+        c.update_config(
+            now,
+            "pve1",
+            100,
+            &p(&[("tags", "B,a a"), ("digest", &digest)]),
+            false,
+        )
+        .expect("digest ok");
+        let e = c
+            .update_config(
+                now,
+                "pve1",
+                100,
+                &p(&[("cores", "2"), ("digest", &digest)]),
+                false,
+            )
+            .expect_err("stale");
+        assert!(e.reason.starts_with("checksum mismatch"));
+        assert_eq!(c.vm_config("pve1", 100).expect("cfg")["tags"], "a;b");
+        let up = c
+            .resize(now, "pve1", 100, &p(&[("disk", "scsi0"), ("size", "5G")]))
+            .expect("task");
+        let now = now + Duration::from_secs(1);
+        c.advance(now);
+        assert_eq!(
+            c.task_status("pve1", up.as_str()).expect("t")["exitstatus"],
+            "shrinking disks is not supported"
+        );
+        c.resize(now, "pve1", 100, &p(&[("disk", "scsi0"), ("size", "+10G")]))
+            .expect("task");
+        let now = now + Duration::from_secs(1);
+        c.advance(now);
+        assert!(
+            c.vm_config("pve1", 100).expect("cfg")["scsi0"]
+                .as_str()
+                .expect("s")
+                .ends_with("size=20G")
+        );
+        c.power(now, "pve1", 100, "start").expect("start");
+        let now = now + Duration::from_secs(1);
+        c.advance(now);
+        let e = c.delete_vm(now, "pve1", 100).expect_err("running");
+        assert_eq!(e.reason, "VM 100 is running - destroy failed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resources_lag_and_flock_contention() {
+        let opts = SimOptions {
+            resources_lag: Duration::from_secs(10),
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let now = Instant::now();
+        c.clone_vm(now, "pve1", 9000, &p(&[("newid", "100"), ("name", "m1")]))
+            .expect("clone");
+        // while the clone runs, editing the template waits for its flock and times out
+        let e = c
+            .update_config(now, "pve1", 9000, &p(&[("description", "x")]), false)
+            .expect_err("flock");
+        assert_eq!(
+            e.reason,
+            "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout"
+        );
+        // a second clone of the (stopped) template is fine: shared lock
+        c.clone_vm(now, "pve1", 9000, &p(&[("newid", "101")]))
+            .expect("parallel clone");
+        let find = |c: &Cluster, t: Instant| {
+            let all = c.cluster_resources(t, Some("vm")).expect("resources");
+            all.as_array()
+                .expect("array")
+                .iter()
+                .find(|r| r["vmid"] == 100)
+                .cloned()
+                .expect("vm 100")
+        };
+        let r = find(&c, now);
+        assert_eq!(r["status"], "unknown");
+        assert!(r.get("name").is_none() && r.get("template").is_none());
+        assert_eq!(
+            r["lock"], "clone",
+            "lock comes from the config, not the RRD"
+        );
+        let later = now + Duration::from_secs(20);
+        c.advance(later);
+        let r = find(&c, later);
+        assert_eq!(r["status"], "stopped");
+        assert_eq!(r["name"], "m1");
+        c.update_config(later, "pve1", 9000, &p(&[("description", "x")]), false)
+            .expect("template editable again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clone_slots_queue_clones_per_node() {
+        let opts = SimOptions {
+            clone_duration: Duration::from_secs(2),
+            clone_slots_per_node: 1,
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let t0 = Instant::now();
+        let first = c
+            .clone_vm(t0, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        let second = c
+            .clone_vm(t0, "pve1", 9000, &p(&[("newid", "101")]))
+            .expect("queued clone is accepted");
+        // shared-storage template to another node: needs a slot on pve1 (source) and pve2
+        let third = c
+            .clone_vm(
+                t0,
+                "pve1",
+                9001,
+                &p(&[("newid", "102"), ("target", "pve2")]),
+            )
+            .expect("queued clone is accepted");
+        assert_eq!(
+            c.task_status("pve1", second.as_str()).expect("t")["status"],
+            "running"
+        );
+        c.advance(t0 + Duration::from_secs(2));
+        assert_eq!(
+            c.task_status("pve1", first.as_str()).expect("t")["status"],
+            "stopped"
+        );
+        assert_eq!(
+            c.task_status("pve1", second.as_str()).expect("t")["status"],
+            "running",
+            "the queued clone runs its full duration after the first"
+        );
+        assert_eq!(c.vm_config("pve1", 101).expect("cfg")["lock"], "clone");
+        c.advance(t0 + Duration::from_secs(4));
+        assert_eq!(
+            c.task_status("pve1", second.as_str()).expect("t")["exitstatus"],
+            "OK"
+        );
+        c.advance(t0 + Duration::from_secs(6));
+        assert_eq!(
+            c.task_status("pve1", third.as_str()).expect("t")["exitstatus"],
+            "OK"
+        );
+        assert_eq!(c.vm_node(102).as_deref(), Some("pve2"));
+        let records = c.task_records();
+        let starts: Vec<(Option<u32>, Duration, Duration)> = records
+            .iter()
+            .map(|r| {
+                (
+                    r.vmid,
+                    r.started.expect("started") - t0,
+                    r.ended.expect("ended") - t0,
+                )
+            })
+            .collect();
+        assert_eq!(
+            starts,
+            vec![
+                (Some(100), Duration::ZERO, Duration::from_secs(2)),
+                (Some(101), Duration::from_secs(2), Duration::from_secs(4)),
+                (Some(102), Duration::from_secs(4), Duration::from_secs(6)),
+            ]
+        );
+        assert!(records.iter().all(|r| r.created == t0 && r.ok));
+        let log = c.task_log("pve1", second.as_str(), 0, 10).expect("log").0;
+        assert!(
+            log.to_string().contains("waited 2000 ms for a clone slot"),
+            "{log}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unlimited_clone_slots_run_clones_side_by_side() {
+        let mut c = cluster();
+        let t0 = Instant::now();
+        for id in ["100", "101", "102"] {
+            c.clone_vm(t0, "pve1", 9000, &p(&[("newid", id)]))
+                .expect("clone");
+        }
+        c.advance(t0 + c.options().clone_duration);
+        assert!(
+            c.task_records()
+                .iter()
+                .all(|r| r.ok && r.started == Some(t0))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn task_types_take_their_own_durations_and_starts_record_the_boot() {
+        let opts = SimOptions {
+            task_duration: Duration::from_millis(10),
+            task_durations: [
+                ("resize".to_string(), Duration::from_millis(500)),
+                ("qmstart".to_string(), Duration::from_secs(1)),
+            ]
+            .into(),
+            boot_delay: Duration::from_secs(3),
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let t0 = Instant::now();
+        c.clone_vm(t0, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        let t1 = t0 + Duration::from_secs(1);
+        c.advance(t1);
+        c.update_config(t1, "pve1", 100, &p(&[("cores", "4")]), true)
+            .expect("config");
+        c.resize(t1, "pve1", 100, &p(&[("disk", "scsi0"), ("size", "+1G")]))
+            .expect("resize");
+        c.advance(t1 + Duration::from_secs(1));
+        let t2 = t1 + Duration::from_secs(1);
+        c.power(t2, "pve1", 100, "start").expect("start");
+        c.advance(t2 + Duration::from_secs(1));
+        let by_kind = |kind: &str| {
+            c.task_records()
+                .into_iter()
+                .find(|r| r.kind == kind)
+                .expect("recorded")
+        };
+        let run = |r: &TaskRecord| r.ended.expect("ended") - r.started.expect("started");
+        assert_eq!(run(&by_kind("qmconfig")), Duration::from_millis(10));
+        assert_eq!(run(&by_kind("resize")), Duration::from_millis(500));
+        let start = by_kind("qmstart");
+        assert_eq!(run(&start), Duration::from_secs(1));
+        assert_eq!(start.vmid, Some(100));
+        assert_eq!(
+            start.agent_ready,
+            Some(t2 + Duration::from_secs(4)),
+            "agent answers boot_delay after the start ends"
+        );
+        assert!(
+            c.agent_ping(t2 + Duration::from_millis(3999), "pve1", 100)
+                .is_err()
+        );
+        c.agent_ping(t2 + Duration::from_secs(4), "pve1", 100)
+            .expect("booted");
+    }
+}

@@ -1,9 +1,0 @@
-//! Pieces that let capmox run end to end on one machine without a real management cluster:
-//! [`standin`] plays CAPI core and KCP for the infrastructure-provider contract, and [`ipam`]
-//! plays the in-cluster IPAM provider. Used by `capmox sandbox`, the end-to-end tests and the
-//! benchmarks; never by the controllers themselves.
-
-pub mod ipam;
-pub mod real;
-pub mod run;
-pub mod standin;

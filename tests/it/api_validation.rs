@@ -1,0 +1,419 @@
+//! Users' manifests against capmox's types and CRD schemas: examples round-trip unchanged, the
+//! Go provider's templates still apply, and bad input is refused with a message that says why.
+
+use std::path::Path;
+
+use capmox::api::{
+    ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate, crd,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::{Value, json};
+
+use crate::common::{TEMPLATE_VALUES, substitute};
+
+fn schema_for(kind: &str) -> Value {
+    static SCHEMAS: std::sync::OnceLock<Vec<(String, Value)>> = std::sync::OnceLock::new();
+    let schemas = SCHEMAS.get_or_init(|| {
+        crd::all()
+            .expect("CRDs render")
+            .iter()
+            .map(|c| {
+                (
+                    c.spec.names.kind.clone(),
+                    crd::schema_json(c).expect("schema"),
+                )
+            })
+            .collect()
+    });
+    schemas
+        .iter()
+        .find(|(k, _)| k == kind)
+        .map(|(_, schema)| schema.clone())
+        .unwrap_or_else(|| panic!("no CRD for {kind}"))
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize_from(doc))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+trait FromYamlDoc {
+    fn deserialize_from(doc: serde_yaml::Deserializer<'_>) -> Self;
+}
+
+impl FromYamlDoc for Value {
+    fn deserialize_from(doc: serde_yaml::Deserializer<'_>) -> Self {
+        serde::Deserialize::deserialize(doc).expect("valid YAML")
+    }
+}
+
+fn example_objects() -> Vec<Value> {
+    documents(&std::fs::read_to_string("examples/failure-domains.yaml").expect("example file"))
+}
+
+fn round_trip<T: DeserializeOwned + Serialize>(object: &Value) -> Value {
+    let typed: T = serde_json::from_value(object.clone())
+        .unwrap_or_else(|e| panic!("{} does not decode: {e}", object["metadata"]["name"]));
+    serde_json::to_value(typed).expect("serializes")
+}
+
+fn round_trip_by_kind(object: &Value) -> Value {
+    match object["kind"].as_str() {
+        Some("ProxmoxCluster") => round_trip::<ProxmoxCluster>(object),
+        Some("ProxmoxClusterTemplate") => round_trip::<ProxmoxClusterTemplate>(object),
+        Some("ProxmoxMachine") => round_trip::<ProxmoxMachine>(object),
+        Some("ProxmoxMachineTemplate") => round_trip::<ProxmoxMachineTemplate>(object),
+        other => panic!("unexpected kind {other:?}"),
+    }
+}
+
+fn violations(kind: &str, object: &Value) -> Vec<String> {
+    match capmox_testkit::schema::validate_object(&schema_for(kind), object, None) {
+        Ok(_) => Vec::new(),
+        Err(found) => found.iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn examples_round_trip_through_the_types_unchanged() {
+    let objects = example_objects();
+    assert_eq!(objects.len(), 5);
+    for object in &objects {
+        assert_eq!(
+            &round_trip_by_kind(object),
+            object,
+            "{} changed on the way through",
+            object["kind"]
+        );
+    }
+}
+
+#[test]
+fn examples_are_valid_against_the_crds() {
+    for object in example_objects() {
+        let kind = object["kind"].as_str().expect("kind").to_owned();
+        let found = violations(&kind, &object);
+        assert!(
+            found.is_empty(),
+            "{kind} {}: {found:#?}",
+            object["metadata"]["name"]
+        );
+    }
+}
+
+#[test]
+fn defaults_are_applied_as_the_api_server_would() {
+    let cluster = example_objects().remove(0);
+    let defaulted =
+        capmox_testkit::schema::validate_object(&schema_for("ProxmoxCluster"), &cluster, None)
+            .expect("valid");
+    assert_eq!(
+        defaulted["spec"]["externalManagedControlPlane"],
+        json!(false)
+    );
+    assert_eq!(
+        defaulted["spec"]["zoneConfig"][0]["controlPlaneEligible"],
+        json!(true)
+    );
+    assert_eq!(
+        defaulted["spec"]["zoneConfig"][2]["controlPlaneEligible"],
+        json!(false)
+    );
+    assert_eq!(
+        defaulted["spec"]["zoneConfig"][0]["ipv4Config"]["metric"],
+        json!(100)
+    );
+    let machine = example_objects().remove(3);
+    let defaulted =
+        capmox_testkit::schema::validate_object(&schema_for("ProxmoxMachine"), &machine, None)
+            .expect("valid");
+    assert_eq!(defaulted["spec"]["full"], json!(true));
+    assert_eq!(
+        defaulted["spec"]["network"]["networkDevices"][0]["model"],
+        json!("virtio")
+    );
+}
+
+/// A ProxmoxMachine spec that is valid, to break one field at a time.
+fn machine(spec_changes: Value) -> Value {
+    let mut object = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+        "kind": "ProxmoxMachine",
+        "metadata": {"name": "m", "namespace": "default"},
+        "spec": {
+            "sourceNode": "pve1",
+            "templateID": 100,
+            "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0"}]}
+        }
+    });
+    merge(&mut object["spec"], spec_changes);
+    object
+}
+
+fn cluster(spec_changes: Value) -> Value {
+    let mut object = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+        "kind": "ProxmoxCluster",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {
+            "dnsServers": ["10.0.0.2"],
+            "ipv4Config": {"addresses": ["10.0.0.10-10.0.0.20"], "prefix": 24, "gateway": "10.0.0.1"}
+        }
+    });
+    merge(&mut object["spec"], spec_changes);
+    object
+}
+
+/// JSON merge patch (RFC 7386): null removes a field.
+fn merge(target: &mut Value, patch: Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            for (key, value) in fields {
+                if value.is_null() {
+                    target.as_object_mut().map(|t| t.remove(&key));
+                } else {
+                    merge(&mut target[&key], value);
+                }
+            }
+        }
+        other => *target = other,
+    }
+}
+
+fn assert_rejected(kind: &str, object: Value, expected: &str) {
+    let found = violations(kind, &object);
+    assert!(
+        found.iter().any(|v| v.contains(expected)),
+        "expected a violation containing {expected:?}, got {found:#?}"
+    );
+}
+
+#[test]
+fn the_valid_bases_are_accepted() {
+    assert_eq!(
+        violations("ProxmoxMachine", &machine(json!({}))),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        violations("ProxmoxCluster", &cluster(json!({}))),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn memory_must_be_a_multiple_of_8() {
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"memoryMiB": 7})),
+        ".spec.memoryMiB: must be a multiple of 8",
+    );
+    assert!(violations("ProxmoxMachine", &machine(json!({"memoryMiB": 2048}))).is_empty());
+}
+
+#[test]
+fn zone_names_are_dns_label_like() {
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"zoneConfig": [{"zone": "rack/a", "nodes": ["pve1"]}]})),
+        ".spec.zoneConfig[0].zone: \"rack/a\" does not match",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"network": {"zone": "-bad"}})),
+        ".spec.network.zone",
+    );
+    assert!(
+        violations(
+            "ProxmoxCluster",
+            &cluster(json!({"zoneConfig": [{"zone": "rack_a.1", "nodes": ["pve1"]}]}))
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn mtu_must_be_1_or_576_to_65520() {
+    let with_mtu = |mtu: i64| {
+        machine(
+            json!({"network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "mtu": mtu}]}}),
+        )
+    };
+    assert_rejected("ProxmoxMachine", with_mtu(100), "invalid MTU value");
+    assert_rejected("ProxmoxMachine", with_mtu(65521), "invalid MTU value");
+    assert!(violations("ProxmoxMachine", &with_mtu(1)).is_empty());
+    assert!(violations("ProxmoxMachine", &with_mtu(9000)).is_empty());
+}
+
+#[test]
+fn vmid_range_must_not_end_before_it_starts() {
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"vmIDRange": {"start": 2000, "end": 1999}})),
+        "end should be greater than or equal to start",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"vmIDRange": {"start": 99, "end": 200}})),
+        ".spec.vmIDRange.start",
+    );
+    assert!(
+        violations(
+            "ProxmoxMachine",
+            &machine(json!({"vmIDRange": {"start": 2000, "end": 2000}}))
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn the_template_source_is_either_an_id_or_a_selector() {
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"templateSelector": {"matchTags": ["ubuntu"]}})),
+        "must define either a SourceNode with a TemplateID or a TemplateSelector",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"sourceNode": null, "templateID": null})),
+        "Must specify either templateID or templateSelector",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"sourceNode": null})),
+        "must define either a SourceNode",
+    );
+    let by_tags = machine(
+        json!({"sourceNode": null, "templateID": null, "templateSelector": {"matchTags": ["ubuntu"]}}),
+    );
+    assert!(violations("ProxmoxMachine", &by_tags).is_empty());
+}
+
+#[test]
+fn other_constraints_of_the_go_provider_hold() {
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"full": false, "format": "qcow2"})),
+        "Must set full=true when specifying format",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"full": false, "storage": "local"})),
+        "Must set full=true when specifying storage",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"format": "vdi"})),
+        ".spec.format: unsupported value",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"numCores": 0})),
+        ".spec.numCores",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"tags": ["bad tag"]})),
+        ".spec.tags[0]",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"providerID": "proxmox://nope"})),
+        ".spec.providerID",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"network": {"networkDevices": [{"name": "eth0"}]}})),
+        ".spec.network.networkDevices[0].name",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(
+            json!({"network": {"networkDevices": [{"name": "net0", "ipPoolRef": [{"apiGroup": "example.com", "kind": "InClusterIPPool", "name": "p"}]}]}}),
+        ),
+        "ipPoolRef allows only IPAM apiGroup",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(json!({"network": {"networkDevices": [{"name": "net0"}, {"name": "net0"}]}})),
+        "duplicate entry with key [\"net0\"]",
+    );
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"ipv4Config": null})),
+        "at least one ip config must be set",
+    );
+    let ipv6_only = cluster(
+        json!({"ipv4Config": null, "ipv6Config": {"addresses": ["2001:db8::10"], "prefix": 64, "gateway": "2001:db8::1"}}),
+    );
+    assert!(violations("ProxmoxCluster", &ipv6_only).is_empty());
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"dnsServers": []})),
+        ".spec.dnsServers: must have at least 1 items",
+    );
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"controlPlaneEndpoint": {"host": "a", "port": 70000}})),
+        ".spec.controlPlaneEndpoint.port",
+    );
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"schedulerHints": {"memoryAdjustment": -1}})),
+        "memoryAdjustment",
+    );
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"unknownField": 1})),
+        ".spec.unknownField: field not declared in schema",
+    );
+}
+
+#[test]
+fn the_boot_volume_is_immutable() {
+    let schema = schema_for("ProxmoxMachine");
+    let old = machine(json!({"disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}}}));
+    let new = machine(json!({"disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 30}}}));
+    let found =
+        capmox_testkit::schema::validate_object(&schema, &new, Some(&old)).expect_err("immutable");
+    assert!(
+        found
+            .iter()
+            .any(|v| v.message.contains("Value is immutable")),
+        "{found:?}"
+    );
+    assert!(capmox_testkit::schema::validate_object(&schema, &old, Some(&old)).is_ok());
+}
+
+#[test]
+fn the_go_provider_templates_apply_unchanged() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/go-provider/templates");
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    let mut checked = 0;
+    for entry in entries {
+        let path = entry.expect("dir entry").path();
+        let text = substitute(
+            &std::fs::read_to_string(&path).expect("readable"),
+            TEMPLATE_VALUES,
+        );
+        for object in documents(&text) {
+            let kind = object["kind"].as_str().unwrap_or_default().to_owned();
+            if !kind.starts_with("Proxmox") {
+                continue;
+            }
+            let found = violations(&kind, &object);
+            assert!(found.is_empty(), "{} {kind}: {found:#?}", path.display());
+            round_trip_by_kind(&object);
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} Proxmox objects found in the Go templates"
+    );
+}

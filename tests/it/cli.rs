@@ -1,0 +1,88 @@
+//! The `capmox` binary as a user runs it.
+
+use std::process::Command;
+
+fn capmox(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_capmox"))
+        .args(args)
+        .output()
+        .expect("capmox runs")
+}
+
+#[test]
+fn crds_prints_exactly_the_committed_crds() {
+    let output = capmox(&["crds"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut files: Vec<_> = std::fs::read_dir("crds")
+        .expect("crds/")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    let committed: String = files
+        .iter()
+        .map(|f| format!("---\n{}", std::fs::read_to_string(f).expect("readable")))
+        .collect();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        committed,
+        "run `make crds`"
+    );
+}
+
+#[test]
+fn crds_output_dir_writes_one_file_per_crd() {
+    let dir = std::env::temp_dir().join(format!("capmox-crds-{}", std::process::id()));
+    let output = capmox(&["crds", "--output-dir", dir.to_str().expect("utf-8 path")]);
+    assert!(output.status.success());
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("written")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "infrastructure.cluster.x-k8s.io_proxmoxclusters.yaml",
+            "infrastructure.cluster.x-k8s.io_proxmoxclustertemplates.yaml",
+            "infrastructure.cluster.x-k8s.io_proxmoxmachines.yaml",
+            "infrastructure.cluster.x-k8s.io_proxmoxmachinetemplates.yaml",
+        ]
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn version_and_help_say_what_capmox_is() {
+    let version = capmox(&["version"]);
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("capmox {}", env!("CARGO_PKG_VERSION"))
+    );
+    let help = String::from_utf8_lossy(&capmox(&["--help"]).stdout).into_owned();
+    for expected in ["Proxmox", "run", "crds", "version", "--log-format"] {
+        assert!(
+            help.contains(expected),
+            "--help lacks {expected:?}:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn run_without_a_cluster_fails_with_a_clear_message() {
+    let output = Command::new(env!("CARGO_BIN_EXE_capmox"))
+        .arg("run")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("capmox runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot configure the Kubernetes client"),
+        "{stderr}"
+    );
+}

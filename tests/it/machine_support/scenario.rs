@@ -1,0 +1,296 @@
+//! The machine tests' scenario: the environment with a ready cluster `demo` whose Proxmox
+//! credentials point at a [`Tap`] in front of the simulator, restartable controllers, and what
+//! the tests check afterwards (VMs, seed ISOs, claims, conditions, events).
+
+use std::time::Duration;
+
+use capmox::api::ProxmoxMachine;
+use capmox::capi::IPAddressClaim;
+use capmox_sim::SimOptions;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+use super::tap::{self, Tap};
+use crate::common::env::{Controllers, ENV_WAIT, Env, condition};
+
+/// Clones take a while, other tasks a little: a crash can land while a task runs.
+pub fn sim_options() -> SimOptions {
+    SimOptions {
+        clone_duration: Duration::from_millis(200),
+        task_duration: Duration::from_millis(20),
+        boot_delay: Duration::from_millis(100),
+        ..SimOptions::default()
+    }
+}
+
+/// A ready cluster `demo` whose credentials point at the tap; the IPAM stand-in runs.
+pub struct Scenario {
+    pub env: Env,
+    pub tap: Tap,
+    controllers: Option<Controllers>,
+}
+
+impl Scenario {
+    pub async fn start(options: SimOptions) -> Scenario {
+        let env = Env::start_with(options).await;
+        let tap = Tap::start(&env.sim.url()).await;
+        let token = env.sim.token();
+        let (id, secret) = token.split_once('=').expect("token id=secret");
+        let credentials: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "demo-credentials", "namespace": "default"},
+            "stringData": {"url": tap.url(), "token": id, "secret": secret}
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(env.client(), "default")
+            .create(&PostParams::default(), &credentials)
+            .await
+            .expect("credentials");
+        let uid = env.create_capi_cluster("demo").await;
+        env.create_proxmox_cluster(
+            "demo",
+            &uid,
+            json!({
+                "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
+                "dnsServers": ["10.0.0.2"],
+                "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
+                "credentialsRef": {"name": "demo-credentials"},
+                "zoneConfig": [
+                    {"zone": "rack-a", "nodes": ["pve1", "pve2"]},
+                    {"zone": "rack-b", "nodes": ["pve3", "pve4"]}
+                ]
+            }),
+        )
+        .await;
+        env.run_ipam();
+        let controllers = env.spawn_controllers();
+        let cluster = env
+            .wait_cluster("demo", "Ready=True", |c| {
+                condition(c, "Ready").is_some_and(|c| c.0 == "True")
+            })
+            .await;
+        env.mark_cluster_provisioned("demo", &cluster).await;
+        Scenario {
+            env,
+            tap,
+            controllers: Some(controllers),
+        }
+    }
+
+    /// Stops the controllers gracefully; [`Scenario::start_controllers`] brings fresh ones.
+    pub async fn stop_controllers(&mut self) {
+        if let Some(controllers) = self.controllers.take() {
+            controllers.stop().await;
+        }
+    }
+
+    /// Starts fresh controllers (after [`Scenario::stop_controllers`]).
+    pub fn start_controllers(&mut self) {
+        self.controllers = Some(self.env.spawn_controllers());
+    }
+
+    /// Starts fresh controllers that talk to the API server through `client`.
+    pub fn start_controllers_with(&mut self, client: kube::Client) {
+        self.controllers = Some(self.env.spawn_controllers_with(client));
+    }
+
+    /// Kills the controllers like a crashed process and starts fresh ones.
+    pub async fn restart(&mut self) {
+        if let Some(controllers) = self.controllers.take() {
+            controllers.crash().await;
+        }
+        self.controllers = Some(self.env.spawn_controllers());
+    }
+
+    pub async fn create(&self, name: &str) {
+        self.env
+            .create_machine(
+                "demo",
+                name,
+                Some("rack-a"),
+                false,
+                json!({
+                    "sourceNode": "pve1", "templateID": 9000, "memoryMiB": 2048, "numCores": 2,
+                    "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}},
+                    "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "defaultIPv4": true}]}
+                }),
+            )
+            .await;
+    }
+
+    pub async fn wait_ready(&self, name: &str) -> ProxmoxMachine {
+        self.env
+            .wait_machine(name, "provisioned and Ready", |m| {
+                m.is_provisioned() && condition_status(m, "Ready").as_deref() == Some("True")
+            })
+            .await
+    }
+
+    pub async fn delete(&self, name: &str) -> String {
+        let machines = Api::<ProxmoxMachine>::namespaced(self.env.client(), "default");
+        let uid = machines
+            .get(name)
+            .await
+            .expect("machine")
+            .metadata
+            .uid
+            .expect("uid");
+        machines
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        uid
+    }
+
+    pub async fn wait_deleted(&self, name: &str, uid: &str) {
+        let machines = Api::<ProxmoxMachine>::namespaced(self.env.client(), "default");
+        tokio::time::timeout(
+            ENV_WAIT,
+            kube::runtime::wait::await_condition(
+                machines.clone(),
+                name,
+                kube::runtime::wait::conditions::is_deleted(uid),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name} deleted in time"))
+        .expect("watch");
+    }
+
+    /// Once the request armed with [`Tap::trip_at`] has been carried out by Proxmox (see
+    /// [`first`]): kills the controllers, lets the held answer go to nobody and starts fresh
+    /// controllers. Returns that request.
+    pub async fn crash(&mut self, tripped: tap::Tripped) -> String {
+        if let Some(controllers) = self.controllers.take() {
+            controllers.crash().await;
+        }
+        let _ = tripped.resume.send(());
+        self.controllers = Some(self.env.spawn_controllers());
+        format!("{} {}", tripped.request.method, tripped.request.path)
+    }
+
+    /// Non-template VMs in the simulator.
+    pub async fn vms(&self) -> Vec<(u32, Vec<String>)> {
+        self.env
+            .proxmox()
+            .cluster_resources(None)
+            .await
+            .expect("resources")
+            .into_iter()
+            .filter(|r| r.kind == capmox::proxmox::ResourceType::Qemu && !r.template)
+            .map(|r| (r.vmid.unwrap_or_default(), r.tags))
+            .collect()
+    }
+
+    /// Seed ISOs (`user-data-<vmid>.iso`) left on any node.
+    pub async fn seed_isos(&self) -> Vec<String> {
+        let proxmox = self.env.proxmox();
+        let mut found = Vec::new();
+        for node in ["pve1", "pve2", "pve3", "pve4", "pve5"] {
+            for storage in proxmox
+                .list_storage(node, Some("iso"))
+                .await
+                .expect("storage")
+            {
+                for item in proxmox
+                    .storage_content(node, &storage.storage, Some("iso"), None)
+                    .await
+                    .expect("content")
+                {
+                    if item.volid.contains("user-data-") && !found.contains(&item.volid) {
+                        found.push(item.volid);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    pub async fn claims(&self) -> usize {
+        Api::<IPAddressClaim>::namespaced(self.env.client(), "default")
+            .list(&ListParams::default())
+            .await
+            .expect("claims")
+            .items
+            .len()
+    }
+
+    /// Exactly one VM for the machine: the one in its status, tagged for it.
+    pub async fn assert_one_vm(&self, machine: &ProxmoxMachine, context: &str) {
+        let vms = self.vms().await;
+        let vmid = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.virtual_machine_id)
+            .expect("vmid in status");
+        let tag = capmox::controller::machine::machine_tag(machine);
+        assert_eq!(vms.len(), 1, "{context}: VMs {vms:?}");
+        assert_eq!(i64::from(vms[0].0), vmid, "{context}: VMs {vms:?}");
+        assert!(vms[0].1.contains(&tag), "{context}: VM not tagged {tag}");
+        let status = machine.status.as_ref().expect("status");
+        assert_eq!(status.task_ref, None, "{context}: task still recorded");
+        assert_eq!(status.retry_after, None, "{context}");
+    }
+
+    pub async fn assert_nothing_left(&self, context: &str) {
+        assert_eq!(self.vms().await, vec![], "{context}: VMs left");
+        assert_eq!(self.seed_isos().await, Vec::<String>::new(), "{context}");
+        assert_eq!(self.claims().await, 0, "{context}: IPAddressClaims left");
+    }
+}
+
+pub fn condition_status(machine: &ProxmoxMachine, type_: &str) -> Option<String> {
+    machine_condition(machine, type_).map(|c| c.0)
+}
+
+/// (status, reason, message) of a ProxmoxMachine condition.
+pub fn machine_condition(
+    machine: &ProxmoxMachine,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    machine
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Waits for an event with `reason` about the ProxmoxMachine `name`.
+pub async fn wait_event(env: &Env, name: &str, reason: &str) -> Event {
+    use futures::StreamExt;
+    let events = Api::<Event>::namespaced(env.client(), "default");
+    let stream = kube::runtime::watcher(events, kube::runtime::watcher::Config::default());
+    let found = tokio::time::timeout(
+        ENV_WAIT,
+        kube::runtime::WatchStreamExt::applied_objects(stream)
+            .filter_map(|e| async move { e.ok() })
+            .filter(|e: &Event| {
+                let hit = e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name);
+                async move { hit }
+            })
+            .boxed()
+            .next(),
+    )
+    .await;
+    match found {
+        Ok(Some(event)) => event,
+        other => panic!("no {reason} event for {name}: {other:?}"),
+    }
+}
+
+/// The armed request, or `None` when `goal` (the end of the run) comes first, so the run made
+/// fewer requests than armed for.
+pub async fn first<T>(
+    armed: tokio::sync::oneshot::Receiver<tap::Tripped>,
+    goal: impl std::future::Future<Output = T>,
+) -> Option<tap::Tripped> {
+    tokio::select! {
+        tripped = armed => Some(tripped.expect("tap alive")),
+        _ = goal => None,
+    }
+}

@@ -1,0 +1,194 @@
+//! End to end: the sandbox's example cluster (3 control-plane machines spread over the failure
+//! domains, 2 workers pinned to rack-b), scaling, and deleting the whole cluster.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use capmox::api::{ProxmoxCluster, ProxmoxMachine};
+use capmox::capi::{IPAddressClaim, InClusterIPPool};
+use capmox_sandbox::run::{Sandbox, SandboxOptions};
+use capmox_sandbox::standin::{scale_control_plane, scale_workers};
+use capmox_sim::SimOptions;
+use kube::api::{Api, DeleteParams};
+
+fn options() -> SandboxOptions {
+    SandboxOptions {
+        sim: SimOptions {
+            clone_duration: Duration::from_millis(20),
+            task_duration: Duration::ZERO,
+            boot_delay: Duration::from_millis(20),
+            ..SimOptions::default()
+        },
+        timeout: Duration::from_secs(120),
+        verbose: false,
+        ..SandboxOptions::default()
+    }
+}
+
+fn rack_of(node: &str) -> &'static str {
+    match node {
+        "pve1" | "pve2" => "rack-a",
+        "pve3" | "pve4" => "rack-b",
+        _ => "none",
+    }
+}
+
+/// Every VM (but the template) belongs to exactly one ready machine, and vice versa.
+async fn assert_one_vm_per_machine(sandbox: &Sandbox) {
+    let machines = Api::<ProxmoxMachine>::namespaced(sandbox.client(), "default")
+        .list(&Default::default())
+        .await
+        .expect("list");
+    let mut vmids: Vec<i64> = machines
+        .items
+        .iter()
+        .filter_map(|m| m.status.as_ref()?.virtual_machine_id)
+        .collect();
+    vmids.sort();
+    let before = vmids.len();
+    vmids.dedup();
+    assert_eq!(before, vmids.len(), "two machines share a VMID");
+    let vm_count = sandbox.sim.with_cluster(|c| c.vm_count()) - 1;
+    assert_eq!(vm_count, machines.items.len(), "VMs in Proxmox vs machines");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_cluster_spreads_scales_and_goes_away() {
+    let options = options();
+    let sandbox = Sandbox::start(&options, false)
+        .await
+        .expect("sandbox starts");
+    let example = sandbox
+        .apply_example(&options)
+        .await
+        .expect("example applied");
+    let rows = sandbox
+        .wait_ready(5, options.timeout, false)
+        .await
+        .expect("5 machines ready");
+
+    // Control plane spread: no zone has more than one machine more than another.
+    let mut control_plane: BTreeMap<String, usize> = BTreeMap::new();
+    for row in rows
+        .iter()
+        .filter(|r| r.machine.starts_with("demo-control-plane"))
+    {
+        *control_plane.entry(row.failure_domain.clone()).or_default() += 1;
+        assert_eq!(
+            rack_of(&row.node),
+            row.failure_domain,
+            "{} is on {} outside its zone",
+            row.machine,
+            row.node
+        );
+    }
+    assert_eq!(control_plane.values().sum::<usize>(), 3);
+    let (max, min) = (
+        control_plane.values().max().copied().unwrap_or(0),
+        control_plane.values().min().copied().unwrap_or(0),
+    );
+    assert!(
+        control_plane.len() == 2 && max - min <= 1,
+        "control plane not spread: {control_plane:?}"
+    );
+    // Workers: all in rack-b, on rack-b nodes, with rack-b addresses.
+    let workers: Vec<_> = rows
+        .iter()
+        .filter(|r| r.machine.starts_with("demo-workers"))
+        .collect();
+    assert_eq!(workers.len(), 2);
+    for worker in &workers {
+        assert_eq!(worker.failure_domain, "rack-b");
+        assert_eq!(rack_of(&worker.node), "rack-b");
+        assert!(
+            worker.ips.starts_with("10.0.2."),
+            "{} has {}",
+            worker.machine,
+            worker.ips
+        );
+    }
+    assert_one_vm_per_machine(&sandbox).await;
+
+    // Scale the control plane 3 -> 5 -> 3 and the workers 2 -> 4 -> 0.
+    let client = sandbox.client();
+    scale_control_plane(&client, "default", &example.control_plane_name(), 5)
+        .await
+        .expect("scale");
+    scale_workers(&client, "default", &example.workers_name(), 4)
+        .await
+        .expect("scale");
+    sandbox
+        .wait_ready(9, options.timeout, false)
+        .await
+        .expect("9 machines ready");
+    assert_one_vm_per_machine(&sandbox).await;
+    scale_control_plane(&client, "default", &example.control_plane_name(), 3)
+        .await
+        .expect("scale");
+    scale_workers(&client, "default", &example.workers_name(), 0)
+        .await
+        .expect("scale");
+    sandbox
+        .wait_ready(3, options.timeout, false)
+        .await
+        .expect("3 machines left");
+    assert_one_vm_per_machine(&sandbox).await;
+
+    // Delete the cluster: every VM, ISO, claim and pool goes, and the finalizer is released.
+    Api::<capmox::capi::Cluster>::namespaced(client.clone(), "default")
+        .delete("demo", &DeleteParams::default())
+        .await
+        .expect("cluster delete accepted");
+    let clusters = Api::<ProxmoxCluster>::namespaced(client.clone(), "default");
+    let uid = clusters
+        .get("demo")
+        .await
+        .expect("still there")
+        .metadata
+        .uid
+        .expect("uid");
+    tokio::time::timeout(
+        options.timeout,
+        kube::runtime::wait::await_condition(
+            clusters,
+            "demo",
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        ),
+    )
+    .await
+    .expect("ProxmoxCluster released in time")
+    .expect("watch");
+    assert_eq!(
+        sandbox.sim.with_cluster(|c| c.vm_count()),
+        1,
+        "only the template is left"
+    );
+    let config = capmox::proxmox::ClientConfig::new(
+        sandbox.sim.url(),
+        capmox::proxmox::ApiToken::parse(&sandbox.sim.token()).expect("token"),
+    );
+    let proxmox = capmox::proxmox::ProxmoxClient::new(&config).expect("client");
+    for node in ["pve1", "pve2", "pve3", "pve4", "pve5"] {
+        let isos = proxmox
+            .storage_content(node, "local", Some("iso"), None)
+            .await
+            .expect("content");
+        assert!(isos.is_empty(), "seed ISOs left on {node}: {isos:?}");
+    }
+    assert!(
+        Api::<IPAddressClaim>::namespaced(client.clone(), "default")
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    assert!(
+        Api::<InClusterIPPool>::namespaced(client, "default")
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+}
