@@ -247,6 +247,7 @@ pub fn reason(error: &ProxmoxError) -> &'static str {
         }
         _ if tls_problem(error) => "TLSVerificationFailed",
         ProxmoxError::Config(_) => "CredentialsInvalid",
+        ProxmoxError::Fenced => "LeadershipLost",
         ProxmoxError::Transient {
             status: Some(500), ..
         } => "ProxmoxServerError",
@@ -291,6 +292,7 @@ pub fn describe(step: &str, error: &ProxmoxError) -> Described {
         ProxmoxError::Unauthorized { reason } => format!(
             "Proxmox rejected the API token (HTTP 401: {reason}); check the API token id and secret in the credentials"
         ),
+        ProxmoxError::Fenced => "this replica lost the leader election Lease and stopped writing to Proxmox; the replica that leads now continues".to_owned(),
         ProxmoxError::Forbidden { reason } => match permission(reason) {
             Some((path, privilege)) => format!(
                 "the API token lacks {privilege} on {path} (HTTP 403: {reason}); grant it on {path} to the token (with privilege separation, to the token itself)"

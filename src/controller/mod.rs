@@ -144,6 +144,7 @@ pub async fn run(
         changed = async { leading.wait_for(|leading| *leading).await.is_ok() } => changed,
     };
     if became_leader {
+        let registry = proxmox.clone();
         let context = Context {
             client,
             metrics,
@@ -170,6 +171,9 @@ pub async fn run(
                 } else {
                     tracing::error!("leadership lost; stopping all reconcilers");
                 }
+                // Reconciles in flight finish without another Proxmox write: the new leader may
+                // already act on the same VMs.
+                registry.fence();
                 controllers_stop.cancel();
                 let _ = controllers.await;
             }

@@ -140,7 +140,29 @@ struct Inner {
     limits: Mutex<HashMap<&'static str, Arc<Semaphore>>>,
     metrics: Metrics,
     jitter: AtomicU64,
+    fence: Fence,
 }
+
+/// Stops every write of the clients that share it once raised (reads go on), so a replica that
+/// lost leadership cannot act in Proxmox beside the new leader.
+#[derive(Clone, Debug, Default)]
+pub struct Fence(Arc<std::sync::atomic::AtomicBool>);
+
+impl Fence {
+    /// Refuses all further writes.
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether writes are refused.
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Largest response body capmox reads from Proxmox; a larger one is an error, never an
+/// allocation the size of whatever a broken or hostile endpoint sends.
+pub const MAX_RESPONSE_BODY: usize = 16 * 1024 * 1024;
 
 /// A Proxmox VE API client. Cheap to clone; clones share connections, limits and counters.
 #[derive(Clone)]
@@ -160,6 +182,11 @@ impl fmt::Debug for ProxmoxClient {
 impl ProxmoxClient {
     /// Builds a client. Prefer `ClientRegistry::get` so equal configs share one client.
     pub fn new(config: &ClientConfig) -> Result<Self> {
+        Self::with_fence(config, Fence::default())
+    }
+
+    /// Builds a client whose writes stop once `fence` is raised.
+    pub fn with_fence(config: &ClientConfig, fence: Fence) -> Result<Self> {
         let url = config.url.trim_end_matches('/');
         let parsed = reqwest::Url::parse(url).map_err(|e| {
             ProxmoxError::Config(format!(
@@ -211,6 +238,7 @@ impl ProxmoxClient {
                 limits: Mutex::new(HashMap::new()),
                 metrics: Metrics::default(),
                 jitter: AtomicU64::new(seed | 1),
+                fence,
             }),
         })
     }
@@ -282,6 +310,9 @@ impl ProxmoxClient {
     }
 
     async fn send_once(&self, req: &Request, body: Body) -> Result<Value> {
+        if req.method != Method::GET && self.inner.fence.is_raised() {
+            return Err(ProxmoxError::Fenced);
+        }
         let permit = self
             .limiter(req.endpoint)
             .acquire_owned()
@@ -329,7 +360,7 @@ impl ProxmoxClient {
             .extensions()
             .get::<hyper::ext::ReasonPhrase>()
             .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned());
-        let bytes = resp.bytes().await.map_err(transport_error)?;
+        let bytes = read_bounded(resp, endpoint).await?;
         if status.is_success() {
             let envelope: Value =
                 serde_json::from_slice(&bytes).map_err(|e| ProxmoxError::Decode {
@@ -346,6 +377,32 @@ impl ProxmoxClient {
         }
         Err(error_from_parts(status, phrase.as_deref(), &bytes).with_retry_after(retry_after))
     }
+}
+
+/// The response body, refused once it exceeds [`MAX_RESPONSE_BODY`] (by its announced length or
+/// while it streams in).
+async fn read_bounded(mut resp: reqwest::Response, endpoint: &str) -> Result<Vec<u8>> {
+    let too_large = || ProxmoxError::Decode {
+        endpoint: endpoint.to_string(),
+        message: format!(
+            "response body larger than {} MiB; is the URL a Proxmox VE API?",
+            MAX_RESPONSE_BODY / (1024 * 1024)
+        ),
+    };
+    if resp
+        .content_length()
+        .is_some_and(|length| length > MAX_RESPONSE_BODY as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(transport_error)? {
+        if body.len() + chunk.len() > MAX_RESPONSE_BODY {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// A non-zero seed for [`jitter_fraction`], from the clock.

@@ -78,6 +78,10 @@ pub enum ProxmoxError {
         /// The server's `Retry-After`, when it sent one.
         retry_after: Option<std::time::Duration>,
     },
+    /// This replica lost leadership: it sends Proxmox no more writes, so two leaders never
+    /// act at once (the replica that leads now takes over).
+    #[error("not sending a write to Proxmox VE: this replica is no longer the leader")]
+    Fenced,
     /// A task ended with an exit status other than `OK`/`WARNINGS: n`.
     #[error("Proxmox VE task {upid} failed: {exitstatus}")]
     TaskFailed {

@@ -32,7 +32,7 @@ pub mod types;
 pub mod upid;
 
 pub use api::{CLIENT_ENDPOINTS, CloudInitStatus, ResourceFilter};
-pub use client::{EndpointStats, ProxmoxClient, error_from_parts};
+pub use client::{EndpointStats, Fence, MAX_RESPONSE_BODY, ProxmoxClient, error_from_parts};
 pub use config::{ApiToken, ClientConfig, RetryPolicy, Secret, TlsOptions};
 pub use error::{ProxmoxError, Result};
 pub use registry::ClientRegistry;

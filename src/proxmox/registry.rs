@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::client::ProxmoxClient;
+use super::client::{Fence, ProxmoxClient};
 use super::config::ClientConfig;
 use super::error::Result;
 
@@ -12,6 +12,7 @@ use super::error::Result;
 #[derive(Debug, Default)]
 pub struct ClientRegistry {
     clients: Mutex<HashMap<ClientConfig, ProxmoxClient>>,
+    fence: Fence,
 }
 
 impl ClientRegistry {
@@ -27,11 +28,16 @@ impl ClientRegistry {
         if let Some(c) = clients.get(config) {
             return Ok(c.clone());
         }
-        let client = ProxmoxClient::new(config)?;
+        let client = ProxmoxClient::with_fence(config, self.fence.clone())?;
         // Forget older clients for the same URL and token id (rotated secret or TLS change).
         clients.retain(|k, _| !(k.url == config.url && k.token.token_id == config.token.token_id));
         clients.insert(config.clone(), client.clone());
         Ok(client)
+    }
+
+    /// Stops every write of every client handed out, now and later (leadership was lost).
+    pub fn fence(&self) {
+        self.fence.raise();
     }
 
     /// Per-endpoint counters summed over every cached client, for `/metrics`.

@@ -154,3 +154,77 @@ async fn a_leader_whose_lease_calls_hang_steps_down_within_the_renew_deadline() 
     let error = result.expect_err("losing the lease is an error");
     assert!(error.to_string().contains("renew deadline"), "{error}");
 }
+
+/// A leader whose API server stalls steps down within its renew deadline, and the reconcile it
+/// has in flight (waiting for a slow Proxmox task after the clone) sends Proxmox no further
+/// write: the replica that leads next may already be acting on the same VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_losing_the_lease_no_proxmox_write_follows() {
+    use crate::machine_support::scenario::{Scenario, sim_options};
+    use capmox::controller::{GlobalCredentials, ManagerConfig};
+    use capmox_testkit::FaultKind;
+
+    let mut scenario = Scenario::start(capmox_sim::SimOptions {
+        task_duration: Duration::from_secs(3),
+        ..sim_options()
+    })
+    .await;
+    // The manager itself (with leader election) instead of bare reconcilers.
+    scenario.stop_controllers().await;
+    let config = ManagerConfig {
+        metrics_address: ([127, 0, 0, 1], 0).into(),
+        health_address: ([127, 0, 0, 1], 0).into(),
+        leader_election: Some(LeaderElectionConfig {
+            name: "capmox-controller-leader".into(),
+            namespace: "default".into(),
+            identity: "stalled-leader".into(),
+            lease_duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(1),
+            retry_period: Duration::from_millis(100),
+        }),
+        watch_namespace: None,
+        cluster_concurrency: 1,
+        machine_concurrency: 2,
+    };
+    let stop = CancellationToken::new();
+    let manager = tokio::spawn(capmox::controller::run(
+        scenario.env.client(),
+        config,
+        GlobalCredentials::default(),
+        stop.clone(),
+    ));
+    scenario.create("fenced").await;
+    // Past the clone, the reconcile waits for a task that runs for seconds.
+    tokio::time::timeout(WAIT, async {
+        while scenario.tap.mutating() < 2 {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the clone and the next write were sent");
+    // The API server now stalls every Lease request.
+    let writes_before = scenario.tap.mutating();
+    scenario.env.server.set_fault_hook(|request| {
+        (request.resource == "leases").then_some(FaultKind::Delay(Duration::from_secs(60)))
+    });
+    let ended = tokio::time::timeout(WAIT, manager)
+        .await
+        .expect("the manager ends once leadership is lost")
+        .expect("no panic");
+    let error = ended.expect_err("losing the lease is an error");
+    assert!(error.to_string().contains("renew deadline"), "{error}");
+    let writes: Vec<_> = scenario
+        .tap
+        .log()
+        .into_iter()
+        .filter(|seen| seen.method != "GET")
+        .map(|seen| format!("{} {}", seen.method, seen.path))
+        .collect();
+    assert_eq!(
+        scenario.tap.mutating(),
+        writes_before,
+        "Proxmox writes after leadership was lost: {writes:?}"
+    );
+    stop.cancel();
+}

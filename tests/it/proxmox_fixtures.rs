@@ -425,3 +425,50 @@ async fn upload_is_multipart_in_proxmox_order_with_content_length() {
     assert!(content_at < file_at, "content must come before the file");
     assert!(body.contains("ISO-BYTES"));
 }
+
+/// A body over the client's bound is an error that says so, not an allocation of whatever the
+/// other end sends; a raised fence stops writes before they leave while reads go on.
+#[tokio::test]
+async fn oversized_bodies_are_refused_and_a_raised_fence_stops_writes() {
+    let server = FixtureServer::start().await;
+    let mut cfg = ClientConfig::new(
+        server.url(),
+        ApiToken::parse("root@pam!capi=secret-value").expect("token"),
+    );
+    cfg.retry.max_attempts = 1;
+    let registry = ClientRegistry::new();
+    let client = registry.get(&cfg).expect("client");
+
+    let padding = "x".repeat(MAX_RESPONSE_BODY);
+    server.set(Canned {
+        status: 200,
+        reason: None,
+        body: format!(r#"{{"data":{{"version":"9.1","release":"9.1","repoid":"{padding}"}}}}"#)
+            .into_bytes(),
+    });
+    let error = client.version().await.expect_err("too large");
+    assert!(error.to_string().contains("larger than 16 MiB"), "{error}");
+
+    server.set(Canned {
+        status: 200,
+        reason: None,
+        body: br#"{"data":"UPID:pve1:00001234:00005678:65000000:qmstart:100:root@pam:"}"#.to_vec(),
+    });
+    server.take_seen();
+    registry.fence();
+    let error = client
+        .power("pve1", 100, PowerAction::Start)
+        .await
+        .expect_err("fenced");
+    assert!(matches!(error, ProxmoxError::Fenced), "{error}");
+    assert!(
+        server.take_seen().is_empty(),
+        "a fenced write never reaches Proxmox"
+    );
+    server.set(Canned {
+        status: 200,
+        reason: None,
+        body: br#"{"data":{"version":"9.1","release":"9.1","repoid":"abc"}}"#.to_vec(),
+    });
+    client.version().await.expect("reads go on");
+}
