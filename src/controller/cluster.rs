@@ -77,6 +77,10 @@ impl ClusterError {
     }
 }
 
+/// `ProxmoxAvailable` reason (and Warning event) when Proxmox answers over plain HTTP: it works,
+/// but the API token crosses the network unencrypted.
+pub const PLAIN_HTTP: &str = "AvailableOverPlainHTTP";
+
 /// Requeue after a pass that worked from a stale copy: the newer version's watch event
 /// normally comes first; this only covers a missed one.
 pub const STALE_RETRY: Duration = Duration::from_secs(1);
@@ -265,6 +269,33 @@ async fn reconcile_inner(
     let mut unknown_nodes = Vec::new();
     if let Some((proxmox, url)) = proxmox {
         match check_proxmox(&proxmox, cluster).await {
+            Ok(unknown) if url.starts_with("http://") => {
+                // Reachable, but the token travels in clear: say so where users look, once.
+                let message = format!(
+                    "Proxmox at {url} is reached over plain HTTP, so the API token is sent unencrypted; use an https:// URL"
+                );
+                let already_said = current.conditions.iter().any(|c| {
+                    c.type_ == api::conditions::PROXMOX_AVAILABLE && c.reason == PLAIN_HTTP
+                });
+                if !already_said {
+                    tracing::warn!(cluster = %name, %url, "Proxmox is reached over plain HTTP; the API token is sent unencrypted");
+                    failures::publish_event(
+                        &context.client,
+                        FIELD_MANAGER,
+                        &cluster.object_ref(&()),
+                        EventType::Warning,
+                        PLAIN_HTTP,
+                        &message,
+                    )
+                    .await;
+                }
+                decided.push(Decided::ok(
+                    api::conditions::PROXMOX_AVAILABLE,
+                    PLAIN_HTTP,
+                    message,
+                ));
+                unknown_nodes = unknown;
+            }
             Ok(unknown) => {
                 decided.push(Decided::ok(
                     api::conditions::PROXMOX_AVAILABLE,

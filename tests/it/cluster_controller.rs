@@ -589,3 +589,54 @@ async fn a_pass_on_a_stale_copy_looks_again_without_backing_off() {
         "nothing was written from the stale copy"
     );
 }
+
+/// Proxmox reached over plain HTTP (the simulator speaks nothing else) works, but the condition
+/// says the token travels unencrypted, and one Warning event says it too (not one per pass).
+#[tokio::test]
+async fn plain_http_is_reported_in_the_condition_and_one_warning() {
+    let env = provisioned_env().await;
+    let cluster = env
+        .wait_cluster("demo", "Ready=True", |c| is_true(c, "Ready"))
+        .await;
+    let (status, reason, message) = condition(&cluster, "ProxmoxAvailable").expect("condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "AvailableOverPlainHTTP")
+    );
+    assert!(
+        message.contains("unencrypted") && message.contains("https://"),
+        "{message}"
+    );
+    // A second pass (a spec edit) must not repeat the event.
+    patch_spec(&env, zoned_spec()).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client(), "default");
+    let warned = |events: &[k8s_openapi::api::events::v1::Event]| {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("AvailableOverPlainHTTP"))
+            .count()
+    };
+    let found = tokio::time::timeout(crate::common::env::ENV_WAIT, async {
+        loop {
+            let list = events
+                .list(&Default::default())
+                .await
+                .expect("events")
+                .items;
+            if warned(&list) > 0 {
+                return list;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("a Warning event");
+    assert_eq!(warned(&found), 1, "one warning, not one per pass");
+    assert_eq!(
+        found
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("AvailableOverPlainHTTP"))
+            .and_then(|e| e.type_.as_deref()),
+        Some("Warning")
+    );
+}
