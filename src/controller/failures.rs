@@ -402,7 +402,11 @@ pub async fn publish_event(
     let event = Event {
         type_,
         reason: reason.into(),
-        note: Some(note.into()),
+        // The API server refuses a longer note, and with it the whole event.
+        note: Some(super::conditions::truncate_message(
+            note,
+            super::conditions::EVENT_NOTE_MAX,
+        )),
         action: reason.into(),
         secondary: None,
     };

@@ -457,3 +457,29 @@ async fn a_vm_config_without_its_smbios_uuid_is_polled_with_back_off() {
     hide.store(false, Ordering::SeqCst);
     scenario.wait_ready("demo-md-3").await;
 }
+
+/// A Proxmox answer longer than an Event may be (a proxy's HTML page, a long task log) still
+/// gives the Warning event, cut to the API's 1 kB with an ellipsis; the condition keeps more.
+#[tokio::test]
+async fn a_long_proxmox_message_is_cut_to_fit_the_event() {
+    let scenario = Scenario::start(quick_sim()).await;
+    let long = format!("backend says: {}", "no space left on device; ".repeat(200));
+    let injected = long.clone();
+    scenario.tap.set_fault(Box::new(move |method, path| {
+        (method == "POST" && path.ends_with("/clone")).then(|| Injected::new(500, &injected))
+    }));
+    scenario.create("demo-md-1").await;
+    let message = wait_reason(&scenario, "demo-md-1", "ProxmoxServerError").await;
+    assert!(message.len() > 1024, "the condition keeps the long message");
+    let warning = wait_event(&scenario.env, "demo-md-1", "ProxmoxServerError").await;
+    let note = warning.note.expect("a note");
+    assert!(
+        note.len() <= capmox_testkit::EVENT_NOTE_LIMIT,
+        "{}",
+        note.len()
+    );
+    assert!(
+        note.ends_with('…') && note.starts_with("cloning template 9000"),
+        "{note}"
+    );
+}

@@ -610,3 +610,35 @@ stringData: {token: x}
         "{err}"
     );
 }
+
+/// The API server refuses an Event whose note exceeds 1 kB (as the real one does), so callers
+/// that do not cut their notes are caught in tests.
+#[tokio::test]
+async fn an_event_note_over_one_kilobyte_is_refused() {
+    let server = capmox_testkit::ApiServer::new();
+    server.register_builtin_kinds();
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(server.client(), "default");
+    let event = |name: &str, note: String| -> k8s_openapi::api::events::v1::Event {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "test", "reportingInstance": "test",
+            "action": "Test", "reason": "Test", "type": "Normal", "note": note
+        }))
+        .expect("event")
+    };
+    let pp = kube::api::PostParams::default();
+    events
+        .create(&pp, &event("fits", "x".repeat(1024)))
+        .await
+        .expect("1024 bytes fit");
+    let error = events
+        .create(&pp, &event("too-long", "x".repeat(1025)))
+        .await
+        .expect_err("1025 bytes do not");
+    assert!(
+        matches!(&error, kube::Error::Api(status) if status.code == 422),
+        "{error}"
+    );
+}

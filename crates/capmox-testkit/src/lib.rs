@@ -186,6 +186,9 @@ pub struct ApiServer {
     store: Arc<Store>,
 }
 
+/// Longest `events.k8s.io/v1` Event note the real API server accepts (bytes).
+pub const EVENT_NOTE_LIMIT: usize = 1024;
+
 impl ApiServer {
     /// An empty server with no kinds registered.
     pub fn new() -> Self {
@@ -209,6 +212,16 @@ impl ApiServer {
                 let _ = self.store.create(&ns_kind, "", obj, &opts);
             }
         }
+        // As the real API server: an Event's note is at most 1 kB.
+        let _ = self.set_validator("events.events.k8s.io", |event| {
+            let note = event["note"].as_str().unwrap_or_default();
+            if note.len() > EVENT_NOTE_LIMIT {
+                return Err(format!(
+                    "note: Too long: may not be more than {EVENT_NOTE_LIMIT} bytes"
+                ));
+            }
+            Ok(())
+        });
         self
     }
 
