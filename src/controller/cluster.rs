@@ -83,7 +83,7 @@ pub const STALE_RETRY: Duration = Duration::from_secs(1);
 
 /// The error of a write guarded by `object`'s resourceVersion: a refused guard means the object
 /// changed since it was read.
-fn guarded_write_error<K: Resource<DynamicType = ()>>(
+pub(crate) fn guarded_write_error<K: Resource<DynamicType = ()>>(
     object: &K,
     error: kube::Error,
 ) -> ClusterError {

@@ -22,6 +22,7 @@ mod machine_controller;
 mod machine_crash;
 mod machine_errors;
 mod machine_events;
+mod machine_move;
 mod manager_endpoints;
 mod no_zones;
 mod proxmox_fixtures;

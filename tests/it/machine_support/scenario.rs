@@ -96,6 +96,13 @@ impl Scenario {
         self.controllers = Some(self.env.spawn_controllers_with(client));
     }
 
+    /// Kills the controllers like a crashed process, without starting others.
+    pub async fn kill_controllers(&mut self) {
+        if let Some(controllers) = self.controllers.take() {
+            controllers.crash().await;
+        }
+    }
+
     /// Kills the controllers like a crashed process and starts fresh ones.
     pub async fn restart(&mut self) {
         if let Some(controllers) = self.controllers.take() {
@@ -105,18 +112,13 @@ impl Scenario {
     }
 
     pub async fn create(&self, name: &str) {
+        self.create_with(name, machine_spec()).await;
+    }
+
+    /// A machine in rack-a with this spec.
+    pub async fn create_with(&self, name: &str, spec: serde_json::Value) {
         self.env
-            .create_machine(
-                "demo",
-                name,
-                Some("rack-a"),
-                false,
-                json!({
-                    "sourceNode": "pve1", "templateID": 9000, "memoryMiB": 2048, "numCores": 2,
-                    "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}},
-                    "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "defaultIPv4": true}]}
-                }),
-            )
+            .create_machine("demo", name, Some("rack-a"), false, spec)
             .await;
     }
 
@@ -239,6 +241,15 @@ impl Scenario {
         assert_eq!(self.seed_isos().await, Vec::<String>::new(), "{context}");
         assert_eq!(self.claims().await, 0, "{context}: IPAddressClaims left");
     }
+}
+
+/// The spec of the scenario's machines: template 9000, one NIC with a rack-a address.
+pub fn machine_spec() -> serde_json::Value {
+    json!({
+        "sourceNode": "pve1", "templateID": 9000, "memoryMiB": 2048, "numCores": 2,
+        "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}},
+        "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "defaultIPv4": true}]}
+    })
 }
 
 pub fn condition_status(machine: &ProxmoxMachine, type_: &str) -> Option<String> {
