@@ -9,7 +9,9 @@
 //! provider ID and adopted. A machine with a provider ID is never cloned again. The phase is
 //! derived from what exists; no condition reason is used as state.
 //!
-//! Deletion deletes the VM the machine recorded (or finds by tag or provider ID).
+//! Deletion deletes the VM the machine recorded (or finds by tag or provider ID). Without the
+//! ProxmoxCluster it uses capmox's global credentials; without those, a machine that may have
+//! a VM keeps its finalizer and says so (`ProxmoxClusterNotFound`).
 //!
 //! Tasks: the clone's UPID is recorded in `status.taskRef` right after the request; a later
 //! pass (or a restarted controller) waits for that task instead of starting another. Any
@@ -525,7 +527,10 @@ impl<'a> Reconcile<'a> {
         let api: Api<ProxmoxMachine> = Api::namespaced(self.context.client.clone(), &namespace);
         let current = self.machine.status.clone().unwrap_or_default();
 
-        let Some(owner) = self
+        // A machine being deleted goes on without its CAPI Machine or Cluster (they may be gone
+        // first): what it recorded finds its VM, and nothing is released while one may exist.
+        let deleting = self.machine.metadata.deletion_timestamp.is_some();
+        let owner = self
             .machine
             .owner_references()
             .iter()
@@ -534,52 +539,59 @@ impl<'a> Reconcile<'a> {
                     && o.api_version
                         .starts_with(&format!("{}/", capi::CLUSTER_API_GROUP))
             })
-            .map(|o| o.name.clone())
-        else {
-            // Deleted before CAPI adopted it: nothing was created, nothing to clean up.
-            if self.machine.metadata.deletion_timestamp.is_some() {
-                cluster::release(&api, self.machine, finalizers::MACHINE, None).await?;
-            }
+            .map(|o| o.name.clone());
+        if owner.is_none() && !deleting {
             tracing::debug!(machine = %name, "waiting for the CAPI Machine to set the owner reference");
             return Ok(Pass::Done(Action::await_change()));
+        }
+        let capi_machine = match &owner {
+            Some(owner) => {
+                Api::<capi::Machine>::namespaced(self.context.client.clone(), &namespace)
+                    .get_opt(owner)
+                    .await?
+            }
+            None => None,
         };
-        let capi_machine =
-            Api::<capi::Machine>::namespaced(self.context.client.clone(), &namespace)
-                .get_opt(&owner)
-                .await?;
-        let Some(capi_machine) = capi_machine else {
+        if capi_machine.is_none() && !deleting {
             return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
-        };
-        let cluster_name = if capi_machine.spec.cluster_name.is_empty() {
-            self.machine
+        }
+        let cluster_name = match capi_machine.as_ref() {
+            Some(capi_machine) if !capi_machine.spec.cluster_name.is_empty() => {
+                capi_machine.spec.cluster_name.clone()
+            }
+            _ => self
+                .machine
                 .labels()
                 .get(labels::CLUSTER_NAME)
                 .cloned()
-                .unwrap_or_default()
-        } else {
-            capi_machine.spec.cluster_name.clone()
+                .unwrap_or_default(),
         };
-        let capi_cluster =
+        let capi_cluster = if cluster_name.is_empty() {
+            None
+        } else {
             Api::<capi::Cluster>::namespaced(self.context.client.clone(), &namespace)
                 .get_opt(&cluster_name)
-                .await?;
-        let Some(capi_cluster) = capi_cluster else {
-            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
+                .await?
         };
+        if capi_cluster.is_none() && !deleting {
+            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
+        }
         let infra_name = capi_cluster
-            .spec
-            .infrastructure_ref
             .as_ref()
+            .and_then(|c| c.spec.infrastructure_ref.as_ref())
             .map(|r| r.name.clone())
             .unwrap_or_else(|| cluster_name.clone());
-        let proxmox_cluster =
+        let proxmox_cluster = if infra_name.is_empty() {
+            None
+        } else {
             Api::<ProxmoxCluster>::namespaced(self.context.client.clone(), &namespace)
                 .get_opt(&infra_name)
-                .await?;
+                .await?
+        };
 
-        let paused = capi_cluster.spec.paused == Some(true)
-            || self.machine.annotations().contains_key(annotations::PAUSED)
-            || capi_cluster.annotations().contains_key(annotations::PAUSED);
+        let paused = capi_cluster.as_ref().is_some_and(|c| {
+            c.spec.paused == Some(true) || c.annotations().contains_key(annotations::PAUSED)
+        }) || self.machine.annotations().contains_key(annotations::PAUSED);
         if paused {
             if !conditions::is_true(&current.conditions, api::conditions::PAUSED) {
                 let mut status = owned_status(&current);
@@ -594,10 +606,13 @@ impl<'a> Reconcile<'a> {
             .or(self.machine.spec.virtual_machine_id)
             .and_then(|id| u32::try_from(id).ok());
         let mut scope = Scope {
+            // Only a machine being deleted goes on without its CAPI Machine (checked above).
+            capi_machine: capi_machine.unwrap_or_else(|| {
+                capi::Machine::new(owner.as_deref().unwrap_or(&name), Default::default())
+            }),
             namespace,
             name,
             api,
-            capi_machine,
             cluster_name,
             proxmox_cluster: proxmox_cluster
                 .clone()
@@ -609,7 +624,7 @@ impl<'a> Reconcile<'a> {
             generation: self.machine.metadata.generation,
         };
 
-        if self.machine.metadata.deletion_timestamp.is_some() {
+        if deleting {
             return match self.delete(&mut scope, proxmox_cluster.is_some()).await {
                 Ok(action) => Ok(Pass::Done(action)),
                 Err(error) => {
@@ -623,6 +638,10 @@ impl<'a> Reconcile<'a> {
                 }
             };
         }
+        let Some(capi_cluster) = capi_cluster else {
+            // Only a machine being deleted goes on without its CAPI Cluster (checked above).
+            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
+        };
         let step = match self
             .provision(&mut scope, proxmox_cluster.is_some(), &capi_cluster)
             .await
@@ -2142,45 +2161,106 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Deletes the machine's VM (by the recorded VMID, else by its tag or `spec.providerID`)
-    /// and releases the machine.
+    /// and releases the machine. Without its ProxmoxCluster, capmox's global credentials reach
+    /// Proxmox; without those (or while Proxmox is out of reach) a machine that may have a VM
+    /// keeps its finalizer and says why.
     async fn delete(&self, scope: &mut Scope, cluster_found: bool) -> Result<Action, MachineError> {
-        if cluster_found {
-            // Nothing recorded means no clone was ever requested: the VMID is recorded first.
-            let may_have_vm =
-                scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
-            let proxmox = match self.proxmox_client(scope).await? {
-                Ok(client) => client,
-                Err(message) if may_have_vm => {
-                    tracing::warn!(machine = %scope.name, %message, "cannot reach Proxmox to delete the VM; retrying");
-                    return Ok(Action::requeue(Duration::from_secs(30)));
-                }
-                Err(_) => return self.released(scope).await,
-            };
-            // The Go provider recorded the VMID in the spec only: machines it created are
-            // deleted by that VMID too (still only when the VM shows it is theirs).
-            if let Some(vmid) = scope.recorded_vmid
-                && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
-            {
-                return Ok(action);
+        // Nothing recorded means no clone was ever requested: the VMID is recorded first.
+        let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
+        let proxmox = match self.deletion_client(scope, cluster_found).await? {
+            Ok(client) => client,
+            Err(blocked) if may_have_vm => {
+                tracing::warn!(machine = %scope.name, reason = blocked.reason, "{}", blocked.message);
+                self.warn_once(scope, blocked.reason, &blocked.message)
+                    .await;
+                self.deleting_status(scope, blocked.reason, blocked.message)
+                    .await?;
+                return Ok(Action::requeue(blocked.requeue));
             }
-            // A VM the recorded VMID does not name: a status lost before the VMID was
-            // recorded, or a machine re-created by a move or restore (found by its tag or
-            // provider ID).
-            let resources = proxmox
-                .cluster_resources(None)
-                .await
-                .during(|| "looking for the machine's VM in Proxmox".to_owned())?;
-            let found = Identity::of(self.machine, &scope.name)
-                .search(&proxmox, &resources, scope.recorded_vmid)
-                .await?
-                .and_then(|vm| vm.vmid);
-            if let Some(vmid) = found
-                && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
-            {
-                return Ok(action);
-            }
+            Err(_) => return self.released(scope).await,
+        };
+        // The Go provider recorded the VMID in the spec only: machines it created are deleted
+        // by that VMID too (still only when the VM shows it is theirs).
+        if let Some(vmid) = scope.recorded_vmid
+            && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
+        {
+            return Ok(action);
+        }
+        // A VM the recorded VMID does not name: a status lost before the VMID was recorded, or
+        // a machine re-created by a move or restore (found by its tag or provider ID).
+        let resources = proxmox
+            .cluster_resources(None)
+            .await
+            .during(|| "looking for the machine's VM in Proxmox".to_owned())?;
+        let found = Identity::of(self.machine, &scope.name)
+            .search(&proxmox, &resources, scope.recorded_vmid)
+            .await?
+            .and_then(|vm| vm.vmid);
+        if let Some(vmid) = found
+            && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
+        {
+            return Ok(action);
         }
         self.released(scope).await
+    }
+
+    /// The Proxmox client that deletes the machine's VM: with the ProxmoxCluster's credentials,
+    /// or with capmox's global ones when the ProxmoxCluster is gone. `Err`: why there is none.
+    async fn deletion_client(
+        &self,
+        scope: &Scope,
+        cluster_found: bool,
+    ) -> Result<Result<ProxmoxClient, Blocked>, MachineError> {
+        let unavailable = |message: String| Blocked {
+            reason: "ProxmoxUnavailable",
+            message: format!(
+                "cannot reach Proxmox to delete {}: {message}; retrying",
+                self.recorded_vm(scope)
+            ),
+            requeue: Duration::from_secs(30),
+        };
+        if cluster_found {
+            return Ok(self.proxmox_client(scope).await?.map_err(unavailable));
+        }
+        let cluster = format!("{}/{}", scope.namespace, scope.proxmox_cluster.name_any());
+        Ok(match self.context.global_credentials.client_config() {
+            Some(Ok(config)) => self
+                .context
+                .proxmox
+                .get(&config)
+                .map_err(|error| unavailable(error.to_string())),
+            Some(Err(problem)) => Err(unavailable(format!(
+                "the ProxmoxCluster {cluster} is gone and capmox's global credentials are unusable ({problem})"
+            ))),
+            None => Err(Blocked {
+                reason: "ProxmoxClusterNotFound",
+                message: format!(
+                    "the ProxmoxCluster {cluster} is gone and capmox has no global credentials, so {} is kept; restore the ProxmoxCluster (and its credentials) to delete it, or delete the VM yourself and remove the finalizer {} from this ProxmoxMachine",
+                    self.recorded_vm(scope),
+                    finalizers::MACHINE
+                ),
+                requeue: Duration::from_secs(60),
+            }),
+        })
+    }
+
+    /// The machine's VM as its spec and status record it, for messages.
+    fn recorded_vm(&self, scope: &Scope) -> String {
+        let mut parts = Vec::new();
+        if let Some(vmid) = scope.recorded_vmid {
+            parts.push(format!("VM {vmid}"));
+        }
+        if let Some(node) = &scope.current.proxmox_node {
+            parts.push(format!("on {node}"));
+        }
+        if let Some(provider_id) = &self.machine.spec.provider_id {
+            parts.push(format!("({provider_id})"));
+        }
+        if parts.is_empty() {
+            "its VM".to_owned()
+        } else {
+            format!("its {}", parts.join(" "))
+        }
     }
 
     /// A Warning event, unless the machine reports `reason` already (one per episode, not one
@@ -2389,6 +2469,13 @@ impl<'a> Reconcile<'a> {
         )
         .await;
     }
+}
+
+/// Why a deletion cannot reach Proxmox, reported on the machine.
+struct Blocked {
+    reason: &'static str,
+    message: String,
+    requeue: Duration,
 }
 
 /// The VMID [`Reconcile::pick_vmid`] chose.

@@ -18,6 +18,7 @@ mod dependencies;
 mod leader_election;
 mod log_capture;
 mod machine_budget;
+mod machine_cluster_gone;
 mod machine_controller;
 mod machine_crash;
 mod machine_errors;

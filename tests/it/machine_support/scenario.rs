@@ -96,6 +96,22 @@ impl Scenario {
         self.controllers = Some(self.env.spawn_controllers_with(client));
     }
 
+    /// Starts fresh controllers that hold global credentials for the tap.
+    pub fn start_controllers_with_global_credentials(&mut self) {
+        let token = self.env.sim.token();
+        let (id, secret) = token.split_once('=').expect("token id=secret");
+        let global = capmox::controller::GlobalCredentials {
+            url: Some(self.tap.url().to_owned()),
+            token_id: Some(id.to_owned()),
+            secret: Some(capmox::proxmox::Secret::new(secret)),
+            ..Default::default()
+        };
+        self.controllers = Some(
+            self.env
+                .spawn_controllers_with_credentials(self.env.client(), global),
+        );
+    }
+
     /// Kills the controllers like a crashed process, without starting others.
     pub async fn kill_controllers(&mut self) {
         if let Some(controllers) = self.controllers.take() {
