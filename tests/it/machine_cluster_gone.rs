@@ -1,12 +1,14 @@
 //! Deletion never fails open: a machine whose ProxmoxCluster is gone deletes its VM with
 //! capmox's global credentials, or keeps its finalizer and says why until the ProxmoxCluster is
-//! back.
+//! back; and a ProxmoxCluster being deleted waits for every machine of its cluster, also one
+//! without the cluster-name label.
 
 use capmox::api::ProxmoxCluster;
+use capmox::api::ProxmoxMachine;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::env::ENV_WAIT;
+use crate::common::env::{ENV_WAIT, condition};
 use crate::machine_support::scenario::{Scenario, machine_condition, sim_options, wait_event};
 
 fn clusters(scenario: &Scenario) -> Api<ProxmoxCluster> {
@@ -133,5 +135,61 @@ async fn without_its_cluster_a_deleted_machine_deletes_its_vm_with_the_global_cr
     scenario.wait_deleted("demo-md-1", &uid).await;
     scenario
         .assert_nothing_left("deleted with the global credentials")
+        .await;
+}
+
+/// A ProxmoxCluster being deleted waits for a machine of its cluster that lacks the
+/// cluster-name label (its owner Machine names the cluster), and says so; that machine's VM is
+/// then deleted with the cluster's credentials, and the ProxmoxCluster goes last.
+#[tokio::test]
+async fn a_cluster_being_deleted_waits_for_a_machine_without_the_cluster_label() {
+    let scenario = Scenario::start(sim_options()).await;
+    scenario.create("demo-md-2").await;
+    scenario.wait_ready("demo-md-2").await;
+    Api::<ProxmoxMachine>::namespaced(scenario.env.client(), "default")
+        .patch(
+            "demo-md-2",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{
+                    "op": "remove", "path": "/metadata/labels/cluster.x-k8s.io~1cluster-name"
+                }]))
+                .expect("patch"),
+            ),
+        )
+        .await
+        .expect("label removed");
+    let cluster_uid = clusters(&scenario)
+        .get("demo")
+        .await
+        .expect("cluster")
+        .metadata
+        .uid
+        .expect("uid");
+    clusters(&scenario)
+        .delete("demo", &DeleteParams::default())
+        .await
+        .expect("deletion requested");
+
+    let waiting = scenario
+        .env
+        .wait_cluster("demo", "Ready=False/Deleting", |c| {
+            condition(c, "Ready").is_some_and(|c| c.1 == "Deleting")
+        })
+        .await;
+    let (status, _, message) = condition(&waiting, "Ready").expect("Ready");
+    assert_eq!(status, "False");
+    assert!(message.contains("demo-md-2"), "{message}");
+    assert_eq!(
+        scenario.vms().await.len(),
+        1,
+        "the machine's VM is still there"
+    );
+
+    let uid = scenario.delete("demo-md-2").await;
+    scenario.wait_deleted("demo-md-2", &uid).await;
+    wait_cluster_gone(&scenario, &cluster_uid).await;
+    scenario
+        .assert_nothing_left("machine deleted before its cluster")
         .await;
 }
