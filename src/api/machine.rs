@@ -129,8 +129,9 @@ pub struct ProxmoxMachineSpec {
         )
     )]
     pub provider_id: Option<String>,
-    /// VMID written here by the Go provider; capmox records it in `status.virtualMachineID`
-    /// and reads this field only to adopt machines the Go provider created.
+    /// VMID of the machine's VM, written by the controller as soon as it is chosen (before the
+    /// clone request), as the Go provider does: unlike status, the spec survives
+    /// `clusterctl move` and restores, so the VM is found again instead of cloned twice.
     #[serde(
         default,
         rename = "virtualMachineID",

@@ -7,13 +7,13 @@
 //! `status.inClusterZoneRef`, and one `InClusterIPPool` per family for the cluster and for each
 //! zone with its own IP config. `status.nodeLocations` is never written here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -87,7 +87,7 @@ pub const STALE_RETRY: Duration = Duration::from_secs(1);
 
 /// The error of a write guarded by `object`'s resourceVersion: a refused guard means the object
 /// changed since it was read.
-fn guarded_write_error<K: Resource<DynamicType = ()>>(
+pub(crate) fn guarded_write_error<K: Resource<DynamicType = ()>>(
     object: &K,
     error: kube::Error,
 ) -> ClusterError {
@@ -448,13 +448,6 @@ const OWNED_CONDITIONS: &[&str] = &[
 
 /// The owned conditions with `Paused` set, keeping every other condition as it was.
 fn with_paused(current: &[Condition], paused: bool, generation: Option<i64>) -> Vec<Condition> {
-    let mut conditions: Vec<Condition> = current
-        .iter()
-        .filter(|c| {
-            OWNED_CONDITIONS.contains(&c.type_.as_str()) && c.type_ != api::conditions::PAUSED
-        })
-        .cloned()
-        .collect();
     let decided = if paused {
         Decided::ok(
             api::conditions::PAUSED,
@@ -464,18 +457,29 @@ fn with_paused(current: &[Condition], paused: bool, generation: Option<i64>) -> 
     } else {
         Decided::failed(api::conditions::PAUSED, "NotPaused", "")
     };
+    with_condition(current, decided, generation)
+}
+
+/// The owned conditions with `decided` set, keeping every other condition as it was.
+fn with_condition(
+    current: &[Condition],
+    decided: Decided,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    let type_ = decided.type_;
+    let mut conditions: Vec<Condition> = current
+        .iter()
+        .filter(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()) && c.type_ != type_)
+        .cloned()
+        .collect();
     let previous: Vec<Condition> = current
         .iter()
-        .filter(|c| c.type_ == api::conditions::PAUSED)
+        .filter(|c| c.type_ == type_)
         .cloned()
         .collect();
     // `merge` adds a Ready summary of what it is given; keep the recorded Ready instead.
     let merged = conditions::merge(&previous, &[decided], generation, Timestamp::now());
-    conditions.extend(
-        merged
-            .into_iter()
-            .filter(|c| c.type_ == api::conditions::PAUSED),
-    );
+    conditions.extend(merged.into_iter().filter(|c| c.type_ == type_));
     conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
     conditions
 }
@@ -588,14 +592,32 @@ async fn reconcile_delete(
     name: &str,
     capi_cluster: &str,
 ) -> Result<Action, ClusterError> {
-    let machines: Api<ProxmoxMachine> = Api::namespaced(context.client.clone(), namespace);
-    let remaining = machines
-        .list_metadata(
-            &ListParams::default().labels(&format!("{}={capi_cluster}", labels::CLUSTER_NAME)),
-        )
-        .await?;
-    if !remaining.items.is_empty() {
-        tracing::info!(cluster = %name, machines = remaining.items.len(), "waiting for the cluster's ProxmoxMachines to be deleted");
+    let api: Api<ProxmoxCluster> = Api::namespaced(context.client.clone(), namespace);
+    let remaining = cluster_machines(context, namespace, capi_cluster).await?;
+    if !remaining.is_empty() {
+        // Their deletion needs this cluster's credentials: it goes last.
+        const SHOWN: usize = 10;
+        let mut message = format!(
+            "waiting for the ProxmoxMachines {} to be deleted",
+            remaining
+                .iter()
+                .take(SHOWN)
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if remaining.len() > SHOWN {
+            message.push_str(&format!(" and {} more", remaining.len() - SHOWN));
+        }
+        tracing::info!(cluster = %name, machines = remaining.len(), "{message}");
+        let current = cluster.status.clone().unwrap_or_default();
+        let mut status = owned_status(&current);
+        status.conditions = with_condition(
+            &current.conditions,
+            Decided::failed(api::conditions::READY, "Deleting", message),
+            cluster.metadata.generation,
+        );
+        apply_status_if_changed(&api, name, &current, status).await?;
         return Ok(Action::requeue(SHORT_RETRY));
     }
     if let Some(reference) = &cluster.spec.credentials_ref
@@ -613,10 +635,63 @@ async fn reconcile_delete(
             .await?;
         }
     }
-    let api: Api<ProxmoxCluster> = Api::namespaced(context.client.clone(), namespace);
     release(&api, cluster, finalizers::CLUSTER, None).await?;
     tracing::info!(cluster = %name, "released; IP pools go with owner garbage collection");
     Ok(Action::await_change())
+}
+
+/// The ProxmoxMachines of the CAPI cluster `capi_cluster`, by name: those labelled with its
+/// name, and those without the label whose owner Machine names it in `spec.clusterName` (CAPI
+/// sets the label from that field, so the two agree where both exist). A machine with neither
+/// cannot be told to be this cluster's.
+async fn cluster_machines(
+    context: &Context,
+    namespace: &str,
+    capi_cluster: &str,
+) -> Result<Vec<String>, ClusterError> {
+    let machines = Api::<ProxmoxMachine>::namespaced(context.client.clone(), namespace)
+        .list_metadata(&ListParams::default())
+        .await?
+        .items;
+    let unlabelled = machines
+        .iter()
+        .any(|m| !m.labels().contains_key(labels::CLUSTER_NAME));
+    let owners: BTreeSet<String> = if unlabelled {
+        Api::<capi::Machine>::namespaced(context.client.clone(), namespace)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|m| m.spec.cluster_name == capi_cluster)
+            .filter_map(|m| m.metadata.name)
+            .collect()
+    } else {
+        BTreeSet::new()
+    };
+    Ok(machines
+        .iter()
+        .filter(|m| belongs_to(&m.metadata, capi_cluster, &owners))
+        .map(|m| m.name_any())
+        .collect())
+}
+
+/// Whether the ProxmoxMachine with `meta` is the CAPI cluster `capi_cluster`'s: by its
+/// cluster-name label, or (without one) by an owner Machine among `owners`, the Machines whose
+/// `spec.clusterName` is that cluster.
+fn belongs_to(meta: &ObjectMeta, capi_cluster: &str, owners: &BTreeSet<String>) -> bool {
+    match meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::CLUSTER_NAME))
+    {
+        Some(label) => label == capi_cluster,
+        None => meta.owner_references.iter().flatten().any(|o| {
+            o.kind == "Machine"
+                && o.api_version
+                    .starts_with(&format!("{}/", capi::CLUSTER_API_GROUP))
+                && owners.contains(&o.name)
+        }),
+    }
 }
 
 /// The client configuration for this cluster: its `credentialsRef` if set (adopting the Secret
@@ -877,4 +952,59 @@ fn record_pools(status: &mut ProxmoxClusterStatus, pools: &[ClusterPool]) {
         }
     }
     status.in_cluster_zone_ref = zones;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(label: Option<&str>, owner: Option<(&str, &str)>) -> ObjectMeta {
+        ObjectMeta {
+            labels: label.map(|l| BTreeMap::from([(labels::CLUSTER_NAME.to_owned(), l.into())])),
+            owner_references: owner.map(|(api_version, name)| {
+                vec![OwnerReference {
+                    api_version: api_version.into(),
+                    kind: "Machine".into(),
+                    name: name.into(),
+                    ..OwnerReference::default()
+                }]
+            }),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn a_machine_is_the_clusters_by_its_label_else_by_its_owner_machine() {
+        let owners = BTreeSet::from(["demo-md-0".to_owned()]);
+        let capi = "cluster.x-k8s.io/v1beta2";
+        assert!(belongs_to(&meta(Some("demo"), None), "demo", &owners));
+        assert!(!belongs_to(&meta(Some("other"), None), "demo", &owners));
+        assert!(
+            !belongs_to(
+                &meta(Some("other"), Some((capi, "demo-md-0"))),
+                "demo",
+                &owners
+            ),
+            "the label, which CAPI sets from the Machine, wins"
+        );
+        assert!(belongs_to(
+            &meta(None, Some((capi, "demo-md-0"))),
+            "demo",
+            &owners
+        ));
+        assert!(!belongs_to(
+            &meta(None, Some((capi, "demo-md-1"))),
+            "demo",
+            &owners
+        ));
+        assert!(
+            !belongs_to(
+                &meta(None, Some(("example.com/v1", "demo-md-0"))),
+                "demo",
+                &owners
+            ),
+            "only a CAPI Machine owner counts"
+        );
+        assert!(!belongs_to(&meta(None, None), "demo", &owners));
+    }
 }

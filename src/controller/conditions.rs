@@ -82,7 +82,8 @@ pub fn truncate_message(message: &str, max: usize) -> String {
 }
 
 /// The conditions this controller owns, sorted by type: `decided` plus their `Ready` summary
-/// (False with the first failing condition's reason and message, else True). Each keeps its
+/// (False with the first failing condition's reason and message, else True), or the `Ready`
+/// in `decided` when there is one (a deletion says what it waits for). Each keeps its
 /// `lastTransitionTime` from `existing` unless its status changed. Conditions other writers own
 /// are not returned: status is written with server-side apply, which leaves them alone.
 pub fn merge(
@@ -96,7 +97,13 @@ pub fn merge(
         .filter(|d| d.type_ != READY)
         .cloned()
         .collect();
-    all.push(summary(decided));
+    all.push(
+        decided
+            .iter()
+            .find(|d| d.type_ == READY)
+            .cloned()
+            .unwrap_or_else(|| summary(decided)),
+    );
     let mut merged: Vec<Condition> = all
         .iter()
         .map(|d| {
@@ -174,6 +181,25 @@ mod tests {
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + seconds).expect("valid")
+    }
+
+    #[test]
+    fn a_decided_ready_replaces_the_summary() {
+        let merged = merge(
+            &[],
+            &[
+                Decided::ok("ProxmoxAvailable", "Available", ""),
+                Decided::failed(READY, "Deleting", "waiting for ProxmoxMachines m-0"),
+            ],
+            None,
+            at(0),
+        );
+        let ready = merged.iter().find(|c| c.type_ == READY).expect("Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Deleting")
+        );
+        assert_eq!(merged.len(), 2, "{merged:?}");
     }
 
     #[test]

@@ -1,10 +1,17 @@
 //! The ProxmoxMachine reconciler: the InfraMachine half of the CAPI v1beta2 contract.
 //!
-//! Level-triggered: each reconcile observes the VM (by the VMID in status, else by the machine's
-//! tag) and takes the next needed step. The VMID, node and zone are written to status before
-//! the clone request (guarded by the observed resourceVersion, so a stale cache cannot clone
-//! twice), so a crash never leaks a second VM. The phase is derived from what exists; no
-//! condition reason is used as state.
+//! Level-triggered: each reconcile observes the VM (by the machine's tag, the recorded VMID, or
+//! `spec.providerID`) and takes the next needed step. The VMID is written to
+//! `spec.virtualMachineID`, and with node and zone to status, before the clone request (each
+//! write guarded by a resourceVersion, so a stale cache cannot clone twice), so a crash never
+//! leaks a second VM, and neither does `clusterctl move` or a restore (they keep the spec but
+//! not the status, and give a new UID, hence a new tag): the VM is found by the spec's VMID or
+//! provider ID and adopted. A machine with a provider ID is never cloned again. The phase is
+//! derived from what exists; no condition reason is used as state.
+//!
+//! Deletion deletes the VM the machine recorded (or finds by tag or provider ID). Without the
+//! ProxmoxCluster it uses capmox's global credentials; without those, a machine that may have
+//! a VM keeps its finalizer and says so (`ProxmoxClusterNotFound`).
 //!
 //! Tasks: the clone's UPID is recorded in `status.taskRef` right after the request; a later
 //! pass (or a restarted controller) waits for that task instead of starting another. Any
@@ -82,6 +89,8 @@ async fn vmid_free(proxmox: &ProxmoxClient, vmid: u32) -> Result<bool, MachineEr
 }
 /// Prefix of the tag that ties a VM to its ProxmoxMachine.
 const MACHINE_TAG_PREFIX: &str = "capmox-";
+/// What precedes the SMBIOS UUID in a provider ID (see [`crate::cloudinit::provider_id`]).
+const PROVIDER_ID_PREFIX: &str = "proxmox://";
 /// Back-off after the first failed Proxmox task; it doubles with each further failure.
 pub const TASK_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 /// Longest back-off after failed Proxmox tasks.
@@ -201,6 +210,111 @@ pub fn machine_tag(machine: &ProxmoxMachine) -> String {
         .take(16)
         .collect();
     format!("{MACHINE_TAG_PREFIX}{}", short.to_ascii_lowercase())
+}
+
+/// The VMs (not templates) Proxmox lists.
+fn vms(resources: &[ClusterResource]) -> impl Iterator<Item = &ClusterResource> + Clone {
+    resources
+        .iter()
+        .filter(|r| r.kind == ResourceType::Qemu && !r.template)
+}
+
+/// What ties a VM to a machine. The tag (from the UID) is lost when `clusterctl move` or a
+/// restore re-creates the machine; its name, `spec.virtualMachineID` and `spec.providerID` (the
+/// VM's SMBIOS UUID) are not, so a VM named after the machine is also its machine's when its
+/// SMBIOS UUID is the one `spec.providerID` names, or (without a provider ID) when it carries
+/// no machine tag (a clone in flight, a Go provider VM) or its VMID is the one in the spec.
+struct Identity<'a> {
+    tag: String,
+    name: &'a str,
+    spec_vmid: Option<u32>,
+    uuid: Option<&'a str>,
+}
+
+impl<'a> Identity<'a> {
+    fn of(machine: &'a ProxmoxMachine, name: &'a str) -> Self {
+        Identity {
+            tag: machine_tag(machine),
+            name,
+            spec_vmid: machine
+                .spec
+                .virtual_machine_id
+                .and_then(|id| u32::try_from(id).ok()),
+            uuid: machine
+                .spec
+                .provider_id
+                .as_deref()
+                .and_then(|id| id.strip_prefix(PROVIDER_ID_PREFIX)),
+        }
+    }
+
+    /// Whether `tags` hold this machine's tag.
+    fn tagged(&self, tags: &[String]) -> bool {
+        tags.iter().any(|t| t.eq_ignore_ascii_case(&self.tag))
+    }
+
+    /// Whether the VM `vmid` with this config is the machine's.
+    fn owns(&self, config: &VmConfig, vmid: u32) -> bool {
+        let tags = config.tags();
+        if self.tagged(&tags) {
+            return true;
+        }
+        if config.name().as_deref() != Some(self.name) {
+            return false;
+        }
+        if let Some(uuid) = self.uuid {
+            return smbios_uuid(config).is_some_and(|u| u.eq_ignore_ascii_case(uuid));
+        }
+        let tagged_for_another = tags
+            .iter()
+            .any(|t| t.to_ascii_lowercase().starts_with(MACHINE_TAG_PREFIX));
+        !tagged_for_another || self.spec_vmid == Some(vmid)
+    }
+
+    /// Whether the listed VM `vm` is the machine's (its config is read unless its tag says so).
+    async fn owns_listed(
+        &self,
+        proxmox: &ProxmoxClient,
+        vm: &ClusterResource,
+    ) -> Result<bool, MachineError> {
+        if self.tagged(&vm.tags) {
+            return Ok(true);
+        }
+        let (Some(node), Some(vmid)) = (vm.node.as_deref(), vm.vmid) else {
+            return Ok(false);
+        };
+        match proxmox.vm_config(node, vmid).await {
+            Ok(config) => Ok(self.owns(&config, vmid)),
+            Err(error) if error.is_not_found() => Ok(false),
+            Err(error) => {
+                Err(error).during(|| format!("reading the config of VM {vmid} on {node}"))
+            }
+        }
+    }
+
+    /// The machine's VM when the recorded VMID (`skip`) does not name it: the listed VM with
+    /// this machine's tag, else the one named after the machine whose SMBIOS UUID
+    /// `spec.providerID` names.
+    async fn search(
+        &self,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+        skip: Option<u32>,
+    ) -> Result<Option<ClusterResource>, MachineError> {
+        let candidates = vms(resources).filter(|r| r.vmid.is_some() && r.vmid != skip);
+        if let Some(vm) = candidates.clone().find(|r| self.tagged(&r.tags)) {
+            return Ok(Some(vm.clone()));
+        }
+        if self.uuid.is_none() {
+            return Ok(None);
+        }
+        for vm in candidates.filter(|r| r.name.as_deref() == Some(self.name)) {
+            if self.owns_listed(proxmox, vm).await? {
+                return Ok(Some(vm.clone()));
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// Whom a VMID claim belongs to: the machine's UID (a machine re-created under the same name
@@ -370,6 +484,11 @@ struct Scope {
     status: ProxmoxMachineStatus,
     /// The observed resourceVersion, when the checkpoint before a clone must be guarded by it.
     resource_version: Option<String>,
+    /// The VMID recorded for the machine (status, else `spec.virtualMachineID`), until it
+    /// turns out to be another VM's.
+    recorded_vmid: Option<u32>,
+    /// The machine's generation as of this pass's last spec write, for conditions and holds.
+    generation: Option<i64>,
 }
 
 impl<'a> Reconcile<'a> {
@@ -408,7 +527,10 @@ impl<'a> Reconcile<'a> {
         let api: Api<ProxmoxMachine> = Api::namespaced(self.context.client.clone(), &namespace);
         let current = self.machine.status.clone().unwrap_or_default();
 
-        let Some(owner) = self
+        // A machine being deleted goes on without its CAPI Machine or Cluster (they may be gone
+        // first): what it recorded finds its VM, and nothing is released while one may exist.
+        let deleting = self.machine.metadata.deletion_timestamp.is_some();
+        let owner = self
             .machine
             .owner_references()
             .iter()
@@ -417,52 +539,59 @@ impl<'a> Reconcile<'a> {
                     && o.api_version
                         .starts_with(&format!("{}/", capi::CLUSTER_API_GROUP))
             })
-            .map(|o| o.name.clone())
-        else {
-            // Deleted before CAPI adopted it: nothing was created, nothing to clean up.
-            if self.machine.metadata.deletion_timestamp.is_some() {
-                cluster::release(&api, self.machine, finalizers::MACHINE, None).await?;
-            }
+            .map(|o| o.name.clone());
+        if owner.is_none() && !deleting {
             tracing::debug!(machine = %name, "waiting for the CAPI Machine to set the owner reference");
             return Ok(Pass::Done(Action::await_change()));
+        }
+        let capi_machine = match &owner {
+            Some(owner) => {
+                Api::<capi::Machine>::namespaced(self.context.client.clone(), &namespace)
+                    .get_opt(owner)
+                    .await?
+            }
+            None => None,
         };
-        let capi_machine =
-            Api::<capi::Machine>::namespaced(self.context.client.clone(), &namespace)
-                .get_opt(&owner)
-                .await?;
-        let Some(capi_machine) = capi_machine else {
+        if capi_machine.is_none() && !deleting {
             return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
-        };
-        let cluster_name = if capi_machine.spec.cluster_name.is_empty() {
-            self.machine
+        }
+        let cluster_name = match capi_machine.as_ref() {
+            Some(capi_machine) if !capi_machine.spec.cluster_name.is_empty() => {
+                capi_machine.spec.cluster_name.clone()
+            }
+            _ => self
+                .machine
                 .labels()
                 .get(labels::CLUSTER_NAME)
                 .cloned()
-                .unwrap_or_default()
-        } else {
-            capi_machine.spec.cluster_name.clone()
+                .unwrap_or_default(),
         };
-        let capi_cluster =
+        let capi_cluster = if cluster_name.is_empty() {
+            None
+        } else {
             Api::<capi::Cluster>::namespaced(self.context.client.clone(), &namespace)
                 .get_opt(&cluster_name)
-                .await?;
-        let Some(capi_cluster) = capi_cluster else {
-            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
+                .await?
         };
+        if capi_cluster.is_none() && !deleting {
+            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
+        }
         let infra_name = capi_cluster
-            .spec
-            .infrastructure_ref
             .as_ref()
+            .and_then(|c| c.spec.infrastructure_ref.as_ref())
             .map(|r| r.name.clone())
             .unwrap_or_else(|| cluster_name.clone());
-        let proxmox_cluster =
+        let proxmox_cluster = if infra_name.is_empty() {
+            None
+        } else {
             Api::<ProxmoxCluster>::namespaced(self.context.client.clone(), &namespace)
                 .get_opt(&infra_name)
-                .await?;
+                .await?
+        };
 
-        let paused = capi_cluster.spec.paused == Some(true)
-            || self.machine.annotations().contains_key(annotations::PAUSED)
-            || capi_cluster.annotations().contains_key(annotations::PAUSED);
+        let paused = capi_cluster.as_ref().is_some_and(|c| {
+            c.spec.paused == Some(true) || c.annotations().contains_key(annotations::PAUSED)
+        }) || self.machine.annotations().contains_key(annotations::PAUSED);
         if paused {
             if !conditions::is_true(&current.conditions, api::conditions::PAUSED) {
                 let mut status = owned_status(&current);
@@ -472,11 +601,18 @@ impl<'a> Reconcile<'a> {
             return Ok(Pass::Done(Action::await_change()));
         }
 
+        let recorded_vmid = current
+            .virtual_machine_id
+            .or(self.machine.spec.virtual_machine_id)
+            .and_then(|id| u32::try_from(id).ok());
         let mut scope = Scope {
+            // Only a machine being deleted goes on without its CAPI Machine (checked above).
+            capi_machine: capi_machine.unwrap_or_else(|| {
+                capi::Machine::new(owner.as_deref().unwrap_or(&name), Default::default())
+            }),
             namespace,
             name,
             api,
-            capi_machine,
             cluster_name,
             proxmox_cluster: proxmox_cluster
                 .clone()
@@ -484,9 +620,11 @@ impl<'a> Reconcile<'a> {
             status: owned_status(&current),
             current,
             resource_version: None,
+            recorded_vmid,
+            generation: self.machine.metadata.generation,
         };
 
-        if self.machine.metadata.deletion_timestamp.is_some() {
+        if deleting {
             return match self.delete(&mut scope, proxmox_cluster.is_some()).await {
                 Ok(action) => Ok(Pass::Done(action)),
                 Err(error) => {
@@ -500,6 +638,10 @@ impl<'a> Reconcile<'a> {
                 }
             };
         }
+        let Some(capi_cluster) = capi_cluster else {
+            // Only a machine being deleted goes on without its CAPI Cluster (checked above).
+            return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
+        };
         let step = match self
             .provision(&mut scope, proxmox_cluster.is_some(), &capi_cluster)
             .await
@@ -538,7 +680,7 @@ impl<'a> Reconcile<'a> {
         scope.status.conditions = conditions::merge(
             &scope.current.conditions,
             &decided,
-            self.machine.metadata.generation,
+            scope.generation,
             Timestamp::now(),
         );
         apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await?;
@@ -568,7 +710,7 @@ impl<'a> Reconcile<'a> {
         self.context.retries.hold(
             &key,
             delay,
-            self.machine.metadata.generation,
+            scope.generation,
             self.machine.metadata.deletion_timestamp.is_some(),
         );
         if retry.news {
@@ -672,16 +814,34 @@ impl<'a> Reconcile<'a> {
             .cluster_resources(None)
             .await
             .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
-        let vm = match self.find_vm(scope, &resources, &proxmox).await? {
-            Some(vm) => vm,
-            None => {
-                return self
-                    .create_vm(scope, &placement, &proxmox, &resources)
-                    .await;
+        let Some(vm) = self.find_vm(scope, &resources, &proxmox).await? else {
+            // A machine whose spec names its VM never gets a second one.
+            if let Some(provider_id) = self.machine.spec.provider_id.as_deref() {
+                return Ok(self.vm_not_found(scope, provider_id).await);
             }
+            return self
+                .create_vm(scope, &placement, &proxmox, &resources)
+                .await;
         };
         let node = vm.node.clone().unwrap_or_default();
         let vmid = vm.vmid.unwrap_or_default();
+        // Adopted (after a move or restore, or from the Go provider): the spec records the VMID,
+        // so a later move finds it even before the VM carries this machine's tag.
+        let adopted = scope.current.virtual_machine_id != Some(i64::from(vmid))
+            && !Identity::of(self.machine, &scope.name).tagged(&vm.tags);
+        let guard = scope.resource_version.clone();
+        self.record_vmid(scope, vmid, guard).await?;
+        if adopted {
+            self.event(
+                scope,
+                EventType::Normal,
+                "Adopted",
+                &format!(
+                    "adopted VM {vmid} on {node}: it carries this machine's name and the VMID or SMBIOS UUID its spec records"
+                ),
+            )
+            .await;
+        }
         scope.status.proxmox_node = Some(node.clone());
         scope.status.virtual_machine_id = Some(i64::from(vmid));
         scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
@@ -699,6 +859,18 @@ impl<'a> Reconcile<'a> {
         if !running {
             self.configure(scope, &placement, &proxmox, &node, vmid, &config)
                 .await?;
+        } else if let Some(tags) = self.retagged(&config) {
+            // A running VM adopted after a move or restore: only its tags change, so it is
+            // found by this machine's tag from now on.
+            let update = ConfigUpdate::default()
+                .set("tags", tags)
+                .digest(config.digest());
+            finish(
+                &proxmox,
+                proxmox.update_vm_config(&node, vmid, &update).await,
+                || format!("tagging VM {vmid} on {node} for this machine"),
+            )
+            .await?;
         }
 
         // Static addresses from the placement's pools.
@@ -811,9 +983,9 @@ impl<'a> Reconcile<'a> {
                 message: format!("VM {vmid} has no smbios1 uuid"),
             })
             .during(read_config)?;
-        let provider_id = format!("proxmox://{uuid}");
+        let provider_id = crate::cloudinit::provider_id(&uuid);
         if self.machine.spec.provider_id.as_deref() != Some(provider_id.as_str()) {
-            scope
+            let patched = scope
                 .api
                 .patch(
                     &scope.name,
@@ -821,6 +993,7 @@ impl<'a> Reconcile<'a> {
                     &Patch::Merge(json!({"spec": {"providerID": provider_id}})),
                 )
                 .await?;
+            scope.generation = patched.metadata.generation;
         }
         scope.status.addresses = machine_addresses(&scope.name, &addresses.status);
         scope.status.vm_status = Some(VirtualMachineState::Ready);
@@ -1067,28 +1240,23 @@ impl<'a> Reconcile<'a> {
         )))
     }
 
-    /// The machine's VM: by recorded VMID (if it still is ours), else by the machine's tag.
+    /// The machine's VM: by its tag, by the recorded VMID (if that VM is still the machine's),
+    /// by `spec.providerID` (a machine moved or restored under a new UID), or as a clone in
+    /// flight that Proxmox does not list yet.
     async fn find_vm(
         &self,
         scope: &mut Scope,
         resources: &[ClusterResource],
         proxmox: &ProxmoxClient,
     ) -> Result<Option<ClusterResource>, MachineError> {
-        let tag = machine_tag(self.machine);
-        let vms = || {
-            resources
-                .iter()
-                .filter(|r| r.kind == ResourceType::Qemu && !r.template)
-        };
-        let recorded = scope
-            .current
-            .virtual_machine_id
-            .or(self.machine.spec.virtual_machine_id)
-            .and_then(|id| u32::try_from(id).ok());
-        if let Some(vmid) = recorded
-            && let Some(vm) = vms().find(|r| r.vmid == Some(vmid))
+        let identity = Identity::of(self.machine, &scope.name);
+        if let Some(vm) = vms(resources).find(|r| identity.tagged(&r.tags)) {
+            return Ok(Some(vm.clone()));
+        }
+        if let Some(vmid) = scope.recorded_vmid
+            && let Some(vm) = vms(resources).find(|r| r.vmid == Some(vmid))
         {
-            if self.owns(vm, &tag, &scope.name) {
+            if identity.owns_listed(proxmox, vm).await? {
                 return Ok(Some(vm.clone()));
             }
             // The VMID belongs to someone else now: forget it and create ours elsewhere.
@@ -1096,17 +1264,21 @@ impl<'a> Reconcile<'a> {
             self.context
                 .vmid_claims
                 .unclaim(vmid, &claim_key(self.machine));
+            scope.recorded_vmid = None;
             scope.status.virtual_machine_id = None;
             scope.current.virtual_machine_id = None;
         }
-        if let Some(vm) = vms().find(|r| r.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag))) {
-            return Ok(Some(vm.clone()));
+        if let Some(vm) = identity
+            .search(proxmox, resources, scope.recorded_vmid)
+            .await?
+        {
+            return Ok(Some(vm));
         }
-        // A clone in flight is not tagged yet: it is ours if it carries our VMID and name.
-        if let Some(vmid) = recorded
+        // A clone in flight is not listed yet: it is ours if it carries our VMID and name.
+        if let Some(vmid) = scope.recorded_vmid
             && let Some(node) = scope.current.proxmox_node.clone()
             && let Ok(config) = proxmox.vm_config(&node, vmid).await
-            && config.name().as_deref() == Some(scope.name.as_str())
+            && identity.owns(&config, vmid)
         {
             if let Some(found) = resources.iter().find(|r| r.vmid == Some(vmid)) {
                 return Ok(Some(found.clone()));
@@ -1121,10 +1293,34 @@ impl<'a> Reconcile<'a> {
         Ok(None)
     }
 
-    fn owns(&self, vm: &ClusterResource, tag: &str, name: &str) -> bool {
-        vm.tags.iter().any(|t| t.eq_ignore_ascii_case(tag))
-            || (vm.name.as_deref() == Some(name)
-                && !vm.tags.iter().any(|t| t.starts_with(MACHINE_TAG_PREFIX)))
+    /// Records `vmid` in `spec.virtualMachineID`, where it survives `clusterctl move` and
+    /// restores (status does not), unless it is there already. Guarded by `guard` (a
+    /// resourceVersion) when given. Returns the resourceVersion to guard the next write with.
+    async fn record_vmid(
+        &self,
+        scope: &mut Scope,
+        vmid: u32,
+        guard: Option<String>,
+    ) -> Result<Option<String>, MachineError> {
+        if self.machine.spec.virtual_machine_id == Some(i64::from(vmid)) {
+            return Ok(guard);
+        }
+        let mut ops = Vec::new();
+        if let Some(version) = &guard {
+            ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
+        }
+        ops.push(json!({"op": "add", "path": "/spec/virtualMachineID", "value": vmid}));
+        let patched = scope
+            .api
+            .patch(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(serde_json::Value::Array(ops))?),
+            )
+            .await
+            .map_err(|error| cluster::guarded_write_error(self.machine, error))?;
+        scope.generation = patched.metadata.generation;
+        Ok(patched.metadata.resource_version)
     }
 
     async fn create_vm(
@@ -1147,8 +1343,18 @@ impl<'a> Reconcile<'a> {
         // Claimed for this machine until it is deleted, so no other machine ever records it,
         // even while a clone that did not happen leaves it free in Proxmox.
         let vmid = match self.pick_vmid(scope, proxmox, resources).await? {
-            Some(claim) => claim,
-            None => {
+            Picked::Vmid(claim) => claim,
+            Picked::Unlisted(vmid) => {
+                // Proxmox has a VM with the recorded VMID that it does not list yet (a clone
+                // requested before a move): the next look tells whether it is ours.
+                self.context.reservations.lock().await.release(&scope.name);
+                return Ok(waiting(
+                    "Cloning",
+                    format!("VMID {vmid} is in use in Proxmox but not listed yet; looking again"),
+                    Action::requeue(Duration::from_secs(1)),
+                ));
+            }
+            Picked::Exhausted => {
                 self.context.reservations.lock().await.release(&scope.name);
                 let message = if self.machine.spec.vm_id_range.is_some() {
                     "no free VMID in spec.vmIDRange; widen the range or free VMIDs"
@@ -1168,7 +1374,13 @@ impl<'a> Reconcile<'a> {
             .await
             .set_vmid(&scope.name, vmid);
 
-        // Intent first: a crash after the clone request finds the VM by this VMID.
+        // Intent first: a crash after the clone request finds the VM by this VMID. The spec
+        // holds it too, since a move or restore keeps the spec but not the status; that write
+        // is guarded by the resourceVersion this pass saw, and the status checkpoint by the one
+        // it produced.
+        let guard = scope.resource_version.clone();
+        scope.resource_version = self.record_vmid(scope, vmid, guard).await?;
+        scope.recorded_vmid = Some(vmid);
         scope.status.virtual_machine_id = Some(i64::from(vmid));
         scope.status.proxmox_node = Some(target.clone());
         scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
@@ -1184,7 +1396,7 @@ impl<'a> Reconcile<'a> {
                     format!("cloning template {template_vmid} to VM {vmid} on {target}"),
                 ),
             ],
-            self.machine.metadata.generation,
+            scope.generation,
             Timestamp::now(),
         );
         // Guarded by the observed resourceVersion (when this pass did not just prove it fresh
@@ -1240,6 +1452,7 @@ impl<'a> Reconcile<'a> {
             Err(ProxmoxError::AlreadyExists { .. }) => {
                 // Taken meanwhile by someone else: forget it and pick another next time.
                 scope.status.virtual_machine_id = None;
+                scope.recorded_vmid = None;
                 self.context
                     .vmid_claims
                     .unclaim(vmid, &claim_key(self.machine));
@@ -1402,19 +1615,21 @@ impl<'a> Reconcile<'a> {
         scope: &Scope,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Result<Option<u32>, MachineError> {
+    ) -> Result<Picked, MachineError> {
         let claims = &self.context.vmid_claims;
         claims.seed(|| self.recorded_vmids()).await?;
         let key = claim_key(self.machine);
         let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
-        if let Some(recorded) = scope
-            .status
-            .virtual_machine_id
-            .and_then(|id| u32::try_from(id).ok())
+        if let Some(recorded) = scope.recorded_vmid
             && !used(recorded)
             && claims.claim(recorded, &key)
         {
-            return Ok(Some(recorded));
+            // Not listed, but perhaps created: a clone requested just before a move or restore.
+            return Ok(if vmid_free(proxmox, recorded).await? {
+                Picked::Vmid(recorded)
+            } else {
+                Picked::Unlisted(recorded)
+            });
         }
         // Proxmox names the lowest VMID without a VM; while other machines hold it and the ones
         // after it, the next unclaimed one Proxmox accepts is taken.
@@ -1423,7 +1638,7 @@ impl<'a> Reconcile<'a> {
             None => {
                 let lowest = proxmox.next_id(None).await?;
                 if claims.claim(lowest, &key) {
-                    return Ok(Some(lowest));
+                    return Ok(Picked::Vmid(lowest));
                 }
                 (i64::from(lowest) + 1, i64::from(MAX_VMID))
             }
@@ -1436,11 +1651,11 @@ impl<'a> Reconcile<'a> {
                 continue;
             }
             if vmid_free(proxmox, vmid).await? {
-                return Ok(Some(vmid));
+                return Ok(Picked::Vmid(vmid));
             }
             claims.unclaim(vmid, &key);
         }
-        Ok(None)
+        Ok(Picked::Exhausted)
     }
 
     /// The VMIDs the ProxmoxMachines this controller watches have recorded, by machine, to
@@ -1573,17 +1788,8 @@ impl<'a> Reconcile<'a> {
             let existing = config.get(&nic.name).unwrap_or_default();
             set(&nic.name, nic_value(&existing, nic));
         }
-        let mut tags: Vec<String> = config.tags();
-        let wanted =
-            std::iter::once(machine_tag(self.machine)).chain(spec.tags.clone().unwrap_or_default());
-        let before = tags.len();
-        for tag in wanted {
-            if !tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)) {
-                tags.push(tag.to_ascii_lowercase());
-            }
-        }
-        if tags.len() != before {
-            update = std::mem::take(&mut update).set("tags", tags.join(";"));
+        if let Some(tags) = self.retagged(config) {
+            update = std::mem::take(&mut update).set("tags", tags);
             changed = true;
         }
         if changed {
@@ -1620,6 +1826,29 @@ impl<'a> Reconcile<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The VM's tags with this machine's tag (in place of the tag of the machine a move or
+    /// restore replaced) and `spec.tags`, if that differs from what it has.
+    fn retagged(&self, config: &VmConfig) -> Option<String> {
+        let ours = machine_tag(self.machine);
+        let mut tags: Vec<String> = config
+            .tags()
+            .into_iter()
+            .filter(|t| {
+                let t = t.to_ascii_lowercase();
+                !t.starts_with(MACHINE_TAG_PREFIX) || t == ours
+            })
+            .collect();
+        let kept = tags.len();
+        let wanted =
+            std::iter::once(ours).chain(self.machine.spec.tags.clone().unwrap_or_default());
+        for tag in wanted {
+            if !tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)) {
+                tags.push(tag.to_ascii_lowercase());
+            }
+        }
+        (tags.len() != kept || kept != config.tags().len()).then(|| tags.join(";"))
     }
 
     /// Ensures one claim per (NIC, pool) and returns the bound addresses, or `None` while any is pending.
@@ -1931,45 +2160,138 @@ impl<'a> Reconcile<'a> {
         .await
     }
 
+    /// Deletes the machine's VM (by the recorded VMID, else by its tag or `spec.providerID`)
+    /// and releases the machine. Without its ProxmoxCluster, capmox's global credentials reach
+    /// Proxmox; without those (or while Proxmox is out of reach) a machine that may have a VM
+    /// keeps its finalizer and says why.
     async fn delete(&self, scope: &mut Scope, cluster_found: bool) -> Result<Action, MachineError> {
-        // The Go provider recorded the VMID in the spec only: machines it created are deleted
-        // by that VMID too (still only when the VM's tag or name shows it is theirs).
-        let recorded = scope
-            .current
-            .virtual_machine_id
-            .or(self.machine.spec.virtual_machine_id)
-            .and_then(|id| u32::try_from(id).ok());
-        if cluster_found {
-            let proxmox = match self.proxmox_client(scope).await? {
-                Ok(client) => client,
-                Err(message) if recorded.is_some() => {
-                    tracing::warn!(machine = %scope.name, %message, "cannot reach Proxmox to delete the VM; retrying");
-                    return Ok(Action::requeue(Duration::from_secs(30)));
-                }
-                // Nothing recorded and Proxmox unreachable: a VM was never started for it.
-                Err(_) => return self.released(scope).await,
-            };
-            // The VM: by recorded VMID, else by the machine's tag (a status lost before the
-            // clone was recorded must not leak the VM).
-            let tag = machine_tag(self.machine);
-            let vmid = match recorded {
-                Some(vmid) => Some(vmid),
-                None => proxmox
-                    .cluster_resources(None)
-                    .await
-                    .during(|| "looking for the machine's VM in Proxmox".to_owned())?
-                    .into_iter()
-                    .filter(|r| r.kind == ResourceType::Qemu && !r.template)
-                    .find(|r| r.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)))
-                    .and_then(|r| r.vmid),
-            };
-            if let Some(vmid) = vmid
-                && let Some(action) = self.delete_vm(scope, &proxmox, vmid, &tag).await?
-            {
-                return Ok(action);
+        // Nothing recorded means no clone was ever requested: the VMID is recorded first.
+        let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
+        let proxmox = match self.deletion_client(scope, cluster_found).await? {
+            Ok(client) => client,
+            Err(blocked) if may_have_vm => {
+                tracing::warn!(machine = %scope.name, reason = blocked.reason, "{}", blocked.message);
+                self.warn_once(scope, blocked.reason, &blocked.message)
+                    .await;
+                self.deleting_status(scope, blocked.reason, blocked.message)
+                    .await?;
+                return Ok(Action::requeue(blocked.requeue));
             }
+            Err(_) => return self.released(scope).await,
+        };
+        // The Go provider recorded the VMID in the spec only: machines it created are deleted
+        // by that VMID too (still only when the VM shows it is theirs).
+        if let Some(vmid) = scope.recorded_vmid
+            && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
+        {
+            return Ok(action);
+        }
+        // A VM the recorded VMID does not name: a status lost before the VMID was recorded, or
+        // a machine re-created by a move or restore (found by its tag or provider ID).
+        let resources = proxmox
+            .cluster_resources(None)
+            .await
+            .during(|| "looking for the machine's VM in Proxmox".to_owned())?;
+        let found = Identity::of(self.machine, &scope.name)
+            .search(&proxmox, &resources, scope.recorded_vmid)
+            .await?
+            .and_then(|vm| vm.vmid);
+        if let Some(vmid) = found
+            && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
+        {
+            return Ok(action);
         }
         self.released(scope).await
+    }
+
+    /// The Proxmox client that deletes the machine's VM: with the ProxmoxCluster's credentials,
+    /// or with capmox's global ones when the ProxmoxCluster is gone. `Err`: why there is none.
+    async fn deletion_client(
+        &self,
+        scope: &Scope,
+        cluster_found: bool,
+    ) -> Result<Result<ProxmoxClient, Blocked>, MachineError> {
+        let unavailable = |message: String| Blocked {
+            reason: "ProxmoxUnavailable",
+            message: format!(
+                "cannot reach Proxmox to delete {}: {message}; retrying",
+                self.recorded_vm(scope)
+            ),
+            requeue: Duration::from_secs(30),
+        };
+        if cluster_found {
+            return Ok(self.proxmox_client(scope).await?.map_err(unavailable));
+        }
+        let cluster = format!("{}/{}", scope.namespace, scope.proxmox_cluster.name_any());
+        Ok(match self.context.global_credentials.client_config() {
+            Some(Ok(config)) => self
+                .context
+                .proxmox
+                .get(&config)
+                .map_err(|error| unavailable(error.to_string())),
+            Some(Err(problem)) => Err(unavailable(format!(
+                "the ProxmoxCluster {cluster} is gone and capmox's global credentials are unusable ({problem})"
+            ))),
+            None => Err(Blocked {
+                reason: "ProxmoxClusterNotFound",
+                message: format!(
+                    "the ProxmoxCluster {cluster} is gone and capmox has no global credentials, so {} is kept; restore the ProxmoxCluster (and its credentials) to delete it, or delete the VM yourself and remove the finalizer {} from this ProxmoxMachine",
+                    self.recorded_vm(scope),
+                    finalizers::MACHINE
+                ),
+                requeue: Duration::from_secs(60),
+            }),
+        })
+    }
+
+    /// The machine's VM as its spec and status record it, for messages.
+    fn recorded_vm(&self, scope: &Scope) -> String {
+        let mut parts = Vec::new();
+        if let Some(vmid) = scope.recorded_vmid {
+            parts.push(format!("VM {vmid}"));
+        }
+        if let Some(node) = &scope.current.proxmox_node {
+            parts.push(format!("on {node}"));
+        }
+        if let Some(provider_id) = &self.machine.spec.provider_id {
+            parts.push(format!("({provider_id})"));
+        }
+        if parts.is_empty() {
+            "its VM".to_owned()
+        } else {
+            format!("its {}", parts.join(" "))
+        }
+    }
+
+    /// A Warning event, unless the machine reports `reason` already (one per episode, not one
+    /// per pass).
+    async fn warn_once(&self, scope: &Scope, reason: &str, message: &str) {
+        let reported = scope
+            .current
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PROVISIONED && c.reason == reason);
+        if !reported {
+            self.event(scope, EventType::Warning, reason, message).await;
+        }
+    }
+
+    /// The machine's spec names a VM (`spec.providerID`) that Proxmox does not have: it waits
+    /// and says so, instead of creating a second VM that would take the first one's place and
+    /// addresses.
+    async fn vm_not_found(&self, scope: &Scope, provider_id: &str) -> Step {
+        const REASON: &str = "VirtualMachineNotFound";
+        let message = format!(
+            "spec.providerID is {provider_id}, but Proxmox has no VM named {} with that SMBIOS UUID{}; capmox never creates a second VM for a machine that has one. Bring the VM back (a restore must keep its name and SMBIOS UUID), or delete this machine",
+            scope.name,
+            self.machine
+                .spec
+                .virtual_machine_id
+                .map(|vmid| format!(" (spec.virtualMachineID is {vmid})"))
+                .unwrap_or_default()
+        );
+        self.warn_once(scope, REASON, &message).await;
+        waiting(REASON, message, Action::requeue(Duration::from_secs(60)))
     }
 
     /// Deletes the machine's VM `vmid` and its seed ISO; `Some` while that has to wait.
@@ -1978,7 +2300,6 @@ impl<'a> Reconcile<'a> {
         scope: &mut Scope,
         proxmox: &ProxmoxClient,
         vmid: u32,
-        tag: &str,
     ) -> Result<Option<Action>, MachineError> {
         // Where the VM is: the node in status, else wherever Proxmox says it moved.
         let mut located = None;
@@ -2016,11 +2337,7 @@ impl<'a> Reconcile<'a> {
             }
             return Ok(None);
         };
-        let tags = config.tags();
-        let ours = tags.iter().any(|t| t.eq_ignore_ascii_case(tag))
-            || (config.name().as_deref() == Some(scope.name.as_str())
-                && !tags.iter().any(|t| t.starts_with(MACHINE_TAG_PREFIX)));
-        if !ours {
+        if !Identity::of(self.machine, &scope.name).owns(&config, vmid) {
             tracing::warn!(machine = %scope.name, vmid, "VM belongs to someone else; not deleting it");
             return Ok(None);
         }
@@ -2123,7 +2440,7 @@ impl<'a> Reconcile<'a> {
                 Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
                 Decided::failed(PROVISIONED, reason, message),
             ],
-            self.machine.metadata.generation,
+            scope.generation,
             Timestamp::now(),
         );
         apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await
@@ -2152,6 +2469,23 @@ impl<'a> Reconcile<'a> {
         )
         .await;
     }
+}
+
+/// Why a deletion cannot reach Proxmox, reported on the machine.
+struct Blocked {
+    reason: &'static str,
+    message: String,
+    requeue: Duration,
+}
+
+/// The VMID [`Reconcile::pick_vmid`] chose.
+enum Picked {
+    /// Free, and claimed for the machine.
+    Vmid(u32),
+    /// The recorded VMID, in use in Proxmox but not listed yet.
+    Unlisted(u32),
+    /// None is free.
+    Exhausted,
 }
 
 /// The condition and requeue while a failed task's back-off lasts.

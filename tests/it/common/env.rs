@@ -106,11 +106,16 @@ impl Env {
 
     /// As [`Env::spawn_controllers`], talking to the API server through `client`.
     pub fn spawn_controllers_with(&self, client: kube::Client) -> Controllers {
-        let context = Arc::new(Context::new(
-            client,
-            manager_config(),
-            GlobalCredentials::default(),
-        ));
+        self.spawn_controllers_with_credentials(client, GlobalCredentials::default())
+    }
+
+    /// As [`Env::spawn_controllers_with`], with capmox's global Proxmox credentials.
+    pub fn spawn_controllers_with_credentials(
+        &self,
+        client: kube::Client,
+        global: GlobalCredentials,
+    ) -> Controllers {
+        let context = Arc::new(Context::new(client, manager_config(), global));
         let stop = self.stop.child_token();
         let task = tokio::spawn(capmox::controller::run_controllers(context, stop.clone()));
         Controllers { task, stop }

@@ -96,6 +96,29 @@ impl Scenario {
         self.controllers = Some(self.env.spawn_controllers_with(client));
     }
 
+    /// Starts fresh controllers that hold global credentials for the tap.
+    pub fn start_controllers_with_global_credentials(&mut self) {
+        let token = self.env.sim.token();
+        let (id, secret) = token.split_once('=').expect("token id=secret");
+        let global = capmox::controller::GlobalCredentials {
+            url: Some(self.tap.url().to_owned()),
+            token_id: Some(id.to_owned()),
+            secret: Some(capmox::proxmox::Secret::new(secret)),
+            ..Default::default()
+        };
+        self.controllers = Some(
+            self.env
+                .spawn_controllers_with_credentials(self.env.client(), global),
+        );
+    }
+
+    /// Kills the controllers like a crashed process, without starting others.
+    pub async fn kill_controllers(&mut self) {
+        if let Some(controllers) = self.controllers.take() {
+            controllers.crash().await;
+        }
+    }
+
     /// Kills the controllers like a crashed process and starts fresh ones.
     pub async fn restart(&mut self) {
         if let Some(controllers) = self.controllers.take() {
@@ -105,18 +128,13 @@ impl Scenario {
     }
 
     pub async fn create(&self, name: &str) {
+        self.create_with(name, machine_spec()).await;
+    }
+
+    /// A machine in rack-a with this spec.
+    pub async fn create_with(&self, name: &str, spec: serde_json::Value) {
         self.env
-            .create_machine(
-                "demo",
-                name,
-                Some("rack-a"),
-                false,
-                json!({
-                    "sourceNode": "pve1", "templateID": 9000, "memoryMiB": 2048, "numCores": 2,
-                    "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}},
-                    "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "defaultIPv4": true}]}
-                }),
-            )
+            .create_machine("demo", name, Some("rack-a"), false, spec)
             .await;
     }
 
@@ -239,6 +257,15 @@ impl Scenario {
         assert_eq!(self.seed_isos().await, Vec::<String>::new(), "{context}");
         assert_eq!(self.claims().await, 0, "{context}: IPAddressClaims left");
     }
+}
+
+/// The spec of the scenario's machines: template 9000, one NIC with a rack-a address.
+pub fn machine_spec() -> serde_json::Value {
+    json!({
+        "sourceNode": "pve1", "templateID": 9000, "memoryMiB": 2048, "numCores": 2,
+        "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}},
+        "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0", "defaultIPv4": true}]}
+    })
 }
 
 pub fn condition_status(machine: &ProxmoxMachine, type_: &str) -> Option<String> {
