@@ -121,7 +121,8 @@ async fn a_moved_machine_adopts_its_vm_instead_of_cloning_another() {
             "{name}: the spec records the VMID"
         );
         assert!(ready.spec.provider_id.is_some(), "{name}: provider ID set");
-        before.push((status.virtual_machine_id, status.ip_addresses));
+        let tag = capmox::controller::machine::machine_tag(&ready);
+        before.push((status.virtual_machine_id, status.ip_addresses, tag));
     }
     assert_eq!(clones(&scenario), 2);
 
@@ -130,7 +131,7 @@ async fn a_moved_machine_adopts_its_vm_instead_of_cloning_another() {
     move_machine(&scenario, names[1], without_vmid).await;
     scenario.start_controllers();
 
-    for (name, (vmid, addresses)) in names.into_iter().zip(before) {
+    for (name, (vmid, addresses, old_tag)) in names.into_iter().zip(before) {
         let adopted = scenario.wait_ready(name).await;
         let status = adopted.status.clone().expect("status");
         assert_eq!(status.virtual_machine_id, vmid, "{name}: same VM");
@@ -140,6 +141,14 @@ async fn a_moved_machine_adopts_its_vm_instead_of_cloning_another() {
         );
         assert_eq!(status.ip_addresses, addresses, "{name}: same addresses");
         scenario.assert_vm_of(&adopted, name).await;
+        assert!(
+            !scenario
+                .vms()
+                .await
+                .iter()
+                .any(|(_, tags)| tags.contains(&old_tag)),
+            "{name}: the old machine's tag {old_tag} was replaced"
+        );
         scenario::wait_event(&scenario.env, name, "Adopted").await;
     }
     assert_eq!(clones(&scenario), 2, "no VM cloned again");
