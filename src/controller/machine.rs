@@ -212,6 +212,14 @@ pub fn machine_tag(machine: &ProxmoxMachine) -> String {
     format!("{MACHINE_TAG_PREFIX}{}", short.to_ascii_lowercase())
 }
 
+/// Whether `tag` has the shape of a [`machine_tag`] (a user's `capmox-prod` does not): such a
+/// tag says the VM is some machine's.
+fn is_machine_tag(tag: &str) -> bool {
+    tag.to_ascii_lowercase()
+        .strip_prefix(MACHINE_TAG_PREFIX)
+        .is_some_and(|id| id.len() == 16 && id.chars().all(|c| c.is_ascii_alphanumeric()))
+}
+
 /// The VMs (not templates) Proxmox lists.
 fn vms(resources: &[ClusterResource]) -> impl Iterator<Item = &ClusterResource> + Clone {
     resources
@@ -265,9 +273,7 @@ impl<'a> Identity<'a> {
         if let Some(uuid) = self.uuid {
             return smbios_uuid(config).is_some_and(|u| u.eq_ignore_ascii_case(uuid));
         }
-        let tagged_for_another = tags
-            .iter()
-            .any(|t| t.to_ascii_lowercase().starts_with(MACHINE_TAG_PREFIX));
+        let tagged_for_another = tags.iter().any(|t| is_machine_tag(t));
         !tagged_for_another || self.spec_vmid == Some(vmid)
     }
 
@@ -1832,17 +1838,18 @@ impl<'a> Reconcile<'a> {
     /// restore replaced) and `spec.tags`, if that differs from what it has.
     fn retagged(&self, config: &VmConfig) -> Option<String> {
         let ours = machine_tag(self.machine);
+        let spec_tags = self.machine.spec.tags.clone().unwrap_or_default();
         let mut tags: Vec<String> = config
             .tags()
             .into_iter()
             .filter(|t| {
-                let t = t.to_ascii_lowercase();
-                !t.starts_with(MACHINE_TAG_PREFIX) || t == ours
+                !is_machine_tag(t)
+                    || t.eq_ignore_ascii_case(&ours)
+                    || spec_tags.iter().any(|s| s.eq_ignore_ascii_case(t))
             })
             .collect();
         let kept = tags.len();
-        let wanted =
-            std::iter::once(ours).chain(self.machine.spec.tags.clone().unwrap_or_default());
+        let wanted = std::iter::once(ours).chain(spec_tags);
         for tag in wanted {
             if !tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)) {
                 tags.push(tag.to_ascii_lowercase());
@@ -2764,5 +2771,9 @@ mod tests {
         assert!(crate::api::TAG_PATTERN.len() > 1);
         let pattern = regex::Regex::new(crate::api::TAG_PATTERN).expect("tag pattern compiles");
         assert!(pattern.is_match(&machine_tag(&machine)));
+        assert!(is_machine_tag(&machine_tag(&machine)));
+        assert!(is_machine_tag("CAPMOX-3F2C9C8E1B2A4D6E"));
+        assert!(!is_machine_tag("capmox-prod"), "a user's tag");
+        assert!(!is_machine_tag("capmox"));
     }
 }

@@ -91,27 +91,6 @@ fn without_vmid(spec: &mut Value) {
         .remove("virtualMachineID");
 }
 
-/// The VM `machine` records, which must carry its tag; one clone request per machine so far.
-async fn assert_vm_of(scenario: &Scenario, machine: &ProxmoxMachine, context: &str) {
-    let vmid = machine
-        .status
-        .as_ref()
-        .and_then(|s| s.virtual_machine_id)
-        .expect("vmid in status");
-    let tag = capmox::controller::machine::machine_tag(machine);
-    let vms = scenario.vms().await;
-    assert!(
-        vms.iter()
-            .any(|(id, tags)| i64::from(*id) == vmid && tags.contains(&tag)),
-        "{context}: VM {vmid} tagged {tag} in {vms:?}"
-    );
-    assert!(
-        !vms.iter()
-            .any(|(id, tags)| i64::from(*id) != vmid && tags.contains(&tag)),
-        "{context}: another VM tagged {tag} in {vms:?}"
-    );
-}
-
 fn clones(scenario: &Scenario) -> usize {
     scenario.tap.log().iter().filter(|s| s.is_clone()).count()
 }
@@ -142,7 +121,8 @@ async fn a_moved_machine_adopts_its_vm_instead_of_cloning_another() {
             "{name}: the spec records the VMID"
         );
         assert!(ready.spec.provider_id.is_some(), "{name}: provider ID set");
-        before.push((status.virtual_machine_id, status.ip_addresses));
+        let tag = capmox::controller::machine::machine_tag(&ready);
+        before.push((status.virtual_machine_id, status.ip_addresses, tag));
     }
     assert_eq!(clones(&scenario), 2);
 
@@ -151,7 +131,7 @@ async fn a_moved_machine_adopts_its_vm_instead_of_cloning_another() {
     move_machine(&scenario, names[1], without_vmid).await;
     scenario.start_controllers();
 
-    for (name, (vmid, addresses)) in names.into_iter().zip(before) {
+    for (name, (vmid, addresses, old_tag)) in names.into_iter().zip(before) {
         let adopted = scenario.wait_ready(name).await;
         let status = adopted.status.clone().expect("status");
         assert_eq!(status.virtual_machine_id, vmid, "{name}: same VM");
@@ -160,7 +140,15 @@ async fn a_moved_machine_adopts_its_vm_instead_of_cloning_another() {
             "{name}: the spec records the VMID again"
         );
         assert_eq!(status.ip_addresses, addresses, "{name}: same addresses");
-        assert_vm_of(&scenario, &adopted, name).await;
+        scenario.assert_vm_of(&adopted, name).await;
+        assert!(
+            !scenario
+                .vms()
+                .await
+                .iter()
+                .any(|(_, tags)| tags.contains(&old_tag)),
+            "{name}: the old machine's tag {old_tag} was replaced"
+        );
         scenario::wait_event(&scenario.env, name, "Adopted").await;
     }
     assert_eq!(clones(&scenario), 2, "no VM cloned again");

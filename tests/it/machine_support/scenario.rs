@@ -238,18 +238,28 @@ impl Scenario {
     /// Exactly one VM for the machine: the one in its status, tagged for it.
     pub async fn assert_one_vm(&self, machine: &ProxmoxMachine, context: &str) {
         let vms = self.vms().await;
+        assert_eq!(vms.len(), 1, "{context}: VMs {vms:?}");
+        self.assert_vm_of(machine, context).await;
+        let status = machine.status.as_ref().expect("status");
+        assert_eq!(status.task_ref, None, "{context}: task still recorded");
+        assert_eq!(status.retry_after, None, "{context}");
+    }
+
+    /// The VM in the machine's status exists and carries the machine's tag; no other VM does.
+    pub async fn assert_vm_of(&self, machine: &ProxmoxMachine, context: &str) {
         let vmid = machine
             .status
             .as_ref()
             .and_then(|s| s.virtual_machine_id)
             .expect("vmid in status");
         let tag = capmox::controller::machine::machine_tag(machine);
-        assert_eq!(vms.len(), 1, "{context}: VMs {vms:?}");
-        assert_eq!(i64::from(vms[0].0), vmid, "{context}: VMs {vms:?}");
-        assert!(vms[0].1.contains(&tag), "{context}: VM not tagged {tag}");
-        let status = machine.status.as_ref().expect("status");
-        assert_eq!(status.task_ref, None, "{context}: task still recorded");
-        assert_eq!(status.retry_after, None, "{context}");
+        let vms = self.vms().await;
+        let tagged: Vec<i64> = vms
+            .iter()
+            .filter(|(_, tags)| tags.contains(&tag))
+            .map(|(id, _)| i64::from(*id))
+            .collect();
+        assert_eq!(tagged, vec![vmid], "{context}: VMs tagged {tag} in {vms:?}");
     }
 
     pub async fn assert_nothing_left(&self, context: &str) {
