@@ -66,7 +66,7 @@ impl Rng {
 pub(crate) struct Shared {
     pub cluster: Mutex<Cluster>,
     pub opts: SimOptions,
-    pub faults: FaultConfig,
+    pub faults: Mutex<FaultConfig>,
     pub rng: Mutex<Rng>,
     pub log: Mutex<VecDeque<LoggedRequest>>,
     pub counters: Mutex<BTreeMap<String, SimCounters>>,
@@ -225,13 +225,15 @@ pub(crate) async fn handle(
     }
 
     // Fault injection (seeded): latency, dropped connections, injected errors, lock contention.
-    if let Some(rule) = shared
+    let rule = shared
         .faults
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
         .rules
         .iter()
         .find(|r| r.endpoint == "*" || r.endpoint == endpoint)
-        .cloned()
-    {
+        .cloned();
+    if let Some(rule) = rule {
         let (drop, error, lock) = {
             let mut rng = shared.rng.lock().unwrap_or_else(|p| p.into_inner());
             (
