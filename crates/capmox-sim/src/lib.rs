@@ -30,14 +30,14 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-pub use server::{LoggedRequest, SIM_ROUTES, SimCounters};
+pub use server::{LoggedRequest, Rng, SIM_ROUTES, SimCounters};
 pub use state::{Cluster, SimError, TaskRecord};
 pub use topology::{
     DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
     Topology,
 };
 
-use server::{Rng, Shared};
+use server::Shared;
 
 /// Errors starting the simulator.
 #[derive(Debug, thiserror::Error)]

@@ -43,16 +43,18 @@ pub struct SimCounters {
     pub errors: u64,
 }
 
-/// Deterministic RNG (splitmix64) for fault injection.
+/// Deterministic RNG (splitmix64) for fault injection; public so a test that plans its own
+/// faults draws them the same way, with no extra dependency.
 #[derive(Debug)]
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
+    /// The generator for `seed`: the same seed gives the same sequence.
+    pub fn new(seed: u64) -> Self {
         Self(seed)
     }
     /// Uniform in [0, 1).
-    pub(crate) fn next_f64(&mut self) -> f64 {
+    pub fn next_f64(&mut self) -> f64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
