@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox e2e-real bench clean
+.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox e2e-real bench soak clean
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
@@ -74,6 +74,12 @@ e2e-real: release-manifests ## The sandbox scenario on the cluster in KUBECONFIG
 	@if [ -z "$${KUBECONFIG:-}" ] && [ ! -f "$$HOME/.kube/config" ]; then \
 	  echo "make e2e-real needs a cluster: set KUBECONFIG (the run installs CRDs and RBAC there)" >&2; exit 1; fi
 	$(CARGO) run --locked --quiet -p capmox-sandbox --bin capmox-e2e-real -- $(E2E_ARGS)
+
+# `make test` runs the soak's first 20 seeds; this runs many more (README: "Randomized fault soak").
+SOAK_SEEDS ?= 1000
+SOAK_JOBS ?= 8
+soak: ## Randomized fault soak: SOAK_SEEDS seeded provision/scale/delete runs with Proxmox and Kubernetes faults and controller kills.
+	CAPMOX_SOAK_SEEDS=$(SOAK_SEEDS) CAPMOX_SOAK_JOBS=$(SOAK_JOBS) $(CARGO) test --locked --test it soak:: -- --nocapture
 
 bench: ## Fleet benchmark (release): provision and delete 60 machines on the simulator; table + out/bench.json.
 	$(CARGO) bench --locked --bench fleet -- $(BENCH_ARGS)

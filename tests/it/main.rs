@@ -33,6 +33,7 @@ mod release;
 mod sandbox;
 mod sim;
 mod sim_shapes;
+mod soak;
 mod standin;
 mod standin_capmox;
 mod testkit_controller;

@@ -736,6 +736,64 @@ async fn fault_injection_is_transient_retried_and_deterministic() {
 }
 
 #[tokio::test]
+async fn faults_can_be_switched_on_and_off_while_running() {
+    let sim = Simulator::start(Topology::example(), SimOptions::default())
+        .await
+        .expect("sim");
+    let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
+    cfg.retry.max_attempts = 1;
+    let client = ProxmoxClient::new(&cfg).expect("client");
+    client.nodes().await.expect("no faults at start");
+
+    let mut faults = FaultConfig {
+        seed: 5,
+        rules: vec![FaultRule {
+            endpoint: "GET /nodes".into(),
+            error_rate: 1.0,
+            error_status: 503,
+            error_reason: "busy".into(),
+            drop_rate: 0.0,
+            lock_contention_rate: 0.0,
+            latency_ms: 0,
+        }],
+        ..FaultConfig::default()
+    };
+    faults.task_failure_rate.insert("qmclone".into(), 1.0);
+    sim.set_faults(faults);
+    let err = client.nodes().await.expect_err("the window is open");
+    assert!(
+        matches!(
+            &err,
+            ProxmoxError::Transient {
+                status: Some(503),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let clone = |newid| {
+        let client = client.clone();
+        async move {
+            let params = CloneParams {
+                newid,
+                ..Default::default()
+            };
+            let upid = client.clone_vm("pve1", 9000, &params).await.expect("clone");
+            client.wait_task(&upid, &waits()).await
+        }
+    };
+    let failed = clone(100).await.expect_err("clones fail in the window");
+    assert!(
+        matches!(&failed, ProxmoxError::TaskFailed { exitstatus, .. } if exitstatus == "injected failure"),
+        "{failed:?}"
+    );
+
+    sim.set_faults(FaultConfig::default());
+    client.nodes().await.expect("the window is closed");
+    clone(101).await.expect("clones succeed again");
+}
+
+#[tokio::test]
 async fn concurrency_limit_per_endpoint() {
     let mut opts = SimOptions::default();
     opts.faults.rules.push(FaultRule {

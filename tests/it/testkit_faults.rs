@@ -289,6 +289,23 @@ async fn fault_hook_targets_single_requests() {
         code(api.list(&ListParams::default()).await.unwrap_err()).0,
         429
     );
+    // A hook can target one named client and spare the others.
+    server.set_fault_hook(|req| (req.client == Some("victim")).then_some(FaultKind::Timeout));
+    let victim: Api<Widget> = Api::namespaced(server.client_named("victim"), "default");
+    assert_eq!(
+        code(victim.list(&ListParams::default()).await.unwrap_err()).0,
+        504
+    );
+    let bystander: Api<Widget> = Api::namespaced(server.client_named("bystander"), "default");
+    assert_eq!(
+        bystander
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
     server.clear_fault_hook();
     assert_eq!(
         api.list(&ListParams::default()).await.unwrap().items.len(),

@@ -30,14 +30,14 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-pub use server::{LoggedRequest, SIM_ROUTES, SimCounters};
+pub use server::{LoggedRequest, Rng, SIM_ROUTES, SimCounters};
 pub use state::{Cluster, SimError, TaskRecord};
 pub use topology::{
     DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
     Topology,
 };
 
-use server::{Rng, Shared};
+use server::Shared;
 
 /// Errors starting the simulator.
 #[derive(Debug, thiserror::Error)]
@@ -153,20 +153,14 @@ impl Simulator {
                 source,
             })?;
         let faults = opts.faults.clone();
-        let mut task_rng = Rng::new(faults.seed ^ 0x5EED_7A5C);
-        let task_rates = faults.task_failure_rate.clone();
-        let task_fail = Box::new(move |kind: &str| {
-            let rate = task_rates
-                .get(kind)
-                .or_else(|| task_rates.get("*"))
-                .copied()
-                .unwrap_or(0.0);
-            rate > 0.0 && task_rng.next_f64() < rate
-        });
         let shared = Arc::new(Shared {
-            cluster: Mutex::new(Cluster::new(&topology, opts.clone(), task_fail)),
+            cluster: Mutex::new(Cluster::new(
+                &topology,
+                opts.clone(),
+                task_failures(&faults),
+            )),
             rng: Mutex::new(Rng::new(faults.seed)),
-            faults,
+            faults: Mutex::new(faults),
             opts,
             log: Mutex::new(VecDeque::new()),
             counters: Mutex::new(BTreeMap::new()),
@@ -259,6 +253,15 @@ impl Simulator {
             .clone()
     }
 
+    /// Replaces the fault injection while running (rules, task failure rates and the seed both
+    /// draw from), so a test can open a window of faults and close it again to let the
+    /// controllers converge.
+    pub fn set_faults(&self, faults: FaultConfig) {
+        self.with_cluster(|c| c.set_task_failure(task_failures(&faults)));
+        *self.shared.rng.lock().unwrap_or_else(|p| p.into_inner()) = Rng::new(faults.seed);
+        *self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()) = faults;
+    }
+
     /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).
     pub fn with_cluster<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
         let mut c = self
@@ -269,6 +272,21 @@ impl Simulator {
         c.advance(tokio::time::Instant::now());
         f(&mut c)
     }
+}
+
+/// The injected task failures of `faults`: each task of a type with a rate fails with that
+/// probability, drawn from an RNG seeded by the fault seed.
+fn task_failures(faults: &FaultConfig) -> Box<dyn FnMut(&str) -> bool + Send> {
+    let mut task_rng = Rng::new(faults.seed ^ 0x5EED_7A5C);
+    let task_rates = faults.task_failure_rate.clone();
+    Box::new(move |kind: &str| {
+        let rate = task_rates
+            .get(kind)
+            .or_else(|| task_rates.get("*"))
+            .copied()
+            .unwrap_or(0.0);
+        rate > 0.0 && task_rng.next_f64() < rate
+    })
 }
 
 fn tls_acceptor(t: &TlsMaterial) -> Result<tokio_rustls::TlsAcceptor, SimStartError> {

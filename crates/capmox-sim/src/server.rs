@@ -43,16 +43,18 @@ pub struct SimCounters {
     pub errors: u64,
 }
 
-/// Deterministic RNG (splitmix64) for fault injection.
+/// Deterministic RNG (splitmix64) for fault injection; public so a test that plans its own
+/// faults draws them the same way, with no extra dependency.
 #[derive(Debug)]
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
+    /// The generator for `seed`: the same seed gives the same sequence.
+    pub fn new(seed: u64) -> Self {
         Self(seed)
     }
     /// Uniform in [0, 1).
-    pub(crate) fn next_f64(&mut self) -> f64 {
+    pub fn next_f64(&mut self) -> f64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -66,7 +68,7 @@ impl Rng {
 pub(crate) struct Shared {
     pub cluster: Mutex<Cluster>,
     pub opts: SimOptions,
-    pub faults: FaultConfig,
+    pub faults: Mutex<FaultConfig>,
     pub rng: Mutex<Rng>,
     pub log: Mutex<VecDeque<LoggedRequest>>,
     pub counters: Mutex<BTreeMap<String, SimCounters>>,
@@ -225,13 +227,15 @@ pub(crate) async fn handle(
     }
 
     // Fault injection (seeded): latency, dropped connections, injected errors, lock contention.
-    if let Some(rule) = shared
+    let rule = shared
         .faults
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
         .rules
         .iter()
         .find(|r| r.endpoint == "*" || r.endpoint == endpoint)
-        .cloned()
-    {
+        .cloned();
+    if let Some(rule) = rule {
         let (drop, error, lock) = {
             let mut rng = shared.rng.lock().unwrap_or_else(|p| p.into_inner());
             (

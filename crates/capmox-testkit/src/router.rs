@@ -461,6 +461,7 @@ async fn resource(
             subresource: (sub == Sub::Status).then_some("status"),
             namespace: ns.as_deref(),
             name,
+            client,
         };
         match hook(&info) {
             Some(FaultKind::Delay(d)) => tokio::time::sleep(d).await,

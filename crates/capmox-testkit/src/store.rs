@@ -90,6 +90,9 @@ pub struct RequestInfo<'a> {
     pub namespace: Option<&'a str>,
     /// Object name from the path, if any.
     pub name: Option<&'a str>,
+    /// The client's name (see [`super::ApiServer::client_named`]), so a fault can target one
+    /// component and spare the others.
+    pub client: Option<&'a str>,
 }
 
 /// Decides per request whether to inject a fault (`None`: serve normally).

@@ -1,8 +1,10 @@
 //! A pass-through HTTP proxy in front of the Proxmox simulator, for the machine tests: it logs
 //! every request, counts the mutating ones (anything but GET and guest-agent commands), can hold the answer to the k-th
 //! mutating request until the test has done something (killed the controllers), can
-//! rewrite answers to play a guest the simulator does not model, and can answer requests
-//! itself with an error, as a failing Proxmox or a proxy in front of it would.
+//! rewrite answers to play a guest the simulator does not model, can answer requests
+//! itself with an error, as a failing Proxmox or a proxy in front of it would, and can lose
+//! answers (the request was carried out, the connection closes before the answer). A
+//! connection the simulator drops is dropped here too.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +43,21 @@ pub type Rewrite = Box<dyn Fn(&str, &str, &[u8]) -> Option<Vec<u8>> + Send + Syn
 
 /// Answers a request (method, path) with an error instead of passing it on (`None`: pass it on).
 pub type Fault = Box<dyn Fn(&str, &str) -> Option<Injected> + Send + Sync>;
+
+/// Decides, once Proxmox has answered a request, whether the answer is lost (`true`).
+pub type LoseAnswer = Box<dyn Fn(&Seen) -> bool + Send + Sync>;
+
+/// Closes the client's connection without an answer (hyper does so when a service fails).
+#[derive(Debug)]
+pub struct Dropped(&'static str);
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Dropped {}
 
 /// An error answer the tap gives in Proxmox's place.
 #[derive(Clone, Debug)]
@@ -84,6 +101,7 @@ struct State {
     trip: Mutex<Option<(usize, oneshot::Sender<Tripped>)>>,
     rewrite: Mutex<Option<Rewrite>>,
     fault: Mutex<Option<Fault>>,
+    lose: Mutex<Option<LoseAnswer>>,
 }
 
 /// The running proxy; dropping it stops listening.
@@ -116,6 +134,7 @@ impl Tap {
             trip: Mutex::new(None),
             rewrite: Mutex::new(None),
             fault: Mutex::new(None),
+            lose: Mutex::new(None),
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -182,6 +201,11 @@ impl Tap {
     pub fn clear_fault(&self) {
         *self.state.fault.lock().expect("tap fault") = None;
     }
+
+    /// Loses the answers `lose` picks from now on (`None`: answers every request again).
+    pub fn set_lose_answer(&self, lose: Option<LoseAnswer>) {
+        *self.state.lose.lock().expect("tap lose") = lose;
+    }
 }
 
 /// The answer of an injected error, logged like any other.
@@ -215,7 +239,7 @@ fn inject(state: &State, method: &str, path: String, injected: Injected) -> Resp
 async fn forward(
     state: Arc<State>,
     req: Request<hyper::body::Incoming>,
-) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+) -> Result<Response<Full<Bytes>>, Dropped> {
     let method = req.method().clone();
     let path_and_query = req
         .uri()
@@ -249,14 +273,8 @@ async fn forward(
             upstream = upstream.header(name.as_str(), value.as_bytes());
         }
     }
-    let answer = match upstream.body(body).send().await {
-        Ok(answer) => answer,
-        Err(error) => {
-            return Ok(Response::builder()
-                .status(502)
-                .body(Full::new(Bytes::from(format!("tap: {error}"))))
-                .expect("response"));
-        }
+    let Ok(answer) = upstream.body(body).send().await else {
+        return Err(Dropped("the simulator dropped the connection"));
     };
     let status = answer.status().as_u16();
     let phrase = answer
@@ -277,6 +295,12 @@ async fn forward(
         status,
     };
     state.log.lock().expect("tap log").push(seen.clone());
+    let lost = state
+        .lose
+        .lock()
+        .expect("tap lose")
+        .as_ref()
+        .is_some_and(|lose| lose(&seen));
     // Guest-agent commands (`cloud-init status`) change nothing in Proxmox; their number
     // depends on how fast the guest boots.
     if method != hyper::Method::GET && !seen.path.contains("/agent/") {
@@ -303,6 +327,9 @@ async fn forward(
                 let _ = resumed.await;
             }
         }
+    }
+    if lost {
+        return Err(Dropped("answer lost by the tap"));
     }
     let mut response = Response::builder().status(status);
     for (name, value) in &answer_headers {
