@@ -602,7 +602,7 @@ impl<'a> Reconcile<'a> {
             if !conditions::is_true(&current.conditions, api::conditions::PAUSED) {
                 let mut status = owned_status(&current);
                 status.conditions = paused_conditions(&current, self.machine.metadata.generation);
-                apply_status(&api, &name, &current, &status).await?;
+                self.write_status(&api, &name, &current, &status).await?;
             }
             return Ok(Pass::Done(Action::await_change()));
         }
@@ -689,7 +689,8 @@ impl<'a> Reconcile<'a> {
             scope.generation,
             Timestamp::now(),
         );
-        apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await?;
+        self.write_status(&scope.api, &scope.name, &scope.current, &scope.status)
+            .await?;
         Ok(if backing_off {
             Pass::BackingOff(action)
         } else {
@@ -2450,7 +2451,43 @@ impl<'a> Reconcile<'a> {
             scope.generation,
             Timestamp::now(),
         );
-        apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await
+        self.write_status(&scope.api, &scope.name, &scope.current, &scope.status)
+            .await
+    }
+
+    /// Writes the status a pass decided, unless the pass worked from a copy of the machine
+    /// without a VMID in status while the stored machine has one: caches lag (after a watch
+    /// expired, for one), and that copy's status would erase the VMID, node and task (with its
+    /// back-off) a newer pass recorded before its clone request. Such a pass is stale instead
+    /// and looked at again soon; the check costs one read, and only while no VMID is recorded.
+    async fn write_status(
+        &self,
+        api: &Api<ProxmoxMachine>,
+        name: &str,
+        current: &ProxmoxMachineStatus,
+        desired: &ProxmoxMachineStatus,
+    ) -> Result<(), MachineError> {
+        let read_without_vmid = self
+            .machine
+            .status
+            .as_ref()
+            .is_none_or(|s| s.virtual_machine_id.is_none());
+        if current != desired
+            && read_without_vmid
+            && desired.virtual_machine_id.is_none()
+            && api
+                .get_opt(name)
+                .await?
+                .and_then(|stored| stored.status)
+                .is_some_and(|stored| stored.virtual_machine_id.is_some())
+        {
+            return Err(ClusterError::Stale {
+                kind: ProxmoxMachine::kind(&()).into_owned(),
+                name: name.to_owned(),
+            }
+            .into());
+        }
+        apply_status(api, name, current, desired).await
     }
 
     /// Nothing is left in Proxmox: lets the object go.
