@@ -193,6 +193,61 @@ async fn a_pass_from_a_stale_copy_never_erases_the_recorded_vmid() {
     assert_eq!(clones, 1, "cloned {clones} times");
 }
 
+/// Found by the fault soak (seeds 123, 149 and 214 of its second run): a clone to another node
+/// ends by moving the VM to its target, so a VM listed on one node may be on another when its
+/// config is read a moment later. Its recorded VMID was then taken for another VM's, forgotten,
+/// and a second VM cloned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_that_moved_since_it_was_listed_is_still_found_by_its_vmid() {
+    let mut scenario = Scenario::start(sim_options()).await;
+    // The controllers die right after the clone request: the VM is never tagged, only its
+    // VMID (and name) say whose it is.
+    let armed = scenario.tap.trip_at(scenario.tap.mutating() + 1);
+    scenario.create("demo-md-8").await;
+    let tripped = scenario::first(armed, scenario.wait_ready("demo-md-8"))
+        .await
+        .expect("the clone request comes first");
+    assert!(tripped.request.is_clone(), "{:?}", tripped.request);
+    // The next listings show the machines' VMs on another node than theirs, until capmox has
+    // looked for one there: as a listing taken just before the VM moved.
+    let misplaced: Arc<std::sync::Mutex<Option<(String, u64)>>> = Arc::default();
+    let looked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (seen, done) = (misplaced.clone(), looked.clone());
+    scenario
+        .tap
+        .set_rewrite(Box::new(move |method, path, body| {
+            if let Some((node, vmid)) = seen.lock().expect("misplaced").clone()
+                && path == format!("/nodes/{node}/qemu/{vmid}/config")
+            {
+                done.store(true, Ordering::SeqCst);
+            }
+            if method != "GET" || path != "/cluster/resources" || done.load(Ordering::SeqCst) {
+                return None;
+            }
+            let mut listing: serde_json::Value = serde_json::from_slice(body).ok()?;
+            for vm in listing["data"].as_array_mut()?.iter_mut() {
+                if vm["type"] == "qemu" && vm["template"] != 1 {
+                    let elsewhere = if vm["node"] == "pve1" { "pve2" } else { "pve1" };
+                    vm["node"] = serde_json::json!(elsewhere);
+                    *seen.lock().expect("misplaced") =
+                        Some((elsewhere.to_owned(), vm["vmid"].as_u64()?));
+                }
+            }
+            serde_json::to_vec(&listing).ok()
+        }));
+    let request = scenario.crash(tripped).await;
+    let machine = scenario.wait_ready("demo-md-8").await;
+    assert!(
+        looked.load(Ordering::SeqCst),
+        "capmox looked for the VM where the listing put it"
+    );
+    scenario
+        .assert_one_vm(&machine, &format!("crash after {request}"))
+        .await;
+    let clones = scenario.tap.log().iter().filter(|s| s.is_clone()).count();
+    assert_eq!(clones, 1, "cloned {clones} times");
+}
+
 #[tokio::test]
 async fn lock_contention_on_clone_config_and_start_still_gives_one_vm_each() {
     let rule = |endpoint: &str| FaultRule {
