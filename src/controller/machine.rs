@@ -277,25 +277,48 @@ impl<'a> Identity<'a> {
         !tagged_for_another || self.spec_vmid == Some(vmid)
     }
 
-    /// Whether the listed VM `vm` is the machine's (its config is read unless its tag says so).
-    async fn owns_listed(
+    /// The listed VM `vm` as it is now, if it is the machine's (its config is read unless its
+    /// tag says so). A VM gone from the node it was listed on has moved since the listing (a
+    /// clone to another node ends by moving the VM to its target): it is looked up again, not
+    /// taken for someone else's.
+    async fn owned_listed(
         &self,
         proxmox: &ProxmoxClient,
         vm: &ClusterResource,
-    ) -> Result<bool, MachineError> {
+    ) -> Result<Option<ClusterResource>, MachineError> {
         if self.tagged(&vm.tags) {
-            return Ok(true);
+            return Ok(Some(vm.clone()));
         }
         let (Some(node), Some(vmid)) = (vm.node.as_deref(), vm.vmid) else {
-            return Ok(false);
+            return Ok(None);
         };
-        match proxmox.vm_config(node, vmid).await {
-            Ok(config) => Ok(self.owns(&config, vmid)),
-            Err(error) if error.is_not_found() => Ok(false),
-            Err(error) => {
-                Err(error).during(|| format!("reading the config of VM {vmid} on {node}"))
+        let read = |node: String| async move {
+            match proxmox.vm_config(&node, vmid).await {
+                Ok(config) => Ok(Some(config)),
+                Err(error) if error.is_not_found() => Ok(None),
+                Err(error) => {
+                    Err(error).during(|| format!("reading the config of VM {vmid} on {node}"))
+                }
             }
-        }
+        };
+        let (vm, config) = match read(node.to_owned()).await? {
+            Some(config) => (vm.clone(), config),
+            None => {
+                let moved = proxmox
+                    .find_vm(vmid)
+                    .await
+                    .during(|| format!("looking for VM {vmid}, gone from {node}"))?
+                    .filter(|r| r.node.as_deref().is_some_and(|n| n != node));
+                let Some(moved) = moved else {
+                    return Ok(None);
+                };
+                match read(moved.node.clone().unwrap_or_default()).await? {
+                    Some(config) => (moved, config),
+                    None => return Ok(None),
+                }
+            }
+        };
+        Ok(self.owns(&config, vmid).then_some(vm))
     }
 
     /// The machine's VM when the recorded VMID (`skip`) does not name it: the listed VM with
@@ -315,8 +338,8 @@ impl<'a> Identity<'a> {
             return Ok(None);
         }
         for vm in candidates.filter(|r| r.name.as_deref() == Some(self.name)) {
-            if self.owns_listed(proxmox, vm).await? {
-                return Ok(Some(vm.clone()));
+            if let Some(vm) = self.owned_listed(proxmox, vm).await? {
+                return Ok(Some(vm));
             }
         }
         Ok(None)
@@ -602,7 +625,7 @@ impl<'a> Reconcile<'a> {
             if !conditions::is_true(&current.conditions, api::conditions::PAUSED) {
                 let mut status = owned_status(&current);
                 status.conditions = paused_conditions(&current, self.machine.metadata.generation);
-                apply_status(&api, &name, &current, &status).await?;
+                self.write_status(&api, &name, &current, &status).await?;
             }
             return Ok(Pass::Done(Action::await_change()));
         }
@@ -689,7 +712,8 @@ impl<'a> Reconcile<'a> {
             scope.generation,
             Timestamp::now(),
         );
-        apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await?;
+        self.write_status(&scope.api, &scope.name, &scope.current, &scope.status)
+            .await?;
         Ok(if backing_off {
             Pass::BackingOff(action)
         } else {
@@ -1262,8 +1286,8 @@ impl<'a> Reconcile<'a> {
         if let Some(vmid) = scope.recorded_vmid
             && let Some(vm) = vms(resources).find(|r| r.vmid == Some(vmid))
         {
-            if identity.owns_listed(proxmox, vm).await? {
-                return Ok(Some(vm.clone()));
+            if let Some(vm) = identity.owned_listed(proxmox, vm).await? {
+                return Ok(Some(vm));
             }
             // The VMID belongs to someone else now: forget it and create ours elsewhere.
             tracing::warn!(machine = %scope.name, vmid, "the recorded VMID belongs to another VM; choosing a new one");
@@ -2450,7 +2474,43 @@ impl<'a> Reconcile<'a> {
             scope.generation,
             Timestamp::now(),
         );
-        apply_status(&scope.api, &scope.name, &scope.current, &scope.status).await
+        self.write_status(&scope.api, &scope.name, &scope.current, &scope.status)
+            .await
+    }
+
+    /// Writes the status a pass decided, unless the pass worked from a copy of the machine
+    /// without a VMID in status while the stored machine has one: caches lag (after a watch
+    /// expired, for one), and that copy's status would erase the VMID, node and task (with its
+    /// back-off) a newer pass recorded before its clone request. Such a pass is stale instead
+    /// and looked at again soon; the check costs one read, and only while no VMID is recorded.
+    async fn write_status(
+        &self,
+        api: &Api<ProxmoxMachine>,
+        name: &str,
+        current: &ProxmoxMachineStatus,
+        desired: &ProxmoxMachineStatus,
+    ) -> Result<(), MachineError> {
+        let read_without_vmid = self
+            .machine
+            .status
+            .as_ref()
+            .is_none_or(|s| s.virtual_machine_id.is_none());
+        if current != desired
+            && read_without_vmid
+            && desired.virtual_machine_id.is_none()
+            && api
+                .get_opt(name)
+                .await?
+                .and_then(|stored| stored.status)
+                .is_some_and(|stored| stored.virtual_machine_id.is_some())
+        {
+            return Err(ClusterError::Stale {
+                kind: ProxmoxMachine::kind(&()).into_owned(),
+                name: name.to_owned(),
+            }
+            .into());
+        }
+        apply_status(api, name, current, desired).await
     }
 
     /// Nothing is left in Proxmox: lets the object go.

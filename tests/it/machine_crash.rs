@@ -1,7 +1,8 @@
 //! Crash safety of the ProxmoxMachine reconciler: lost status writes, the controller killed
-//! after every mutating Proxmox request (while provisioning and while deleting), lock
-//! contention, and a failed clone task with its back-off. Every run ends with exactly one VM
-//! per machine and, after deletion, no VM, no seed ISO and no IPAddressClaim.
+//! after every mutating Proxmox request (while provisioning and while deleting), a pass from a
+//! stale copy of the machine, lock contention, and a failed clone task with its back-off. Every
+//! run ends with exactly one VM per machine and, after deletion, no VM, no seed ISO and no
+//! IPAddressClaim.
 
 use crate::machine_support::scenario;
 
@@ -9,9 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
+use capmox::api::ProxmoxMachine;
+use capmox::controller::machine::MachineError;
 use capmox_sim::{FaultConfig, FaultRule, SimOptions};
 use capmox_testkit::FaultKind;
+use kube::api::Api;
 use scenario::{Scenario, condition_status, machine_condition, sim_options, wait_event};
+
+use crate::machine_support::tap::Injected;
 
 /// A clean provisioning and deletion through the tap: the mutating requests of each.
 async fn clean_run() -> (usize, usize) {
@@ -131,6 +137,110 @@ async fn a_lost_status_write_right_after_the_clone_request_clones_once() {
     let uid = scenario.delete("demo-md-3").await;
     scenario.wait_deleted("demo-md-3", &uid).await;
     scenario.assert_nothing_left("lost status write").await;
+}
+
+/// Found by the fault soak (seed 824): a pass working from a cached copy older than the
+/// clone's checkpoint (caches lag, e.g. after a watch expired) that fails on a Proxmox read
+/// wrote its status over the newer one, erasing the recorded VMID, node and task. Before
+/// `spec.virtualMachineID` was written the next pass then found no VM for the machine (the
+/// clone is not tagged yet) and cloned a second one; now it finds the VM by the spec's VMID,
+/// but the status the clone recorded must not go backwards either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_from_a_stale_copy_never_erases_the_recorded_vmid() {
+    let mut scenario = Scenario::start(SimOptions {
+        clone_duration: std::time::Duration::from_secs(2),
+        ..sim_options()
+    })
+    .await;
+    scenario.create("demo-md-7").await;
+    let cloning = scenario
+        .env
+        .wait_machine("demo-md-7", "a clone in flight", |m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| s.virtual_machine_id.is_some() && s.task_ref.is_some())
+        })
+        .await;
+    scenario.stop_controllers().await;
+    let machines = Api::<ProxmoxMachine>::namespaced(scenario.env.client(), "default");
+    let before = machines.get("demo-md-7").await.expect("machine").status;
+    // The copy a lagging cache still holds from before the checkpoint, and a Proxmox read
+    // that fails.
+    let mut stale = cloning.clone();
+    stale.status = None;
+    stale.spec.virtual_machine_id = None;
+    scenario.tap.set_fault(Box::new(|method, path| {
+        (method == "GET" && path == "/cluster/resources")
+            .then(|| Injected::new(500, "Internal Server Error"))
+    }));
+    let outcome =
+        capmox::controller::machine::reconcile(Arc::new(stale), scenario.env.context.clone()).await;
+    assert!(
+        matches!(&outcome, Err(MachineError::Cluster(error)) if error.is_stale()),
+        "the stale pass is told so: {outcome:?}"
+    );
+    let after = machines.get("demo-md-7").await.expect("machine").status;
+    assert!(
+        before.as_ref().and_then(|s| s.virtual_machine_id).is_some(),
+        "{before:?}"
+    );
+    assert_eq!(after, before, "the stale pass wrote nothing");
+    scenario.tap.clear_fault();
+    scenario.start_controllers();
+    let machine = scenario.wait_ready("demo-md-7").await;
+    scenario.assert_one_vm(&machine, "stale pass").await;
+    let clones = scenario.tap.log().iter().filter(|s| s.is_clone()).count();
+    assert_eq!(clones, 1, "cloned {clones} times");
+}
+
+/// Found by the fault soak (seeds 123, 149 and 214 of its second run): a clone to another node
+/// ends by moving the VM to its target, so a VM listed on one node may be on another when its
+/// config is read a moment later. Its recorded VMID was then taken for another VM's, forgotten,
+/// and a second VM cloned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_that_moved_since_it_was_listed_is_still_found_by_its_vmid() {
+    let mut scenario = Scenario::start(sim_options()).await;
+    // The controllers die right after the clone request: the VM is never tagged, only its
+    // VMID (and name) say whose it is.
+    let tripped = scenario.create_until_clone("demo-md-8").await;
+    // The next listings show the machines' VMs on another node than theirs, until capmox has
+    // looked for one there: as a listing taken just before the VM moved.
+    let misplaced: Arc<std::sync::Mutex<Option<(String, u64)>>> = Arc::default();
+    let looked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (seen, done) = (misplaced.clone(), looked.clone());
+    scenario
+        .tap
+        .set_rewrite(Box::new(move |method, path, body| {
+            if let Some((node, vmid)) = seen.lock().expect("misplaced").clone()
+                && path == format!("/nodes/{node}/qemu/{vmid}/config")
+            {
+                done.store(true, Ordering::SeqCst);
+            }
+            if method != "GET" || path != "/cluster/resources" || done.load(Ordering::SeqCst) {
+                return None;
+            }
+            let mut listing: serde_json::Value = serde_json::from_slice(body).ok()?;
+            for vm in listing["data"].as_array_mut()?.iter_mut() {
+                if vm["type"] == "qemu" && vm["template"] != 1 {
+                    let elsewhere = if vm["node"] == "pve1" { "pve2" } else { "pve1" };
+                    vm["node"] = serde_json::json!(elsewhere);
+                    *seen.lock().expect("misplaced") =
+                        Some((elsewhere.to_owned(), vm["vmid"].as_u64()?));
+                }
+            }
+            serde_json::to_vec(&listing).ok()
+        }));
+    let request = scenario.crash(tripped).await;
+    let machine = scenario.wait_ready("demo-md-8").await;
+    assert!(
+        looked.load(Ordering::SeqCst),
+        "capmox looked for the VM where the listing put it"
+    );
+    scenario
+        .assert_one_vm(&machine, &format!("crash after {request}"))
+        .await;
+    let clones = scenario.tap.log().iter().filter(|s| s.is_clone()).count();
+    assert_eq!(clones, 1, "cloned {clones} times");
 }
 
 #[tokio::test]

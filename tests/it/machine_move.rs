@@ -166,12 +166,7 @@ async fn a_moved_machine_adopts_its_vm_instead_of_cloning_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_moved_while_its_clone_runs_adopts_that_clone() {
     let mut scenario = Scenario::start(sim_options()).await;
-    let armed = scenario.tap.trip_at(scenario.tap.mutating() + 1);
-    scenario.create("demo-md-2").await;
-    let tripped = scenario::first(armed, scenario.wait_ready("demo-md-2"))
-        .await
-        .expect("the clone request is the first mutating request");
-    assert!(tripped.request.is_clone(), "{:?}", tripped.request);
+    let tripped = scenario.create_until_clone("demo-md-2").await;
     scenario.kill_controllers().await;
     move_machine(&scenario, "demo-md-2", |_| {}).await;
     let _ = tripped.resume.send(());

@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::env::{Controllers, Env, TOPOLOGY};
+use crate::machine_support::scenario::machine_condition;
 use crate::machine_support::tap::{Seen, Tap, Tripped};
 use capmox::api::ProxmoxMachine;
 use capmox::capi::{IPAddress, IPAddressClaim, InClusterIPPool};
@@ -565,18 +566,8 @@ fn continuous_violations(
     (duplicates, shared)
 }
 
-fn condition(machine: &ProxmoxMachine, type_: &str) -> Option<(String, String, String)> {
-    machine
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
 fn is_ready(machine: &ProxmoxMachine) -> bool {
-    machine.is_provisioned() && condition(machine, "Ready").is_some_and(|c| c.0 == "True")
+    machine.is_provisioned() && machine_condition(machine, "Ready").is_some_and(|c| c.0 == "True")
 }
 
 /// Why a machine is not ready, in its own words (or that it says nothing).
@@ -584,7 +575,7 @@ fn why_not_ready(machine: &ProxmoxMachine) -> String {
     let name = machine.metadata.name.as_deref().unwrap_or("?");
     let said: Vec<String> = ["Ready", "VirtualMachineProvisioned"]
         .iter()
-        .filter_map(|t| condition(machine, t).map(|c| (t, c)))
+        .filter_map(|t| machine_condition(machine, t).map(|c| (t, c)))
         .filter(|(_, (_, reason, _))| !reason.is_empty())
         .map(|(t, (status, reason, message))| format!("{t}={status} {reason}: {message}"))
         .collect();

@@ -138,6 +138,18 @@ impl Scenario {
             .await;
     }
 
+    /// Creates the machine and returns once its clone request has reached Proxmox, with the
+    /// answer held (see [`Tap::trip_at`]), so a test can crash the controllers right after it.
+    pub async fn create_until_clone(&self, name: &str) -> tap::Tripped {
+        let armed = self.tap.trip_at(self.tap.mutating() + 1);
+        self.create(name).await;
+        let tripped = first(armed, self.wait_ready(name))
+            .await
+            .expect("the clone request is the first mutating request");
+        assert!(tripped.request.is_clone(), "{:?}", tripped.request);
+        tripped
+    }
+
     pub async fn wait_ready(&self, name: &str) -> ProxmoxMachine {
         self.env
             .wait_machine(name, "provisioned and Ready", |m| {
