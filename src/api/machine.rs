@@ -523,6 +523,10 @@ pub struct ProxmoxMachineStatus {
     /// restarted controller waits for it instead of starting another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_ref: Option<String>,
+    /// What the task in `taskRef` does for the machine (capmox only), e.g. `resizing scsi0 of
+    /// VM 101 to 20 GB`: named in conditions while it runs and when it fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_purpose: Option<String>,
     /// Do not retry before this time (back-off after a failed task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<Time>,

@@ -6,6 +6,7 @@ pub mod conditions;
 pub mod credentials;
 pub mod failures;
 pub mod http;
+pub mod inventory;
 pub mod leader;
 pub mod machine;
 pub mod metrics;
@@ -76,6 +77,10 @@ pub struct Context {
     pub vmid_claims: vmid::VmidClaims,
     /// Each failing object's back-off, so retries slow down per object.
     pub retries: failures::Retries,
+    /// When the Proxmox tasks machines wait for are expected to end.
+    pub task_clock: machine::TaskClock,
+    /// What each Proxmox endpoint lists, shared by all machine reconciles.
+    pub inventory: inventory::Inventory,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
 }
@@ -97,6 +102,8 @@ impl Context {
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
             retries: failures::Retries::default(),
+            task_clock: machine::TaskClock::default(),
+            inventory: inventory::Inventory::default(),
             readiness: Readiness::default(),
         }
     }
@@ -154,6 +161,8 @@ pub async fn run(
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
             retries: failures::Retries::default(),
+            task_clock: machine::TaskClock::default(),
+            inventory: inventory::Inventory::default(),
             readiness: readiness.clone(),
         };
         readiness.set_standby(false);

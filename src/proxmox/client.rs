@@ -248,6 +248,12 @@ impl ProxmoxClient {
         &self.inner.base
     }
 
+    /// The API token's id (`user@realm!name`, never the secret): with the URL, it tells
+    /// endpoints apart, since tokens may see different parts of one cluster.
+    pub fn token_id(&self) -> &str {
+        &self.inner.token_id
+    }
+
     /// Per-endpoint counters (calls, errors, latency) for metrics and benchmarks.
     pub fn metrics(&self) -> BTreeMap<String, EndpointStats> {
         self.inner.metrics.snapshot()

@@ -401,3 +401,72 @@ async fn per_node_template_copies_each_serve_their_own_node() {
         );
     }
 }
+
+/// Un-pausing the CAPI Cluster wakes its machines by itself (the machine controller watches
+/// Clusters): here the ProxmoxCluster controller, whose status write used to wake them, does
+/// not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpausing_the_cluster_alone_resumes_its_machines() {
+    let env = Env::start().await;
+    env.create_credentials("demo-credentials", None).await;
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, cluster_spec())
+        .await;
+    env.run_ipam();
+    let both = env.spawn_controllers();
+    let cluster = env
+        .wait_cluster("demo", "Ready=True", |c| {
+            condition(c, "Ready").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    env.mark_cluster_provisioned("demo", &cluster).await;
+    let clusters = Api::<capmox::capi::Cluster>::namespaced(env.client(), "default");
+    let pause = |paused: bool| json!({"spec": {"paused": paused}});
+    clusters
+        .patch(
+            "demo",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(pause(true)),
+        )
+        .await
+        .expect("paused");
+    env.create_machine("demo", "demo-md-1", Some("rack-a"), false, machine_spec())
+        .await;
+    env.wait_machine("demo-md-1", "Paused=True", |m| {
+        condition_of(m, "Paused").as_deref() == Some("True")
+    })
+    .await;
+    both.stop().await;
+    // The machine controller alone, once it has looked at the (paused) machine.
+    let context = std::sync::Arc::new(capmox::controller::Context::new(
+        env.client(),
+        crate::common::env::manager_config(),
+        capmox::controller::GlobalCredentials::default(),
+    ));
+    tokio::spawn(capmox::controller::machine::run(
+        context.clone(),
+        env.stop.clone(),
+    ));
+    let reconciled =
+        r#"controller_runtime_reconcile_total{controller="proxmoxmachine",result="success"}"#;
+    let deadline = tokio::time::Instant::now() + crate::common::env::ENV_WAIT;
+    while !context.metrics.render().contains(reconciled) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the machine controller never reconciled"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    clusters
+        .patch(
+            "demo",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(pause(false)),
+        )
+        .await
+        .expect("unpaused");
+    let machine = env
+        .wait_machine("demo-md-1", "provisioned", ProxmoxMachine::is_provisioned)
+        .await;
+    assert_eq!(condition_of(&machine, "Paused").as_deref(), Some("False"));
+}

@@ -26,7 +26,7 @@ pub struct Env {
     pub server: ApiServer,
     pub sim: Simulator,
     pub context: Arc<Context>,
-    stop: CancellationToken,
+    pub stop: CancellationToken,
 }
 
 impl Drop for Env {
@@ -351,7 +351,7 @@ impl Env {
 }
 
 /// The manager settings every test environment uses.
-fn manager_config() -> ManagerConfig {
+pub fn manager_config() -> ManagerConfig {
     ManagerConfig {
         metrics_address: "127.0.0.1:0".parse().expect("addr"),
         health_address: "127.0.0.1:0".parse().expect("addr"),

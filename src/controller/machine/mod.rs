@@ -13,14 +13,22 @@
 //! ProxmoxCluster it uses capmox's global credentials; without those, a machine that may have
 //! a VM keeps its finalizer and says so (`ProxmoxClusterNotFound`).
 //!
-//! Tasks: the clone's UPID is recorded in `status.taskRef` right after the request; a later
-//! pass (or a restarted controller) waits for that task instead of starting another. Any
-//! awaited task that fails sets `VirtualMachineProvisioned=False/TaskFailed` with the task's
-//! exit status, a Warning event, and `status.retryAfter` (10 s, doubling per consecutive
-//! failure in `status.taskFailures`, at most 5 min); nothing is retried before it. All three
-//! are cleared once a task succeeds or the machine is provisioned. A failed clone leaves no VM
-//! behind (Proxmox destroys the half-created one, and so does the simulator); should one be
-//! left anyway, it carries the machine's name and recorded VMID and is adopted like any clone.
+//! Tasks: no pass waits for a Proxmox task. A pass that starts one (clone, disk resize, seed ISO
+//! upload, start, stop, deletion, seed ISO removal) records its UPID and purpose in
+//! `status.taskRef` and `status.taskPurpose` and returns with a requeue at the task's expected
+//! end, learned per task type and node (see [`task`]); a later pass (or a restarted controller)
+//! checks the task once and, when it is done, takes the next step. Config changes use Proxmox's
+//! synchronous endpoint, so they need no task. A task that fails sets
+//! `VirtualMachineProvisioned=False/TaskFailed` with the task's exit status, a Warning event,
+//! and `status.retryAfter` (10 s, doubling per consecutive failure in `status.taskFailures`, at
+//! most 5 min); nothing is retried before it. All are cleared once a task succeeds or the
+//! machine is provisioned. A failed clone leaves no VM behind (Proxmox destroys the
+//! half-created one, and so does the simulator); should one be left anyway, it carries the
+//! machine's name and recorded VMID and is adopted like any clone.
+//!
+//! Reads: what Proxmox lists comes from one snapshot per endpoint shared by all machines
+//! ([`super::inventory`]); a pass reads each VM config at most once, and a running VM waiting
+//! for its guest none.
 //!
 //! Any other failed Proxmox request stops the pass with `VirtualMachineProvisioned=False` and a
 //! reason per kind of failure (see [`super::failures`]), its message naming the step, Proxmox's
@@ -38,7 +46,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -48,6 +56,10 @@ use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+mod task;
+
+pub use task::{TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, task_backoff};
 
 use super::Context;
 use super::cluster::{self, ClusterError};
@@ -65,7 +77,7 @@ use crate::placement::{
 };
 use crate::proxmox::{
     CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
-    ProxmoxError, ResourceType, TaskRef, Upid, VmConfig, WaitOptions,
+    ProxmoxError, ResourceType, Upid, VmConfig,
 };
 
 /// Field manager of everything this controller writes.
@@ -91,13 +103,6 @@ async fn vmid_free(proxmox: &ProxmoxClient, vmid: u32) -> Result<bool, MachineEr
 const MACHINE_TAG_PREFIX: &str = "capmox-";
 /// What precedes the SMBIOS UUID in a provider ID (see [`crate::cloudinit::provider_id`]).
 const PROVIDER_ID_PREFIX: &str = "proxmox://";
-/// Back-off after the first failed Proxmox task; it doubles with each further failure.
-pub const TASK_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
-/// Longest back-off after failed Proxmox tasks.
-pub const TASK_BACKOFF_MAX: Duration = Duration::from_secs(300);
-/// How long one reconcile waits for a tracked task (a clone) before requeueing, so a slow
-/// clone never holds a worker for minutes.
-const TRACKED_TASK_WAIT: Duration = Duration::from_secs(10);
 /// Requeue of a machine whose bootstrap data capmox cannot deliver: only a change helps (the
 /// Machine is watched); the long requeue only catches an edited Secret.
 const UNSUPPORTED_BOOTSTRAP_REQUEUE: Duration = Duration::from_secs(600);
@@ -109,16 +114,6 @@ const VM_CONFIG_BACKOFF: Backoff = Backoff {
 };
 /// What a Proxmox failure is reported as having happened in when its step is not known.
 const UNNAMED_STEP: &str = "talking to Proxmox";
-
-/// The back-off before retrying after the `failures`-th consecutive failed task:
-/// 10 s, 20 s, 40 s, ... capped at 5 minutes.
-pub fn task_backoff(failures: u32) -> Duration {
-    Backoff {
-        initial: TASK_BACKOFF_INITIAL,
-        max: TASK_BACKOFF_MAX,
-    }
-    .nominal(failures)
-}
 
 /// Why a reconcile failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
@@ -184,20 +179,6 @@ impl<T> During<T> for Result<T, MachineError> {
             other => other,
         })
     }
-}
-
-/// Waits for the task a Proxmox request started (`started`, its answer); a failure of either is
-/// reported as having happened in `step`.
-async fn finish(
-    proxmox: &ProxmoxClient,
-    started: Result<TaskRef, ProxmoxError>,
-    step: impl Fn() -> String,
-) -> Result<(), MachineError> {
-    let task = started.during(&step)?;
-    proxmox
-        .wait_task_ref(&task, &task_wait())
-        .await
-        .during(step)
 }
 
 /// The tag that marks a VM as this machine's: derived from the ProxmoxMachine's UID, so a VM
@@ -284,6 +265,7 @@ impl<'a> Identity<'a> {
     async fn owned_listed(
         &self,
         proxmox: &ProxmoxClient,
+        configs: &PassConfigs,
         vm: &ClusterResource,
     ) -> Result<Option<ClusterResource>, MachineError> {
         if self.tagged(&vm.tags) {
@@ -293,7 +275,7 @@ impl<'a> Identity<'a> {
             return Ok(None);
         };
         let read = |node: String| async move {
-            match proxmox.vm_config(&node, vmid).await {
+            match configs.read(proxmox, &node, vmid).await {
                 Ok(config) => Ok(Some(config)),
                 Err(error) if error.is_not_found() => Ok(None),
                 Err(error) => {
@@ -327,6 +309,7 @@ impl<'a> Identity<'a> {
     async fn search(
         &self,
         proxmox: &ProxmoxClient,
+        configs: &PassConfigs,
         resources: &[ClusterResource],
         skip: Option<u32>,
     ) -> Result<Option<ClusterResource>, MachineError> {
@@ -338,11 +321,45 @@ impl<'a> Identity<'a> {
             return Ok(None);
         }
         for vm in candidates.filter(|r| r.name.as_deref() == Some(self.name)) {
-            if let Some(vm) = self.owned_listed(proxmox, vm).await? {
+            if let Some(vm) = self.owned_listed(proxmox, configs, vm).await? {
                 return Ok(Some(vm));
             }
         }
         Ok(None)
+    }
+}
+
+/// VM configs read in one pass, so a pass reads each at most once (and again only after it
+/// changed it).
+#[derive(Default)]
+struct PassConfigs(std::sync::Mutex<BTreeMap<(String, u32), VmConfig>>);
+
+impl PassConfigs {
+    async fn read(
+        &self,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+    ) -> Result<VmConfig, ProxmoxError> {
+        let key = (node.to_owned(), vmid);
+        if let Some(config) = self.lock().get(&key) {
+            return Ok(config.clone());
+        }
+        let config = proxmox.vm_config(node, vmid).await?;
+        self.lock().insert(key, config.clone());
+        Ok(config)
+    }
+
+    /// Forgets what was read of a config this pass changed.
+    fn changed(&self, node: &str, vmid: u32) {
+        self.lock().remove(&(node.to_owned(), vmid));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u32), VmConfig>> {
+        // Every update is a single insert or remove: a poisoned lock holds a usable map.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -363,34 +380,30 @@ fn claim_key(machine: &ProxmoxMachine) -> String {
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let client = context.client.clone();
     let namespace = context.config.watch_namespace.clone();
-    let api = |client: &kube::Client| -> (
-        Api<ProxmoxMachine>,
-        Api<capi::Machine>,
-        Api<ProxmoxCluster>,
-        Api<IPAddressClaim>,
-    ) {
-        match &namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-            ),
-            None => (
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-            ),
+    fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
         }
-    };
-    let (machines, capi_machines, clusters, claims) = api(&client);
+    }
+    let namespace = namespace.as_deref();
+    let machines: Api<ProxmoxMachine> = api(&client, namespace);
+    let capi_machines: Api<capi::Machine> = api(&client, namespace);
+    let capi_clusters: Api<capi::Cluster> = api(&client, namespace);
+    let clusters: Api<ProxmoxCluster> = api(&client, namespace);
+    let claims: Api<IPAddressClaim> = api(&client, namespace);
     let controller = Controller::new(machines, watcher::Config::default());
     let store = controller.store();
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let queue = context.metrics.work_queue(CONTROLLER);
     queue.observe(store.clone());
-    let (claim_queue, machine_queue, cluster_queue) = (queue.clone(), queue.clone(), queue);
+    let (claim_queue, machine_queue, cluster_queue, capi_cluster_queue) =
+        (queue.clone(), queue.clone(), queue.clone(), queue);
+    let capi_cluster_store = store.clone();
     controller
         // Owned claims wake their ProxmoxMachine (as `owns` would), noted on the work queue.
         .watches(claims, watcher::Config::default(), move |claim| {
@@ -408,6 +421,19 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
             let namespace = cluster.namespace();
             cluster_queue.wake(
                 store
+                    .state()
+                    .into_iter()
+                    .filter(|m| m.namespace() == namespace && m.labels().get(labels::CLUSTER_NAME) == Some(&name))
+                    .map(|m| ObjectRef::from_obj(&*m)),
+            )
+        })
+        // A CAPI Cluster change (un-pausing it, its infrastructure becoming provisioned) wakes
+        // its machines.
+        .watches(capi_clusters, watcher::Config::default(), move |cluster| {
+            let name = cluster.name_any();
+            let namespace = cluster.namespace();
+            capi_cluster_queue.wake(
+                capi_cluster_store
                     .state()
                     .into_iter()
                     .filter(|m| m.namespace() == namespace && m.labels().get(labels::CLUSTER_NAME) == Some(&name))
@@ -465,6 +491,22 @@ enum Step {
     Backoff(Decided, Action),
 }
 
+impl Step {
+    /// The same requeue for a machine that is provisioned: what it waits for now (a task that
+    /// tidies up, such as the seed ISO's removal) does not make it less so.
+    fn still_provisioned(self) -> Step {
+        match self {
+            Step::Continue => Step::Continue,
+            Step::Stop(_, action) => {
+                Step::Stop(Decided::ok(PROVISIONED, "Provisioned", ""), action)
+            }
+            Step::Backoff(_, action) => {
+                Step::Backoff(Decided::ok(PROVISIONED, "Provisioned", ""), action)
+            }
+        }
+    }
+}
+
 /// Waiting for something that polling more often does not bring sooner: the machine's back-off
 /// streak goes on, and the next look comes after `retry.delay`.
 fn waiting_longer(reason: &str, message: impl Into<String>, retry: &failures::Retry) -> Step {
@@ -486,19 +528,10 @@ fn waiting(reason: &str, message: impl Into<String>, action: Action) -> Step {
     )
 }
 
-/// Task-aware waiting: short, growing poll intervals, bounded so a reconcile never blocks long.
-fn task_wait() -> WaitOptions {
-    WaitOptions {
-        initial_interval: Duration::from_millis(50),
-        factor: 1.6,
-        max_interval: Duration::from_secs(2),
-        deadline: Duration::from_secs(120),
-    }
-}
-
 struct Reconcile<'a> {
     machine: &'a ProxmoxMachine,
     context: &'a Context,
+    configs: PassConfigs,
 }
 
 /// Everything a provisioning pass works with once the prerequisites are met.
@@ -518,11 +551,17 @@ struct Scope {
     recorded_vmid: Option<u32>,
     /// The machine's generation as of this pass's last spec write, for conditions and holds.
     generation: Option<i64>,
+    /// The task this pass saw succeed, so the step it did is not repeated.
+    finished: Option<Upid>,
 }
 
 impl<'a> Reconcile<'a> {
     fn new(machine: &'a ProxmoxMachine, context: &'a Context) -> Self {
-        Self { machine, context }
+        Self {
+            machine,
+            context,
+            configs: PassConfigs::default(),
+        }
     }
 
     /// One pass, unless the machine's back-off after a failed Proxmox request still runs; a
@@ -651,6 +690,7 @@ impl<'a> Reconcile<'a> {
             resource_version: None,
             recorded_vmid,
             generation: self.machine.metadata.generation,
+            finished: None,
         };
 
         if deleting {
@@ -835,13 +875,30 @@ impl<'a> Reconcile<'a> {
 
         // A task in flight (recorded by an earlier pass, perhaps before a restart), or the
         // back-off after a failed one: nothing else happens until it is over.
-        if let Some(step) = self.tracked_task(scope, &proxmox).await? {
-            return Ok(step);
+        if let Some(step) = self.tracked_task(scope, &proxmox, false).await? {
+            return Ok(if already_provisioned {
+                step.still_provisioned()
+            } else {
+                step
+            });
         }
 
+        // Static addresses from the placement's pools, claimed before anything is created in
+        // Proxmox: a pass that waits for them costs Proxmox nothing.
+        let Some(addresses) = self.addresses(scope, &placement).await? else {
+            return Ok(waiting(
+                "WaitingForStaticIPAllocation",
+                "waiting for the IP address claims to be bound",
+                Action::requeue(Duration::from_secs(30)),
+            ));
+        };
+        scope.status.ip_addresses = addresses.status.clone();
+
         // The VM: find it, or create it.
-        let resources = proxmox
-            .cluster_resources(None)
+        let resources = self
+            .context
+            .inventory
+            .resources(&proxmox)
             .await
             .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
         let Some(vm) = self.find_vm(scope, &resources, &proxmox).await? else {
@@ -884,37 +941,53 @@ impl<'a> Reconcile<'a> {
         }
 
         let read_config = || format!("reading the config of VM {vmid} on {node}");
-        let config = proxmox.vm_config(&node, vmid).await.during(read_config)?;
         let running = vm.status.as_deref() == Some("running");
+        // Read when a step needs it: a running VM waiting for its guest needs none.
+        let mut config = None;
         if !running {
-            self.configure(scope, &placement, &proxmox, &node, vmid, &config)
-                .await?;
-        } else if let Some(tags) = self.retagged(&config) {
+            let read = self
+                .configs
+                .read(&proxmox, &node, vmid)
+                .await
+                .during(read_config)?;
+            match self
+                .configure(scope, &placement, &proxmox, &node, vmid, &read)
+                .await?
+            {
+                Configured::Unchanged => config = Some(read),
+                // Re-read: the bootstrap step works from the config as it is now.
+                Configured::Changed => {
+                    self.configs.changed(&node, vmid);
+                    config = Some(
+                        self.configs
+                            .read(&proxmox, &node, vmid)
+                            .await
+                            .during(read_config)?,
+                    );
+                }
+                Configured::Waiting(step) => return Ok(step),
+            }
+        } else if self.retagged(&vm.tags).is_some() {
             // A running VM adopted after a move or restore: only its tags change, so it is
             // found by this machine's tag from now on.
-            let update = ConfigUpdate::default()
-                .set("tags", tags)
-                .digest(config.digest());
-            finish(
-                &proxmox,
-                proxmox.update_vm_config(&node, vmid, &update).await,
-                || format!("tagging VM {vmid} on {node} for this machine"),
-            )
-            .await?;
+            let read = self
+                .configs
+                .read(&proxmox, &node, vmid)
+                .await
+                .during(read_config)?;
+            if let Some(tags) = self.retagged(&read.tags()) {
+                let update = ConfigUpdate::default()
+                    .set("tags", tags)
+                    .digest(read.digest());
+                proxmox
+                    .update_vm_config_sync(&node, vmid, &update)
+                    .await
+                    .during(|| format!("tagging VM {vmid} on {node} for this machine"))?;
+            }
+            config = Some(read);
         }
 
-        // Static addresses from the placement's pools.
-        let Some(addresses) = self.addresses(scope, &placement).await? else {
-            return Ok(waiting(
-                "WaitingForStaticIPAllocation",
-                "waiting for the IP address claims to be bound",
-                Action::requeue(Duration::from_secs(30)),
-            ));
-        };
-        scope.status.ip_addresses = addresses.status.clone();
-
-        if !running {
-            let config = proxmox.vm_config(&node, vmid).await.during(read_config)?;
+        if let Some(config) = config.as_ref().filter(|_| !running) {
             if let Some(step) = self
                 .bootstrap(
                     scope,
@@ -922,7 +995,7 @@ impl<'a> Reconcile<'a> {
                     &proxmox,
                     &node,
                     vmid,
-                    &config,
+                    config,
                     &bootstrap_secret,
                     &addresses,
                 )
@@ -930,19 +1003,12 @@ impl<'a> Reconcile<'a> {
             {
                 return Ok(step);
             }
-            finish(
-                &proxmox,
-                proxmox.power(&node, vmid, PowerAction::Start).await,
-                || format!("starting VM {vmid} on {node}"),
-            )
-            .await?;
-            self.event(
-                scope,
-                EventType::Normal,
-                "PoweredOn",
-                &format!("started VM {vmid} on {node}"),
-            )
-            .await;
+            let starting = proxmox.power(&node, vmid, PowerAction::Start).await;
+            if let Some(step) = self.submitted(scope, &proxmox, starting, || {
+                format!("starting VM {vmid} on {node}")
+            })? {
+                return Ok(step);
+            }
         }
 
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
@@ -1007,6 +1073,14 @@ impl<'a> Reconcile<'a> {
         }
 
         // Provisioned: provider ID, addresses, placement, readiness.
+        let config = match config {
+            Some(config) => config,
+            None => self
+                .configs
+                .read(&proxmox, &node, vmid)
+                .await
+                .during(read_config)?,
+        };
         let uuid = smbios_uuid(&config)
             .ok_or_else(|| ProxmoxError::Decode {
                 endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
@@ -1049,8 +1123,13 @@ impl<'a> Reconcile<'a> {
             .as_ref()
             .and_then(|s| s.node_ref.as_ref())
             .is_some()
-            && let Err(error) = self.remove_iso(&proxmox, &node, vmid, &config).await
         {
+            let removed = self.remove_iso(scope, &proxmox, &node, vmid, &config).await;
+            let error = match removed {
+                Ok(None) => return Ok(Step::Continue),
+                Ok(Some(step)) => return Ok(step.still_provisioned()),
+                Err(error) => error,
+            };
             // The machine stays provisioned; the seed ISO left behind (it holds the bootstrap
             // token) is reported by a Warning event, and its removal retried with back-off.
             let Some((proxmox, step)) = error.proxmox() else {
@@ -1077,161 +1156,6 @@ impl<'a> Reconcile<'a> {
             Ok(config) => self.context.proxmox.get(&config).map_err(|e| e.to_string()),
             Err(error) => Err(error.to_string()),
         })
-    }
-
-    /// The task recorded in `status.taskRef`: waits (briefly) while it runs, forgets it once it
-    /// succeeded or Proxmox no longer knows it, and holds off every other step during the
-    /// back-off after it failed. `None`: go on with the next step.
-    async fn tracked_task(
-        &self,
-        scope: &mut Scope,
-        proxmox: &ProxmoxClient,
-    ) -> Result<Option<Step>, MachineError> {
-        let Some(raw) = scope.status.task_ref.clone() else {
-            return Ok(None);
-        };
-        let upid: Upid = match raw.parse() {
-            Ok(upid) => upid,
-            Err(error) => {
-                tracing::warn!(machine = %scope.name, %error, "forgetting an unreadable status.taskRef");
-                scope.status.task_ref = None;
-                scope.status.retry_after = None;
-                return Ok(None);
-            }
-        };
-        let wait = WaitOptions {
-            deadline: TRACKED_TASK_WAIT,
-            ..task_wait()
-        };
-        match proxmox.wait_task(&upid, &wait).await {
-            Ok(_) => {
-                scope.status.task_ref = None;
-                scope.status.retry_after = None;
-                scope.status.task_failures = None;
-                if upid.task_type == "qmclone" && self.forget_task(scope, &raw).await? {
-                    let vmid = scope.status.virtual_machine_id.unwrap_or_default();
-                    self.event(
-                        scope,
-                        EventType::Normal,
-                        "Cloned",
-                        &format!("created VM {vmid} (task {upid})"),
-                    )
-                    .await;
-                }
-                Ok(None)
-            }
-            Err(ProxmoxError::TaskTimeout { .. }) => Ok(Some(waiting(
-                if upid.task_type == "qmclone" {
-                    "Cloning"
-                } else {
-                    "WaitingForTask"
-                },
-                format!(
-                    "Proxmox task {} on {} is still running ({upid})",
-                    upid.task_type, upid.node
-                ),
-                Action::requeue(Duration::from_secs(1)),
-            ))),
-            Err(error) if error.is_not_found() => {
-                // Proxmox no longer knows the task (rotated away, node reinstalled): what
-                // exists in Proxmox tells the next step.
-                tracing::info!(machine = %scope.name, %upid, "Proxmox no longer knows the recorded task; forgetting it");
-                scope.status.task_ref = None;
-                scope.status.retry_after = None;
-                Ok(None)
-            }
-            Err(ProxmoxError::TaskFailed { exitstatus, .. }) => {
-                let now = Timestamp::now();
-                match scope.status.retry_after.clone() {
-                    None => Ok(Some(
-                        self.record_task_failure(scope, upid.as_str(), &exitstatus)
-                            .await,
-                    )),
-                    Some(Time(until)) if until > now => {
-                        let failures = scope.status.task_failures.unwrap_or(1);
-                        Ok(Some(failed_task_step(
-                            &upid,
-                            &exitstatus,
-                            until,
-                            failures,
-                            now,
-                        )))
-                    }
-                    Some(_) => {
-                        // Back-off over: forget the failed task; the step runs again.
-                        scope.status.task_ref = None;
-                        scope.status.retry_after = None;
-                        Ok(None)
-                    }
-                }
-            }
-            Err(error) => Err(error).during(|| {
-                format!(
-                    "waiting for Proxmox task {} on {} ({upid})",
-                    upid.task_type, upid.node
-                )
-            }),
-        }
-    }
-
-    /// Removes the finished task `upid` from the recorded status, if it is still there: a JSON
-    /// patch that first tests `status.taskRef`, so of all passes that see the task finished
-    /// (one may work from a stale cached copy of the machine) only the first gets `true`, and
-    /// what it announces is announced once.
-    async fn forget_task(&self, scope: &mut Scope, upid: &str) -> Result<bool, MachineError> {
-        let patch = json!([
-            {"op": "test", "path": "/status/taskRef", "value": upid},
-            {"op": "remove", "path": "/status/taskRef"}
-        ]);
-        let patched = scope
-            .api
-            .patch_status(
-                &scope.name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(serde_json::from_value(patch)?),
-            )
-            .await;
-        match patched {
-            Ok(_) => {
-                scope.current.task_ref = None;
-                Ok(true)
-            }
-            // The test failed: an earlier pass already forgot it.
-            Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
-            Err(error) => Err(error.into()),
-        }
-    }
-
-    /// Records a failed task: its UPID, one more consecutive failure, and the time before
-    /// which nothing is retried; warns with the task's exit status.
-    async fn record_task_failure(&self, scope: &mut Scope, upid: &str, exitstatus: &str) -> Step {
-        let parsed: Option<Upid> = upid.parse().ok();
-        let failures = scope.status.task_failures.unwrap_or(0).saturating_add(1);
-        let delay = task_backoff(u32::try_from(failures).unwrap_or(u32::MAX));
-        let now = Timestamp::now();
-        // Whole seconds: Kubernetes stores times with second precision, and the stored value
-        // must compare equal to what this pass decided.
-        let until = Timestamp::from_second(
-            now.as_second()
-                .saturating_add(i64::try_from(delay.as_secs()).unwrap_or(i64::MAX)),
-        )
-        .unwrap_or(now);
-        scope.status.task_ref = Some(upid.to_owned());
-        scope.status.retry_after = Some(Time(until));
-        scope.status.task_failures = Some(failures);
-        let step = match &parsed {
-            Some(parsed) => failed_task_step(parsed, exitstatus, until, failures, now),
-            None => waiting(
-                "TaskFailed",
-                format!("Proxmox task {upid} failed: {exitstatus}; retrying after {until}"),
-                Action::requeue(delay),
-            ),
-        };
-        if let Step::Stop(decided, _) = &step {
-            self.event(scope, EventType::Warning, "TaskFailed", &decided.message)
-                .await;
-        }
-        step
     }
 
     /// Stops before creating anything when the bootstrap Secret holds data capmox cannot
@@ -1286,7 +1210,7 @@ impl<'a> Reconcile<'a> {
         if let Some(vmid) = scope.recorded_vmid
             && let Some(vm) = vms(resources).find(|r| r.vmid == Some(vmid))
         {
-            if let Some(vm) = identity.owned_listed(proxmox, vm).await? {
+            if let Some(vm) = identity.owned_listed(proxmox, &self.configs, vm).await? {
                 return Ok(Some(vm));
             }
             // The VMID belongs to someone else now: forget it and create ours elsewhere.
@@ -1299,7 +1223,7 @@ impl<'a> Reconcile<'a> {
             scope.current.virtual_machine_id = None;
         }
         if let Some(vm) = identity
-            .search(proxmox, resources, scope.recorded_vmid)
+            .search(proxmox, &self.configs, resources, scope.recorded_vmid)
             .await?
         {
             return Ok(Some(vm));
@@ -1307,7 +1231,7 @@ impl<'a> Reconcile<'a> {
         // A clone in flight is not listed yet: it is ours if it carries our VMID and name.
         if let Some(vmid) = scope.recorded_vmid
             && let Some(node) = scope.current.proxmox_node.clone()
-            && let Ok(config) = proxmox.vm_config(&node, vmid).await
+            && let Ok(config) = self.configs.read(proxmox, &node, vmid).await
             && identity.owns(&config, vmid)
         {
             if let Some(found) = resources.iter().find(|r| r.vmid == Some(vmid)) {
@@ -1457,11 +1381,16 @@ impl<'a> Reconcile<'a> {
             pool: spec.pool.clone(),
             snapname: spec.snap_name.clone(),
         };
+        let cloning = || {
+            format!("cloning template {template_vmid} on {source_node} to VM {vmid} on {target}")
+        };
         match proxmox.clone_vm(&source_node, template_vmid, &params).await {
             Ok(upid) => {
-                // The task in flight: a restarted controller waits for it instead of cloning
-                // again (and the VMID recorded above finds the VM either way).
-                scope.status.task_ref = Some(upid.to_string());
+                // The task in flight: a restarted controller checks it instead of cloning
+                // again (and the VMID recorded above finds the VM either way). Recorded now,
+                // not at the end of the pass, so a failed write of the pass's status cannot
+                // lose it.
+                let step = self.submitted(scope, proxmox, Ok(Some(upid.clone())), cloning)?;
                 let mut recorded = scope.status.clone();
                 recorded.conditions = scope.current.conditions.clone();
                 apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
@@ -1470,14 +1399,16 @@ impl<'a> Reconcile<'a> {
                     scope,
                     EventType::Normal,
                     "Cloning",
-                    &format!(
-                        "cloning template {template_vmid} on {source_node} to VM {vmid} on {target} (task {upid})"
-                    ),
+                    &format!("{} (task {upid})", cloning()),
                 )
                 .await;
-                if let Some(step) = self.tracked_task(scope, proxmox).await? {
-                    return Ok(step);
-                }
+                Ok(step.unwrap_or_else(|| {
+                    waiting(
+                        "Cloning",
+                        cloning(),
+                        Action::requeue(Duration::from_millis(100)),
+                    )
+                }))
             }
             Err(ProxmoxError::AlreadyExists { .. }) => {
                 // Taken meanwhile by someone else: forget it and pick another next time.
@@ -1486,25 +1417,14 @@ impl<'a> Reconcile<'a> {
                 self.context
                     .vmid_claims
                     .unclaim(vmid, &claim_key(self.machine));
-                return Ok(waiting(
+                Ok(waiting(
                     "VMIDTaken",
                     format!("VMID {vmid} was taken meanwhile; choosing another"),
                     Action::requeue(Duration::from_millis(200)),
-                ));
+                ))
             }
-            Err(error) => {
-                return Err(error).during(|| {
-                    format!(
-                        "cloning template {template_vmid} on {source_node} to VM {vmid} on {target}"
-                    )
-                });
-            }
+            Err(error) => Err(error).during(cloning),
         }
-        Ok(waiting(
-            "Cloning",
-            format!("VM {vmid} cloned on {target}"),
-            Action::requeue(Duration::from_millis(100)),
-        ))
     }
 
     /// The template copy to clone and the node to clone to. The template's copies (one, or
@@ -1786,13 +1706,13 @@ impl<'a> Reconcile<'a> {
     /// Sockets, cores, memory, description, NICs and tags, and the boot disk size: each only if it differs.
     async fn configure(
         &self,
-        scope: &Scope,
+        scope: &mut Scope,
         placement: &Placement,
         proxmox: &ProxmoxClient,
         node: &str,
         vmid: u32,
         config: &VmConfig,
-    ) -> Result<(), MachineError> {
+    ) -> Result<Configured, MachineError> {
         let spec = &self.machine.spec;
         let mut update = ConfigUpdate::default();
         let mut changed = false;
@@ -1818,19 +1738,18 @@ impl<'a> Reconcile<'a> {
             let existing = config.get(&nic.name).unwrap_or_default();
             set(&nic.name, nic_value(&existing, nic));
         }
-        if let Some(tags) = self.retagged(config) {
+        if let Some(tags) = self.retagged(&config.tags()) {
             update = std::mem::take(&mut update).set("tags", tags);
             changed = true;
         }
+        let mut configured = Configured::Unchanged;
         if changed {
-            finish(
-                proxmox,
-                proxmox
-                    .update_vm_config(node, vmid, &update.digest(config.digest()))
-                    .await,
-                || format!("configuring VM {vmid} on {node}"),
-            )
-            .await?;
+            configured = Configured::Changed;
+            // Synchronous: these settings need neither hotplug nor new storage.
+            proxmox
+                .update_vm_config_sync(node, vmid, &update.digest(config.digest()))
+                .await
+                .during(|| format!("configuring VM {vmid} on {node}"))?;
             self.event(
                 scope,
                 EventType::Normal,
@@ -1844,33 +1763,36 @@ impl<'a> Reconcile<'a> {
                 .get(&boot.disk)
                 .and_then(|v| disk_size_gb(&v))
                 .unwrap_or(0);
-            if current_gb < u64::try_from(boot.size_gb).unwrap_or(0) {
-                finish(
-                    proxmox,
-                    proxmox
-                        .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
-                        .await,
-                    || format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb),
-                )
-                .await?;
+            let resized = scope
+                .finished
+                .as_ref()
+                .is_some_and(|task| matches!(task.task_type.as_str(), "resize" | "qmresize"));
+            if current_gb < u64::try_from(boot.size_gb).unwrap_or(0) && !resized {
+                let started = proxmox
+                    .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
+                    .await;
+                let step = self.submitted(scope, proxmox, started, || {
+                    format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb)
+                })?;
+                return Ok(step.map_or(Configured::Changed, Configured::Waiting));
             }
         }
-        Ok(())
+        Ok(configured)
     }
 
     /// The VM's tags with this machine's tag (in place of the tag of the machine a move or
     /// restore replaced) and `spec.tags`, if that differs from what it has.
-    fn retagged(&self, config: &VmConfig) -> Option<String> {
+    fn retagged(&self, current: &[String]) -> Option<String> {
         let ours = machine_tag(self.machine);
         let spec_tags = self.machine.spec.tags.clone().unwrap_or_default();
-        let mut tags: Vec<String> = config
-            .tags()
-            .into_iter()
+        let mut tags: Vec<String> = current
+            .iter()
             .filter(|t| {
                 !is_machine_tag(t)
                     || t.eq_ignore_ascii_case(&ours)
                     || spec_tags.iter().any(|s| s.eq_ignore_ascii_case(t))
             })
+            .cloned()
             .collect();
         let kept = tags.len();
         let wanted = std::iter::once(ours).chain(spec_tags);
@@ -1879,7 +1801,7 @@ impl<'a> Reconcile<'a> {
                 tags.push(tag.to_ascii_lowercase());
             }
         }
-        (tags.len() != kept || kept != config.tags().len()).then(|| tags.join(";"))
+        (tags.len() != kept || kept != current.len()).then(|| tags.join(";"))
     }
 
     /// Ensures one claim per (NIC, pool) and returns the bound addresses, or `None` while any is pending.
@@ -2019,11 +1941,75 @@ impl<'a> Reconcile<'a> {
         if config.get("ide0").is_some_and(|v| v.contains(&iso_name)) {
             return Ok(None);
         }
+        // The upload this pass saw succeed: only the attachment is left.
+        let uploaded = scope
+            .finished
+            .as_ref()
+            .is_some_and(|task| task.task_type == "imgcopy" && task.node == node);
+        let image = if uploaded {
+            None
+        } else {
+            match self
+                .seed_image(scope, placement, vmid, config, secret_name, addresses)
+                .await?
+            {
+                Ok(image) => Some(image),
+                Err(step) => return Ok(Some(step)),
+            }
+        };
+        let storage = iso_storage(proxmox, node)
+            .await
+            .during(|| format!("listing the ISO storages of {node}"))?;
+        let Some(storage) = storage else {
+            return Ok(Some(waiting(
+                "NoISOStorage",
+                format!(
+                    "node {node} has no storage with content type iso; enable iso content on one"
+                ),
+                Action::requeue(Duration::from_secs(60)),
+            )));
+        };
+        if let Some(image) = image {
+            let upload = proxmox.upload_iso(node, &storage, &iso_name, image).await;
+            if let Some(step) = self.submitted(scope, proxmox, upload, || {
+                format!("uploading the seed ISO {iso_name} to {storage} on {node}")
+            })? {
+                return Ok(Some(step));
+            }
+        }
+        let attach =
+            ConfigUpdate::default().set("ide0", format!("{storage}:iso/{iso_name},media=cdrom"));
+        proxmox
+            .update_vm_config_sync(node, vmid, &attach)
+            .await
+            .during(|| format!("attaching the seed ISO {iso_name} to VM {vmid}"))?;
+        scope.status.bootstrap_data_provided = Some(true);
+        self.event(
+            scope,
+            EventType::Normal,
+            "BootstrapDataProvided",
+            &format!("attached {storage}:iso/{iso_name} to VM {vmid}"),
+        )
+        .await;
+        Ok(None)
+    }
+
+    /// The seed ISO for the machine's VM (bootstrap data, meta data and network config), or
+    /// why it cannot be built yet.
+    async fn seed_image(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        vmid: u32,
+        config: &VmConfig,
+        secret_name: &str,
+        addresses: &Addresses,
+    ) -> Result<Result<Vec<u8>, Step>, MachineError> {
         let secret = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
             .get_opt(secret_name)
             .await?;
         let Some(secret) = secret else {
-            return Ok(Some(waiting(
+            return Ok(Err(waiting(
                 "WaitingForBootstrapData",
                 format!("bootstrap Secret {secret_name} not found"),
                 Action::requeue(Duration::from_secs(10)),
@@ -2040,7 +2026,7 @@ impl<'a> Reconcile<'a> {
                 self.context
                     .retries
                     .failed(&failures::key(self.machine), &VM_CONFIG_BACKOFF, None);
-            return Ok(Some(waiting_longer(
+            return Ok(Err(waiting_longer(
                 "WaitingForVMConfig",
                 format!("VM {vmid} has no SMBIOS UUID yet"),
                 &retry,
@@ -2059,7 +2045,7 @@ impl<'a> Reconcile<'a> {
         let bootstrap = match crate::cloudinit::BootstrapFormat::parse(Some(&format)) {
             Ok(format) => crate::cloudinit::BootstrapData { value, format },
             Err(error) => {
-                return Ok(Some(waiting(
+                return Ok(Err(waiting(
                     "BootstrapDataInvalid",
                     error.to_string(),
                     Action::requeue(Duration::from_secs(60)),
@@ -2100,66 +2086,31 @@ impl<'a> Reconcile<'a> {
                     .collect(),
             })
             .collect();
-        let image = match crate::cloudinit::render_nocloud(placement, &meta, &assigned, &bootstrap)
-        {
-            Ok(files) => crate::cloudinit::build_nocloud_iso(&files),
-            Err(error) => {
-                return Ok(Some(waiting(
+        Ok(
+            match crate::cloudinit::render_nocloud(placement, &meta, &assigned, &bootstrap) {
+                Ok(files) => Ok(crate::cloudinit::build_nocloud_iso(&files)),
+                Err(error) => Err(waiting(
                     "BootstrapDataInvalid",
                     error.to_string(),
                     Action::requeue(Duration::from_secs(60)),
-                )));
-            }
-        };
-        let storage = iso_storage(proxmox, node)
-            .await
-            .during(|| format!("listing the ISO storages of {node}"))?;
-        let Some(storage) = storage else {
-            return Ok(Some(waiting(
-                "NoISOStorage",
-                format!(
-                    "node {node} has no storage with content type iso; enable iso content on one"
-                ),
-                Action::requeue(Duration::from_secs(60)),
-            )));
-        };
-        finish(
-            proxmox,
-            proxmox.upload_iso(node, &storage, &iso_name, image).await,
-            || format!("uploading the seed ISO {iso_name} to {storage} on {node}"),
+                )),
+            },
         )
-        .await?;
-        let attach =
-            ConfigUpdate::default().set("ide0", format!("{storage}:iso/{iso_name},media=cdrom"));
-        finish(
-            proxmox,
-            proxmox.update_vm_config(node, vmid, &attach).await,
-            || format!("attaching the seed ISO {iso_name} to VM {vmid}"),
-        )
-        .await?;
-        scope.status.bootstrap_data_provided = Some(true);
-        self.event(
-            scope,
-            EventType::Normal,
-            "BootstrapDataProvided",
-            &format!("attached {storage}:iso/{iso_name} to VM {vmid}"),
-        )
-        .await;
-        Ok(None)
     }
 
     /// Deletes the cloud-init ISO (it holds the bootstrap token) once the node has joined, and
     /// only then detaches it: a failed deletion leaves it attached, so the next pass finds it
-    /// and tries again.
+    /// and tries again. `Some`: the deletion task runs.
     async fn remove_iso(
         &self,
+        scope: &mut Scope,
         proxmox: &ProxmoxClient,
         node: &str,
         vmid: u32,
         config: &VmConfig,
-    ) -> Result<(), MachineError> {
+    ) -> Result<Option<Step>, MachineError> {
         let Some(ide0) = config.get("ide0") else {
-            return Ok(());
+            return Ok(None);
         };
         let iso_name = crate::cloudinit::seed_iso_name(vmid);
         let Some(volume) = ide0
@@ -2168,27 +2119,30 @@ impl<'a> Reconcile<'a> {
             .filter(|v| v.contains(&iso_name))
             .map(str::to_owned)
         else {
-            return Ok(());
+            return Ok(None);
         };
-        if let Some((storage, _)) = volume.split_once(':') {
+        // The deletion this pass saw succeed: only the detachment is left.
+        let deleted = scope
+            .finished
+            .as_ref()
+            .is_some_and(|task| task.task_type == "imgdel" && task.node == node);
+        if !deleted && let Some((storage, _)) = volume.split_once(':') {
             match proxmox.delete_volume(node, storage, &volume).await {
                 Err(error) if error.is_not_found() => {}
                 started => {
-                    finish(proxmox, started, || {
+                    if let Some(step) = self.submitted(scope, proxmox, started, || {
                         format!("deleting the seed ISO {volume} of VM {vmid}")
-                    })
-                    .await?
+                    })? {
+                        return Ok(Some(step));
+                    }
                 }
             }
         }
-        finish(
-            proxmox,
-            proxmox
-                .update_vm_config(node, vmid, &ConfigUpdate::default().delete("ide0"))
-                .await,
-            || format!("detaching the seed ISO from VM {vmid}"),
-        )
-        .await
+        proxmox
+            .update_vm_config_sync(node, vmid, &ConfigUpdate::default().delete("ide0"))
+            .await
+            .during(|| format!("detaching the seed ISO from VM {vmid}"))?;
+        Ok(None)
     }
 
     /// Deletes the machine's VM (by the recorded VMID, else by its tag or `spec.providerID`)
@@ -2210,12 +2164,24 @@ impl<'a> Reconcile<'a> {
             }
             Err(_) => return self.released(scope).await,
         };
+        // A task in flight (this deletion's, or a provisioning task it waits out) first.
+        if let Some(step) = self.tracked_task(scope, &proxmox, true).await? {
+            return self.deletion_waits(scope, step).await;
+        }
         // The Go provider recorded the VMID in the spec only: machines it created are deleted
         // by that VMID too (still only when the VM shows it is theirs).
-        if let Some(vmid) = scope.recorded_vmid
-            && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
-        {
-            return Ok(action);
+        if let Some(vmid) = scope.recorded_vmid {
+            if let Some(step) = self.delete_vm(scope, &proxmox, vmid).await? {
+                return self.deletion_waits(scope, step).await;
+            }
+            if scope
+                .finished
+                .as_ref()
+                .is_some_and(|t| t.task_type == "qmdestroy")
+            {
+                // The recorded VM was the machine's, and this deletion deleted it.
+                return self.released(scope).await;
+            }
         }
         // A VM the recorded VMID does not name: a status lost before the VMID was recorded, or
         // a machine re-created by a move or restore (found by its tag or provider ID).
@@ -2224,15 +2190,30 @@ impl<'a> Reconcile<'a> {
             .await
             .during(|| "looking for the machine's VM in Proxmox".to_owned())?;
         let found = Identity::of(self.machine, &scope.name)
-            .search(&proxmox, &resources, scope.recorded_vmid)
+            .search(&proxmox, &self.configs, &resources, scope.recorded_vmid)
             .await?
             .and_then(|vm| vm.vmid);
         if let Some(vmid) = found
-            && let Some(action) = self.delete_vm(scope, &proxmox, vmid).await?
+            && let Some(step) = self.delete_vm(scope, &proxmox, vmid).await?
         {
-            return Ok(action);
+            return self.deletion_waits(scope, step).await;
         }
         self.released(scope).await
+    }
+
+    /// Reports what the deletion waits for (a task, a lock) and when it looks again.
+    async fn deletion_waits(&self, scope: &mut Scope, step: Step) -> Result<Action, MachineError> {
+        let (decided, action) = match step {
+            Step::Stop(decided, action) | Step::Backoff(decided, action) => (decided, action),
+            Step::Continue => return Ok(Action::requeue(Duration::from_millis(100))),
+        };
+        let reason = if decided.reason == "TaskFailed" {
+            "TaskFailed"
+        } else {
+            "Deleting"
+        };
+        self.deleting_status(scope, reason, decided.message).await?;
+        Ok(action)
     }
 
     /// The Proxmox client that deletes the machine's VM: with the ProxmoxCluster's credentials,
@@ -2331,7 +2312,12 @@ impl<'a> Reconcile<'a> {
         scope: &mut Scope,
         proxmox: &ProxmoxClient,
         vmid: u32,
-    ) -> Result<Option<Action>, MachineError> {
+    ) -> Result<Option<Step>, MachineError> {
+        let finished = scope.finished.as_ref().map(|t| t.task_type.clone());
+        if finished.as_deref() == Some("qmdestroy") {
+            // Deleted by this deletion (its seed ISO first).
+            return Ok(None);
+        }
         // Where the VM is: the node in status, else wherever Proxmox says it moved.
         let mut located = None;
         if let Some(node) = scope.current.proxmox_node.clone() {
@@ -2361,10 +2347,12 @@ impl<'a> Reconcile<'a> {
             }
         }
         let Some((node, config)) = located else {
-            // Gone already (deleted by an earlier pass that did not finish): its seed ISO
-            // may be left, since it is a separate volume.
+            // Gone already (deleted by someone else, or by an earlier pass whose record was
+            // lost): its seed ISO may be left, since it is a separate volume.
             if let Some(node) = scope.current.proxmox_node.clone() {
-                self.delete_seed_iso(proxmox, &node, vmid, None).await?;
+                return self
+                    .delete_seed_iso(scope, proxmox, &node, vmid, None)
+                    .await;
             }
             return Ok(None);
         };
@@ -2375,51 +2363,63 @@ impl<'a> Reconcile<'a> {
         if let Some(lock) = config.lock() {
             // A clone, a deletion of an earlier pass, a backup: Proxmox refuses to delete a
             // locked VM, so wait for the lock to go.
-            self.deleting_status(
-                scope,
+            return Ok(Some(waiting(
                 "Deleting",
                 format!(
                     "VM {vmid} on {node} is locked ({lock}); deleting it once the lock is released"
                 ),
-            )
-            .await?;
-            return Ok(Some(Action::requeue(Duration::from_secs(1))));
+                Action::requeue(Duration::from_secs(1)),
+            )));
         }
         let stopping = || format!("stopping VM {vmid} on {node}");
-        if proxmox
-            .vm_status(&node, vmid)
-            .await
-            .during(stopping)?
-            .is_running()
+        // After this deletion's stop or seed ISO deletion (which come after the stop), the VM
+        // is known to be stopped.
+        if !matches!(finished.as_deref(), Some("qmstop" | "imgdel"))
+            && proxmox
+                .vm_status(&node, vmid)
+                .await
+                .during(stopping)?
+                .is_running()
         {
-            finish(
-                proxmox,
-                proxmox.power(&node, vmid, PowerAction::Stop).await,
-                stopping,
-            )
-            .await?;
+            let started = proxmox.power(&node, vmid, PowerAction::Stop).await;
+            if let Some(step) = self.submitted(scope, proxmox, started, stopping)? {
+                return Ok(Some(step));
+            }
+        }
+        // The seed ISO (it holds the bootstrap token) is a separate volume: the attached one,
+        // while the config still names it; else, if the bootstrap data may have been uploaded
+        // but never attached, the seed ISO's name on the node's ISO storage.
+        if finished.as_deref() != Some("imgdel") {
+            let attached = config
+                .get("ide0")
+                .and_then(|v| v.split(',').next().map(str::to_owned))
+                .filter(|v| v.contains(&crate::cloudinit::seed_iso_name(vmid)));
+            let maybe_unattached = scope.current.bootstrap_data_provided != Some(true);
+            if (attached.is_some() || maybe_unattached)
+                && let Some(step) = self
+                    .delete_seed_iso(scope, proxmox, &node, vmid, attached)
+                    .await?
+            {
+                return Ok(Some(step));
+            }
         }
         let params = DeleteParams {
             purge: true,
             destroy_unreferenced_disks: true,
         };
-        match proxmox.delete_vm(&node, vmid, params).await {
-            Err(error) if error.is_not_found() => {}
-            started => finish(proxmox, started, || format!("deleting VM {vmid} on {node}")).await?,
-        }
-        // The seed ISO is a separate volume: the attached one, if still attached.
-        let attached = config
-            .get("ide0")
-            .and_then(|v| v.split(',').next().map(str::to_owned));
-        self.delete_seed_iso(proxmox, &node, vmid, attached).await?;
         self.event(
             scope,
             EventType::Normal,
-            "Deleted",
-            &format!("deleted VM {vmid} on {node}"),
+            "Deleting",
+            &format!("deleting VM {vmid} on {node}"),
         )
         .await;
-        Ok(None)
+        match proxmox.delete_vm(&node, vmid, params).await {
+            Err(error) if error.is_not_found() => Ok(None),
+            started => self.submitted(scope, proxmox, started, || {
+                format!("deleting VM {vmid} on {node}")
+            }),
+        }
     }
 
     /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on
@@ -2427,11 +2427,12 @@ impl<'a> Reconcile<'a> {
     /// is not released (and the ISO with its bootstrap token forgotten) before it is gone.
     async fn delete_seed_iso(
         &self,
+        scope: &mut Scope,
         proxmox: &ProxmoxClient,
         node: &str,
         vmid: u32,
         attached: Option<String>,
-    ) -> Result<(), MachineError> {
+    ) -> Result<Option<Step>, MachineError> {
         let seed = crate::cloudinit::seed_iso_name(vmid);
         let volume = match attached {
             Some(volume) => Some(volume).filter(|v| v.contains(&seed)),
@@ -2441,19 +2442,16 @@ impl<'a> Reconcile<'a> {
                 .map(|s| format!("{s}:iso/{seed}")),
         };
         let Some(volume) = volume else {
-            return Ok(());
+            return Ok(None);
         };
         let Some((storage, _)) = volume.split_once(':') else {
-            return Ok(());
+            return Ok(None);
         };
         match proxmox.delete_volume(node, storage, &volume).await {
-            Err(error) if error.is_not_found() => Ok(()),
-            started => {
-                finish(proxmox, started, || {
-                    format!("deleting the seed ISO {volume} of VM {vmid}")
-                })
-                .await
-            }
+            Err(error) if error.is_not_found() => Ok(None),
+            started => self.submitted(scope, proxmox, started, || {
+                format!("deleting the seed ISO {volume} of VM {vmid}")
+            }),
         }
     }
 
@@ -2538,6 +2536,16 @@ impl<'a> Reconcile<'a> {
     }
 }
 
+/// What [`Reconcile::configure`] did to the VM's config.
+enum Configured {
+    /// Nothing: the config is as the spec wants it.
+    Unchanged,
+    /// Changed it; what was read before is out of date.
+    Changed,
+    /// Started a task (a disk resize) that the machine waits for.
+    Waiting(Step),
+}
+
 /// Why a deletion cannot reach Proxmox, reported on the machine.
 struct Blocked {
     reason: &'static str,
@@ -2553,28 +2561,6 @@ enum Picked {
     Unlisted(u32),
     /// None is free.
     Exhausted,
-}
-
-/// The condition and requeue while a failed task's back-off lasts.
-fn failed_task_step(
-    upid: &Upid,
-    exitstatus: &str,
-    until: Timestamp,
-    failures: i32,
-    now: Timestamp,
-) -> Step {
-    let remaining = until
-        .duration_since(now)
-        .try_into()
-        .unwrap_or(Duration::from_secs(1));
-    waiting(
-        "TaskFailed",
-        format!(
-            "Proxmox task {} on {} failed: {exitstatus}; retrying after {until} (failure {failures} in a row, task {upid})",
-            upid.task_type, upid.node
-        ),
-        Action::requeue(remaining),
-    )
 }
 
 /// Addresses bound to the machine's claims.
@@ -2775,43 +2761,6 @@ async fn apply_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_task_back_off_doubles_from_ten_seconds_up_to_five_minutes() {
-        let secs: Vec<u64> = (1..=7).map(|n| task_backoff(n).as_secs()).collect();
-        assert_eq!(secs, vec![10, 20, 40, 80, 160, 300, 300]);
-        assert_eq!(
-            task_backoff(0),
-            TASK_BACKOFF_INITIAL,
-            "no failure counts as the first"
-        );
-        assert_eq!(task_backoff(u32::MAX), TASK_BACKOFF_MAX);
-    }
-
-    #[test]
-    fn a_failed_task_step_names_the_task_its_exit_status_and_the_retry_time() {
-        let upid: Upid = "UPID:pve1:00001234:00005678:6553F000:qmclone:9000:root@pam!capmox:"
-            .parse()
-            .expect("upid");
-        let now = Timestamp::from_second(1_767_225_600).expect("time");
-        let until = Timestamp::from_second(1_767_225_620).expect("time");
-        let Step::Stop(decided, action) = failed_task_step(&upid, "storage full", until, 2, now)
-        else {
-            panic!("a failed task stops the pass");
-        };
-        assert_eq!(decided.reason, "TaskFailed");
-        assert_eq!(decided.status, Status::False);
-        assert!(
-            decided
-                .message
-                .contains("qmclone on pve1 failed: storage full")
-                && decided.message.contains("2026-01-01T00:00:20Z")
-                && decided.message.contains("failure 2"),
-            "{}",
-            decided.message
-        );
-        assert_eq!(action, Action::requeue(Duration::from_secs(20)));
-    }
 
     #[test]
     fn disk_sizes_parse_in_gb() {

@@ -1,0 +1,609 @@
+//! Proxmox tasks of a machine: a pass submits one, records it in status (`taskRef` and
+//! `taskPurpose`) and returns with a requeue at the task's expected end; a later pass checks
+//! it once. No pass waits for a task, so a worker is held only for a few HTTP calls.
+//!
+//! Expected durations are learned per task type and node from the tasks this process has
+//! seen end. Proxmox reports no end time, so each finished task's duration is estimated as the
+//! middle of the interval it is known to have ended in (after the last check that saw it
+//! running, before the check that saw it stopped); the estimate is the median of the recent
+//! ones, which follows the real duration instead of the polling interval.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::{During, MachineError, Reconcile, Scope, Step, waiting};
+use crate::controller::failures::Backoff;
+use crate::proxmox::{ProxmoxClient, ProxmoxError, TaskRef, Upid};
+use kube::api::{Patch, PatchParams};
+
+/// Back-off after the first failed Proxmox task; it doubles with each further failure.
+pub const TASK_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+/// Longest back-off after failed Proxmox tasks.
+pub const TASK_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Expected duration of a clone before any was seen end: clones copy disks, and a check
+/// that comes too early only costs one request.
+const DEFAULT_CLONE: Duration = Duration::from_secs(2);
+/// Expected duration of any other task before one of its type was seen end.
+const DEFAULT_TASK: Duration = Duration::from_millis(500);
+/// Shortest requeue while a task runs, so a task past its expected end is not polled in a
+/// tight loop.
+const MIN_RECHECK: Duration = Duration::from_millis(200);
+/// Longest requeue while a task runs: a long task is still noticed soon after it ends.
+const MAX_RECHECK: Duration = Duration::from_secs(5);
+/// Finished tasks remembered per (task type, node) for the median.
+const SAMPLES: usize = 15;
+/// Tasks in flight remembered at most (a machine deleted mid-task never checks its task
+/// again); the oldest are forgotten first.
+const MAX_IN_FLIGHT: usize = 10_000;
+
+/// The back-off before retrying after the `failures`-th consecutive failed task:
+/// 10 s, 20 s, 40 s, ... capped at 5 minutes.
+pub fn task_backoff(failures: u32) -> Duration {
+    Backoff {
+        initial: TASK_BACKOFF_INITIAL,
+        max: TASK_BACKOFF_MAX,
+    }
+    .nominal(failures)
+}
+
+/// When this process expects Proxmox tasks to end, so a machine is looked at again then and
+/// not before, whatever wakes it meanwhile (its own status writes, for one).
+#[derive(Clone, Default)]
+pub struct TaskClock {
+    inner: Arc<Mutex<ClockState>>,
+}
+
+#[derive(Default)]
+struct ClockState {
+    /// Tasks this process submitted or saw running, by UPID.
+    in_flight: HashMap<String, InFlight>,
+    /// Recent estimated durations per (task type, node), oldest first.
+    learned: HashMap<(String, String), VecDeque<Duration>>,
+    /// The task each machine waits for (by machine key), with its purpose: a pass working
+    /// from a cached copy older than the status that records it still sees it.
+    by_machine: HashMap<String, (String, String)>,
+}
+
+struct InFlight {
+    submitted: Instant,
+    /// How long after submission a check last saw it running.
+    last_seen_running: Duration,
+    /// When to check it next.
+    due: Instant,
+}
+
+impl TaskClock {
+    /// Notes a task just submitted for `machine`; returns the requeue until its expected end.
+    pub fn submitted(&self, upid: &Upid, machine: &str, purpose: &str) -> Duration {
+        let now = Instant::now();
+        let mut state = self.lock();
+        if state.by_machine.len() >= MAX_IN_FLIGHT {
+            state.by_machine.clear();
+        }
+        state.by_machine.insert(
+            machine.to_owned(),
+            (upid.as_str().to_owned(), purpose.to_owned()),
+        );
+        let expected = state.expected(upid);
+        if state.in_flight.len() >= MAX_IN_FLIGHT
+            && let Some(oldest) = state
+                .in_flight
+                .iter()
+                .min_by_key(|(_, t)| t.submitted)
+                .map(|(k, _)| k.clone())
+        {
+            state.in_flight.remove(&oldest);
+        }
+        state.in_flight.insert(
+            upid.as_str().to_owned(),
+            InFlight {
+                submitted: now,
+                last_seen_running: Duration::ZERO,
+                due: now + expected,
+            },
+        );
+        expected
+    }
+
+    /// The task this process submitted for `machine` and has not seen end, with its purpose.
+    pub fn in_flight_for(&self, machine: &str) -> Option<(String, String)> {
+        self.lock().by_machine.get(machine).cloned()
+    }
+
+    /// How long until the task is worth checking, if it is not yet: `None` means check now
+    /// (also for a task this process did not submit, e.g. after a restart).
+    pub fn not_due(&self, upid: &Upid) -> Option<Duration> {
+        let now = Instant::now();
+        let state = self.lock();
+        let due = state.in_flight.get(upid.as_str())?.due;
+        (due > now + Duration::from_millis(20)).then(|| due - now)
+    }
+
+    /// Notes that a check saw the task still running; returns the requeue until the next
+    /// check: a quarter of the time it has run so far, within bounds.
+    pub fn still_running(&self, upid: &Upid) -> Duration {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let entry = state
+            .in_flight
+            .entry(upid.as_str().to_owned())
+            .or_insert(InFlight {
+                submitted: now,
+                last_seen_running: Duration::ZERO,
+                due: now,
+            });
+        let ran = now - entry.submitted;
+        entry.last_seen_running = ran;
+        let wait = (ran / 4).clamp(MIN_RECHECK, MAX_RECHECK);
+        entry.due = now + wait;
+        wait
+    }
+
+    /// Notes that a check saw the task stopped, and learns its duration if this process saw
+    /// it start.
+    pub fn finished(&self, upid: &Upid) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state
+            .by_machine
+            .retain(|_, (task, _)| task != upid.as_str());
+        let Some(task) = state.in_flight.remove(upid.as_str()) else {
+            return;
+        };
+        let seen_stopped = now - task.submitted;
+        let estimate = (task.last_seen_running + seen_stopped) / 2;
+        let samples = state
+            .learned
+            .entry((upid.task_type.clone(), upid.node.clone()))
+            .or_default();
+        if samples.len() == SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back(estimate);
+    }
+
+    /// Forgets a task nobody will check again.
+    pub fn forget(&self, upid: &Upid) {
+        let mut state = self.lock();
+        state.in_flight.remove(upid.as_str());
+        state
+            .by_machine
+            .retain(|_, (task, _)| task != upid.as_str());
+    }
+
+    /// The expected duration of a task like `upid` (same type, same node).
+    pub fn expected(&self, upid: &Upid) -> Duration {
+        self.lock().expected(upid)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ClockState> {
+        // A panic while holding this lock cannot leave the state inconsistent (every update
+        // is a single insert or remove), so a poisoned lock is used as it is.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl ClockState {
+    fn expected(&self, upid: &Upid) -> Duration {
+        let key = (upid.task_type.clone(), upid.node.clone());
+        match self.learned.get(&key).filter(|s| !s.is_empty()) {
+            Some(samples) => {
+                let mut sorted: Vec<Duration> = samples.iter().copied().collect();
+                sorted.sort();
+                sorted[sorted.len() / 2].max(MIN_RECHECK)
+            }
+            None if upid.task_type == "qmclone" => DEFAULT_CLONE,
+            None => DEFAULT_TASK,
+        }
+    }
+}
+
+/// Task types that delete what a machine had: a failed one is retried after its back-off;
+/// a provisioning task that failed does not hold up a deletion.
+fn is_deletion_task(task_type: &str) -> bool {
+    matches!(task_type, "qmstop" | "qmshutdown" | "qmdestroy" | "imgdel")
+}
+
+/// Task types that change what `/cluster/resources` lists (a VM, its lock or its power
+/// state), when they start and when they end.
+fn changes_listing(task_type: &str) -> bool {
+    matches!(
+        task_type,
+        "qmclone" | "qmstart" | "qmstop" | "qmshutdown" | "qmdestroy"
+    )
+}
+
+/// The condition and requeue while a task runs.
+fn running_step(upid: &Upid, purpose: Option<&str>, wait: Duration) -> Step {
+    let doing = purpose.map(|p| format!("{p}: ")).unwrap_or_default();
+    waiting(
+        if upid.task_type == "qmclone" {
+            "Cloning"
+        } else {
+            "WaitingForTask"
+        },
+        format!(
+            "{doing}Proxmox task {} on {} is running ({upid})",
+            upid.task_type, upid.node
+        ),
+        Action::requeue(wait),
+    )
+}
+
+/// The condition and requeue while a failed task's back-off lasts.
+pub(super) fn failed_task_step(
+    upid: &Upid,
+    purpose: Option<&str>,
+    exitstatus: &str,
+    until: Timestamp,
+    failures: i32,
+    now: Timestamp,
+) -> Step {
+    let remaining = until
+        .duration_since(now)
+        .try_into()
+        .unwrap_or(Duration::from_secs(1));
+    let doing = purpose.map(|p| format!(" ({p})")).unwrap_or_default();
+    waiting(
+        "TaskFailed",
+        format!(
+            "Proxmox task {} on {}{doing} failed: {exitstatus}; retrying after {until} (failure {failures} in a row, task {upid})",
+            upid.task_type, upid.node
+        ),
+        Action::requeue(remaining),
+    )
+}
+
+impl Reconcile<'_> {
+    /// Records the task a Proxmox request started (`started`, its answer) and stops the pass
+    /// until the task's expected end. `None`: Proxmox finished synchronously, go on. A failed
+    /// request is reported as having happened in `purpose`.
+    pub(super) fn submitted(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        started: Result<TaskRef, ProxmoxError>,
+        purpose: impl Fn() -> String,
+    ) -> Result<Option<Step>, MachineError> {
+        let Some(upid) = started.during(&purpose)? else {
+            return Ok(None);
+        };
+        if changes_listing(&upid.task_type) {
+            self.context.inventory.changed(proxmox);
+        }
+        let purpose = purpose();
+        let wait =
+            self.context
+                .task_clock
+                .submitted(&upid, &super::claim_key(self.machine), &purpose);
+        scope.status.task_ref = Some(upid.to_string());
+        scope.status.task_purpose = Some(purpose.clone());
+        tracing::debug!(machine = %scope.name, %upid, purpose, expected_ms = wait.as_millis() as u64, "submitted a Proxmox task");
+        Ok(Some(running_step(&upid, Some(&purpose), wait)))
+    }
+
+    /// The task recorded in `status.taskRef`, checked at most once per pass (and not before
+    /// its expected end when this process submitted it): while it runs, nothing else happens;
+    /// once it succeeded it is forgotten and remembered in `scope.finished` for this pass; a
+    /// failed one holds off every other step during its back-off. `deleting`: a failed
+    /// provisioning task is forgotten instead, since the deletion replaces what it did.
+    /// `None`: go on with the next step.
+    pub(super) async fn tracked_task(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        deleting: bool,
+    ) -> Result<Option<Step>, MachineError> {
+        if scope.status.task_ref.is_none()
+            && let Some((upid, purpose)) = self
+                .context
+                .task_clock
+                .in_flight_for(&super::claim_key(self.machine))
+        {
+            // This pass works from a copy older than the status that records the task.
+            scope.status.task_ref = Some(upid);
+            scope.status.task_purpose = Some(purpose);
+        }
+        let Some(raw) = scope.status.task_ref.clone() else {
+            return Ok(None);
+        };
+        let upid: Upid = match raw.parse() {
+            Ok(upid) => upid,
+            Err(error) => {
+                tracing::warn!(machine = %scope.name, %error, "forgetting an unreadable status.taskRef");
+                clear_task(scope);
+                return Ok(None);
+            }
+        };
+        let purpose = scope.status.task_purpose.clone();
+        let backing_off = scope.status.retry_after.is_some();
+        if !backing_off && let Some(wait) = self.context.task_clock.not_due(&upid) {
+            return Ok(Some(running_step(&upid, purpose.as_deref(), wait)));
+        }
+        let status = match proxmox.task_status(&upid).await {
+            Ok(status) => status,
+            Err(error) if error.is_not_found() => {
+                // Proxmox no longer knows the task (rotated away, node reinstalled): what
+                // exists in Proxmox tells the next step.
+                tracing::info!(machine = %scope.name, %upid, "Proxmox no longer knows the recorded task; forgetting it");
+                self.context.task_clock.forget(&upid);
+                clear_task(scope);
+                return Ok(None);
+            }
+            Err(error) => {
+                return Err(error).during(|| {
+                    format!(
+                        "checking Proxmox task {} on {} ({upid})",
+                        upid.task_type, upid.node
+                    )
+                });
+            }
+        };
+        if !status.is_finished() {
+            let wait = self.context.task_clock.still_running(&upid);
+            return Ok(Some(running_step(&upid, purpose.as_deref(), wait)));
+        }
+        self.context.task_clock.finished(&upid);
+        if changes_listing(&upid.task_type) {
+            self.context.inventory.changed(proxmox);
+        }
+        if status.is_success() {
+            scope.status.task_failures = None;
+            clear_task(scope);
+            self.announce(scope, &upid, &raw).await?;
+            scope.finished = Some(upid);
+            return Ok(None);
+        }
+        let exitstatus = status
+            .exitstatus
+            .unwrap_or_else(|| "unexpected status".to_owned());
+        if deleting && !is_deletion_task(&upid.task_type) {
+            tracing::info!(machine = %scope.name, %upid, exitstatus, "forgetting a failed provisioning task; the machine is being deleted");
+            clear_task(scope);
+            return Ok(None);
+        }
+        let now = Timestamp::now();
+        match scope.status.retry_after.clone() {
+            None => Ok(Some(
+                self.record_task_failure(scope, upid.as_str(), &exitstatus)
+                    .await,
+            )),
+            Some(Time(until)) if until > now => {
+                let failures = scope.status.task_failures.unwrap_or(1);
+                Ok(Some(failed_task_step(
+                    &upid,
+                    purpose.as_deref(),
+                    &exitstatus,
+                    until,
+                    failures,
+                    now,
+                )))
+            }
+            Some(_) => {
+                // Back-off over: forget the failed task; the step runs again.
+                clear_task(scope);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Events for a task that succeeded, once: of all passes that see it finished (one may
+    /// work from a stale cached copy of the machine), only the one that removes it from the
+    /// stored status announces it.
+    async fn announce(
+        &self,
+        scope: &mut Scope,
+        upid: &Upid,
+        raw: &str,
+    ) -> Result<(), MachineError> {
+        let (reason, note) = match upid.task_type.as_str() {
+            "qmclone" => (
+                "Cloned",
+                format!(
+                    "created VM {} (task {upid})",
+                    scope.status.virtual_machine_id.unwrap_or_default()
+                ),
+            ),
+            "qmstart" => (
+                "PoweredOn",
+                format!(
+                    "started VM {} on {}",
+                    scope.status.virtual_machine_id.unwrap_or_default(),
+                    upid.node
+                ),
+            ),
+            _ => return Ok(()),
+        };
+        if self.forget_task(scope, raw).await? {
+            self.event(scope, EventType::Normal, reason, &note).await;
+        }
+        Ok(())
+    }
+
+    /// Removes the finished task `upid` from the recorded status, if it is still there: a JSON
+    /// patch that first tests `status.taskRef`, so only the first pass that sees the task
+    /// finished gets `true`.
+    async fn forget_task(&self, scope: &mut Scope, upid: &str) -> Result<bool, MachineError> {
+        let patch = json!([
+            {"op": "test", "path": "/status/taskRef", "value": upid},
+            {"op": "remove", "path": "/status/taskRef"}
+        ]);
+        let patched = scope
+            .api
+            .patch_status(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(patch)?),
+            )
+            .await;
+        match patched {
+            Ok(_) => {
+                scope.current.task_ref = None;
+                Ok(true)
+            }
+            // The test failed: an earlier pass already forgot it.
+            Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Records a failed task: its UPID, one more consecutive failure, and the time before
+    /// which nothing is retried; warns with the task's exit status.
+    pub(super) async fn record_task_failure(
+        &self,
+        scope: &mut Scope,
+        upid: &str,
+        exitstatus: &str,
+    ) -> Step {
+        let parsed: Option<Upid> = upid.parse().ok();
+        let failures = scope.status.task_failures.unwrap_or(0).saturating_add(1);
+        let delay = task_backoff(u32::try_from(failures).unwrap_or(u32::MAX));
+        let now = Timestamp::now();
+        // Whole seconds: Kubernetes stores times with second precision, and the stored value
+        // must compare equal to what this pass decided.
+        let until = Timestamp::from_second(
+            now.as_second()
+                .saturating_add(i64::try_from(delay.as_secs()).unwrap_or(i64::MAX)),
+        )
+        .unwrap_or(now);
+        scope.status.task_ref = Some(upid.to_owned());
+        scope.status.retry_after = Some(Time(until));
+        scope.status.task_failures = Some(failures);
+        let purpose = scope.status.task_purpose.clone();
+        let step = match &parsed {
+            Some(parsed) => {
+                failed_task_step(parsed, purpose.as_deref(), exitstatus, until, failures, now)
+            }
+            None => waiting(
+                "TaskFailed",
+                format!("Proxmox task {upid} failed: {exitstatus}; retrying after {until}"),
+                Action::requeue(delay),
+            ),
+        };
+        if let Step::Stop(decided, _) = &step {
+            self.event(scope, EventType::Warning, "TaskFailed", &decided.message)
+                .await;
+        }
+        step
+    }
+}
+
+/// Forgets the recorded task and its back-off time (the failure count stays until a task
+/// succeeds).
+fn clear_task(scope: &mut Scope) {
+    scope.status.task_ref = None;
+    scope.status.task_purpose = None;
+    scope.status.retry_after = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upid(kind: &str, node: &str, n: u32) -> Upid {
+        Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
+    }
+
+    #[test]
+    fn the_task_back_off_doubles_from_ten_seconds_up_to_five_minutes() {
+        let secs: Vec<u64> = (1..=7).map(|n| task_backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(
+            task_backoff(0),
+            TASK_BACKOFF_INITIAL,
+            "no failure counts as the first"
+        );
+        assert_eq!(task_backoff(u32::MAX), TASK_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn before_any_task_ended_clones_are_expected_to_take_longer_than_other_tasks() {
+        let clock = TaskClock::default();
+        assert_eq!(clock.expected(&upid("qmclone", "pve1", 1)), DEFAULT_CLONE);
+        assert_eq!(clock.expected(&upid("qmstart", "pve1", 2)), DEFAULT_TASK);
+    }
+
+    #[test]
+    fn a_submitted_task_is_not_due_before_its_expected_end_and_unknown_tasks_are_due_at_once() {
+        let clock = TaskClock::default();
+        let clone = upid("qmclone", "pve1", 1);
+        let wait = clock.submitted(&clone, "m1", "cloning");
+        assert_eq!(
+            clock.in_flight_for("m1"),
+            Some((clone.as_str().to_owned(), "cloning".to_owned()))
+        );
+        assert_eq!(wait, DEFAULT_CLONE);
+        let remaining = clock.not_due(&clone).expect("not due yet");
+        assert!(remaining <= DEFAULT_CLONE && remaining > DEFAULT_CLONE / 2);
+        assert_eq!(clock.not_due(&upid("qmclone", "pve1", 2)), None);
+    }
+
+    #[test]
+    fn learned_durations_are_per_type_and_node_and_replace_the_default() {
+        let clock = TaskClock::default();
+        let start = upid("qmstart", "pve1", 1);
+        clock.submitted(&start, "m1", "starting");
+        clock.finished(&start);
+        assert_eq!(
+            clock.in_flight_for("m1"),
+            None,
+            "ended, so no longer awaited"
+        );
+        // Seen stopped at once: estimated at (almost) nothing, but never below the floor.
+        assert_eq!(clock.expected(&upid("qmstart", "pve1", 2)), MIN_RECHECK);
+        assert_eq!(clock.expected(&upid("qmstart", "pve2", 3)), DEFAULT_TASK);
+        assert_eq!(clock.expected(&upid("qmclone", "pve1", 4)), DEFAULT_CLONE);
+    }
+
+    #[test]
+    fn a_task_seen_running_is_checked_again_soon_and_no_longer_counts_as_not_due() {
+        let clock = TaskClock::default();
+        let task = upid("qmresize", "pve1", 1);
+        let wait = clock.still_running(&task);
+        assert_eq!(wait, MIN_RECHECK, "just started: the shortest recheck");
+        clock.forget(&task);
+        assert_eq!(clock.not_due(&task), None);
+    }
+
+    #[test]
+    fn a_failed_task_step_names_the_task_its_purpose_exit_status_and_the_retry_time() {
+        let upid: Upid = "UPID:pve1:00001234:00005678:6553F000:qmclone:9000:root@pam!capmox:"
+            .parse()
+            .expect("upid");
+        let now = Timestamp::from_second(1_767_225_600).expect("time");
+        let until = Timestamp::from_second(1_767_225_620).expect("time");
+        let Step::Stop(decided, action) = failed_task_step(
+            &upid,
+            Some("cloning template 9000 to VM 101 on pve1"),
+            "storage full",
+            until,
+            2,
+            now,
+        ) else {
+            panic!("a failed task stops the pass");
+        };
+        assert_eq!(decided.reason, "TaskFailed");
+        assert!(
+            decided.message.contains(
+                "qmclone on pve1 (cloning template 9000 to VM 101 on pve1) failed: storage full"
+            ),
+            "{}",
+            decided.message
+        );
+        assert!(
+            decided.message.contains("failure 2 in a row"),
+            "{}",
+            decided.message
+        );
+        assert_eq!(action, Action::requeue(Duration::from_secs(20)));
+    }
+}
