@@ -313,10 +313,26 @@ fn init_logging(format: LogFormat, filter: Option<&str>) -> Result<(), LogFilter
     Ok(())
 }
 
-async fn run(args: RunArgs) -> Result<(), CliError> {
-    let client = kube::Client::try_default()
+/// The `User-Agent` of capmox's Kubernetes requests, so API server audit logs, request
+/// counts and the field manager of its non-apply writes name capmox (kube sends none).
+pub const USER_AGENT: &str = concat!("capmox/", env!("CARGO_PKG_VERSION"));
+
+/// The Kubernetes client configuration from KUBECONFIG or the in-cluster config, with
+/// capmox's [`USER_AGENT`].
+async fn kube_config() -> Result<kube::Config, kube::Error> {
+    let mut config = kube::Config::infer()
         .await
-        .map_err(CliError::KubeConfig)?;
+        .map_err(kube::Error::InferConfig)?;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
+    Ok(config)
+}
+
+async fn run(args: RunArgs) -> Result<(), CliError> {
+    let config = kube_config().await.map_err(CliError::KubeConfig)?;
+    let client = kube::Client::try_from(config).map_err(CliError::KubeConfig)?;
     let version = client
         .apiserver_version()
         .await

@@ -8,39 +8,77 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use capmox_sim::{LoggedRequest, TaskRecord};
+use capmox_testkit::RequestCounts;
 
-/// (verb, resource) of a Kubernetes API request, as the API server's audit log names them.
-pub fn classify(method: &http::Method, uri: &http::Uri) -> (String, String) {
-    let segs: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
-    let rest: &[&str] = match segs.first() {
-        Some(&"api") => segs.get(2..).unwrap_or(&[]),
-        Some(&"apis") => segs.get(3..).unwrap_or(&[]),
-        _ => &[],
-    };
-    let rest = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
-        &rest[2..]
-    } else {
-        rest
-    };
-    let resource = match (rest.first(), rest.get(2)) {
-        (Some(r), Some(sub)) => format!("{r}/{sub}"),
-        (Some(r), None) => (*r).to_string(),
-        (None, _) => "discovery".to_string(),
-    };
-    let watch = uri
-        .query()
-        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
-    let verb = match *method {
-        http::Method::GET if watch => "watch",
-        http::Method::GET if rest.len() >= 2 => "get",
-        http::Method::GET => "list",
-        http::Method::POST => "create",
-        http::Method::PUT => "update",
-        http::Method::PATCH => "patch",
-        http::Method::DELETE => "delete",
-        _ => "other",
-    };
-    (verb.to_string(), resource)
+/// Kubernetes requests of one client between two snapshots of its counters in the API
+/// server: totals, per machine (reads: get, list; writes: create, update, patch, delete,
+/// deletecollection; watch streams the server ended, each of which the client restarts) and
+/// by `verb resource`.
+pub fn kube_requests(before: &RequestCounts, after: &RequestCounts, machines: usize) -> Value {
+    let delta = |now: u64, then: Option<&u64>| now.saturating_sub(then.copied().unwrap_or(0));
+    let verb = |v: &str| delta(after.verb(v), before.by_verb.get(v));
+    let reads = verb("get") + verb("list");
+    let writes = ["create", "update", "patch", "delete", "deletecollection"]
+        .iter()
+        .map(|v| verb(v))
+        .sum::<u64>();
+    let watches = verb("watch");
+    let restarted: u64 = after
+        .watches_ended
+        .iter()
+        .map(|(reason, n)| delta(*n, before.watches_ended.get(reason)))
+        .sum();
+    let by_request: serde_json::Map<String, Value> = after
+        .by_resource
+        .iter()
+        .filter_map(|(key, n)| {
+            let d = delta(*n, before.by_resource.get(key));
+            let (resource, verb) = key;
+            let resource = if resource.is_empty() {
+                "(discovery)"
+            } else {
+                resource
+            };
+            (d > 0).then(|| (format!("{verb} {resource}"), json!(d)))
+        })
+        .collect();
+    let n = machines.max(1) as f64;
+    json!({
+        "reads": reads, "writes": writes, "watch_requests": watches,
+        "watches_restarted_by_server": restarted,
+        "per_machine": {"reads": round3(reads as f64 / n), "writes": round3(writes as f64 / n),
+                        "watch_requests": round3(watches as f64 / n),
+                        "watches_restarted": round3(restarted as f64 / n)},
+        "by_request": by_request,
+    })
+}
+
+/// `controller_runtime_reconcile_total` of a Prometheus exposition, by `controller result`.
+pub fn reconcile_counts(metrics: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("controller_runtime_reconcile_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels.split(',').find_map(|kv| {
+                kv.strip_prefix(key)
+                    .and_then(|v| v.strip_prefix("=\""))
+                    .map(|v| v.trim_end_matches('"').to_string())
+            })
+        };
+        if let (Some(controller), Some(result), Ok(value)) = (
+            label("controller"),
+            label("result"),
+            value.trim().parse::<f64>(),
+        ) {
+            *out.entry(format!("{controller} {result}")).or_default() += value as u64;
+        }
+    }
+    out
 }
 
 /// What the watches saw of one machine (ProxmoxMachine and Machine share the name).

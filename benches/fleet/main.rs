@@ -1,21 +1,21 @@
 //! `make bench`: how quickly capmox makes a fleet of machines ready, and what it costs.
 //!
-//! One process runs capmox's real controllers (on their own tokio runtime, threads
-//! `capmox-ctl`) against the in-process Kubernetes API, the Proxmox VE simulator with realistic
-//! task durations and a per-node clone limit, and the CAPI core and IPAM stand-ins (on a second
-//! runtime, threads `bench-env`). It provisions a fleet (3 control-plane machines spread over
-//! the zones, the rest in one MachineDeployment per zone), waits with nothing to do, deletes the
-//! cluster, and reports from measurements only: watch timestamps, the simulator's task records
-//! and request log, request counters, and `/proc/self`. Output: a table on stdout and
+//! capmox runs as it is deployed: the real `capmox run` binary (built by `cargo bench` with the
+//! bench, in release) in a child process, with global Proxmox credentials, no leader
+//! election, and a kubeconfig pointing at the in-process Kubernetes API. The environment stays
+//! in this process: the API server (served on 127.0.0.1), the Proxmox VE simulator with
+//! realistic task durations and a per-node clone limit, and the CAPI core and IPAM stand-ins.
+//! The bench provisions a fleet (3 control-plane machines spread over the zones, the rest in
+//! one MachineDeployment per zone), waits with nothing to do, deletes the cluster, and reports
+//! from measurements only: watch timestamps, the simulator's task records and request log, the
+//! API server's request counters for capmox's client (named by its User-Agent), capmox's
+//! `/metrics`, and `/proc/<pid>` of both processes. Output: a table on stdout and
 //! `out/bench.json`. `cargo test --all-targets` runs this binary without `--bench`; it then
 //! exits at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
 use clap::Parser;
@@ -30,28 +30,29 @@ use tokio_util::sync::CancellationToken;
 
 use capmox::api::{ProxmoxMachine, labels};
 use capmox::capi;
-use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
 use capmox_sandbox::run::capi_kinds;
 use capmox_sandbox::standin::{
     CapiStandIn, ExampleCluster, create_example_cluster, deployment_resource,
 };
 use capmox_sim::{SimOptions, Simulator, TaskRecord, Topology};
-use capmox_testkit::ApiServer;
+use capmox_testkit::{ApiServer, RequestCounts};
 
 mod analysis;
+mod capmox_process;
 use analysis::{
-    MachineTimes, classify, covered, lower_bound, proxmox_calls, proxmox_spans, round3,
-    service_time, spread, stat_ticks, status_kib, task_vmid,
+    MachineTimes, covered, kube_requests, lower_bound, proxmox_calls, proxmox_spans,
+    reconcile_counts, round3, service_time, spread, status_kib, task_vmid,
 };
+use capmox_process::{CapmoxProcess, Kubeconfig, Launch, ProcSample, reset_peak, sample};
 
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "bench";
-/// Thread-name prefixes, so `/proc/self/task/*/stat` splits CPU time between the controllers
-/// and everything else in the process.
-const CONTROLLER_THREADS: &str = "capmox-ctl";
-const ENV_THREADS: &str = "bench-env";
+/// The Secret a ProxmoxCluster names with `--credentials-ref`.
+const CREDENTIALS_SECRET: &str = "bench-proxmox-credentials";
+/// `/proc` name of the bench process itself.
+const SELF: &str = "self";
 
-/// Provision and delete a fleet with capmox's controllers against the Proxmox VE simulator.
+/// Provision and delete a fleet with `capmox run` against the Proxmox VE simulator.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "fleet")]
 struct Args {
@@ -97,8 +98,17 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     other_ms: u64,
     /// ProxmoxMachine reconciles at once (`capmox run --proxmoxmachine-concurrency`).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     machine_concurrency: u16,
+    /// The `capmox` executable to measure (default: the one `cargo bench` built with this
+    /// bench), e.g. another commit's build for a comparison.
+    #[arg(long)]
+    capmox: Option<PathBuf>,
+    /// The ProxmoxCluster names a credentials Secret (`credentialsRef`) instead of relying on
+    /// capmox's global credentials; every pass then reads the Secret, as in the figures
+    /// measured before capmox ran in its own process.
+    #[arg(long)]
+    credentials_ref: bool,
     /// How long to watch the idle process with every machine ready (s).
     #[arg(long, default_value_t = 30)]
     idle_seconds: u64,
@@ -119,6 +129,15 @@ struct Args {
 enum BenchError {
     #[error("cannot start a tokio runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(
+        "cannot start {path}: {source} (build it with `cargo build --release --bin capmox`, or name one with --capmox)"
+    )]
+    Spawn {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("capmox run: {0}")]
+    Capmox(String),
     #[error("Proxmox simulator: {0}")]
     Simulator(#[from] capmox_sim::SimStartError),
     #[error("simulator topology: {0}")]
@@ -132,7 +151,7 @@ enum BenchError {
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error(
-        "{phase}: timed out after {waited:?} ({done} of {expected} machines); raise --timeout-seconds or look at RUST_LOG=info output"
+        "{phase}: timed out after {waited:?} ({done} of {expected} machines); raise --timeout-seconds or look at RUST_LOG=info output (capmox's log lines are prefixed `capmox:`)"
     )]
     Timeout {
         phase: &'static str,
@@ -181,26 +200,12 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn runtime(name: &'static str, threads: usize) -> Result<tokio::runtime::Runtime, BenchError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name(name)
-        // Idle blocking threads would exit and take their CPU time out of /proc/self/task.
-        .thread_keep_alive(Duration::from_secs(24 * 3600))
+fn run(args: Args) -> Result<(), BenchError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(BenchError::Runtime)
-}
-
-fn run(args: Args) -> Result<(), BenchError> {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let env = runtime(ENV_THREADS, threads)?;
-    let controllers = runtime(CONTROLLER_THREADS, threads)?;
-    let report = env.block_on(bench(
-        &args,
-        env.handle().clone(),
-        controllers.handle().clone(),
-    ))?;
+        .map_err(BenchError::Runtime)?;
+    let report = runtime.block_on(bench(&args))?;
     if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| BenchError::Write {
             path: dir.to_path_buf(),
@@ -214,8 +219,7 @@ fn run(args: Args) -> Result<(), BenchError> {
     })?;
     println!("{}", render(&report));
     println!("\nJSON report: {}", args.output.display());
-    controllers.shutdown_timeout(Duration::from_secs(5));
-    env.shutdown_timeout(Duration::from_secs(5));
+    runtime.shutdown_timeout(Duration::from_secs(5));
     Ok(())
 }
 
@@ -303,14 +307,17 @@ fn cluster_spec(args: &Args) -> Value {
             })
         })
         .collect();
-    json!({
+    let mut spec = json!({
         "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
         "allowedNodes": all,
         "dnsServers": ["10.0.0.2"],
         "ipv4Config": {"addresses": ["10.0.1.1-10.0.15.250"], "prefix": 16, "gateway": "10.0.0.1"},
-        "credentialsRef": {"name": "bench-proxmox-credentials"},
         "zoneConfig": zones,
-    })
+    });
+    if args.credentials_ref {
+        spec["credentialsRef"] = json!({"name": CREDENTIALS_SECRET});
+    }
+    spec
 }
 
 fn machine_spec() -> Value {
@@ -363,69 +370,6 @@ async fn add_deployment(
         .create(&PostParams::default(), &object)
         .await?;
     Ok(())
-}
-
-// ------------------------------------------------------------------ Kubernetes request counting
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Requests of capmox's Kubernetes client by (verb, resource).
-#[derive(Default)]
-struct KubeCounts(Mutex<BTreeMap<(String, String), u64>>);
-
-impl KubeCounts {
-    fn record(&self, method: &http::Method, uri: &http::Uri) {
-        let key = classify(method, uri);
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key)
-            .or_default() += 1;
-    }
-
-    fn snapshot(&self) -> BTreeMap<(String, String), u64> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-/// capmox's Kubernetes transport: counts every request, and serves it on the environment
-/// runtime so the API server's work is not charged to the controllers' threads.
-#[derive(Clone)]
-struct Counted<S> {
-    inner: S,
-    counts: Arc<KubeCounts>,
-    env: tokio::runtime::Handle,
-}
-
-impl<S, B> tower::Service<http::Request<kube::client::Body>> for Counted<S>
-where
-    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
-    B: Send + 'static,
-{
-    type Response = http::Response<B>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
-        self.counts.record(req.method(), req.uri());
-        let served = self.env.spawn(self.inner.call(req));
-        Box::pin(async move {
-            match served.await {
-                Ok(response) => response.map_err(Into::into),
-                Err(join) => Err(Box::new(join) as BoxError),
-            }
-        })
-    }
 }
 
 // ------------------------------------------------------------------ timeline
@@ -505,13 +449,17 @@ async fn follow_proxmox_machines(client: Client, shared: Shared) {
     }
 }
 
+/// Waits until `done` counts `expected` machines; fails at the timeout or as soon as capmox
+/// exits.
 async fn wait_for(
     shared: &Shared,
+    capmox: &mut CapmoxProcess,
     phase: &'static str,
     expected: usize,
     timeout: Duration,
     done: impl Fn(&Timeline) -> usize,
 ) -> Result<Instant, BenchError> {
+    let stopped = capmox.stopped();
     let mut changes = shared.1.subscribe();
     let started = Instant::now();
     let step = expected.div_ceil(10).max(1);
@@ -528,7 +476,13 @@ async fn wait_for(
                 started.elapsed().as_secs_f64()
             );
         }
-        match tokio::time::timeout_at(started + timeout, changes.changed()).await {
+        let changed = tokio::select! {
+            () = stopped.cancelled() => {
+                return Err(capmox.failed(&format!("it stopped during {phase} ({count}/{expected} machines)")));
+            }
+            changed = tokio::time::timeout_at(started + timeout, changes.changed()) => changed,
+        };
+        match changed {
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) => {
                 return Err(BenchError::Timeout {
@@ -543,23 +497,6 @@ async fn wait_for(
 }
 
 // ------------------------------------------------------------------ /proc
-
-#[derive(Clone, Debug, Default)]
-struct ProcSample {
-    /// utime + stime of the whole process (exited threads included), seconds.
-    cpu: f64,
-    /// CPU seconds by thread group (controllers, environment, harness).
-    groups: BTreeMap<&'static str, f64>,
-    rss_kib: u64,
-    peak_kib: u64,
-}
-
-fn read(path: &str) -> Result<String, BenchError> {
-    std::fs::read_to_string(path).map_err(|source| BenchError::Proc {
-        path: path.into(),
-        source,
-    })
-}
 
 /// Clock ticks per second, from the kernel's auxiliary vector (`AT_CLKTCK`).
 fn clock_ticks() -> Result<f64, BenchError> {
@@ -578,116 +515,24 @@ fn clock_ticks() -> Result<f64, BenchError> {
         .ok_or_else(|| BenchError::Inconsistent("no AT_CLKTCK in /proc/self/auxv".into()))
 }
 
-fn sample(ticks: f64) -> Result<ProcSample, BenchError> {
-    let (_, total) = stat_ticks(&read("/proc/self/stat")?)
-        .ok_or_else(|| BenchError::Inconsistent("unreadable /proc/self/stat".into()))?;
-    let mut groups: BTreeMap<&'static str, f64> = BTreeMap::new();
-    let tasks = std::fs::read_dir("/proc/self/task").map_err(|source| BenchError::Proc {
-        path: "/proc/self/task".into(),
-        source,
-    })?;
-    for task in tasks.flatten() {
-        // A thread may exit between listing and reading: skip it.
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue;
-        };
-        if let Some((comm, t)) = stat_ticks(&stat) {
-            let group = if comm.starts_with(CONTROLLER_THREADS) {
-                "controllers"
-            } else if comm.starts_with(ENV_THREADS) {
-                "environment"
-            } else {
-                "harness"
-            };
-            *groups.entry(group).or_default() += t as f64 / ticks;
-        }
-    }
-    let status = read("/proc/self/status")?;
-    Ok(ProcSample {
-        cpu: total as f64 / ticks,
-        groups,
-        rss_kib: status_kib(&status, "VmRSS:"),
-        peak_kib: status_kib(&status, "VmHWM:"),
-    })
-}
-
-/// Resets the peak RSS (VmHWM) to the current RSS, so each phase reports its own peak.
-fn reset_peak() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-fn cpu_json(from: &ProcSample, to: &ProcSample) -> Value {
-    let mut groups = serde_json::Map::new();
-    for (group, seconds) in &to.groups {
-        let before = from.groups.get(group).copied().unwrap_or(0.0);
-        groups.insert((*group).to_string(), json!(round3(seconds - before)));
-    }
-    json!({"process": round3(to.cpu - from.cpu), "by_threads": groups})
-}
-
 fn mib(kib: u64) -> f64 {
     round3(kib as f64 / 1024.0)
 }
 
-// ------------------------------------------------------------------ analysis
-
-fn kube_json(
-    before: &BTreeMap<(String, String), u64>,
-    after: &BTreeMap<(String, String), u64>,
-    machines: usize,
-    watches_ended: u64,
-) -> Value {
-    let mut by_verb: BTreeMap<String, u64> = BTreeMap::new();
-    let mut by_resource = serde_json::Map::new();
-    for ((verb, resource), count) in after {
-        let d = count - before.get(&(verb.clone(), resource.clone())).unwrap_or(&0);
-        if d == 0 {
-            continue;
-        }
-        *by_verb.entry(verb.clone()).or_default() += d;
-        by_resource.insert(format!("{verb} {resource}"), json!(d));
-    }
-    let sum = |verbs: &[&str]| -> u64 { verbs.iter().map(|v| by_verb.get(*v).unwrap_or(&0)).sum() };
-    let reads = sum(&["get", "list"]);
-    let writes = sum(&["create", "update", "patch", "delete"]);
-    let watches = sum(&["watch"]);
-    let n = machines.max(1) as f64;
+/// CPU and memory of a process over a phase: CPU seconds, the peak RSS (since the phase
+/// started when `peak_reset`, else since the process started) and the RSS at the end.
+fn process_json(from: &ProcSample, to: &ProcSample, peak_reset: bool, machines: usize) -> Value {
+    let cpu = to.cpu - from.cpu;
     json!({
-        "reads": reads, "writes": writes, "watch_requests": watches,
-        "watches_restarted_by_server": watches_ended,
-        "per_machine": {"reads": round3(reads as f64 / n), "writes": round3(writes as f64 / n),
-                        "watch_requests": round3(watches as f64 / n),
-                        "watches_restarted": round3(watches_ended as f64 / n)},
-        "by_request": by_resource,
+        "cpu_s": round3(cpu),
+        "cpu_ms_per_machine": round3(cpu * 1000.0 / machines.max(1) as f64),
+        "peak_rss_mib": mib(to.peak_kib),
+        "peak_since": if peak_reset { "phase start" } else { "process start" },
+        "rss_at_end_mib": mib(to.rss_kib),
     })
 }
 
-fn reconciles(context: &Context) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for line in context.metrics.render().lines() {
-        let Some(rest) = line.strip_prefix("controller_runtime_reconcile_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels.split(',').find_map(|kv| {
-                kv.strip_prefix(key)
-                    .and_then(|v| v.strip_prefix("=\""))
-                    .map(|v| v.trim_end_matches('"').to_string())
-            })
-        };
-        if let (Some(controller), Some(result), Ok(value)) = (
-            label("controller"),
-            label("result"),
-            value.trim().parse::<f64>(),
-        ) {
-            *out.entry(format!("{controller} {result}")).or_default() += value as u64;
-        }
-    }
-    out
-}
+// ------------------------------------------------------------------ analysis
 
 fn diff_counts(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> Value {
     after
@@ -719,25 +564,93 @@ fn machine_host() -> Value {
 
 // ------------------------------------------------------------------ the run
 
+/// What the phases measure with, besides the capmox process.
+struct Rig<'a> {
+    args: &'a Args,
+    sim: &'a Simulator,
+    server: &'a ApiServer,
+    templates: &'a BTreeSet<u32>,
+    shared: &'a Shared,
+    ticks: f64,
+    /// The name capmox's requests are counted under in the API server.
+    client: &'a str,
+}
+
+/// The counters at the start of a phase.
 struct Phase {
     start: Instant,
     log_from: usize,
-    kube: BTreeMap<(String, String), u64>,
-    proc_: ProcSample,
+    kube: RequestCounts,
+    capmox: ProcSample,
+    capmox_peak_reset: bool,
+    environment: ProcSample,
+    environment_peak_reset: bool,
     reconciles: BTreeMap<String, u64>,
-    watches_ended: u64,
 }
 
-async fn bench(
-    args: &Args,
-    env: tokio::runtime::Handle,
-    controllers: tokio::runtime::Handle,
-) -> Result<Value, BenchError> {
+impl Rig<'_> {
+    /// Starts a phase: resets both processes' peak RSS and takes every counter.
+    async fn begin(&self, capmox: &mut CapmoxProcess) -> Result<Phase, BenchError> {
+        let pid = capmox.pid();
+        let start = Instant::now();
+        let capmox_peak_reset = reset_peak(&pid);
+        let environment_peak_reset = reset_peak(SELF);
+        if !capmox_peak_reset || !environment_peak_reset {
+            eprintln!(
+                "fleet: cannot reset the peak RSS through /proc/<pid>/clear_refs; peaks are since process start"
+            );
+        }
+        Ok(Phase {
+            start,
+            log_from: self.sim.request_log().len(),
+            kube: self.server.request_counts_of(self.client),
+            reconciles: reconcile_counts(&capmox.metrics().await?),
+            capmox: sample(&pid, self.ticks)?,
+            capmox_peak_reset,
+            environment: sample(SELF, self.ticks)?,
+            environment_peak_reset,
+        })
+    }
+
+    /// Both processes' CPU and memory, capmox's Kubernetes requests and reconciles since
+    /// `phase` began.
+    async fn costs(
+        &self,
+        capmox: &mut CapmoxProcess,
+        phase: &Phase,
+        machines: usize,
+    ) -> Result<Value, BenchError> {
+        let capmox_now = sample(&capmox.pid(), self.ticks)?;
+        let environment_now = sample(SELF, self.ticks)?;
+        let reconciles = reconcile_counts(&capmox.metrics().await?);
+        let kube = self.server.request_counts_of(self.client);
+        let mut per_controller: BTreeMap<String, u64> = BTreeMap::new();
+        for (key, count) in &reconciles {
+            let before = phase.reconciles.get(key).copied().unwrap_or(0);
+            let controller = key.split(' ').next().unwrap_or_default();
+            *per_controller.entry(controller.to_string()).or_default() +=
+                count.saturating_sub(before);
+        }
+        let n = machines.max(1) as f64;
+        Ok(json!({
+            "kubernetes": kube_requests(&phase.kube, &kube, machines),
+            "reconciles": diff_counts(&phase.reconciles, &reconciles),
+            "reconciles_per_machine": per_controller
+                .iter()
+                .map(|(c, total)| (c.clone(), json!(round3(*total as f64 / n))))
+                .collect::<serde_json::Map<_, _>>(),
+            "capmox_process": process_json(&phase.capmox, &capmox_now, phase.capmox_peak_reset, machines),
+            "environment_process": process_json(&phase.environment, &environment_now, phase.environment_peak_reset, machines),
+        }))
+    }
+}
+
+async fn bench(args: &Args) -> Result<Value, BenchError> {
     let ticks = clock_ticks()?;
     let machines = args.machines as usize;
     let timeout = Duration::from_secs(args.timeout_seconds);
 
-    // The in-process API server, as the sandbox sets it up.
+    // The in-process API server, as the sandbox sets it up, served on 127.0.0.1 for capmox.
     let server = ApiServer::new();
     server.register_builtin_kinds();
     for crd in capmox::api::crd::all().map_err(|e| BenchError::Testkit(e.to_string()))? {
@@ -750,68 +663,67 @@ async fn bench(
     for kind in capi_kinds() {
         server.register_kind(kind);
     }
+    let http = server
+        .serve_http()
+        .await
+        .map_err(|e| BenchError::Testkit(e.to_string()))?;
+    let kubeconfig = Kubeconfig::write(&http.kubeconfig())?;
     let topology = topology(args)?;
     let templates: BTreeSet<u32> = topology.templates.iter().map(|t| t.vmid).collect();
     let sim = Simulator::start(topology, sim_options(args, args.machines)).await?;
+    let token = sim.token();
+    let (token_id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
 
-    // capmox on its own runtime, with a counted transport.
-    let counts = Arc::new(KubeCounts::default());
-    let capmox_client = Client::new(
-        Counted {
-            inner: server.service(),
-            counts: counts.clone(),
-            env: env.clone(),
+    // capmox, as its own process.
+    let binary = args
+        .capmox
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_capmox")));
+    eprintln!("fleet: starting {} run", binary.display());
+    let mut capmox = CapmoxProcess::start(
+        Launch {
+            binary: &binary,
+            kubeconfig: kubeconfig.path(),
+            proxmox_url: sim.url(),
+            token_id: token_id.to_string(),
+            secret: secret.to_string(),
+            machine_concurrency: args.machine_concurrency,
+            verbose: std::env::var_os("RUST_LOG").is_some(),
         },
-        NAMESPACE,
-    );
-    let config = ManagerConfig {
-        metrics_address: ([127, 0, 0, 1], 0).into(),
-        health_address: ([127, 0, 0, 1], 0).into(),
-        leader_election: None,
-        watch_namespace: None,
-        cluster_concurrency: 4,
-        machine_concurrency: args.machine_concurrency,
-    };
-    let context = Arc::new(Context::new(
-        capmox_client,
-        config,
-        GlobalCredentials::default(),
-    ));
+        Duration::from_secs(60),
+    )
+    .await?;
+    // Requests are counted under the product token of capmox's User-Agent.
+    let client = capmox::cli::USER_AGENT
+        .split('/')
+        .next()
+        .unwrap_or(capmox::cli::USER_AGENT);
+
     let stop = CancellationToken::new();
-    controllers.spawn(capmox::controller::run_controllers(
-        context.clone(),
-        stop.clone(),
-    ));
     tokio::spawn(capmox_sandbox::ipam::run(server.client(), stop.clone()));
     CapiStandIn::spawn(server.client(), NAMESPACE, stop.clone());
     let shared: Shared = Arc::new((Mutex::default(), tokio::sync::watch::channel(0).0));
     tokio::spawn(follow_machines(server.client(), shared.clone()));
     tokio::spawn(follow_proxmox_machines(server.client(), shared.clone()));
 
-    let token = sim.token();
-    let (id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
-    let credentials: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "bench-proxmox-credentials", "namespace": NAMESPACE},
-        "stringData": {"url": sim.url(), "token": id, "secret": secret}
-    }))?;
-    Api::<Secret>::namespaced(server.client(), NAMESPACE)
-        .create(&PostParams::default(), &credentials)
-        .await?;
-
-    let begin = |sim: &Simulator| -> Result<Phase, BenchError> {
-        let peak_reset = reset_peak();
-        if !peak_reset {
-            eprintln!("fleet: cannot reset the peak RSS; peaks are since process start");
-        }
-        Ok(Phase {
-            start: Instant::now(),
-            log_from: sim.request_log().len(),
-            kube: counts.snapshot(),
-            proc_: sample(ticks)?,
-            reconciles: reconciles(&context),
-            watches_ended: server.request_counts().watches_ended.values().sum(),
-        })
+    if args.credentials_ref {
+        let credentials: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": CREDENTIALS_SECRET, "namespace": NAMESPACE},
+            "stringData": {"url": sim.url(), "token": token_id, "secret": secret}
+        }))?;
+        Api::<Secret>::namespaced(server.client(), NAMESPACE)
+            .create(&PostParams::default(), &credentials)
+            .await?;
+    }
+    let rig = Rig {
+        args,
+        sim: &sim,
+        server: &server,
+        templates: &templates,
+        shared: &shared,
+        ticks,
+        client,
     };
 
     // ---- provisioning
@@ -821,7 +733,7 @@ async fn bench(
         "fleet: provisioning {machines} machines (3 control plane, workers per zone {per_zone:?}) on {} nodes",
         args.zones * args.nodes_per_zone
     );
-    let provision = begin(&sim)?;
+    let provision = rig.begin(&mut capmox).await?;
     let mut example = ExampleCluster::new(NAMESPACE, CLUSTER, cluster_spec(args), machine_spec());
     example.control_plane_replicas = 3;
     example.worker_replicas = per_zone[0];
@@ -830,41 +742,55 @@ async fn bench(
     for (zone, replicas) in zones.iter().zip(&per_zone).skip(1) {
         add_deployment(&server.client(), &example, zone, *replicas).await?;
     }
-    let ready_at = wait_for(&shared, "provisioning", machines, timeout, Timeline::ready).await?;
-    let provisioned = end_phase(
-        &sim, &provision, ready_at, machines, &templates, &shared, &counts, &context, &server,
-        ticks, args, false,
-    )?;
+    let ready_at = wait_for(
+        &shared,
+        &mut capmox,
+        "provisioning",
+        machines,
+        timeout,
+        Timeline::ready,
+    )
+    .await?;
+    let provisioned = rig
+        .end_phase(&mut capmox, &provision, ready_at, machines, false)
+        .await?;
     eprintln!(
         "fleet: {machines} machines ready in {:.1}s",
         (ready_at - provision.start).as_secs_f64()
     );
 
     // ---- steady state: everything ready, nothing to do
-    let idle = begin(&sim)?;
+    let idle = rig.begin(&mut capmox).await?;
+    // The idle window is what is measured, not a wait for something to happen.
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let idle_end = sample(ticks)?;
-    let idle_log = sim.request_log().len() - idle.log_from;
+    let idle_costs = rig.costs(&mut capmox, &idle, machines).await?;
     let steady = json!({
         "idle_seconds": args.idle_seconds,
-        "rss_mib": mib(idle_end.rss_kib),
-        "cpu_s": cpu_json(&idle.proc_, &idle_end),
-        "proxmox_calls": idle_log,
-        "kubernetes_requests": kube_json(&idle.kube, &counts.snapshot(), machines, server.request_counts().watches_ended.values().sum::<u64>() - idle.watches_ended)["by_request"].clone(),
-        "reconciles": diff_counts(&idle.reconciles, &reconciles(&context)),
+        "capmox_process": idle_costs["capmox_process"],
+        "environment_process": idle_costs["environment_process"],
+        "proxmox_calls": sim.request_log().len() - idle.log_from,
+        "kubernetes_requests": idle_costs["kubernetes"]["by_request"],
+        "reconciles": idle_costs["reconciles"],
     });
 
     // ---- deletion
     eprintln!("fleet: deleting the cluster");
-    let deletion = begin(&sim)?;
+    let deletion = rig.begin(&mut capmox).await?;
     Api::<capi::Cluster>::namespaced(server.client(), NAMESPACE)
         .delete(CLUSTER, &DeleteParams::default())
         .await?;
-    let gone_at = wait_for(&shared, "deletion", machines, timeout, Timeline::gone).await?;
-    let deleted = end_phase(
-        &sim, &deletion, gone_at, machines, &templates, &shared, &counts, &context, &server, ticks,
-        args, true,
-    )?;
+    let gone_at = wait_for(
+        &shared,
+        &mut capmox,
+        "deletion",
+        machines,
+        timeout,
+        Timeline::gone,
+    )
+    .await?;
+    let deleted = rig
+        .end_phase(&mut capmox, &deletion, gone_at, machines, true)
+        .await?;
     let leaked = sim.with_cluster(|c| c.vm_count()) - templates.len();
     if leaked != 0 {
         return Err(BenchError::Inconsistent(format!(
@@ -876,14 +802,19 @@ async fn bench(
         (gone_at - deletion.start).as_secs_f64()
     );
     stop.cancel();
+    drop(capmox);
 
     Ok(json!({
         "command": format!("make bench BENCH_ARGS=\"--machines {}\"", args.machines),
         "host": machine_host(),
-        "process": "one process: capmox's controllers, the in-process Kubernetes API, the Proxmox VE simulator and the CAPI/IPAM stand-ins; by_threads splits CPU between capmox's runtime (controllers: reconcile logic, Proxmox and Kubernetes clients) and the rest (environment: API server, simulator, stand-ins, the bench's watches)",
+        "processes": {
+            "capmox_process": format!("`{} run` in a child process (global Proxmox credentials, no leader election, --proxmoxmachine-concurrency {}), measured through /proc/<pid> (utime + stime; VmRSS; VmHWM, reset at each phase's start through clear_refs) and its /metrics; its Kubernetes requests are counted by the API server under the User-Agent product token {client:?}", binary.display(), args.machine_concurrency),
+            "environment_process": "the bench process: the in-process Kubernetes API server (served over HTTP on 127.0.0.1), the Proxmox VE simulator, the CAPI/IPAM stand-ins and the bench's watches, measured through /proc/self",
+        },
         "settings": {
             "machines": args.machines, "zones": args.zones, "nodes_per_zone": args.nodes_per_zone,
             "clone_slots_per_node": args.clone_slots, "machine_concurrency": args.machine_concurrency,
+            "credentials": if args.credentials_ref { "credentialsRef Secret" } else { "global (capmox run --proxmox-url/--proxmox-token, PROXMOX_SECRET)" },
             "task_ms": {"qmclone": args.clone_ms, "qmconfig": args.config_ms, "resize": args.resize_ms,
                         "imgcopy": args.upload_ms, "qmstart": args.start_ms, "boot": args.boot_ms,
                         "qmstop": args.stop_ms, "qmdestroy": args.destroy_ms, "other": args.other_ms},
@@ -894,137 +825,141 @@ async fn bench(
     }))
 }
 
-#[allow(clippy::too_many_arguments)] // the phase's inputs, all needed
-fn end_phase(
-    sim: &Simulator,
-    phase: &Phase,
-    end: Instant,
-    machines: usize,
-    templates: &BTreeSet<u32>,
-    shared: &Shared,
-    counts: &KubeCounts,
-    context: &Context,
-    server: &ApiServer,
-    ticks: f64,
-    args: &Args,
-    deleting: bool,
-) -> Result<Value, BenchError> {
-    let proc_end = sample(ticks)?;
-    let log = sim.request_log();
-    // A full log has dropped its oldest entries (the counters may run a request ahead of the
-    // log while one is being recorded, so they are no test).
-    if log.len() >= sim_options(args, args.machines).request_log_capacity {
-        return Err(BenchError::LogOverflow {
-            logged: log.len(),
-            counted: sim.counters().values().map(|c| c.calls).sum(),
-        });
-    }
-    let records = sim.task_records();
-    let phase_tasks: Vec<&TaskRecord> = records
-        .iter()
-        .filter(|t| t.created >= phase.start && t.created <= end)
-        .collect();
-    let mut tasks_of: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
-    let mut upid_vmid = HashMap::new();
-    for task in &records {
-        if let Some(vmid) = task_vmid(task) {
-            upid_vmid.insert(task.upid.clone(), vmid);
+impl Rig<'_> {
+    /// The report of a phase that began with `phase` and ended (every machine ready or gone)
+    /// at `end`.
+    async fn end_phase(
+        &self,
+        capmox: &mut CapmoxProcess,
+        phase: &Phase,
+        end: Instant,
+        machines: usize,
+        deleting: bool,
+    ) -> Result<Value, BenchError> {
+        let costs = self.costs(capmox, phase, machines).await?;
+        if costs["kubernetes"]["reads"] == 0 {
+            return Err(BenchError::Inconsistent(format!(
+                "the API server counted no request of client {:?} in this phase: does the capmox binary send User-Agent {:?}?",
+                self.client,
+                capmox::cli::USER_AGENT
+            )));
         }
-    }
-    for task in &phase_tasks {
-        if let Some(vmid) = task_vmid(task) {
-            tasks_of.entry(vmid).or_default().push(task);
+        let (sim, args, templates, shared) = (self.sim, self.args, self.templates, self.shared);
+        let log = sim.request_log();
+        // A full log has dropped its oldest entries (the counters may run a request ahead of the
+        // log while one is being recorded, so they are no test).
+        if log.len() >= sim_options(args, args.machines).request_log_capacity {
+            return Err(BenchError::LogOverflow {
+                logged: log.len(),
+                counted: sim.counters().values().map(|c| c.calls).sum(),
+            });
         }
-    }
-    let timeline = shared.0.lock().unwrap_or_else(|p| p.into_inner());
-    let mut total = Vec::new();
-    let mut proxmox = Vec::new();
-    let mut controller = Vec::new();
-    let mut path_tasks: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
-    for m in timeline.machines.values() {
-        let (from, to) = if deleting {
-            (m.delete_seen, m.gone)
-        } else {
-            (m.created, m.ready)
-        };
-        let (Some(from), Some(to), Some(vmid)) = (from, to, m.vmid) else {
-            continue;
-        };
-        // The tasks on this machine's path: requested and ended within its window (the ISO
-        // removal after the Machine has a node, for one, is not).
-        let tasks: Vec<&TaskRecord> = tasks_of
-            .get(&vmid)
-            .into_iter()
-            .flatten()
-            .filter(|t| t.created >= from && t.ended.is_some_and(|e| e <= to))
-            .copied()
+        let records = sim.task_records();
+        let phase_tasks: Vec<&TaskRecord> = records
+            .iter()
+            .filter(|t| t.created >= phase.start && t.created <= end)
             .collect();
-        let on_path = covered(proxmox_spans(&tasks), from, to);
-        path_tasks.insert(vmid, tasks);
-        let elapsed = to - from;
-        total.push(elapsed.as_secs_f64());
-        proxmox.push(on_path.as_secs_f64());
-        controller.push((elapsed.saturating_sub(on_path)).as_secs_f64());
+        let mut tasks_of: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
+        let mut upid_vmid = HashMap::new();
+        for task in &records {
+            if let Some(vmid) = task_vmid(task) {
+                upid_vmid.insert(task.upid.clone(), vmid);
+            }
+        }
+        for task in &phase_tasks {
+            if let Some(vmid) = task_vmid(task) {
+                tasks_of.entry(vmid).or_default().push(task);
+            }
+        }
+        let timeline = shared.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut total = Vec::new();
+        let mut proxmox = Vec::new();
+        let mut controller = Vec::new();
+        let mut path_tasks: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
+        for m in timeline.machines.values() {
+            let (from, to) = if deleting {
+                (m.delete_seen, m.gone)
+            } else {
+                (m.created, m.ready)
+            };
+            let (Some(from), Some(to), Some(vmid)) = (from, to, m.vmid) else {
+                continue;
+            };
+            // The tasks on this machine's path: requested and ended within its window (the ISO
+            // removal after the Machine has a node, for one, is not).
+            let tasks: Vec<&TaskRecord> = tasks_of
+                .get(&vmid)
+                .into_iter()
+                .flatten()
+                .filter(|t| t.created >= from && t.ended.is_some_and(|e| e <= to))
+                .copied()
+                .collect();
+            let on_path = covered(proxmox_spans(&tasks), from, to);
+            path_tasks.insert(vmid, tasks);
+            let elapsed = to - from;
+            total.push(elapsed.as_secs_f64());
+            proxmox.push(on_path.as_secs_f64());
+            controller.push((elapsed.saturating_sub(on_path)).as_secs_f64());
+        }
+        if total.len() != machines {
+            return Err(BenchError::Inconsistent(format!(
+                "timings for {} of {machines} machines",
+                total.len()
+            )));
+        }
+        let wall = end - phase.start;
+        let (bound, bound_detail) = if deleting {
+            let longest = timeline
+                .machines
+                .values()
+                .filter_map(|m| path_tasks.get(&m.vmid?))
+                .map(|tasks| service_time(tasks, true))
+                .max()
+                .unwrap_or_default();
+            (
+                longest,
+                json!({"formula": "longest deletion path (run times of its stop, destroy and ISO removal tasks) of any machine; deletions do not queue"}),
+            )
+        } else {
+            lower_bound(&timeline.machines, &path_tasks, args.clone_slots)
+        };
+        let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+        for m in timeline.machines.values() {
+            *per_zone
+                .entry(m.zone.clone().unwrap_or_default())
+                .or_default() += 1;
+            *per_node
+                .entry(m.node.clone().unwrap_or_default())
+                .or_default() += 1;
+        }
+        drop(timeline);
+        let mut task_kinds: BTreeMap<String, u64> = BTreeMap::new();
+        for task in &phase_tasks {
+            *task_kinds.entry(task.kind.clone()).or_default() += 1;
+        }
+        let slice = &log[phase.log_from.min(log.len())..];
+        Ok(json!({
+            "machines": machines,
+            "wall_s": round3(wall.as_secs_f64()),
+            "lower_bound_s": round3(bound.as_secs_f64()),
+            "wall_over_lower_bound": round3(wall.as_secs_f64() / bound.as_secs_f64().max(1e-9)),
+            "lower_bound": bound_detail,
+            "per_machine_s": {
+                "elapsed": spread(&total),
+                "proxmox_on_path": spread(&proxmox),
+                "controller_added": spread(&controller),
+            },
+            "placement": {"zones": per_zone, "nodes": per_node},
+            "proxmox_tasks": task_kinds,
+            "proxmox_calls": proxmox_calls(slice, machines, templates, &upid_vmid),
+            "kubernetes": costs["kubernetes"],
+            "reconciles": costs["reconciles"],
+            "reconciles_per_machine": costs["reconciles_per_machine"],
+            "capmox_process": costs["capmox_process"],
+            "environment_process": costs["environment_process"],
+        }))
     }
-    if total.len() != machines {
-        return Err(BenchError::Inconsistent(format!(
-            "timings for {} of {machines} machines",
-            total.len()
-        )));
-    }
-    let wall = end - phase.start;
-    let (bound, bound_detail) = if deleting {
-        let longest = timeline
-            .machines
-            .values()
-            .filter_map(|m| path_tasks.get(&m.vmid?))
-            .map(|tasks| service_time(tasks, true))
-            .max()
-            .unwrap_or_default();
-        (
-            longest,
-            json!({"formula": "longest deletion path (run times of its stop, destroy and ISO removal tasks) of any machine; deletions do not queue"}),
-        )
-    } else {
-        lower_bound(&timeline.machines, &path_tasks, args.clone_slots)
-    };
-    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
-    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-    for m in timeline.machines.values() {
-        *per_zone
-            .entry(m.zone.clone().unwrap_or_default())
-            .or_default() += 1;
-        *per_node
-            .entry(m.node.clone().unwrap_or_default())
-            .or_default() += 1;
-    }
-    drop(timeline);
-    let mut task_kinds: BTreeMap<String, u64> = BTreeMap::new();
-    for task in &phase_tasks {
-        *task_kinds.entry(task.kind.clone()).or_default() += 1;
-    }
-    let watches_ended: u64 = server.request_counts().watches_ended.values().sum();
-    let slice = &log[phase.log_from.min(log.len())..];
-    Ok(json!({
-        "machines": machines,
-        "wall_s": round3(wall.as_secs_f64()),
-        "lower_bound_s": round3(bound.as_secs_f64()),
-        "wall_over_lower_bound": round3(wall.as_secs_f64() / bound.as_secs_f64().max(1e-9)),
-        "lower_bound": bound_detail,
-        "per_machine_s": {
-            "elapsed": spread(&total),
-            "proxmox_on_path": spread(&proxmox),
-            "controller_added": spread(&controller),
-        },
-        "placement": {"zones": per_zone, "nodes": per_node},
-        "proxmox_tasks": task_kinds,
-        "proxmox_calls": proxmox_calls(slice, machines, templates, &upid_vmid),
-        "kubernetes": kube_json(&phase.kube, &counts.snapshot(), machines, watches_ended - phase.watches_ended),
-        "reconciles": diff_counts(&phase.reconciles, &reconciles(context)),
-        "cpu_s": cpu_json(&phase.proc_, &proc_end),
-        "peak_rss_mib": mib(proc_end.peak_kib),
-        "rss_at_end_mib": mib(proc_end.rss_kib),
-    }))
 }
 
 // ------------------------------------------------------------------ the table
@@ -1101,22 +1036,49 @@ fn render(report: &Value) -> String {
         )
     };
     row(
-        "Kubernetes per machine: reads / writes / watch restarts",
+        "capmox Kubernetes requests per machine: reads / writes / watch restarts",
         k(&p["kubernetes"]),
         k(&d["kubernetes"]),
     );
+    row(
+        "capmox reconciles per machine (ProxmoxMachine)",
+        num(&p["reconciles_per_machine"]["proxmoxmachine"]),
+        num(&d["reconciles_per_machine"]["proxmoxmachine"]),
+    );
     let cpu = |v: &Value| {
         format!(
-            "{} (controllers {})",
-            num(&v["process"]),
-            num(&v["by_threads"]["controllers"])
+            "{} ({} ms/machine)",
+            num(&v["cpu_s"]),
+            num(&v["cpu_ms_per_machine"])
         )
     };
-    row("CPU time (s)", cpu(&p["cpu_s"]), cpu(&d["cpu_s"]));
     row(
-        "peak RSS (MiB)",
-        num(&p["peak_rss_mib"]),
-        num(&d["peak_rss_mib"]),
+        "capmox process: CPU time (s)",
+        cpu(&p["capmox_process"]),
+        cpu(&d["capmox_process"]),
+    );
+    row(
+        "capmox process: peak RSS (MiB)",
+        num(&p["capmox_process"]["peak_rss_mib"]),
+        num(&d["capmox_process"]["peak_rss_mib"]),
+    );
+    row(
+        "capmox process: RSS at end (MiB)",
+        num(&p["capmox_process"]["rss_at_end_mib"]),
+        num(&d["capmox_process"]["rss_at_end_mib"]),
+    );
+    row(
+        "environment process: CPU (s) / peak RSS (MiB)",
+        format!(
+            "{} / {}",
+            num(&p["environment_process"]["cpu_s"]),
+            num(&p["environment_process"]["peak_rss_mib"])
+        ),
+        format!(
+            "{} / {}",
+            num(&d["environment_process"]["cpu_s"]),
+            num(&d["environment_process"]["peak_rss_mib"])
+        ),
     );
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let pw = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max(12);
@@ -1133,11 +1095,11 @@ fn render(report: &Value) -> String {
         out.push_str(&format!("{name:<width$}  {prov:<pw$}  {del}\n"));
     }
     out.push_str(&format!(
-        "\nsteady state (all ready): RSS {} MiB; idle {} s: CPU {} s (controllers {} s), {} Proxmox calls, reconciles {}\n",
-        num(&s["rss_mib"]),
+        "\nsteady state (all ready): capmox RSS {} MiB; idle {} s: capmox CPU {} s (environment {} s), {} Proxmox calls, reconciles {}\n",
+        num(&s["capmox_process"]["rss_at_end_mib"]),
         num(&s["idle_seconds"]),
-        num(&s["cpu_s"]["process"]),
-        num(&s["cpu_s"]["by_threads"]["controllers"]),
+        num(&s["capmox_process"]["cpu_s"]),
+        num(&s["environment_process"]["cpu_s"]),
         num(&s["proxmox_calls"]),
         s["reconciles"]
     ));

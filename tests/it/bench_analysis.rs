@@ -14,30 +14,61 @@ use serde_json::json;
 use tokio::time::Instant;
 
 #[test]
-fn classify_names_verbs_and_resources() {
-    let c = |m: http::Method, u: &str| classify(&m, &u.parse().expect("uri"));
-    let s = |a: &str, b: &str| (a.to_string(), b.to_string());
-    assert_eq!(
-        c(
-            http::Method::GET,
-            "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/proxmoxmachines?watch=true&resourceVersion=5"
-        ),
-        s("watch", "proxmoxmachines")
+fn kube_requests_are_the_difference_of_two_snapshots() {
+    let counts = |entries: &[(&str, &str, u64)], ended: u64| {
+        let mut c = capmox_testkit::RequestCounts::default();
+        for (resource, verb, n) in entries {
+            *c.by_verb.entry(verb.to_string()).or_default() += n;
+            c.by_resource
+                .insert((resource.to_string(), verb.to_string()), *n);
+        }
+        if ended > 0 {
+            c.watches_ended.insert("timeout".into(), ended);
+        }
+        c
+    };
+    let before = counts(&[("", "discovery", 1), ("proxmoxmachines.x", "list", 1)], 0);
+    let after = counts(
+        &[
+            ("", "discovery", 1),
+            ("proxmoxmachines.x", "list", 1),
+            ("proxmoxmachines.x", "get", 8),
+            ("secrets", "get", 2),
+            ("proxmoxmachines.x/status", "patch", 4),
+            ("proxmoxmachines.x", "watch", 2),
+        ],
+        2,
     );
+    let report = kube_requests(&before, &after, 2);
+    assert_eq!(report["reads"], 10);
+    assert_eq!(report["writes"], 4);
+    assert_eq!(report["watch_requests"], 2);
+    assert_eq!(report["watches_restarted_by_server"], 2);
+    assert_eq!(report["per_machine"]["reads"], 5.0);
+    assert_eq!(report["per_machine"]["writes"], 2.0);
     assert_eq!(
-        c(
-            http::Method::PATCH,
-            "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/proxmoxmachines/m1/status"
-        ),
-        s("patch", "proxmoxmachines/status")
+        report["by_request"],
+        json!({"get proxmoxmachines.x": 8, "get secrets": 2,
+               "patch proxmoxmachines.x/status": 4, "watch proxmoxmachines.x": 2})
     );
+}
+
+#[test]
+fn reconcile_counts_are_read_from_the_metrics_text() {
+    let text = "# HELP controller_runtime_reconcile Reconciliations\n\
+        # TYPE controller_runtime_reconcile counter\n\
+        controller_runtime_reconcile_total{controller=\"proxmoxmachine\",result=\"success\"} 410\n\
+        controller_runtime_reconcile_total{controller=\"proxmoxmachine\",result=\"error\"} 3\n\
+        controller_runtime_reconcile_total{controller=\"proxmoxcluster\",result=\"success\"} 7\n\
+        controller_runtime_reconcile_errors_total{controller=\"proxmoxmachine\"} 3\n\
+        # EOF\n";
     assert_eq!(
-        c(http::Method::GET, "/api/v1/namespaces/default/secrets/x"),
-        s("get", "secrets")
-    );
-    assert_eq!(
-        c(http::Method::GET, "/api/v1/namespaces"),
-        s("list", "namespaces")
+        reconcile_counts(text),
+        BTreeMap::from([
+            ("proxmoxcluster success".to_string(), 7),
+            ("proxmoxmachine error".to_string(), 3),
+            ("proxmoxmachine success".to_string(), 410),
+        ])
     );
 }
 

@@ -86,3 +86,61 @@ fn run_without_a_cluster_fails_with_a_clear_message() {
         "{stderr}"
     );
 }
+
+/// Stops a `capmox run` child when a test ends, passed or failed.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `capmox run` names itself to the API server with its User-Agent (`capmox/<version>`), so
+/// audit logs, field managers and per-client request counts (the fleet benchmark's) tell its
+/// requests from everyone else's.
+#[tokio::test]
+async fn run_names_itself_to_the_api_server_by_its_user_agent() {
+    let server = capmox_testkit::ApiServer::new();
+    server.register_builtin_kinds();
+    let http = server.serve_http().await.expect("serves");
+    let kubeconfig =
+        std::env::temp_dir().join(format!("capmox-cli-ua-{}.kubeconfig", std::process::id()));
+    http.write_kubeconfig(&kubeconfig).expect("writes");
+    let child = Command::new(env!("CARGO_BIN_EXE_capmox"))
+        .args([
+            "run",
+            "--leader-elect",
+            "--leader-election-namespace",
+            "default",
+        ])
+        .args(["--metrics-bind-address", "127.0.0.1:0"])
+        .args(["--health-probe-bind-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("capmox runs");
+    let _running = Running(child);
+    let lease = server
+        .wait_for(
+            "leases",
+            "default",
+            "capmox-controller-leader",
+            std::time::Duration::from_secs(60),
+            |lease| lease.is_some(),
+        )
+        .await;
+    let _ = std::fs::remove_file(&kubeconfig);
+    lease.expect("capmox takes the Lease");
+    let counts = server.request_counts_of("capmox");
+    assert_eq!(counts.resource_verb("leases", "create"), 1, "{counts:?}");
+    assert!(counts.verb("discovery") >= 1, "GET /version: {counts:?}");
+    assert_eq!(
+        server.request_counts().resource_verb("leases", "create"),
+        1,
+        "no other client created it"
+    );
+}

@@ -403,3 +403,82 @@ async fn requests_are_attributed_to_named_clients_in_rbac_terms() {
     server.reset_request_counts();
     assert!(server.requests_by_client("ctrl").is_empty());
 }
+
+/// A client over HTTP that names itself only by its `User-Agent` (as `capmox run` does) gets
+/// its own request counters, every request once and the watch streams the server ended
+/// included; requests of other clients, in process or over HTTP, are not in them.
+#[tokio::test]
+async fn request_counters_per_client_follow_the_user_agent() {
+    use kube::api::{Patch, PatchParams};
+
+    let server = widget_server();
+    let http = server.serve_http().await.unwrap();
+    let kc = Kubeconfig::from_yaml(&http.kubeconfig()).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    cfg.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static("ctrl/1.2.3 (linux/amd64)"),
+    ));
+    let ctrl = kube::Client::try_from(cfg).unwrap();
+    let widgets: Api<Widget> = Api::namespaced(ctrl.clone(), "default");
+    widgets
+        .create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    widgets.get("w").await.unwrap();
+    // A server-side apply that creates its object is one request (RBAC authorizes it twice).
+    widgets
+        .patch(
+            "v",
+            &PatchParams::apply("ctrl").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"size": 3}}),
+            ),
+        )
+        .await
+        .unwrap();
+    widgets
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "up"}})),
+        )
+        .await
+        .unwrap();
+    let mut stream = widgets
+        .watch(
+            &WatchParams::default(),
+            &server.resource_version().to_string(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    server.expire_watches();
+    while stream.next().await.is_some() {}
+
+    // Not ctrl's: an unnamed in-process client and an HTTP client without a User-Agent.
+    let other: Api<Widget> = Api::namespaced(server.client(), "default");
+    other.get("w").await.unwrap();
+    let anonymous: Api<Widget> = Api::namespaced(http_client(&http.kubeconfig()).await, "default");
+    anonymous.get("w").await.unwrap();
+
+    let counts = server.request_counts_of("ctrl");
+    let widgets = "widgets.example.com";
+    assert_eq!(counts.resource_verb(widgets, "create"), 1);
+    assert_eq!(counts.resource_verb(widgets, "get"), 1);
+    assert_eq!(counts.resource_verb(widgets, "patch"), 1);
+    assert_eq!(counts.resource_verb("widgets/status", "patch"), 1);
+    assert_eq!(counts.resource_verb(widgets, "watch"), 1);
+    assert_eq!(counts.total(), 5);
+    assert_eq!(counts.watches_ended.get("expired"), Some(&1));
+    assert_eq!(server.request_counts().verb("get"), 3);
+    let stored = server.object("widgets", "default", "w").unwrap().unwrap();
+    assert_eq!(
+        stored["metadata"]["managedFields"][0]["manager"], "ctrl",
+        "the User-Agent's product token is the default field manager"
+    );
+    server.reset_request_counts();
+    assert_eq!(server.request_counts_of("ctrl").total(), 0);
+}

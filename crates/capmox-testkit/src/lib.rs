@@ -57,8 +57,10 @@
 //!   [`ApiServer::set_schema_validator`]), fault injection ([`ApiServer::fail_next_writes`]
 //!   with 409/500/504/429 or a delay, [`ApiServer::set_fault_hook`] for any single request,
 //!   [`ApiServer::expire_watches`], [`ApiServer::compact`]), per-verb request counters
-//!   ([`ApiServer::request_counts`]) and per-client request records in RBAC terms
-//!   ([`ApiServer::client_named`], [`ApiServer::requests_by_client`]), direct reads for assertions ([`ApiServer::object`]),
+//!   ([`ApiServer::request_counts`], per client [`ApiServer::request_counts_of`]) and
+//!   per-client request records in RBAC terms ([`ApiServer::client_named`],
+//!   [`ApiServer::requests_by_client`]; over HTTP a client is named by the [`CLIENT_HEADER`]
+//!   header or its `User-Agent`), direct reads for assertions ([`ApiServer::object`]),
 //!   event-driven waiting ([`ApiServer::wait_for`]) and fixtures ([`ApiServer::create_yaml`]).
 //! - Discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}`, `/apis/{g}/{v}`, `/version`, with
 //!   preferred versions by Kubernetes version priority), so kube's `Discovery` and
@@ -81,7 +83,8 @@
 //!   every list is atomic (ObjectMeta's `finalizers` is a set and `ownerReferences` a map by
 //!   `uid` for every kind). A `null` in an applied configuration removes the field. The
 //!   default manager of non-apply writes is the user agent's product token (e.g. `kubectl`),
-//!   or `unknown` when there is none (kube's client sends none).
+//!   or `unknown` when there is none (kube's client sends none unless told to; `capmox run`
+//!   sends `capmox/<version>`).
 //! - **Reads always see the latest state**: `resourceVersion`/`resourceVersionMatch` on get
 //!   and list are ignored, and `continue` pages see the current state, not a snapshot.
 //! - **Watch history** is bounded per resource (10 000 events by default,
@@ -321,7 +324,8 @@ impl ApiServer {
     }
 
     /// Every distinct request made by the clients named `name` (through
-    /// [`ApiServer::client_named`], or over HTTP with the [`CLIENT_HEADER`] header), in RBAC
+    /// [`ApiServer::client_named`], or over HTTP with the [`CLIENT_HEADER`] header or else
+    /// the product token of the `User-Agent`, e.g. `capmox` for `capmox/0.1.0`), in RBAC
     /// terms, with how often it was made; requests that matched no route are not recorded.
     /// [`ApiServer::reset_request_counts`] clears it.
     pub fn requests_by_client(&self, name: &str) -> std::collections::BTreeMap<ClientRequest, u64> {
@@ -389,6 +393,13 @@ impl ApiServer {
     /// Snapshot of the per-verb request counters.
     pub fn request_counts(&self) -> RequestCounts {
         self.store.counts()
+    }
+
+    /// Snapshot of the per-verb request counters of the clients named `name` (as
+    /// [`ApiServer::requests_by_client`] names them), watch streams the server ended included,
+    /// so a benchmark can tell one component's load from the rest; every request counts once.
+    pub fn request_counts_of(&self, name: &str) -> RequestCounts {
+        self.store.counts_of(name)
     }
 
     /// Total number of API requests served (discovery included).

@@ -23,7 +23,8 @@ use super::store::{
 };
 
 /// Header naming the client an HTTP request is attributed to (in-process clients of
-/// [`crate::ApiServer::client_named`] carry [`ClientName`] instead).
+/// [`crate::ApiServer::client_named`] carry [`ClientName`] instead; without either, the
+/// product token of the `User-Agent` names it).
 pub const CLIENT_HEADER: &str = "x-testkit-client";
 
 /// The client an in-process request is attributed to (a request extension).
@@ -35,6 +36,17 @@ fn client_name<'a>(extensions: &'a http::Extensions, headers: &'a HeaderMap) -> 
         .get::<ClientName>()
         .map(|c| &*c.0)
         .or_else(|| headers.get(CLIENT_HEADER).and_then(|v| v.to_str().ok()))
+        .filter(|s| !s.is_empty())
+        .or_else(|| user_agent_product(headers))
+}
+
+/// The product token of the `User-Agent` (`kubectl` of `kubectl/v1.33.0 (linux/amd64) ...`),
+/// which a real API server also takes as the default field manager.
+fn user_agent_product(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ua| ua.split(['/', ' ']).next())
         .filter(|s| !s.is_empty())
 }
 
@@ -134,7 +146,7 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
     }
     let result = match segs.as_slice() {
         ["version"] => {
-            store.count("", "discovery");
+            store.count(client.as_deref(), "", "discovery");
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-capmox-testkit", "platform": "linux/amd64"}),
@@ -149,7 +161,7 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
             Ok(resp)
         }
         ["api"] => {
-            store.count("", "discovery");
+            store.count(client.as_deref(), "", "discovery");
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"kind": "APIVersions", "versions": ["v1"],
@@ -157,18 +169,18 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
             ))
         }
         ["apis"] => {
-            store.count("", "discovery");
+            store.count(client.as_deref(), "", "discovery");
             Ok(json_response(StatusCode::OK, &group_list(&store)))
         }
         ["api", "v1"] => {
-            store.count("", "discovery");
+            store.count(client.as_deref(), "", "discovery");
             Ok(json_response(
                 StatusCode::OK,
                 &resource_list(&store, "", "v1"),
             ))
         }
         ["apis", g] => {
-            store.count("", "discovery");
+            store.count(client.as_deref(), "", "discovery");
             group_list(&store)["groups"]
                 .as_array()
                 .and_then(|gs| gs.iter().find(|x| x["name"] == *g).cloned())
@@ -180,7 +192,7 @@ pub async fn handle(store: Arc<Store>, req: Request<Bytes>) -> Response<Response
                 .ok_or(ApiError::NoRoute)
         }
         ["apis", g, v] => {
-            store.count("", "discovery");
+            store.count(client.as_deref(), "", "discovery");
             let l = resource_list(&store, g, v);
             if l["resources"].as_array().is_some_and(|r| r.is_empty()) {
                 Err(ApiError::NoRoute)
@@ -336,15 +348,10 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
 }
 
 fn write_options(query: &HashMap<String, String>, headers: &HeaderMap) -> WriteOptions {
-    let manager = query.get("fieldManager").cloned().unwrap_or_else(|| {
-        headers
-            .get(header::USER_AGENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|ua| ua.split('/').next())
-            .filter(|s| !s.is_empty())
-            .unwrap_or("unknown")
-            .to_string()
-    });
+    let manager = query
+        .get("fieldManager")
+        .cloned()
+        .unwrap_or_else(|| user_agent_product(headers).unwrap_or("unknown").to_string());
     WriteOptions {
         manager,
         force: query.get("force").is_some_and(|f| f == "true"),
@@ -417,7 +424,7 @@ async fn resource(
         (&Method::DELETE, None) => "deletecollection",
         _ => return Err(ApiError::MethodNotAllowed),
     };
-    store.count(&counted, verb);
+    store.count(client, &counted, verb);
     // A server-side apply that creates its object is authorized by the real API server twice:
     // as `patch` for the request and as `create` for the new object (other patches of a
     // missing object are answered 404 before that check).
@@ -493,6 +500,7 @@ async fn resource(
                 sel,
                 query,
                 wants_metadata(headers),
+                client,
             )
         }
         (&Method::GET, Some(name)) => {
@@ -519,6 +527,7 @@ async fn resource(
                     sel,
                     query,
                     wants_metadata(headers),
+                    client,
                 );
             }
             let limit = query.get("limit").and_then(|l| l.parse().ok());
@@ -792,6 +801,7 @@ fn visible(rec: &WatchRecord, matches: &dyn Fn(&Value) -> bool) -> Option<&'stat
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the request's parts, all needed
 fn watch(
     store: &Arc<Store>,
     kind: Arc<KindInfo>,
@@ -800,6 +810,7 @@ fn watch(
     sel: Selectors,
     query: &HashMap<String, String>,
     metadata_only: bool,
+    client: Option<&str>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let rv = match query.get("resourceVersion").map(String::as_str) {
         None | Some("") => None,
@@ -826,7 +837,7 @@ fn watch(
     let start = match store.watch(&kind, rv, send_initial) {
         Ok(s) => s,
         Err(e) => {
-            store.count_watch_end("gone");
+            store.count_watch_end(client, "gone");
             // Like the real server: a 200 stream carrying one ERROR event, then EOF.
             let line = event_line("ERROR", &e.to_status());
             tokio::spawn(async move {
@@ -838,6 +849,7 @@ fn watch(
     let interval = store.bookmark_interval();
     let mut expiry = store.expiry();
     let counter = store.clone();
+    let client = client.map(str::to_owned);
     tokio::spawn(async move {
         let matches = |o: &Value| {
             ns.as_deref()
@@ -878,12 +890,12 @@ fn watch(
         loop {
             let line = tokio::select! {
                 _ = &mut deadline => {
-                    counter.count_watch_end("timeout");
+                    counter.count_watch_end(client.as_deref(), "timeout");
                     break;
                 }
                 _ = tx.closed() => break,
                 _ = expiry.changed() => {
-                    counter.count_watch_end("expired");
+                    counter.count_watch_end(client.as_deref(), "expired");
                     let e = ApiError::Gone { requested: last_rv, oldest: last_rv + 1 };
                     let _ = tx.send(event_line("ERROR", &e.to_status())).await;
                     break;
@@ -898,7 +910,7 @@ fn watch(
                         if rec.gr == kind.group_resource() { render(&rec) } else { None }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        counter.count_watch_end("lagged");
+                        counter.count_watch_end(client.as_deref(), "lagged");
                         let e = ApiError::Gone { requested: last_rv, oldest: last_rv + 1 };
                         let _ = tx.send(event_line("ERROR", &e.to_status())).await;
                         break;

@@ -213,6 +213,14 @@ pub struct RequestCounts {
 }
 
 impl RequestCounts {
+    fn add(&mut self, resource: &str, verb: &str) {
+        *self.by_verb.entry(verb.to_string()).or_default() += 1;
+        *self
+            .by_resource
+            .entry((resource.to_string(), verb.to_string()))
+            .or_default() += 1;
+    }
+
     /// Total number of requests counted.
     pub fn total(&self) -> u64 {
         self.by_verb.values().sum()
@@ -354,6 +362,8 @@ pub struct Store {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<WatchRecord>>,
     counts: Mutex<RequestCounts>,
+    /// The same counters per named client.
+    counts_by_client: Mutex<BTreeMap<String, RequestCounts>>,
     by_client: Mutex<BTreeMap<String, BTreeMap<ClientRequest, u64>>>,
     expire: tokio::sync::watch::Sender<u64>,
 }
@@ -1067,6 +1077,7 @@ impl Store {
             }),
             tx,
             counts: Mutex::new(RequestCounts::default()),
+            counts_by_client: Mutex::default(),
             by_client: Mutex::default(),
             expire: tokio::sync::watch::channel(0).0,
         }
@@ -1200,19 +1211,28 @@ impl Store {
         self.expire.subscribe()
     }
 
-    /// Count one request.
-    pub fn count(&self, resource: &str, verb: &str) {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        *c.by_verb.entry(verb.to_string()).or_default() += 1;
-        *c.by_resource
-            .entry((resource.to_string(), verb.to_string()))
-            .or_default() += 1;
+    /// Applies `f` to the server's counters and, for a named client, to that client's.
+    fn count_with(&self, client: Option<&str>, f: impl Fn(&mut RequestCounts)) {
+        f(&mut self.counts.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(client) = client {
+            let mut by_client = self
+                .counts_by_client
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            f(by_client.entry(client.to_string()).or_default());
+        }
+    }
+
+    /// Count one request (of `client`, when it is named).
+    pub fn count(&self, client: Option<&str>, resource: &str, verb: &str) {
+        self.count_with(client, |c| c.add(resource, verb));
     }
 
     /// Count one watch stream the server ended (see [`RequestCounts::watches_ended`]).
-    pub fn count_watch_end(&self, reason: &str) {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        *c.watches_ended.entry(reason.to_string()).or_default() += 1;
+    pub fn count_watch_end(&self, client: Option<&str>, reason: &str) {
+        self.count_with(client, |c| {
+            *c.watches_ended.entry(reason.to_string()).or_default() += 1;
+        });
     }
 
     /// Snapshot of the request counters.
@@ -1223,9 +1243,23 @@ impl Store {
             .clone()
     }
 
+    /// Snapshot of one named client's request counters (empty for a client never seen).
+    pub fn counts_of(&self, client: &str) -> RequestCounts {
+        self.counts_by_client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(client)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Reset the request counters, the per-client ones included.
     pub fn reset_counts(&self) {
         *self.counts.lock().unwrap_or_else(|p| p.into_inner()) = RequestCounts::default();
+        self.counts_by_client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.by_client
             .lock()
             .unwrap_or_else(|p| p.into_inner())
