@@ -1,8 +1,8 @@
 //! Crash safety of the ProxmoxMachine reconciler: lost status writes, the controller killed
-//! after every mutating Proxmox request (while provisioning and while deleting), a pass from a
-//! stale copy of the machine, lock contention, and a failed clone task with its back-off. Every
-//! run ends with exactly one VM per machine and, after deletion, no VM, no seed ISO and no
-//! IPAddressClaim.
+//! after every mutating Proxmox request and while every task runs (while provisioning and while
+//! deleting), a pass from a stale copy of the machine, lock contention, and a failed clone task
+//! with its back-off. Every run ends with exactly one VM per machine and, after deletion, no VM,
+//! no seed ISO and no IPAddressClaim.
 
 use crate::machine_support::scenario;
 
@@ -108,6 +108,59 @@ async fn a_crash_after_any_mutating_request_while_deleting_leaves_nothing() {
         scenario.assert_nothing_left(&context).await;
     }
     println!("crashed after deletion requests {crashed:?}");
+}
+
+/// Whether the machine's status records a running task of `task_type`.
+fn waits_for(machine: &ProxmoxMachine, task_type: &str) -> bool {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.task_ref.as_deref())
+        .is_some_and(|upid| upid.contains(&format!(":{task_type}:")))
+}
+
+/// Tasks long enough to crash in: the controllers are killed while each task a provisioning
+/// (clone, disk resize, seed ISO upload, start) and a deletion (stop, seed ISO deletion, VM
+/// deletion) records runs; fresh controllers check the recorded task and go on. One VM, one
+/// clone, and nothing left after the deletion, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_any_task_runs_still_gives_one_vm_and_leaves_nothing() {
+    let slow_tasks = || SimOptions {
+        clone_duration: std::time::Duration::from_secs(1),
+        task_duration: std::time::Duration::from_secs(1),
+        ..sim_options()
+    };
+    for task_type in ["qmclone", "resize", "imgcopy", "qmstart"] {
+        let mut scenario = Scenario::start(slow_tasks()).await;
+        scenario.create("demo-md-4").await;
+        scenario
+            .env
+            .wait_machine("demo-md-4", task_type, |m| waits_for(m, task_type))
+            .await;
+        scenario.restart().await;
+        let context = format!("crash while {task_type} ran");
+        let machine = scenario.wait_ready("demo-md-4").await;
+        scenario.assert_one_vm(&machine, &context).await;
+        let clones = scenario.tap.log().iter().filter(|s| s.is_clone()).count();
+        assert_eq!(clones, 1, "{context}: cloned {clones} times");
+        let uid = scenario.delete("demo-md-4").await;
+        scenario.wait_deleted("demo-md-4", &uid).await;
+        scenario.assert_nothing_left(&context).await;
+    }
+    for task_type in ["qmstop", "imgdel", "qmdestroy"] {
+        let mut scenario = Scenario::start(slow_tasks()).await;
+        scenario.create("demo-md-5").await;
+        scenario.wait_ready("demo-md-5").await;
+        let uid = scenario.delete("demo-md-5").await;
+        scenario
+            .env
+            .wait_machine("demo-md-5", task_type, |m| waits_for(m, task_type))
+            .await;
+        scenario.restart().await;
+        let context = format!("crash while {task_type} ran");
+        scenario.wait_deleted("demo-md-5", &uid).await;
+        scenario.assert_nothing_left(&context).await;
+    }
 }
 
 #[tokio::test]
