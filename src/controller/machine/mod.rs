@@ -577,6 +577,14 @@ impl<'a> Reconcile<'a> {
             tracing::debug!(machine = %self.machine.name_any(), ?remaining, "backing off after a failed Proxmox request");
             return Ok(Action::requeue(remaining));
         }
+        // A task this process submitted for the machine and expects to run a while longer:
+        // nothing to look at before then, whatever woke the machine (its own status write).
+        if !deleting
+            && let Some(remaining) = self.task_not_due()
+        {
+            tracing::trace!(machine = %self.machine.name_any(), ?remaining, "waiting for a Proxmox task");
+            return Ok(Action::requeue(remaining));
+        }
         let pass = self.pass().await?;
         Ok(self.context.retries.settle(&key, pass))
     }

@@ -264,6 +264,14 @@ pub(super) fn failed_task_step(
 }
 
 impl Reconcile<'_> {
+    /// How long until the task this process submitted for the machine is expected to end, if
+    /// it has one and that is still ahead.
+    pub(super) fn task_not_due(&self) -> Option<Duration> {
+        let clock = &self.context.task_clock;
+        let (upid, _) = clock.in_flight_for(&super::claim_key(self.machine))?;
+        clock.not_due(&upid.parse().ok()?)
+    }
+
     /// Records the task a Proxmox request started (`started`, its answer) and stops the pass
     /// until the task's expected end. `None`: Proxmox finished synchronously, go on. A failed
     /// request is reported as having happened in `purpose`.
