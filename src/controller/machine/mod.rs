@@ -579,9 +579,7 @@ impl<'a> Reconcile<'a> {
         }
         // A task this process submitted for the machine and expects to run a while longer:
         // nothing to look at before then, whatever woke the machine (its own status write).
-        if !deleting
-            && let Some(remaining) = self.task_not_due()
-        {
+        if !deleting && let Some(remaining) = self.task_not_due() {
             tracing::trace!(machine = %self.machine.name_any(), ?remaining, "waiting for a Proxmox task");
             return Ok(Action::requeue(remaining));
         }
@@ -841,6 +839,7 @@ impl<'a> Reconcile<'a> {
         let already_provisioned =
             Initialization::provisioned(scope.current.initialization.as_ref());
         if !already_provisioned
+            && scope.recorded_vmid.is_none()
             && let Some(step) = self.unsupported_bootstrap(scope, &bootstrap_secret).await?
         {
             return Ok(step);
@@ -1919,7 +1918,7 @@ impl<'a> Reconcile<'a> {
                     prefix: address.spec.prefix,
                     gateway: address.spec.gateway.clone(),
                     default_gateway: pool.default_gateway,
-                    metric: pool_metric(&self.context.client, &scope.namespace, &pool.pool).await,
+                    pool: pool.pool.clone(),
                 });
             }
             result.status.push(entry);
@@ -2072,6 +2071,17 @@ impl<'a> Reconcile<'a> {
                 .then(|| crate::cloudinit::provider_id(&uuid)),
             kubernetes_version: None,
         };
+        // Each pool's route metric, read once (only the seed ISO needs it).
+        let mut metrics: BTreeMap<String, Option<u32>> = BTreeMap::new();
+        let pool_key = |pool: &placement::PoolRef| format!("{}/{}", pool.kind, pool.name);
+        for bound in &addresses.bound {
+            if let std::collections::btree_map::Entry::Vacant(entry) =
+                metrics.entry(pool_key(&bound.pool))
+            {
+                entry
+                    .insert(pool_metric(&self.context.client, &scope.namespace, &bound.pool).await);
+            }
+        }
         let assigned: Vec<crate::cloudinit::NicAddresses> = placement
             .network_devices()
             .iter()
@@ -2088,7 +2098,7 @@ impl<'a> Reconcile<'a> {
                             prefix: u8::try_from(b.prefix).ok()?,
                             gateway: b.gateway.as_deref().and_then(|g| g.parse().ok()),
                             default_route: b.default_gateway,
-                            metric: b.metric,
+                            metric: metrics.get(&pool_key(&b.pool)).copied().flatten(),
                         })
                     })
                     .collect(),
@@ -2593,8 +2603,8 @@ pub struct BoundAddress {
     pub gateway: Option<String>,
     /// From a default pool: its gateway carries the default route.
     pub default_gateway: bool,
-    /// Metric of the pool's default route.
-    pub metric: Option<u32>,
+    /// The pool it came from (whose annotation may carry the default route's metric).
+    pub pool: placement::PoolRef,
 }
 
 /// The gateway metric a pool carries in its annotation (the cluster's pools have one).
