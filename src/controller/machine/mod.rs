@@ -516,6 +516,16 @@ fn waiting_longer(reason: &str, message: impl Into<String>, retry: &failures::Re
     )
 }
 
+/// Waiting for the IPAM provider to bind the machine's claims (the claims and addresses are
+/// watched; the requeue is a fallback).
+fn waiting_for_addresses() -> Step {
+    waiting(
+        "WaitingForStaticIPAllocation",
+        "waiting for the IP address claims to be bound",
+        Action::requeue(Duration::from_secs(30)),
+    )
+}
+
 fn waiting(reason: &str, message: impl Into<String>, action: Action) -> Step {
     Step::Stop(
         Decided {
@@ -892,14 +902,16 @@ impl<'a> Reconcile<'a> {
 
         // Static addresses from the placement's pools, claimed before anything is created in
         // Proxmox: a pass that waits for them costs Proxmox nothing.
-        let Some(addresses) = self.addresses(scope, &placement).await? else {
-            return Ok(waiting(
-                "WaitingForStaticIPAllocation",
-                "waiting for the IP address claims to be bound",
-                Action::requeue(Duration::from_secs(30)),
-            ));
+        // Once bound and recorded, they stay: only the seed ISO needs them again.
+        let addresses = if scope.current.ip_addresses.is_empty() {
+            let Some(addresses) = self.addresses(scope, &placement).await? else {
+                return Ok(waiting_for_addresses());
+            };
+            scope.status.ip_addresses = addresses.status.clone();
+            Some(addresses)
+        } else {
+            None
         };
-        scope.status.ip_addresses = addresses.status.clone();
 
         // The VM: find it, or create it.
         let resources = self
@@ -1004,7 +1016,7 @@ impl<'a> Reconcile<'a> {
                     vmid,
                     config,
                     &bootstrap_secret,
-                    &addresses,
+                    addresses.as_ref(),
                 )
                 .await?
             {
@@ -1106,7 +1118,7 @@ impl<'a> Reconcile<'a> {
                 .await?;
             scope.generation = patched.metadata.generation;
         }
-        scope.status.addresses = machine_addresses(&scope.name, &addresses.status);
+        scope.status.addresses = machine_addresses(&scope.name, &scope.status.ip_addresses);
         scope.status.vm_status = Some(VirtualMachineState::Ready);
         scope.status.bootstrap_data_provided = Some(true);
         scope.status.initialization = Some(Initialization {
@@ -1942,7 +1954,7 @@ impl<'a> Reconcile<'a> {
         vmid: u32,
         config: &VmConfig,
         secret_name: &str,
-        addresses: &Addresses,
+        addresses: Option<&Addresses>,
     ) -> Result<Option<Step>, MachineError> {
         let iso_name = crate::cloudinit::seed_iso_name(vmid);
         if config.get("ide0").is_some_and(|v| v.contains(&iso_name)) {
@@ -1956,6 +1968,17 @@ impl<'a> Reconcile<'a> {
         let image = if uploaded {
             None
         } else {
+            let read;
+            let addresses = match addresses {
+                Some(addresses) => addresses,
+                None => match self.addresses(scope, placement).await? {
+                    Some(addresses) => {
+                        read = addresses;
+                        &read
+                    }
+                    None => return Ok(Some(waiting_for_addresses())),
+                },
+            };
             match self
                 .seed_image(scope, placement, vmid, config, secret_name, addresses)
                 .await?
