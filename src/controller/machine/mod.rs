@@ -2167,17 +2167,12 @@ impl<'a> Reconcile<'a> {
             .finished
             .as_ref()
             .is_some_and(|task| task.task_type == "imgdel" && task.node == node);
-        if !deleted && let Some((storage, _)) = volume.split_once(':') {
-            match proxmox.delete_volume(node, storage, &volume).await {
-                Err(error) if error.is_not_found() => {}
-                started => {
-                    if let Some(step) = self.submitted(scope, proxmox, started, || {
-                        format!("deleting the seed ISO {volume} of VM {vmid}")
-                    })? {
-                        return Ok(Some(step));
-                    }
-                }
-            }
+        if !deleted
+            && let Some(step) = self
+                .delete_seed_iso(scope, proxmox, node, vmid, Some(volume))
+                .await?
+        {
+            return Ok(Some(step));
         }
         proxmox
             .update_vm_config_sync(node, vmid, &ConfigUpdate::default().delete("ide0"))
