@@ -900,17 +900,19 @@ impl<'a> Reconcile<'a> {
             });
         }
 
-        // Static addresses from the placement's pools, claimed before anything is created in
-        // Proxmox: a pass that waits for them costs Proxmox nothing.
-        // Once bound and recorded, they stay: only the seed ISO needs them again.
-        let addresses = if scope.current.ip_addresses.is_empty() {
-            let Some(addresses) = self.addresses(scope, &placement).await? else {
-                return Ok(waiting_for_addresses());
-            };
-            scope.status.ip_addresses = addresses.status.clone();
-            Some(addresses)
+        // Static addresses from the placement's pools: claimed before anything is created in
+        // Proxmox, and bound by the IPAM provider while the clone runs; only the seed ISO
+        // waits for them. Once bound and recorded, they stay: only the seed ISO reads them
+        // again.
+        let (addresses, addresses_pending) = if scope.current.ip_addresses.is_empty() {
+            let bound = self.addresses(scope, &placement).await?;
+            if let Some(addresses) = &bound {
+                scope.status.ip_addresses = addresses.status.clone();
+            }
+            let pending = bound.is_none();
+            (bound, pending)
         } else {
-            None
+            (None, false)
         };
 
         // The VM: find it, or create it.
@@ -1092,6 +1094,9 @@ impl<'a> Reconcile<'a> {
         }
 
         // Provisioned: provider ID, addresses, placement, readiness.
+        if addresses_pending {
+            return Ok(waiting_for_addresses());
+        }
         let config = match config {
             Some(config) => config,
             None => self
@@ -2408,9 +2413,8 @@ impl<'a> Reconcile<'a> {
             )));
         }
         let stopping = || format!("stopping VM {vmid} on {node}");
-        // After this deletion's stop or seed ISO deletion (which come after the stop), the VM
-        // is known to be stopped.
-        if !matches!(finished.as_deref(), Some("qmstop" | "imgdel"))
+        // After this deletion's stop, the VM is known to be stopped.
+        if finished.as_deref() != Some("qmstop")
             && proxmox
                 .vm_status(&node, vmid)
                 .await
