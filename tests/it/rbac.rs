@@ -25,10 +25,18 @@ const CAPMOX: &str = "capmox";
 /// Upper bound for each step of the lifecycle.
 const STEP: Duration = Duration::from_secs(120);
 
-/// Grants the roles give that no exercised path uses, each with the reason it must stay.
-/// Keep it short: an entry here is a permission no test proves necessary.
+/// Grants the roles give that a run of the tests may not use (no exercised path needs them, or
+/// only some runs reach the path), each with the reason it must stay. Keep it short: an entry
+/// here is a permission no test run is sure to prove necessary.
 const ALLOWED_UNUSED: &[(&str, &str, &str, &str)] = &[
     // (group, resource[/subresource], verb, reason)
+    (
+        "infrastructure.cluster.x-k8s.io",
+        "proxmoxmachines",
+        "get",
+        "read only when a pass works from a cached copy without a VMID while the stored machine \
+         may have one (a lagging cache); whether a run has such a pass is up to timing",
+    ),
 ];
 
 /// Non-resource URLs every authenticated user may read (the `system:discovery` and
@@ -441,10 +449,12 @@ async fn the_roles_grant_exactly_what_the_controllers_use() {
          allowlist it with a reason):\n{}",
         unused.join("\n")
     );
+    // An allowlisted grant may be used in one run and not in another (timing decides), so
+    // only a grant that is gone from the roles makes an entry stale.
     for grant in &allowlisted {
         assert!(
-            granted.contains(grant) && !used.contains(grant),
-            "stale ALLOWED_UNUSED entry {grant:?}: not granted, or used after all"
+            granted.contains(grant),
+            "stale ALLOWED_UNUSED entry {grant:?}: not granted"
         );
     }
 }
