@@ -2454,12 +2454,10 @@ impl<'a> Reconcile<'a> {
             &format!("deleting VM {vmid} on {node}"),
         )
         .await;
-        match proxmox.delete_vm(&node, vmid, params).await {
-            Err(error) if error.is_not_found() => Ok(None),
-            started => self.submitted(scope, proxmox, started, || {
-                format!("deleting VM {vmid} on {node}")
-            }),
-        }
+        let started = proxmox.delete_vm(&node, vmid, params).await;
+        self.deletion_submitted(scope, proxmox, started, || {
+            format!("deleting VM {vmid} on {node}")
+        })
     }
 
     /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on
@@ -2487,12 +2485,10 @@ impl<'a> Reconcile<'a> {
         let Some((storage, _)) = volume.split_once(':') else {
             return Ok(None);
         };
-        match proxmox.delete_volume(node, storage, &volume).await {
-            Err(error) if error.is_not_found() => Ok(None),
-            started => self.submitted(scope, proxmox, started, || {
-                format!("deleting the seed ISO {volume} of VM {vmid}")
-            }),
-        }
+        let started = proxmox.delete_volume(node, storage, &volume).await;
+        self.deletion_submitted(scope, proxmox, started, || {
+            format!("deleting the seed ISO {volume} of VM {vmid}")
+        })
     }
 
     /// `VirtualMachineProvisioned=False` with what the deletion waits for (`Deleting`) or what

@@ -299,6 +299,20 @@ impl Reconcile<'_> {
         Ok(Some(running_step(&upid, Some(&purpose), wait)))
     }
 
+    /// As [`Reconcile::submitted`] for a deletion: what Proxmox no longer has is deleted.
+    pub(super) fn deletion_submitted(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        started: Result<TaskRef, ProxmoxError>,
+        purpose: impl Fn() -> String,
+    ) -> Result<Option<Step>, MachineError> {
+        match started {
+            Err(error) if error.is_not_found() => Ok(None),
+            started => self.submitted(scope, proxmox, started, purpose),
+        }
+    }
+
     /// The task recorded in `status.taskRef`, checked at most once per pass (and not before
     /// its expected end when this process submitted it): while it runs, nothing else happens;
     /// once it succeeded it is forgotten and remembered in `scope.finished` for this pass; a
