@@ -194,15 +194,17 @@ async fn after_losing_the_lease_no_proxmox_write_follows() {
         stop.clone(),
     ));
     scenario.create("fenced").await;
-    // Past the clone, the reconcile waits for a task that runs for seconds.
-    tokio::time::timeout(WAIT, async {
-        while scenario.tap.mutating() < 2 {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the clone and the next write were sent");
+    // Past the clone and the config, the machine waits for its disk resize, a task that runs
+    // for seconds.
+    scenario
+        .env
+        .wait_machine("fenced", "a resize in flight", |m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.task_ref.as_deref())
+                .is_some_and(|upid| upid.contains(":resize:"))
+        })
+        .await;
     // The API server now stalls every Lease request.
     let writes_before = scenario.tap.mutating();
     scenario.env.server.set_fault_hook(|request| {
