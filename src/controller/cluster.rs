@@ -718,8 +718,17 @@ async fn credentials(
         .clone()
         .unwrap_or_else(|| namespace.to_owned());
     let secret_name = reference.name.clone().unwrap_or_default();
+    let memo_key = (
+        namespace.to_owned(),
+        secret_namespace.clone(),
+        secret_name.clone(),
+    );
+    if !adopt && let Some(config) = context.credentials.recent(&memo_key) {
+        return Ok(Ok(config));
+    }
     let secrets: Api<Secret> = Api::namespaced(context.client.clone(), &secret_namespace);
     let Some(secret) = secrets.get_opt(&secret_name).await? else {
+        context.credentials.remember(memo_key, None);
         return Ok(Err(CredentialsError::SecretNotFound {
             namespace: secret_namespace,
             name: secret_name,
@@ -730,6 +739,7 @@ async fn credentials(
         &secret_namespace,
         secret.metadata.annotations.as_ref(),
     ) {
+        context.credentials.remember(memo_key, None);
         return Ok(Err(CredentialsError::NamespaceNotAllowed {
             namespace: secret_namespace,
             name: secret_name,
@@ -742,6 +752,7 @@ async fn credentials(
         &secret_name,
         &secret.data.clone().unwrap_or_default(),
     );
+    context.credentials.remember(memo_key, config.as_ref().ok());
     if adopt && config.is_ok() {
         adopt_secret(&secrets, &secret, cluster, secret_namespace == namespace).await?;
     }

@@ -7,11 +7,71 @@
 //! Unlike the Go provider, TLS is verified by default: a Secret without `insecure` is verified
 //! against the system roots, its `root_ca` and/or its pinned `fingerprint`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 
 use crate::proxmox::{ApiToken, ClientConfig, Secret, TlsOptions};
+
+/// How long a machine reconcile reuses credentials it resolved from a cluster's Secret: a
+/// rotated token reaches machines within this time (at once when Proxmox refuses the old one),
+/// and a fleet reads the Secret this often per cluster, not on every pass.
+pub const CREDENTIALS_REUSE: Duration = Duration::from_secs(30);
+
+/// Credentials resolved from Secrets, by (cluster namespace, Secret namespace, Secret name),
+/// reused for [`CREDENTIALS_REUSE`]. Only usable credentials are kept, in memory only.
+#[derive(Clone, Default)]
+pub struct CredentialsMemo {
+    resolved: Arc<Mutex<HashMap<MemoKey, (Instant, ClientConfig)>>>,
+}
+
+/// (cluster namespace, Secret namespace, Secret name).
+type MemoKey = (String, String, String);
+
+impl CredentialsMemo {
+    /// The credentials resolved for `key` less than [`CREDENTIALS_REUSE`] ago.
+    pub fn recent(&self, key: &MemoKey) -> Option<ClientConfig> {
+        let resolved = self.lock();
+        let (at, config) = resolved.get(key)?;
+        (at.elapsed() < CREDENTIALS_REUSE).then(|| config.clone())
+    }
+
+    /// Keeps what was just read from the Secret, or forgets it when it was not usable.
+    pub fn remember(&self, key: MemoKey, config: Option<&ClientConfig>) {
+        let mut resolved = self.lock();
+        match config {
+            Some(config) => {
+                resolved.insert(key, (Instant::now(), config.clone()));
+            }
+            None => {
+                resolved.remove(&key);
+            }
+        }
+    }
+
+    /// Forgets what `cluster` (in `namespace`) resolved, so its next pass reads the Secret
+    /// again (Proxmox refused the credentials: they may have been rotated).
+    pub fn forget(&self, cluster: &crate::api::ProxmoxCluster, namespace: &str) {
+        if let Some(reference) = &cluster.spec.credentials_ref {
+            let secret_namespace = reference.namespace.as_deref().unwrap_or(namespace);
+            let key = (
+                namespace.to_owned(),
+                secret_namespace.to_owned(),
+                reference.name.clone().unwrap_or_default(),
+            );
+            self.lock().remove(&key);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<MemoKey, (Instant, ClientConfig)>> {
+        // A panic while holding the lock leaves a map that is still consistent.
+        self.resolved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
 
 /// Why no usable credentials were found; each maps to a condition reason.
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +232,45 @@ pub fn from_secret_data(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn resolved_credentials_are_reused_until_forgotten_or_unusable() {
+        let data = BTreeMap::from([
+            (
+                "url".to_owned(),
+                ByteString(b"https://pve.example:8006".to_vec()),
+            ),
+            ("token".to_owned(), ByteString(b"capmox@pve!capi".to_vec())),
+            ("secret".to_owned(), ByteString(b"s3cret".to_vec())),
+        ]);
+        let config = from_secret_data("tenant", "creds", &data).expect("usable credentials");
+        let memo = CredentialsMemo::default();
+        let key = ("tenant".to_owned(), "tenant".to_owned(), "creds".to_owned());
+        assert!(memo.recent(&key).is_none());
+        memo.remember(key.clone(), Some(&config));
+        assert_eq!(memo.recent(&key), Some(config.clone()));
+        // Another namespace using the same Secret resolves it on its own.
+        let other = ("other".to_owned(), "tenant".to_owned(), "creds".to_owned());
+        assert!(memo.recent(&other).is_none());
+
+        let mut cluster = crate::api::ProxmoxCluster::new("demo", Default::default());
+        cluster.spec.credentials_ref = Some(crate::api::SecretReference {
+            name: Some("creds".into()),
+            namespace: None,
+        });
+        memo.forget(&cluster, "tenant");
+        assert!(
+            memo.recent(&key).is_none(),
+            "forgotten after Proxmox refused it"
+        );
+
+        memo.remember(key.clone(), Some(&config));
+        memo.remember(key.clone(), None);
+        assert!(
+            memo.recent(&key).is_none(),
+            "an unusable Secret is not reused"
+        );
+    }
+
     #[test]
     fn a_secret_serves_its_namespace_and_those_it_lists() {
         let listed = |value: &str| {

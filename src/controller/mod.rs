@@ -1,6 +1,7 @@
 //! The controller manager: probes and metrics, leader election, graceful shutdown, and the
 //! reconcilers it runs while leading.
 
+pub mod caches;
 pub mod cluster;
 pub mod conditions;
 pub mod credentials;
@@ -69,6 +70,8 @@ pub struct Context {
     pub proxmox: Arc<ClientRegistry>,
     /// Credentials for clusters without a `credentialsRef`.
     pub global_credentials: GlobalCredentials,
+    /// Credentials machine reconciles resolved from clusters' Secrets, reused for a short while.
+    pub credentials: credentials::CredentialsMemo,
     /// Memory promised to machines whose VMs are still being created, so parallel reconciles
     /// never both take the last slot on a node.
     pub reservations: Arc<tokio::sync::Mutex<crate::placement::Reservations>>,
@@ -83,6 +86,9 @@ pub struct Context {
     pub inventory: inventory::Inventory,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
+    /// The objects machine reconciles read, kept by the machine controller's watches; `None`
+    /// outside a running controller, where reconciles read from the API server.
+    pub caches: Option<caches::Caches>,
 }
 
 impl Context {
@@ -99,12 +105,14 @@ impl Context {
             config,
             proxmox,
             global_credentials,
+            credentials: credentials::CredentialsMemo::default(),
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
             retries: failures::Retries::default(),
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
             readiness: Readiness::default(),
+            caches: None,
         }
     }
 }
@@ -158,12 +166,14 @@ pub async fn run(
             config,
             proxmox,
             global_credentials,
+            credentials: credentials::CredentialsMemo::default(),
             reservations: Arc::default(),
             vmid_claims: vmid::VmidClaims::default(),
             retries: failures::Retries::default(),
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
             readiness: readiness.clone(),
+            caches: None,
         };
         readiness.set_standby(false);
         readiness.set_leading(true);

@@ -109,8 +109,21 @@ fn machine_spec(memory_mib: i64) -> serde_json::Value {
 
 #[tokio::test]
 async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
+    const CONTROLLERS: &str = "capmox";
     let env = Env::start_with(instant_sim()).await;
-    cluster(&env, rack_a_cluster()).await;
+    let _controllers = cluster_started_by(&env, rack_a_cluster(), |env| {
+        env.run_ipam();
+        env.spawn_controllers_with(env.server.client_named(CONTROLLERS))
+    })
+    .await;
+    // Kubernetes reads (GET and LIST; watches are the caches' and go on) the controllers make
+    // for the machine, once their caches are filled.
+    let kubernetes_reads = || {
+        let counts = env.server.request_counts_of(CONTROLLERS);
+        counts.verb("get") + counts.verb("list")
+    };
+    let reads_before = kubernetes_reads();
+    let by_resource_before = env.server.request_counts_of(CONTROLLERS).by_resource;
     let before = proxmox_calls(&env);
     let by_endpoint = calls_by_endpoint(&env);
     env.create_machine(
@@ -153,6 +166,21 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
     }
     let provisioning = proxmox_calls(&env) - before;
     let provisioning_calls = calls_since(&env, &by_endpoint);
+    let provisioning_reads = kubernetes_reads() - reads_before;
+    let reads_by_resource: BTreeMap<_, _> = env
+        .server
+        .request_counts_of(CONTROLLERS)
+        .by_resource
+        .into_iter()
+        .filter(|((_, verb), _)| verb == "get" || verb == "list")
+        .map(|(key, n)| {
+            (
+                format!("{} {}", key.1, key.0),
+                n - by_resource_before.get(&key).copied().unwrap_or(0),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
 
     let before = proxmox_calls(&env);
     let by_endpoint = calls_by_endpoint(&env);
@@ -176,7 +204,18 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
     .expect("watch");
     let deletion = proxmox_calls(&env) - before;
     let deletion_calls = calls_since(&env, &by_endpoint);
-    println!("Proxmox API calls: provisioning {provisioning}, deletion {deletion}");
+    println!(
+        "Proxmox API calls: provisioning {provisioning}, deletion {deletion}; Kubernetes reads \
+         while provisioning: {provisioning_reads}"
+    );
+    // Secrets are never cached: the bootstrap data is read when its format is checked and when
+    // the seed ISO is built, the credentials once. The cluster controller looks at its pools
+    // once when the IPAM provider allocates from them (get Cluster, get and list pools).
+    // Everything else comes from the watches.
+    assert!(
+        provisioning_reads <= 6,
+        "provisioning made {provisioning_reads} Kubernetes reads (budget 6): {reads_by_resource:#?}"
+    );
     // Provisioning counts everything up to the seed ISO's removal after the node joined
     // (cloud-init checks included); the listing is shared by all machines of a fleet, so one
     // machine alone pays for every refresh.

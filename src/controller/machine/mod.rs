@@ -26,7 +26,11 @@
 //! half-created one, and so does the simulator); should one be left anyway, it carries the
 //! machine's name and recorded VMID and is adopted like any clone.
 //!
-//! Reads: what Proxmox lists comes from one snapshot per endpoint shared by all machines
+//! Reads: the Kubernetes objects a pass works from (CAPI Machines and Clusters,
+//! ProxmoxClusters, claims, addresses, pools, the other ProxmoxMachines) come from the
+//! controller's watches ([`super::caches`]); only Secrets are read from the API server, and
+//! credentials are reused for a short while ([`super::credentials::CREDENTIALS_REUSE`]). What
+//! Proxmox lists comes from one snapshot per endpoint shared by all machines
 //! ([`super::inventory`]); a pass reads each VM config at most once, and a running VM waiting
 //! for its guest none.
 //!
@@ -48,7 +52,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -62,6 +66,7 @@ mod task;
 pub use task::{TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, task_backoff};
 
 use super::Context;
+use super::caches::{Caches, Reads, slot};
 use super::cluster::{self, ClusterError};
 use super::conditions::{self, Decided, Status};
 use super::failures::{self, Backoff, Pass};
@@ -86,6 +91,8 @@ pub const FIELD_MANAGER: &str = "capmox-proxmoxmachine";
 pub const CONTROLLER: &str = "proxmoxmachine";
 /// Condition that tracks the VM.
 const PROVISIONED: &str = api::conditions::VIRTUAL_MACHINE_PROVISIONED;
+/// How soon a machine woken before the caches filled is looked at again.
+const CACHE_SYNC_RECHECK: Duration = Duration::from_millis(200);
 /// The highest VMID Proxmox accepts.
 const MAX_VMID: u32 = 999_999_999;
 
@@ -392,31 +399,58 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
     let namespace = namespace.as_deref();
     let machines: Api<ProxmoxMachine> = api(&client, namespace);
-    let capi_machines: Api<capi::Machine> = api(&client, namespace);
-    let capi_clusters: Api<capi::Cluster> = api(&client, namespace);
-    let clusters: Api<ProxmoxCluster> = api(&client, namespace);
-    let claims: Api<IPAddressClaim> = api(&client, namespace);
     let controller = Controller::new(machines, watcher::Config::default());
     let store = controller.store();
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
+    let (caches, writers) = Caches::new(store.clone());
+    let claims = caches.watch(slot::CLAIMS, api(&client, namespace), writers.claims);
+    let addresses = caches.watch(slot::ADDRESSES, api(&client, namespace), writers.addresses);
+    let capi_machines = caches.watch(
+        slot::CAPI_MACHINES,
+        api(&client, namespace),
+        writers.capi_machines,
+    );
+    let clusters = caches.watch(slot::CLUSTERS, api(&client, namespace), writers.clusters);
+    let capi_clusters = caches.watch(
+        slot::CAPI_CLUSTERS,
+        api(&client, namespace),
+        writers.capi_clusters,
+    );
+    let pools = caches.watch(slot::POOLS, api(&client, namespace), writers.pools);
+    let claim_store = caches.claims.clone();
+    let context = Arc::new(Context {
+        caches: Some(caches),
+        ..(*context).clone()
+    });
     let queue = context.metrics.work_queue(CONTROLLER);
     queue.observe(store.clone());
-    let (claim_queue, machine_queue, cluster_queue, capi_cluster_queue) =
-        (queue.clone(), queue.clone(), queue.clone(), queue);
+    let (claim_queue, address_queue, machine_queue, cluster_queue, capi_cluster_queue) = (
+        queue.clone(),
+        queue.clone(),
+        queue.clone(),
+        queue.clone(),
+        queue,
+    );
     let capi_cluster_store = store.clone();
     controller
         // Owned claims wake their ProxmoxMachine (as `owns` would), noted on the work queue.
-        .watches(claims, watcher::Config::default(), move |claim| {
+        .watches_stream(claims, move |claim| {
             claim_queue.wake(super::owners::<ProxmoxMachine>(&claim))
         })
-        .watches(capi_machines, watcher::Config::default(), move |machine| {
+        // A bound address wakes the machine that owns its claim.
+        .watches_stream(addresses, move |address| {
+            let namespace = address.namespace().unwrap_or_default();
+            let claim = claim_store.get(&ObjectRef::new(&address.spec.claim_ref.name).within(&namespace));
+            address_queue.wake(claim.map(|claim| super::owners::<ProxmoxMachine>(&*claim)).unwrap_or_default())
+        })
+        .watches_stream(capi_machines, move |machine| {
             let reference = machine.spec.infrastructure_ref.as_ref();
             machine_queue.wake(reference.filter(|r| r.kind == "ProxmoxMachine").map(|reference| {
                 ObjectRef::new(&reference.name).within(machine.namespace().as_deref().unwrap_or_default())
             }))
         })
         // A cluster change (failure domains, pools, readiness) wakes the machines waiting on it.
-        .watches(clusters, watcher::Config::default(), move |cluster| {
+        .watches_stream(clusters, move |cluster| {
             let name = cluster.labels().get(labels::CLUSTER_NAME).cloned().unwrap_or_else(|| cluster.name_any());
             let namespace = cluster.namespace();
             cluster_queue.wake(
@@ -429,7 +463,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         })
         // A CAPI Cluster change (un-pausing it, its infrastructure becoming provisioned) wakes
         // its machines.
-        .watches(capi_clusters, watcher::Config::default(), move |cluster| {
+        .watches_stream(capi_clusters, move |cluster| {
             let name = cluster.name_any();
             let namespace = cluster.namespace();
             capi_cluster_queue.wake(
@@ -440,6 +474,8 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
                     .map(|m| ObjectRef::from_obj(&*m)),
             )
         })
+        // Pools are only read (for their gateway metric): nothing to wake.
+        .watches_stream(pools, |_| None::<ObjectRef<ProxmoxMachine>>)
         .with_config(ControllerConfig::default().concurrency(context.config.machine_concurrency))
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, context)
@@ -593,8 +629,17 @@ impl<'a> Reconcile<'a> {
             tracing::trace!(machine = %self.machine.name_any(), ?remaining, "waiting for a Proxmox task");
             return Ok(Action::requeue(remaining));
         }
+        // Until every watch has listed once, a missing object may only not be listed yet.
+        if self.context.caches.as_ref().is_some_and(|c| !c.synced()) {
+            return Ok(Action::requeue(CACHE_SYNC_RECHECK));
+        }
         let pass = self.pass().await?;
         Ok(self.context.retries.settle(&key, pass))
+    }
+
+    /// Where this pass reads the objects it works from.
+    fn reads(&self) -> Reads<'a> {
+        Reads::new(&self.context.client, self.context.caches.as_ref())
     }
 
     async fn pass(&self) -> Result<Pass, MachineError> {
@@ -628,12 +673,12 @@ impl<'a> Reconcile<'a> {
             tracing::debug!(machine = %name, "waiting for the CAPI Machine to set the owner reference");
             return Ok(Pass::Done(Action::await_change()));
         }
+        let reads = self.reads();
         let capi_machine = match &owner {
-            Some(owner) => {
-                Api::<capi::Machine>::namespaced(self.context.client.clone(), &namespace)
-                    .get_opt(owner)
-                    .await?
-            }
+            Some(owner) => reads
+                .get::<capi::Machine>(&namespace, owner)
+                .await?
+                .map(Arc::unwrap_or_clone),
             None => None,
         };
         if capi_machine.is_none() && !deleting {
@@ -653,9 +698,10 @@ impl<'a> Reconcile<'a> {
         let capi_cluster = if cluster_name.is_empty() {
             None
         } else {
-            Api::<capi::Cluster>::namespaced(self.context.client.clone(), &namespace)
-                .get_opt(&cluster_name)
+            reads
+                .get::<capi::Cluster>(&namespace, &cluster_name)
                 .await?
+                .map(Arc::unwrap_or_clone)
         };
         if capi_cluster.is_none() && !deleting {
             return Ok(Pass::Done(Action::requeue(Duration::from_secs(2))));
@@ -668,9 +714,10 @@ impl<'a> Reconcile<'a> {
         let proxmox_cluster = if infra_name.is_empty() {
             None
         } else {
-            Api::<ProxmoxCluster>::namespaced(self.context.client.clone(), &namespace)
-                .get_opt(&infra_name)
+            reads
+                .get::<ProxmoxCluster>(&namespace, &infra_name)
                 .await?
+                .map(Arc::unwrap_or_clone)
         };
 
         let paused = capi_cluster.as_ref().is_some_and(|c| {
@@ -787,6 +834,11 @@ impl<'a> Reconcile<'a> {
         error: &ProxmoxError,
     ) -> (failures::Described, Action) {
         let described = failures::describe(step, error);
+        if matches!(error, ProxmoxError::Unauthorized { .. }) {
+            self.context
+                .credentials
+                .forget(&scope.proxmox_cluster, &scope.namespace);
+        }
         let key = failures::key(self.machine);
         let retry =
             self.context
@@ -1635,11 +1687,10 @@ impl<'a> Reconcile<'a> {
     /// The VMIDs the ProxmoxMachines this controller watches have recorded, by machine, to
     /// seed the claims of a freshly started process.
     async fn recorded_vmids(&self) -> Result<Vec<(String, u32)>, MachineError> {
-        let api: Api<ProxmoxMachine> = match &self.context.config.watch_namespace {
-            Some(namespace) => Api::namespaced(self.context.client.clone(), namespace),
-            None => Api::all(self.context.client.clone()),
-        };
-        let machines = api.list(&ListParams::default()).await?;
+        let machines = self
+            .reads()
+            .all::<ProxmoxMachine>(self.context.config.watch_namespace.as_deref())
+            .await?;
         Ok(machines
             .iter()
             .flat_map(|m| {
@@ -1659,28 +1710,17 @@ impl<'a> Reconcile<'a> {
         scope: &Scope,
         resources: &[ClusterResource],
     ) -> Result<NodeInventory, MachineError> {
-        let machines: Vec<ProxmoxMachine> = scope
-            .api
-            .list(&ListParams::default().labels(&format!(
-                "{}={}",
-                labels::CLUSTER_NAME,
-                scope.cluster_name
-            )))
-            .await?
-            .items;
-        let capi_machines: Vec<capi::Machine> =
-            Api::<capi::Machine>::namespaced(self.context.client.clone(), &scope.namespace)
-                .list(&ListParams::default().labels(&format!(
-                    "{}={}",
-                    labels::CLUSTER_NAME,
-                    scope.cluster_name
-                )))
-                .await?
-                .items;
+        let reads = self.reads();
+        let machines = reads
+            .labelled::<ProxmoxMachine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
+            .await?;
+        let capi_machines = reads
+            .labelled::<capi::Machine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
+            .await?;
         // By name: a fleet of thousands is matched in one pass, not one scan per machine.
         let capi_machines: BTreeMap<&str, &capi::Machine> = capi_machines
             .iter()
-            .filter_map(|c| Some((c.metadata.name.as_deref()?, c)))
+            .filter_map(|c| Some((c.metadata.name.as_deref()?, &**c)))
             .collect();
         let placed = |node: &str| -> Vec<PlacedMachine> {
             machines
@@ -1836,7 +1876,7 @@ impl<'a> Reconcile<'a> {
     ) -> Result<Option<Addresses>, MachineError> {
         let claims: Api<IPAddressClaim> =
             Api::namespaced(self.context.client.clone(), &scope.namespace);
-        let ips: Api<IPAddress> = Api::namespaced(self.context.client.clone(), &scope.namespace);
+        let reads = self.reads();
         let owner = OwnerReference {
             api_version: ProxmoxMachine::api_version(&()).into_owned(),
             kind: ProxmoxMachine::kind(&()).into_owned(),
@@ -1857,7 +1897,10 @@ impl<'a> Reconcile<'a> {
                 ..IpAddressesSpec::default()
             };
             for pool in &nic.pools {
-                let claim = match claims.get_opt(&pool.claim_name).await? {
+                let claim = match reads
+                    .get::<IPAddressClaim>(&scope.namespace, &pool.claim_name)
+                    .await?
+                {
                     Some(claim) => claim,
                     None => {
                         let mut claim = IPAddressClaim::new(
@@ -1891,7 +1934,7 @@ impl<'a> Reconcile<'a> {
                         claim.metadata.annotations = Some(claim_annotations);
                         claim.metadata.owner_references = Some(vec![owner.clone()]);
                         match claims.create(&PostParams::default(), &claim).await {
-                            Ok(created) => created,
+                            Ok(created) => Arc::new(created),
                             Err(kube::Error::Api(status)) if status.code == 409 => {
                                 pending = true;
                                 continue;
@@ -1909,7 +1952,10 @@ impl<'a> Reconcile<'a> {
                     pending = true;
                     continue;
                 };
-                let Some(address) = ips.get_opt(&address_name).await? else {
+                let Some(address) = reads
+                    .get::<IPAddress>(&scope.namespace, &address_name)
+                    .await?
+                else {
                     pending = true;
                     continue;
                 };
@@ -2106,8 +2152,7 @@ impl<'a> Reconcile<'a> {
             if let std::collections::btree_map::Entry::Vacant(entry) =
                 metrics.entry(pool_key(&bound.pool))
             {
-                entry
-                    .insert(pool_metric(&self.context.client, &scope.namespace, &bound.pool).await);
+                entry.insert(pool_metric(self.reads(), &scope.namespace, &bound.pool).await);
             }
         }
         let assigned: Vec<crate::cloudinit::NicAddresses> = placement
@@ -2626,16 +2671,12 @@ pub struct BoundAddress {
 }
 
 /// The gateway metric a pool carries in its annotation (the cluster's pools have one).
-async fn pool_metric(
-    client: &kube::Client,
-    namespace: &str,
-    pool: &placement::PoolRef,
-) -> Option<u32> {
+async fn pool_metric(reads: Reads<'_>, namespace: &str, pool: &placement::PoolRef) -> Option<u32> {
     if pool.kind != placement::IN_CLUSTER_IP_POOL_KIND {
         return None;
     }
-    let found = Api::<capi::InClusterIPPool>::namespaced(client.clone(), namespace)
-        .get_opt(&pool.name)
+    let found = reads
+        .get::<capi::InClusterIPPool>(namespace, &pool.name)
         .await
         .ok()??;
     found

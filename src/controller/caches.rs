@@ -1,0 +1,251 @@
+//! The Kubernetes objects a machine reconcile works from, kept by watches instead of read per
+//! pass: one list and one watch per kind for the whole fleet, however many machines reconcile.
+//!
+//! Secrets are never cached (they are read when needed, and only then). A reconcile that runs
+//! outside a controller (a test calling it directly) reads from the API server instead.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{Stream, StreamExt};
+use kube::api::ListParams;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector::store::Writer};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use crate::api::{ProxmoxCluster, ProxmoxMachine};
+use crate::capi::{self, IPAddress, IPAddressClaim};
+
+/// The watched kinds' stores, filled by the machine controller's watches.
+#[derive(Clone)]
+pub struct Caches {
+    /// The controller's own ProxmoxMachines.
+    pub machines: Store<ProxmoxMachine>,
+    /// CAPI Machines, the owners the machines take their cluster, bootstrap data and failure
+    /// domain from.
+    pub capi_machines: Store<capi::Machine>,
+    /// CAPI Clusters, for pause and the infrastructure reference.
+    pub capi_clusters: Store<capi::Cluster>,
+    /// ProxmoxClusters, for zones, pools and credentials.
+    pub clusters: Store<ProxmoxCluster>,
+    /// The machines' IP address claims.
+    pub claims: Store<IPAddressClaim>,
+    /// The addresses bound to those claims.
+    pub addresses: Store<IPAddress>,
+    /// The cluster's pools (their annotations carry the default route's metric).
+    pub pools: Store<capi::InClusterIPPool>,
+    /// Set when a watch has finished its first list; a pass waits until all have.
+    synced: Arc<Vec<AtomicBool>>,
+}
+
+/// The writers behind [`Caches`], each consumed by the watch that fills its store.
+pub struct Writers {
+    /// CAPI Machines.
+    pub capi_machines: Writer<capi::Machine>,
+    /// CAPI Clusters.
+    pub capi_clusters: Writer<capi::Cluster>,
+    /// ProxmoxClusters.
+    pub clusters: Writer<ProxmoxCluster>,
+    /// IP address claims.
+    pub claims: Writer<IPAddressClaim>,
+    /// IP addresses.
+    pub addresses: Writer<IPAddress>,
+    /// In-cluster pools.
+    pub pools: Writer<capi::InClusterIPPool>,
+}
+
+/// How many watches fill [`Caches`] (all but the controller's own).
+const WATCHED_KINDS: usize = 6;
+
+impl Caches {
+    /// Empty caches around the controller's own store, and the writers that fill the others.
+    pub fn new(machines: Store<ProxmoxMachine>) -> (Self, Writers) {
+        let (capi_machines, capi_machines_writer) = reflector::store();
+        let (capi_clusters, capi_clusters_writer) = reflector::store();
+        let (clusters, clusters_writer) = reflector::store();
+        let (claims, claims_writer) = reflector::store();
+        let (addresses, addresses_writer) = reflector::store();
+        let (pools, pools_writer) = reflector::store();
+        let caches = Self {
+            machines,
+            capi_machines,
+            capi_clusters,
+            clusters,
+            claims,
+            addresses,
+            pools,
+            synced: Arc::new((0..WATCHED_KINDS).map(|_| AtomicBool::new(false)).collect()),
+        };
+        let writers = Writers {
+            capi_machines: capi_machines_writer,
+            capi_clusters: capi_clusters_writer,
+            clusters: clusters_writer,
+            claims: claims_writer,
+            addresses: addresses_writer,
+            pools: pools_writer,
+        };
+        (caches, writers)
+    }
+
+    /// Whether every watch has listed its kind once (a pass before that could take a missing
+    /// object for a deleted one).
+    pub fn synced(&self) -> bool {
+        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+    }
+
+    /// The watch that keeps `writer`'s store, as a stream of the objects it touched, for a
+    /// controller's triggers. `slot` is the kind's index among the watched kinds.
+    pub fn watch<K>(
+        &self,
+        slot: usize,
+        api: Api<K>,
+        writer: Writer<K>,
+    ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
+        K: 'static,
+    {
+        let synced = self.synced.clone();
+        reflector::reflector(
+            writer,
+            // Nothing reads managed fields from the cache; leaving them out keeps it small.
+            watcher(api, watcher::Config::default()).modify(|object| {
+                object.managed_fields_mut().clear();
+            }),
+        )
+        .inspect(move |event| {
+            if let Ok(watcher::Event::InitDone) = event
+                && let Some(flag) = synced.get(slot)
+            {
+                flag.store(true, Ordering::Release);
+            }
+        })
+        .touched_objects()
+    }
+}
+
+/// Index of each watched kind in [`Caches`]' sync flags.
+pub mod slot {
+    /// CAPI Machines.
+    pub const CAPI_MACHINES: usize = 0;
+    /// CAPI Clusters.
+    pub const CAPI_CLUSTERS: usize = 1;
+    /// ProxmoxClusters.
+    pub const CLUSTERS: usize = 2;
+    /// IP address claims.
+    pub const CLAIMS: usize = 3;
+    /// IP addresses.
+    pub const ADDRESSES: usize = 4;
+    /// In-cluster pools.
+    pub const POOLS: usize = 5;
+}
+
+/// A namespaced kind [`Caches`] keeps.
+pub trait Cached:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The kind's store.
+    fn store(caches: &Caches) -> &Store<Self>;
+}
+
+macro_rules! cached {
+    ($kind:ty, $field:ident) => {
+        impl Cached for $kind {
+            fn store(caches: &Caches) -> &Store<Self> {
+                &caches.$field
+            }
+        }
+    };
+}
+cached!(ProxmoxMachine, machines);
+cached!(capi::Machine, capi_machines);
+cached!(capi::Cluster, capi_clusters);
+cached!(ProxmoxCluster, clusters);
+cached!(IPAddressClaim, claims);
+cached!(IPAddress, addresses);
+cached!(capi::InClusterIPPool, pools);
+
+/// Where a pass reads the objects it works from: the caches when it runs in a controller, the
+/// API server otherwise.
+#[derive(Clone, Copy)]
+pub struct Reads<'a> {
+    client: &'a kube::Client,
+    caches: Option<&'a Caches>,
+}
+
+impl<'a> Reads<'a> {
+    /// Reads through `caches`, or from the API server without them.
+    pub fn new(client: &'a kube::Client, caches: Option<&'a Caches>) -> Self {
+        Self { client, caches }
+    }
+
+    /// The object `namespace/name` of kind `K`, if it exists.
+    pub async fn get<K: Cached>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<K>>, kube::Error> {
+        match self.caches {
+            Some(caches) => Ok(K::store(caches).get(&ObjectRef::new(name).within(namespace))),
+            None => Ok(Api::<K>::namespaced(self.client.clone(), namespace)
+                .get_opt(name)
+                .await?
+                .map(Arc::new)),
+        }
+    }
+
+    /// The objects of kind `K` in `namespace` whose label `key` equals `value`.
+    pub async fn labelled<K: Cached>(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<Arc<K>>, kube::Error> {
+        match self.caches {
+            Some(caches) => Ok(K::store(caches).state_filter(|object| {
+                object.namespace().as_deref() == Some(namespace)
+                    && object.labels().get(key).map(String::as_str) == Some(value)
+            })),
+            None => Ok(Api::<K>::namespaced(self.client.clone(), namespace)
+                .list(&ListParams::default().labels(&format!("{key}={value}")))
+                .await?
+                .items
+                .into_iter()
+                .map(Arc::new)
+                .collect()),
+        }
+    }
+
+    /// Every object of kind `K` in `namespace`, or in all namespaces without one.
+    pub async fn all<K: Cached>(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<Arc<K>>, kube::Error> {
+        match self.caches {
+            Some(caches) => Ok(K::store(caches).state_filter(|object| {
+                namespace.is_none_or(|namespace| object.namespace().as_deref() == Some(namespace))
+            })),
+            None => {
+                let api = match namespace {
+                    Some(namespace) => Api::<K>::namespaced(self.client.clone(), namespace),
+                    None => Api::<K>::all(self.client.clone()),
+                };
+                Ok(api
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(Arc::new)
+                    .collect())
+            }
+        }
+    }
+}
