@@ -3,16 +3,24 @@
 //! reused while younger than [`MAX_AGE`], and refetched after this process changed what it
 //! lists (a clone, a start, a stop, a deletion). Decisions that must not act on a stale view
 //! (the VMID, the VM a machine owns) confirm with Proxmox or rely on what the machine recorded.
+//!
+//! Lookups that change only when an administrator changes Proxmox (a node's ISO storages, a
+//! template's volumes, where Proxmox starts handing out VMIDs) are kept per endpoint for
+//! [`LOOKUP_MAX_AGE`], so a fleet cloning one template asks once, not once per machine.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError};
+use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, VmConfig};
 
 /// How long a snapshot serves before it is fetched again, even without writes of this process.
 pub const MAX_AGE: Duration = Duration::from_secs(2);
+
+/// How long a node's ISO storage, a template's config and the lowest free VMID Proxmox named
+/// are reused: an administrator's change to them is seen within this time.
+pub const LOOKUP_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// Snapshots by endpoint (base URL and token).
 #[derive(Clone, Default)]
@@ -27,6 +35,28 @@ struct Endpoint {
     /// Bumped by every write of this process that changes the listing.
     generation: AtomicU64,
     latest: Mutex<Option<Snapshot>>,
+    /// The ISO storage chosen per node.
+    iso_storages: Mutex<HashMap<String, (Instant, Option<String>)>>,
+    /// Template configs by (node, VMID).
+    templates: Mutex<HashMap<(String, u32), (Instant, VmConfig)>>,
+    /// The lowest VMID Proxmox offered (`/cluster/nextid`), where the search for a free one
+    /// starts.
+    lowest_free_vmid: Mutex<Option<(Instant, u32)>>,
+}
+
+/// Whether a lookup came from Proxmox in this call or from what an earlier one kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Freshness {
+    /// Asked Proxmox in this call.
+    JustAsked,
+    /// Kept from an earlier call, at most [`LOOKUP_MAX_AGE`] old.
+    Kept,
+}
+
+/// A value kept for [`LOOKUP_MAX_AGE`].
+fn recent<T: Clone>(kept: Option<&(Instant, T)>) -> Option<T> {
+    kept.filter(|(at, _)| at.elapsed() < LOOKUP_MAX_AGE)
+        .map(|(_, value)| value.clone())
 }
 
 #[derive(Clone)]
@@ -79,6 +109,64 @@ impl Inventory {
         self.endpoint(proxmox)
             .generation
             .fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The storage seed ISOs go to on `node`: the first (by name) with content type `iso`, or
+    /// `None` when it has none.
+    pub async fn iso_storage(
+        &self,
+        proxmox: &ProxmoxClient,
+        node: &str,
+    ) -> Result<Option<String>, ProxmoxError> {
+        let endpoint = self.endpoint(proxmox);
+        if let Some(storage) = recent(lock(&endpoint.iso_storages).get(node)) {
+            return Ok(storage);
+        }
+        let mut storages: Vec<String> = proxmox
+            .list_storage(node, Some("iso"))
+            .await?
+            .into_iter()
+            .map(|s| s.storage)
+            .collect();
+        storages.sort();
+        let storage = storages.into_iter().next();
+        lock(&endpoint.iso_storages).insert(node.to_owned(), (Instant::now(), storage.clone()));
+        Ok(storage)
+    }
+
+    /// The config of the template `vmid` on `node` (its volumes tell where clones can go).
+    pub async fn template_config(
+        &self,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+    ) -> Result<VmConfig, ProxmoxError> {
+        let endpoint = self.endpoint(proxmox);
+        let key = (node.to_owned(), vmid);
+        if let Some(config) = recent(lock(&endpoint.templates).get(&key)) {
+            return Ok(config);
+        }
+        let config = proxmox.vm_config(node, vmid).await?;
+        lock(&endpoint.templates).insert(key, (Instant::now(), config.clone()));
+        Ok(config)
+    }
+
+    /// The lowest VMID Proxmox hands out (`/cluster/nextid`, which honours the datacenter's
+    /// VMID range), as it answered within [`LOOKUP_MAX_AGE`]: where the search for a free VMID
+    /// starts.
+    /// Says whether Proxmox named it just now (then it was free a moment ago) or earlier (then
+    /// it may have been taken since).
+    pub async fn lowest_free_vmid(
+        &self,
+        proxmox: &ProxmoxClient,
+    ) -> Result<(u32, Freshness), ProxmoxError> {
+        let endpoint = self.endpoint(proxmox);
+        if let Some(vmid) = recent(lock(&endpoint.lowest_free_vmid).as_ref()) {
+            return Ok((vmid, Freshness::Kept));
+        }
+        let vmid = proxmox.next_id(None).await?;
+        *lock(&endpoint.lowest_free_vmid) = Some((Instant::now(), vmid));
+        Ok((vmid, Freshness::JustAsked))
     }
 
     fn endpoint(&self, proxmox: &ProxmoxClient) -> Arc<Endpoint> {

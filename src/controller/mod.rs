@@ -84,6 +84,8 @@ pub struct Context {
     pub task_clock: machine::TaskClock,
     /// What each Proxmox endpoint lists, shared by all machine reconciles.
     pub inventory: inventory::Inventory,
+    /// The VMs whose seed ISO is known to be gone.
+    pub seed_isos_removed: machine::SeedIsosRemoved,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
     /// The objects machine reconciles read, kept by the machine controller's watches; `None`
@@ -111,6 +113,7 @@ impl Context {
             retries: failures::Retries::default(),
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
+            seed_isos_removed: machine::SeedIsosRemoved::default(),
             readiness: Readiness::default(),
             caches: None,
         }
@@ -172,6 +175,7 @@ pub async fn run(
             retries: failures::Retries::default(),
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
+            seed_isos_removed: machine::SeedIsosRemoved::default(),
             readiness: readiness.clone(),
             caches: None,
         };

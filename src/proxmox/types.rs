@@ -396,6 +396,21 @@ impl VmConfig {
         self.get("digest")
     }
 
+    /// The config as it is after `update` succeeded, when Proxmox takes every value as sent
+    /// (no digest: Proxmox computes a new one, so a write guarded by this copy needs a fresh
+    /// read).
+    pub fn updated(&self, update: &ConfigUpdate) -> VmConfig {
+        let mut next = self.0.clone();
+        next.remove("digest");
+        for key in &update.delete {
+            next.remove(key);
+        }
+        for (key, value) in &update.set {
+            next.insert(key.clone(), Value::String(value.clone()));
+        }
+        VmConfig(next)
+    }
+
     /// Whether the guest is a template.
     pub fn is_template(&self) -> bool {
         self.get("template").is_some_and(|t| t == "1")
@@ -870,6 +885,26 @@ impl PowerAction {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_config_after_an_update_has_what_was_set_and_deleted_and_no_digest() {
+        let read: VmConfig = serde_json::from_value(serde_json::json!({
+            "digest": "abc", "memory": 2048, "ide0": "local:iso/seed.iso,media=cdrom",
+            "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"
+        }))
+        .expect("config");
+        let update = ConfigUpdate::default()
+            .set("memory", 4096)
+            .set("tags", "capmox")
+            .delete("ide0")
+            .digest(read.digest());
+        let updated = read.updated(&update);
+        assert_eq!(updated.get("memory").as_deref(), Some("4096"));
+        assert_eq!(updated.get("tags").as_deref(), Some("capmox"));
+        assert_eq!(updated.get("ide0"), None);
+        assert_eq!(updated.get("net0"), read.get("net0"));
+        assert_eq!(updated.digest(), None, "a guarded write needs a fresh read");
+    }
 
     #[test]
     fn volume_storages_are_those_of_disks_and_images_not_empty_drives() {

@@ -65,11 +65,11 @@ mod task;
 
 pub use task::{TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, task_backoff};
 
-use super::Context;
 use super::caches::{Caches, Reads, slot};
 use super::cluster::{self, ClusterError};
 use super::conditions::{self, Decided, Status};
 use super::failures::{self, Backoff, Pass};
+use super::{Context, inventory};
 use crate::api::{
     self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
     ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, annotations, finalizers, labels,
@@ -263,6 +263,20 @@ impl<'a> Identity<'a> {
         }
         let tagged_for_another = tags.iter().any(|t| is_machine_tag(t));
         !tagged_for_another || self.spec_vmid == Some(vmid)
+    }
+
+    /// Whether the listing alone shows the VM to be the one this controller recorded in the
+    /// machine's status (VMID and node), as its config would: named after the machine and
+    /// without another machine's tag (the listing may predate this machine's tag). A status
+    /// does not survive a move or restore, so an adopted VM is still checked by its config.
+    fn listed_as_recorded(&self, vm: &ClusterResource, status: &ProxmoxMachineStatus) -> bool {
+        status
+            .virtual_machine_id
+            .is_some_and(|id| Some(id) == vm.vmid.map(i64::from))
+            && status.proxmox_node.is_some()
+            && vm.node == status.proxmox_node
+            && vm.name.as_deref() == Some(self.name)
+            && (!vm.tags.iter().any(|t| is_machine_tag(t)) || self.spec_vmid == vm.vmid)
     }
 
     /// The listed VM `vm` as it is now, if it is the machine's (its config is read unless its
@@ -1015,21 +1029,38 @@ impl<'a> Reconcile<'a> {
 
         let read_config = || format!("reading the config of VM {vmid} on {node}");
         let running = vm.status.as_deref() == Some("running");
-        // Read when a step needs it: a running VM waiting for its guest needs none.
+        // Read when a step needs it: a running VM waiting for its guest needs none, nor does a
+        // VM whose seed ISO this pass saw uploaded (the pass that uploaded it configured it;
+        // only the attachment and the start are left).
+        let uploaded = seed_iso_uploaded(scope, &node);
         let mut config = None;
-        if !running {
+        if !running && !uploaded {
             let read = self
                 .configs
                 .read(&proxmox, &node, vmid)
                 .await
                 .during(read_config)?;
+            // The provider ID (the VM's SMBIOS UUID) is recorded as soon as the config shows
+            // it: CAPI reads it only once the machine is provisioned, and no later pass needs to
+            // read the config for it.
+            if self.machine.spec.provider_id.is_none()
+                && let Some(uuid) = smbios_uuid(&read)
+            {
+                self.record_provider_id(scope, &crate::cloudinit::provider_id(&uuid))
+                    .await?;
+            }
             match self
                 .configure(scope, &placement, &proxmox, &node, vmid, &read)
                 .await?
             {
                 Configured::Unchanged => config = Some(read),
-                // Re-read: the bootstrap step works from the config as it is now.
-                Configured::Changed => {
+                // The bootstrap step works from the config as it is now: as written, or read
+                // again when Proxmox filled in values.
+                Configured::Changed(Some(updated)) => {
+                    self.configs.changed(&node, vmid);
+                    config = Some(updated);
+                }
+                Configured::Changed(None) => {
                     self.configs.changed(&node, vmid);
                     config = Some(
                         self.configs
@@ -1040,7 +1071,7 @@ impl<'a> Reconcile<'a> {
                 }
                 Configured::Waiting(step) => return Ok(step),
             }
-        } else if self.retagged(&vm.tags).is_some() {
+        } else if running && self.retagged(&vm.tags).is_some() {
             // A running VM adopted after a move or restore: only its tags change, so it is
             // found by this machine's tag from now on.
             let read = self
@@ -1060,7 +1091,14 @@ impl<'a> Reconcile<'a> {
             config = Some(read);
         }
 
-        if let Some(config) = config.as_ref().filter(|_| !running) {
+        // After the upload, the attachment needs nothing of the config.
+        let attaching_only = VmConfig::default();
+        let bootstrap_config = match &config {
+            Some(config) => Some(config),
+            None if uploaded => Some(&attaching_only),
+            None => None,
+        };
+        if let Some(bootstrap_config) = bootstrap_config.filter(|_| !running) {
             if let Some(step) = self
                 .bootstrap(
                     scope,
@@ -1068,7 +1106,7 @@ impl<'a> Reconcile<'a> {
                     &proxmox,
                     &node,
                     vmid,
-                    config,
+                    bootstrap_config,
                     &bootstrap_secret,
                     addresses.as_ref(),
                 )
@@ -1089,6 +1127,10 @@ impl<'a> Reconcile<'a> {
         let check_cloud_init = checks.skip_qemu_guest_agent != Some(true)
             && checks.skip_cloud_init_status != Some(true);
         let check_agent = checks.skip_qemu_guest_agent != Some(true);
+        // While the guest boots, it is looked at when guests on its node usually are done.
+        let machine_key = claim_key(self.machine);
+        let boot_clock = &self.context.task_clock;
+        let booting = || Action::requeue(boot_clock.boot_silent(&machine_key, &node));
         if already_provisioned {
             // Nothing to wait for.
         } else if check_cloud_init {
@@ -1110,7 +1152,7 @@ impl<'a> Reconcile<'a> {
                     return Ok(waiting(
                         "WaitingForCloudInit",
                         "cloud-init is still running",
-                        Action::requeue(Duration::from_secs(2)),
+                        booting(),
                     ));
                 }
                 Ok(crate::proxmox::CloudInitStatus::Error { exitcode, output }) => {
@@ -1118,6 +1160,7 @@ impl<'a> Reconcile<'a> {
                     let message = format!(
                         "cloud-init failed in VM {vmid} (exit code {exit}): {output}; check the bootstrap data and the guest's /var/log/cloud-init.log"
                     );
+                    boot_clock.boot_answered(&machine_key);
                     self.event(scope, EventType::Warning, "CloudInitFailed", &message)
                         .await;
                     return Ok(waiting(
@@ -1130,7 +1173,7 @@ impl<'a> Reconcile<'a> {
                     return Ok(waiting(
                         "WaitingForGuestAgent",
                         "the QEMU guest agent does not answer yet",
-                        Action::requeue(Duration::from_secs(2)),
+                        booting(),
                     ));
                 }
                 Err(error) => {
@@ -1141,40 +1184,38 @@ impl<'a> Reconcile<'a> {
             return Ok(waiting(
                 "WaitingForGuestAgent",
                 "the QEMU guest agent does not answer yet",
-                Action::requeue(Duration::from_secs(2)),
+                booting(),
             ));
         }
+        boot_clock.boot_answered(&machine_key);
 
         // Provisioned: provider ID, addresses, placement, readiness.
         if addresses_pending {
             return Ok(waiting_for_addresses());
         }
-        let config = match config {
-            Some(config) => config,
-            None => self
-                .configs
-                .read(&proxmox, &node, vmid)
-                .await
-                .during(read_config)?,
+        // The provider ID comes from the VM's SMBIOS UUID; once recorded (for this VM: it is
+        // how the VM was found), it is not read again.
+        let provider_id = match (&config, self.machine.spec.provider_id.as_deref()) {
+            (None, Some(recorded)) => recorded.to_owned(),
+            _ => {
+                let config = match &config {
+                    Some(config) => config.clone(),
+                    None => self
+                        .configs
+                        .read(&proxmox, &node, vmid)
+                        .await
+                        .during(read_config)?,
+                };
+                let uuid = smbios_uuid(&config)
+                    .ok_or_else(|| ProxmoxError::Decode {
+                        endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
+                        message: format!("VM {vmid} has no smbios1 uuid"),
+                    })
+                    .during(read_config)?;
+                crate::cloudinit::provider_id(&uuid)
+            }
         };
-        let uuid = smbios_uuid(&config)
-            .ok_or_else(|| ProxmoxError::Decode {
-                endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
-                message: format!("VM {vmid} has no smbios1 uuid"),
-            })
-            .during(read_config)?;
-        let provider_id = crate::cloudinit::provider_id(&uuid);
-        if self.machine.spec.provider_id.as_deref() != Some(provider_id.as_str()) {
-            let patched = scope
-                .api
-                .patch(
-                    &scope.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"providerID": provider_id}})),
-                )
-                .await?;
-            scope.generation = patched.metadata.generation;
-        }
+        self.record_provider_id(scope, &provider_id).await?;
         scope.status.addresses = machine_addresses(&scope.name, &scope.status.ip_addresses);
         scope.status.vm_status = Some(VirtualMachineState::Ready);
         scope.status.bootstrap_data_provided = Some(true);
@@ -1199,10 +1240,30 @@ impl<'a> Reconcile<'a> {
             .as_ref()
             .and_then(|s| s.node_ref.as_ref())
             .is_some()
+            && !self.context.seed_isos_removed.contains(&machine_key, vmid)
         {
-            let removed = self.remove_iso(scope, &proxmox, &node, vmid, &config).await;
+            let removed = match config {
+                // Deleted in the task this pass saw end: only the detachment is left, and it
+                // needs no look at the config (detaching what is gone is a no-op).
+                None if seed_iso_deleted(scope, &node) => {
+                    detach_seed_iso(&proxmox, &node, vmid).await.map(|()| None)
+                }
+                Some(config) => self.remove_iso(scope, &proxmox, &node, vmid, &config).await,
+                None => match self
+                    .configs
+                    .read(&proxmox, &node, vmid)
+                    .await
+                    .during(read_config)
+                {
+                    Ok(config) => self.remove_iso(scope, &proxmox, &node, vmid, &config).await,
+                    Err(error) => Err(error),
+                },
+            };
             let error = match removed {
-                Ok(None) => return Ok(Step::Continue),
+                Ok(None) => {
+                    self.context.seed_isos_removed.insert(&machine_key, vmid);
+                    return Ok(Step::Continue);
+                }
                 Ok(Some(step)) => return Ok(step.still_provisioned()),
                 Err(error) => error,
             };
@@ -1286,6 +1347,9 @@ impl<'a> Reconcile<'a> {
         if let Some(vmid) = scope.recorded_vmid
             && let Some(vm) = vms(resources).find(|r| r.vmid == Some(vmid))
         {
+            if identity.listed_as_recorded(vm, &scope.current) {
+                return Ok(Some(vm.clone()));
+            }
             if let Some(vm) = identity.owned_listed(proxmox, &self.configs, vm).await? {
                 return Ok(Some(vm));
             }
@@ -1559,8 +1623,9 @@ impl<'a> Reconcile<'a> {
         for template in copies {
             let storages = if elsewhere {
                 Some(
-                    proxmox
-                        .vm_config(&template.node, template.vmid)
+                    self.context
+                        .inventory
+                        .template_config(proxmox, &template.node, template.vmid)
                         .await?
                         .volume_storages(),
                 )
@@ -1657,16 +1722,17 @@ impl<'a> Reconcile<'a> {
                 Picked::Unlisted(recorded)
             });
         }
-        // Proxmox names the lowest VMID without a VM; while other machines hold it and the ones
-        // after it, the next unclaimed one Proxmox accepts is taken.
+        // Proxmox names the lowest VMID without a VM (asked once a minute per endpoint); from
+        // there, the first one neither listed nor held by another machine is confirmed with
+        // Proxmox, so one call usually settles it.
         let candidates = match &self.machine.spec.vm_id_range {
             Some(range) => (range.start, range.end),
             None => {
-                let lowest = proxmox.next_id(None).await?;
-                if claims.claim(lowest, &key) {
+                let (lowest, freshness) = self.context.inventory.lowest_free_vmid(proxmox).await?;
+                if freshness == inventory::Freshness::JustAsked && claims.claim(lowest, &key) {
                     return Ok(Picked::Vmid(lowest));
                 }
-                (i64::from(lowest) + 1, i64::from(MAX_VMID))
+                (i64::from(lowest), i64::from(MAX_VMID))
             }
         };
         for candidate in candidates.0..=candidates.1 {
@@ -1767,6 +1833,27 @@ impl<'a> Reconcile<'a> {
         Ok(NodeInventory { nodes })
     }
 
+    /// Writes `provider_id` to the machine's spec unless it is there already.
+    async fn record_provider_id(
+        &self,
+        scope: &mut Scope,
+        provider_id: &str,
+    ) -> Result<(), MachineError> {
+        if self.machine.spec.provider_id.as_deref() == Some(provider_id) {
+            return Ok(());
+        }
+        let patched = scope
+            .api
+            .patch(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"providerID": provider_id}})),
+            )
+            .await?;
+        scope.generation = patched.metadata.generation;
+        Ok(())
+    }
+
     /// Sockets, cores, memory, description, NICs and tags, and the boot disk size: each only if it differs.
     async fn configure(
         &self,
@@ -1808,12 +1895,18 @@ impl<'a> Reconcile<'a> {
         }
         let mut configured = Configured::Unchanged;
         if changed {
-            configured = Configured::Changed;
+            let update = update.digest(config.digest());
             // Synchronous: these settings need neither hotplug nor new storage.
             proxmox
-                .update_vm_config_sync(node, vmid, &update.digest(config.digest()))
+                .update_vm_config_sync(node, vmid, &update)
                 .await
                 .during(|| format!("configuring VM {vmid} on {node}"))?;
+            let macs_known = update
+                .set
+                .iter()
+                .filter(|(key, _)| key.starts_with("net"))
+                .all(|(_, value)| crate::cloudinit::mac_from_net_config(value).is_some());
+            configured = Configured::Changed(macs_known.then(|| config.updated(&update)));
             self.event(
                 scope,
                 EventType::Normal,
@@ -1838,7 +1931,7 @@ impl<'a> Reconcile<'a> {
                 let step = self.submitted(scope, proxmox, started, || {
                     format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb)
                 })?;
-                return Ok(step.map_or(Configured::Changed, Configured::Waiting));
+                return Ok(step.map_or(Configured::Changed(None), Configured::Waiting));
             }
         }
         Ok(configured)
@@ -2012,11 +2105,7 @@ impl<'a> Reconcile<'a> {
             return Ok(None);
         }
         // The upload this pass saw succeed: only the attachment is left.
-        let uploaded = scope
-            .finished
-            .as_ref()
-            .is_some_and(|task| task.task_type == "imgcopy" && task.node == node);
-        let image = if uploaded {
+        let image = if seed_iso_uploaded(scope, node) {
             None
         } else {
             let read;
@@ -2038,7 +2127,10 @@ impl<'a> Reconcile<'a> {
                 Err(step) => return Ok(Some(step)),
             }
         };
-        let storage = iso_storage(proxmox, node)
+        let storage = self
+            .context
+            .inventory
+            .iso_storage(proxmox, node)
             .await
             .during(|| format!("listing the ISO storages of {node}"))?;
         let Some(storage) = storage else {
@@ -2213,21 +2305,14 @@ impl<'a> Reconcile<'a> {
             return Ok(None);
         };
         // The deletion this pass saw succeed: only the detachment is left.
-        let deleted = scope
-            .finished
-            .as_ref()
-            .is_some_and(|task| task.task_type == "imgdel" && task.node == node);
-        if !deleted
+        if !seed_iso_deleted(scope, node)
             && let Some(step) = self
                 .delete_seed_iso(scope, proxmox, node, vmid, Some(volume))
                 .await?
         {
             return Ok(Some(step));
         }
-        proxmox
-            .update_vm_config_sync(node, vmid, &ConfigUpdate::default().delete("ide0"))
-            .await
-            .during(|| format!("detaching the seed ISO from VM {vmid}"))?;
+        detach_seed_iso(proxmox, node, vmid).await?;
         Ok(None)
     }
 
@@ -2519,7 +2604,10 @@ impl<'a> Reconcile<'a> {
         let seed = crate::cloudinit::seed_iso_name(vmid);
         let volume = match attached {
             Some(volume) => Some(volume).filter(|v| v.contains(&seed)),
-            None => iso_storage(proxmox, node)
+            None => self
+                .context
+                .inventory
+                .iso_storage(proxmox, node)
                 .await
                 .during(|| format!("listing the ISO storages of {node}"))?
                 .map(|s| format!("{s}:iso/{seed}")),
@@ -2621,8 +2709,10 @@ impl<'a> Reconcile<'a> {
 enum Configured {
     /// Nothing: the config is as the spec wants it.
     Unchanged,
-    /// Changed it; what was read before is out of date.
-    Changed,
+    /// Changed it; what was read before is out of date. With the config as it is now, when
+    /// Proxmox took every value as sent (a NIC without a MAC gets one from Proxmox, so its
+    /// config must be read again).
+    Changed(Option<VmConfig>),
     /// Started a task (a disk resize) that the machine waits for.
     Waiting(Step),
 }
@@ -2752,16 +2842,64 @@ pub fn smbios_uuid(config: &VmConfig) -> Option<String> {
     crate::cloudinit::instance_id_from_smbios(&config.get("smbios1")?)
 }
 
-/// The ISO-capable storage of a node, chosen deterministically (first by name).
-async fn iso_storage(proxmox: &ProxmoxClient, node: &str) -> Result<Option<String>, MachineError> {
-    let mut storages: Vec<String> = proxmox
-        .list_storage(node, Some("iso"))
-        .await?
-        .into_iter()
-        .map(|s| s.storage)
-        .collect();
-    storages.sort();
-    Ok(storages.into_iter().next())
+/// The VMs (by machine and VMID) whose seed ISO this process saw removed, so later passes of a
+/// provisioned machine need not read its config to look for it. A restarted process looks once
+/// per machine.
+#[derive(Clone, Default)]
+pub struct SeedIsosRemoved(Arc<std::sync::Mutex<std::collections::HashSet<(String, u32)>>>);
+
+impl SeedIsosRemoved {
+    /// Most VMs remembered; past it, the memory starts over (each machine looks once more).
+    const MAX: usize = 100_000;
+
+    fn contains(&self, machine: &str, vmid: u32) -> bool {
+        self.lock().contains(&(machine.to_owned(), vmid))
+    }
+
+    fn insert(&self, machine: &str, vmid: u32) {
+        let mut removed = self.lock();
+        if removed.len() >= Self::MAX {
+            removed.clear();
+        }
+        removed.insert((machine.to_owned(), vmid));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(String, u32)>> {
+        // Every update is a single insert or clear: a poisoned lock holds a usable set.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Whether this pass saw the seed ISO's upload to `node` end.
+fn seed_iso_uploaded(scope: &Scope, node: &str) -> bool {
+    scope
+        .finished
+        .as_ref()
+        .is_some_and(|task| task.task_type == "imgcopy" && task.node == node)
+}
+
+/// Whether this pass saw the seed ISO's deletion on `node` end.
+fn seed_iso_deleted(scope: &Scope, node: &str) -> bool {
+    scope
+        .finished
+        .as_ref()
+        .is_some_and(|task| task.task_type == "imgdel" && task.node == node)
+}
+
+/// Takes the seed ISO's drive off the VM (Proxmox ignores the removal of a drive it does not
+/// have).
+async fn detach_seed_iso(
+    proxmox: &ProxmoxClient,
+    node: &str,
+    vmid: u32,
+) -> Result<(), MachineError> {
+    proxmox
+        .update_vm_config_sync(node, vmid, &ConfigUpdate::default().delete("ide0"))
+        .await
+        .during(|| format!("detaching the seed ISO from VM {vmid}"))?;
+    Ok(())
 }
 
 /// The status fields this controller owns, as currently recorded.

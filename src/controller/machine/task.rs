@@ -32,6 +32,9 @@ pub const TASK_BACKOFF_MAX: Duration = Duration::from_secs(300);
 const DEFAULT_CLONE: Duration = Duration::from_secs(2);
 /// Expected duration of any other task before one of its type was seen end.
 const DEFAULT_TASK: Duration = Duration::from_millis(500);
+/// Expected time from a VM's start to its guest being done with cloud-init, before any was
+/// seen on the node.
+const DEFAULT_BOOT: Duration = Duration::from_secs(2);
 /// Shortest requeue while a task runs, so a task past its expected end is not polled in a
 /// tight loop.
 const MIN_RECHECK: Duration = Duration::from_millis(200);
@@ -69,6 +72,19 @@ struct ClockState {
     /// The task each machine waits for (by machine key), with its purpose: a pass working
     /// from a cached copy older than the status that records it still sees it.
     by_machine: HashMap<String, (String, String)>,
+    /// Machines whose VM this process started and whose guest has not answered yet.
+    booting: HashMap<String, Booting>,
+    /// Recent estimated boot durations (start request to cloud-init done) per node.
+    boots_learned: HashMap<String, VecDeque<Duration>>,
+}
+
+struct Booting {
+    node: String,
+    started: Instant,
+    /// How long after the start the guest was last seen not done.
+    last_seen_silent: Duration,
+    /// When to look again.
+    due: Instant,
 }
 
 struct InFlight {
@@ -183,6 +199,75 @@ impl TaskClock {
         self.lock().expected(upid)
     }
 
+    /// Notes that `machine`'s VM on `node` was just asked to start: its guest is looked at
+    /// when guests on that node usually are done booting.
+    pub fn boot_started(&self, machine: &str, node: &str) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        if state.booting.len() >= MAX_IN_FLIGHT {
+            state.booting.clear();
+        }
+        let expected = state.expected_boot(node);
+        state.booting.insert(
+            machine.to_owned(),
+            Booting {
+                node: node.to_owned(),
+                started: now,
+                last_seen_silent: Duration::ZERO,
+                due: now + expected,
+            },
+        );
+    }
+
+    /// How long until `machine`'s booting guest is worth looking at, if it is not yet.
+    pub fn boot_not_due(&self, machine: &str) -> Option<Duration> {
+        let now = Instant::now();
+        let due = self.lock().booting.get(machine)?.due;
+        (due > now + Duration::from_millis(20)).then(|| due - now)
+    }
+
+    /// Notes that `machine`'s guest is not done booting; returns the requeue until the next
+    /// look: the usual boot time on its node if that is still ahead, else a quarter of the time
+    /// it has booted so far, within bounds.
+    pub fn boot_silent(&self, machine: &str, node: &str) -> Duration {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let expected = state.expected_boot(node);
+        let entry = state
+            .booting
+            .entry(machine.to_owned())
+            .or_insert_with(|| Booting {
+                node: node.to_owned(),
+                started: now,
+                last_seen_silent: Duration::ZERO,
+                due: now,
+            });
+        let booted_for = now - entry.started;
+        entry.last_seen_silent = booted_for;
+        let wait = expected
+            .checked_sub(booted_for)
+            .filter(|remaining| *remaining >= MIN_RECHECK)
+            .unwrap_or((booted_for / 4).clamp(MIN_RECHECK, MAX_RECHECK));
+        entry.due = now + wait;
+        wait
+    }
+
+    /// Notes that `machine`'s guest is done booting, and learns how long that took if this
+    /// process started it.
+    pub fn boot_answered(&self, machine: &str) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(boot) = state.booting.remove(machine) else {
+            return;
+        };
+        let estimate = (boot.last_seen_silent + (now - boot.started)) / 2;
+        let samples = state.boots_learned.entry(boot.node).or_default();
+        if samples.len() == SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back(estimate);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, ClockState> {
         // A panic while holding this lock cannot leave the state inconsistent (every update
         // is a single insert or remove), so a poisoned lock is used as it is.
@@ -193,18 +278,28 @@ impl TaskClock {
 }
 
 impl ClockState {
+    fn expected_boot(&self, node: &str) -> Duration {
+        match self.boots_learned.get(node).filter(|s| !s.is_empty()) {
+            Some(samples) => median(samples).max(MIN_RECHECK),
+            None => DEFAULT_BOOT,
+        }
+    }
+
     fn expected(&self, upid: &Upid) -> Duration {
         let key = (upid.task_type.clone(), upid.node.clone());
         match self.learned.get(&key).filter(|s| !s.is_empty()) {
-            Some(samples) => {
-                let mut sorted: Vec<Duration> = samples.iter().copied().collect();
-                sorted.sort();
-                sorted[sorted.len() / 2].max(MIN_RECHECK)
-            }
+            Some(samples) => median(samples).max(MIN_RECHECK),
             None if upid.task_type == "qmclone" => DEFAULT_CLONE,
             None => DEFAULT_TASK,
         }
     }
+}
+
+/// The middle of `samples` (not empty).
+fn median(samples: &VecDeque<Duration>) -> Duration {
+    let mut sorted: Vec<Duration> = samples.iter().copied().collect();
+    sorted.sort();
+    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
 }
 
 /// Task types that delete what a machine had: a failed one is retried after its back-off;
@@ -268,8 +363,12 @@ impl Reconcile<'_> {
     /// it has one and that is still ahead.
     pub(super) fn task_not_due(&self) -> Option<Duration> {
         let clock = &self.context.task_clock;
-        let (upid, _) = clock.in_flight_for(&super::claim_key(self.machine))?;
-        clock.not_due(&upid.parse().ok()?)
+        let machine = super::claim_key(self.machine);
+        match clock.in_flight_for(&machine) {
+            Some((upid, _)) => clock.not_due(&upid.parse().ok()?),
+            // Nor is a guest this process started looked at before it usually is done booting.
+            None => clock.boot_not_due(&machine),
+        }
     }
 
     /// Records the task a Proxmox request started (`started`, its answer) and stops the pass
@@ -289,10 +388,11 @@ impl Reconcile<'_> {
             self.context.inventory.changed(proxmox);
         }
         let purpose = purpose();
-        let wait =
-            self.context
-                .task_clock
-                .submitted(&upid, &super::claim_key(self.machine), &purpose);
+        let machine = super::claim_key(self.machine);
+        let wait = self.context.task_clock.submitted(&upid, &machine, &purpose);
+        if upid.task_type == "qmstart" {
+            self.context.task_clock.boot_started(&machine, &upid.node);
+        }
         scope.status.task_ref = Some(upid.to_string());
         scope.status.task_purpose = Some(purpose.clone());
         tracing::debug!(machine = %scope.name, %upid, purpose, expected_ms = wait.as_millis() as u64, "submitted a Proxmox task");
@@ -533,6 +633,40 @@ mod tests {
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
+    }
+
+    #[test]
+    fn a_booting_guest_is_looked_at_when_guests_on_its_node_usually_are_done() {
+        let clock = TaskClock::default();
+        clock.boot_started("m1", "pve1");
+        let first = clock
+            .boot_not_due("m1")
+            .expect("not due right after the start");
+        assert!(
+            first <= DEFAULT_BOOT && first > DEFAULT_BOOT / 2,
+            "{first:?}"
+        );
+        // Seen not done: the next look comes at the usual boot time, or soon after it.
+        let wait = clock.boot_silent("m1", "pve1");
+        assert!((MIN_RECHECK..=DEFAULT_BOOT).contains(&wait), "{wait:?}");
+        assert!(clock.boot_not_due("m1").is_some());
+        clock.boot_answered("m1");
+        assert!(
+            clock.boot_not_due("m1").is_none(),
+            "answered: nothing to wait for"
+        );
+        // Learned: this node's guests answered almost at once, another node keeps the default.
+        clock.boot_started("m2", "pve1");
+        assert!(clock.boot_not_due("m2").is_none_or(|d| d <= MIN_RECHECK));
+        clock.boot_started("m3", "pve2");
+        assert!(
+            clock
+                .boot_not_due("m3")
+                .is_some_and(|d| d > DEFAULT_BOOT / 2)
+        );
+        // A guest this process did not start (after a restart) is looked at now, then backs off.
+        assert!(clock.boot_not_due("m4").is_none());
+        assert_eq!(clock.boot_silent("m4", "pve1"), MIN_RECHECK);
     }
 
     #[test]
