@@ -74,6 +74,8 @@ struct Vm {
     pool: Option<String>,
     /// Last creation/power change, for the `/cluster/resources` statistics lag.
     changed_at: Option<Instant>,
+    /// What the last start booted (from the seed attached then; the seed may go later).
+    booted: Option<GuestOs>,
 }
 
 impl Vm {
@@ -416,6 +418,7 @@ impl Cluster {
                 }),
                 pool: None,
                 changed_at: None,
+                booted: None,
             },
         );
     }
@@ -582,7 +585,9 @@ impl Cluster {
                 log.push(format!("clone to VM {newid} finished"));
             }
             Effect::Start { vmid } if ok => {
+                let booted = self.vms.get(&vmid).map(|vm| self.seed_os(vm));
                 if let Some(vm) = self.vms.get_mut(&vmid) {
+                    vm.booted = booted;
                     vm.running = true;
                     vm.started_at = Some(end);
                     vm.changed_at = Some(end);
@@ -1350,6 +1355,7 @@ impl Cluster {
                 started_at: None,
                 pool: None,
                 changed_at: Some(now),
+                booted: None,
             },
         );
         self.volumes.extend(new_volumes);
@@ -1816,8 +1822,18 @@ impl Cluster {
         self.seed_bytes(vm).next().map(<[u8]>::to_vec)
     }
 
-    /// What boots in `vm`: Flatcar when its seed carries an Ignition config, else Ubuntu.
+    /// What runs in VM `vmid` (what its last start booted), if it was started.
+    pub fn booted_os(&self, vmid: u32) -> Option<GuestOs> {
+        self.vms.get(&vmid)?.booted
+    }
+
+    /// What runs in `vm`: what its last start booted, else what its seed would boot.
     fn guest_os(&self, vm: &Vm) -> GuestOs {
+        vm.booted.unwrap_or_else(|| self.seed_os(vm))
+    }
+
+    /// What `vm`'s seed boots: Flatcar when it carries an Ignition config, else Ubuntu.
+    fn seed_os(&self, vm: &Vm) -> GuestOs {
         self.seed_iso(vm)
             .map_or(GuestOs::Ubuntu, |seed| GuestOs::of(&seed))
     }
