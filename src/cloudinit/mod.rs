@@ -1,10 +1,14 @@
 //! The NoCloud seed a machine boots with: `user-data` (the bootstrap data), `meta-data`,
 //! `network-config` (netplan v2) and the ISO9660 image (volume `cidata`) that carries them.
+//! Ignition (Flatcar) bootstrap data travels on the same image, with the hostname, instance id
+//! and network merged into it (see [`ignition`]).
 //! Pure code: the machine reconciler reads the bootstrap Secret, the VM config (SMBIOS UUID,
 //! MACs) and the bound IPAddresses, and passes plain data here with the [`Placement`].
 //!
 //! # Flow (machine reconciler)
 //!
+//! 0. Before creating the VM: [`BootstrapFormat::parse`] the Secret's `format` and, for
+//!    Ignition, [`ignition::check`] its value, so bad bootstrap data changes nothing in Proxmox.
 //! 1. [`BootstrapFormat::parse`] the Secret's `format`; [`instance_id_from_smbios`] and
 //!    [`mac_from_net_config`] on the VM config; the bound IPAddresses as [`NicAddresses`].
 //! 2. [`render_nocloud`] → [`NoCloudFiles`]; on error set the condition from
@@ -19,10 +23,14 @@
 //! - Strings YAML 1.1 (cloud-init's PyYAML) would misread are quoted, e.g. the QEMU MAC
 //!   `52:54:00:12:34:56` (a base-60 integer there) or a VRF named `on`; MACs are lower-case; `linkMtu: 1` ("inherit") writes no `mtu`.
 //! - `ethernets` are written in NIC order (`eth2` before `eth10`), not sorted as strings.
-//! - Ignition (Flatcar) bootstrap data is not supported yet: [`CloudInitError::Unsupported`].
+//! - Ignition: spec 3.x configs are merged into too (the Go provider reads 2.x only), the
+//!   networkd units are validated like the netplan document, and a config that would drop
+//!   capmox's additions (`ignition.config.replace`) is refused.
 
+pub mod ignition;
 pub mod iso;
 mod network;
+mod networkd;
 mod vmconfig;
 mod yaml;
 
@@ -33,7 +41,9 @@ use serde::Serialize;
 
 use crate::placement::Placement;
 
+pub use ignition::IgnitionError;
 pub use network::{AssignedAddress, NetworkConfigError, NicAddresses, render_network_config};
+pub use networkd::NetworkdUnit;
 pub use vmconfig::{instance_id_from_smbios, mac_from_net_config};
 
 /// Why the NoCloud files cannot be rendered.
@@ -50,11 +60,9 @@ pub enum CloudInitError {
         "bootstrap data format {0:?} is unknown; the bootstrap Secret's format must be cloud-config or ignition"
     )]
     UnknownFormat(String),
-    /// The bootstrap data is in a format capmox cannot deliver yet.
-    #[error(
-        "bootstrap data format {0} is not supported yet; use a cloud-config bootstrap provider (e.g. kubeadm)"
-    )]
-    Unsupported(BootstrapFormat),
+    /// The Ignition bootstrap data is malformed or of an unsupported spec version.
+    #[error(transparent)]
+    Ignition(#[from] IgnitionError),
     /// The network-config is invalid.
     #[error(transparent)]
     Network(#[from] NetworkConfigError),
@@ -68,7 +76,8 @@ impl CloudInitError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::MissingHostname | Self::MissingInstanceId => "MetadataIncomplete",
-            Self::UnknownFormat(_) | Self::Unsupported(_) => "BootstrapFormatUnsupported",
+            Self::UnknownFormat(_) => "BootstrapFormatUnsupported",
+            Self::Ignition(_) => "BootstrapDataInvalid",
             Self::Network(
                 NetworkConfigError::MissingAddresses { .. } | NetworkConfigError::MissingMac { .. },
             ) => "WaitingForNetwork",
@@ -232,32 +241,57 @@ fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|v| !v.trim().is_empty())
 }
 
-/// Returns `user-data`: the bootstrap data unchanged; Ignition is refused for now.
-pub fn render_user_data(bootstrap: &BootstrapData) -> Result<Vec<u8>, CloudInitError> {
-    match bootstrap.format {
-        BootstrapFormat::CloudConfig => Ok(bootstrap.value.clone()),
-        BootstrapFormat::Ignition => Err(CloudInitError::Unsupported(BootstrapFormat::Ignition)),
-    }
-}
-
 /// Renders all NoCloud files for a machine: NIC settings come from `placement`, addresses and
-/// MACs from `assigned` (one entry per NIC, by `netN` name).
+/// MACs from `assigned` (one entry per NIC, by `netN` name). Cloud-config bootstrap data is the
+/// `user-data` unchanged, with a netplan `network-config`; Ignition bootstrap data is checked
+/// first and becomes `user-data` with the hostname, instance id and networkd units merged in.
 pub fn render_nocloud(
     placement: &Placement,
     meta: &MetaData,
     assigned: &[NicAddresses],
     bootstrap: &BootstrapData,
 ) -> Result<NoCloudFiles, CloudInitError> {
-    let user_data = render_user_data(bootstrap)?;
-    let meta_data = render_meta_data(meta)?;
-    let network_config =
-        render_network_config(placement.network_devices(), placement.vrfs(), assigned)?;
-    Ok(NoCloudFiles {
-        user_data,
-        meta_data: meta_data.into_bytes(),
-        network_config: network_config.into_bytes(),
-        vendor_data: None,
-    })
+    match bootstrap.format {
+        BootstrapFormat::CloudConfig => {
+            let meta_data = render_meta_data(meta)?;
+            let network_config =
+                render_network_config(placement.network_devices(), placement.vrfs(), assigned)?;
+            Ok(NoCloudFiles {
+                user_data: bootstrap.value.clone(),
+                meta_data: meta_data.into_bytes(),
+                network_config: network_config.into_bytes(),
+                vendor_data: None,
+            })
+        }
+        BootstrapFormat::Ignition => {
+            let config = ignition::parse(&bootstrap.value)?;
+            let meta_data = render_meta_data(meta)?;
+            let plan =
+                network::plan_network(placement.network_devices(), placement.vrfs(), assigned)?;
+            let additions = ignition::Additions {
+                hostname: meta.hostname.clone(),
+                instance_id: meta.instance_id.clone(),
+                private_ipv4: default_address(assigned, false),
+                private_ipv6: default_address(assigned, true),
+                units: networkd::render_units(&plan),
+            };
+            Ok(NoCloudFiles {
+                user_data: config.merge(&additions),
+                meta_data: meta_data.into_bytes(),
+                network_config: ignition::EMPTY_NETWORK_CONFIG.as_bytes().to_vec(),
+                vendor_data: None,
+            })
+        }
+    }
+}
+
+/// The first address of the family from a default pool, as `addr/prefix`.
+fn default_address(assigned: &[NicAddresses], v6: bool) -> Option<String> {
+    assigned
+        .iter()
+        .flat_map(|nic| &nic.addresses)
+        .find(|a| a.default_route && a.address.is_ipv6() == v6)
+        .map(|a| format!("{}/{}", a.address, a.prefix))
 }
 
 /// File name of a VM's seed image on the Proxmox ISO storage, as the Go provider names it

@@ -238,22 +238,22 @@ pub enum NetworkConfigError {
 // netplan v2 document, in the key order the Go provider writes.
 
 #[derive(Serialize)]
-struct Document {
-    network: Network,
+pub(super) struct Document {
+    pub(super) network: Network,
 }
 
 #[derive(Serialize)]
-struct Network {
-    version: u8,
-    renderer: &'static str,
+pub(super) struct Network {
+    pub(super) version: u8,
+    pub(super) renderer: &'static str,
     #[serde(skip_serializing_if = "Ordered::is_empty")]
-    ethernets: Ordered<Ethernet>,
+    pub(super) ethernets: Ordered<Ethernet>,
     #[serde(skip_serializing_if = "Ordered::is_empty")]
-    vrfs: Ordered<Vrf>,
+    pub(super) vrfs: Ordered<Vrf>,
 }
 
 /// A YAML mapping that keeps insertion order (NIC order: `eth2` before `eth10`).
-struct Ordered<V>(Vec<(String, V)>);
+pub(super) struct Ordered<V>(pub(super) Vec<(String, V)>);
 
 impl<V> Ordered<V> {
     fn is_empty(&self) -> bool {
@@ -272,64 +272,64 @@ impl<V: Serialize> Serialize for Ordered<V> {
 }
 
 #[derive(Serialize)]
-struct Ethernet {
+pub(super) struct Ethernet {
     #[serde(rename = "match")]
-    matches: Match,
+    pub(super) matches: Match,
     dhcp4: bool,
     dhcp6: bool,
-    addresses: Vec<String>,
+    pub(super) addresses: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    routes: Vec<Route>,
+    pub(super) routes: Vec<Route>,
     #[serde(rename = "routing-policy", skip_serializing_if = "Vec::is_empty")]
-    routing_policy: Vec<Rule>,
+    pub(super) routing_policy: Vec<Rule>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    nameservers: Option<Nameservers>,
+    pub(super) nameservers: Option<Nameservers>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    mtu: Option<u32>,
+    pub(super) mtu: Option<u32>,
 }
 
 #[derive(Serialize)]
-struct Match {
-    macaddress: String,
+pub(super) struct Match {
+    pub(super) macaddress: String,
 }
 
 #[derive(Serialize)]
-struct Nameservers {
-    addresses: Vec<String>,
+pub(super) struct Nameservers {
+    pub(super) addresses: Vec<String>,
 }
 
 #[derive(Serialize)]
-struct Route {
-    to: String,
+pub(super) struct Route {
+    pub(super) to: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    via: Option<String>,
+    pub(super) via: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    metric: Option<u32>,
+    pub(super) metric: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    table: Option<u32>,
+    pub(super) table: Option<u32>,
 }
 
 #[derive(Serialize)]
-struct Rule {
+pub(super) struct Rule {
     #[serde(skip_serializing_if = "Option::is_none")]
-    to: Option<String>,
+    pub(super) to: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    from: Option<String>,
+    pub(super) from: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    priority: Option<u32>,
+    pub(super) priority: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    table: Option<u32>,
+    pub(super) table: Option<u32>,
 }
 
 #[derive(Serialize)]
-struct Vrf {
-    table: u32,
+pub(super) struct Vrf {
+    pub(super) table: u32,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    routes: Vec<Route>,
+    pub(super) routes: Vec<Route>,
     #[serde(rename = "routing-policy", skip_serializing_if = "Vec::is_empty")]
-    routing_policy: Vec<Rule>,
+    pub(super) routing_policy: Vec<Rule>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    interfaces: Vec<String>,
+    pub(super) interfaces: Vec<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -587,6 +587,17 @@ pub fn render_network_config(
     vrfs: &[VrfDevice],
     assigned: &[NicAddresses],
 ) -> Result<String, NetworkConfigError> {
+    let doc = plan_network(nics, vrfs, assigned)?;
+    super::yaml::to_string(&doc).map_err(NetworkConfigError::Yaml)
+}
+
+/// The machine's network checked and resolved, as the netplan document; the systemd-networkd
+/// units for Ignition are rendered from the same plan, so both say the same.
+pub(super) fn plan_network(
+    nics: &[ResolvedNic],
+    vrfs: &[VrfDevice],
+    assigned: &[NicAddresses],
+) -> Result<Document, NetworkConfigError> {
     if nics.is_empty() {
         return Err(NetworkConfigError::NoDevices);
     }
@@ -793,13 +804,12 @@ pub fn render_network_config(
     if !has_default {
         return Err(NetworkConfigError::MissingDefaultRoute);
     }
-    let doc = Document {
+    Ok(Document {
         network: Network {
             version: 2,
             renderer: "networkd",
             ethernets: Ordered(ethernets),
             vrfs: Ordered(vrf_out),
         },
-    };
-    super::yaml::to_string(&doc).map_err(NetworkConfigError::Yaml)
+    })
 }

@@ -140,38 +140,22 @@ fn meta_data_needs_hostname_and_instance_id() {
     );
 }
 
-// ------------------------------------------------------------------------------ user-data
+// ------------------------------------------------------------------------------ formats
 
 #[test]
-fn user_data_is_the_bootstrap_data_unchanged() {
-    let b = BootstrapData {
-        value: b"#cloud-config\nruncmd: [\"kubeadm init\"]\n".to_vec(),
-        format: BootstrapFormat::parse(None).expect("default format"),
-    };
-    assert_eq!(render_user_data(&b).expect("renders"), b.value);
-}
-
-#[test]
-fn ignition_and_unknown_formats_are_refused_with_a_reason() {
-    let b = BootstrapData {
-        value: b"{}".to_vec(),
-        format: BootstrapFormat::parse(Some("ignition")).expect("known format"),
-    };
-    let err = render_user_data(&b).expect_err("ignition unsupported");
-    assert_eq!(err, CloudInitError::Unsupported(BootstrapFormat::Ignition));
+fn formats_are_read_and_unknown_ones_refused_with_a_reason() {
     assert_eq!(
-        err.to_string(),
-        "bootstrap data format ignition is not supported yet; use a cloud-config bootstrap \
-         provider (e.g. kubeadm)"
+        BootstrapFormat::parse(Some("ignition")),
+        Ok(BootstrapFormat::Ignition)
     );
     assert_eq!(
         BootstrapFormat::parse(Some("cloud-config")),
         Ok(BootstrapFormat::CloudConfig)
     );
+    let unknown = BootstrapFormat::parse(Some("yaml")).expect_err("unknown");
+    assert_eq!(unknown.reason(), "BootstrapFormatUnsupported");
     assert_eq!(
-        BootstrapFormat::parse(Some("yaml"))
-            .expect_err("unknown")
-            .to_string(),
+        unknown.to_string(),
         "bootstrap data format \"yaml\" is unknown; the bootstrap Secret's format must be \
          cloud-config or ignition"
     );
@@ -978,18 +962,6 @@ provider-id: proxmox://9b9f5a46-0c1d-4f7e-8b1a-1c2d3e4f5a6b
 }
 
 #[test]
-fn render_nocloud_refuses_ignition_before_anything_else() {
-    let bootstrap = BootstrapData {
-        value: b"{\"ignition\":{\"version\":\"2.3.0\"}}".to_vec(),
-        format: BootstrapFormat::Ignition,
-    };
-    assert_eq!(
-        render_nocloud(&placement(), &meta(), &[], &bootstrap),
-        Err(CloudInitError::Unsupported(BootstrapFormat::Ignition))
-    );
-}
-
-#[test]
 fn network_errors_surface_through_render_nocloud() {
     let bootstrap = BootstrapData {
         value: Vec::new(),
@@ -1037,9 +1009,9 @@ fn errors_tell_the_reconciler_whether_to_wait_or_report() {
     let user = CloudInitError::Network(NetworkConfigError::MissingDefaultRoute);
     assert!(!user.is_retryable());
     assert_eq!(user.reason(), "InvalidNetworkConfig");
-    let ignition = CloudInitError::Unsupported(BootstrapFormat::Ignition);
+    let ignition = CloudInitError::Ignition(IgnitionError::MissingVersion);
     assert!(!ignition.is_retryable());
-    assert_eq!(ignition.reason(), "BootstrapFormatUnsupported");
+    assert_eq!(ignition.reason(), "BootstrapDataInvalid");
 }
 
 #[test]
@@ -1070,4 +1042,215 @@ fn debug_output_never_shows_bootstrap_secrets() {
         assert!(shown.contains("redacted"), "{shown}");
     }
     assert!(format!("{files:?}").contains("instance-id: 4f3c"));
+}
+
+// ------------------------------------------------------------------------------ Ignition
+
+fn networkd(nics: &[ResolvedNic], vrfs: &[VrfDevice], a: &[NicAddresses]) -> Vec<(String, String)> {
+    let plan = super::network::plan_network(nics, vrfs, a).expect("plans");
+    super::networkd::render_units(&plan)
+        .into_iter()
+        .map(|u| (u.name, u.contents))
+        .collect()
+}
+
+fn unit(name: &str, contents: &str) -> (String, String) {
+    (name.to_owned(), contents.to_owned())
+}
+
+#[test]
+fn networkd_units_say_what_the_netplan_document_says() {
+    let mut n0 = nic("net0");
+    n0.dns_servers = vec!["10.0.0.2".to_owned(), "2001:db8::53".to_owned()];
+    n0.routes = vec![RouteSpec {
+        metric: Some(200),
+        table: Some(100),
+        ..route("172.16.0.0/12", Some("10.0.0.254"))
+    }];
+    n0.routing_policy = vec![RoutingPolicySpec {
+        to: Some("172.16.0.0/12".to_owned()),
+        priority: Some(10),
+        table: Some(100),
+        ..Default::default()
+    }];
+    let mut n1 = nic("net1");
+    n1.link_mtu = Some(9000);
+    let vrfs = vec![VrfDevice {
+        name: "vrf-storage".to_owned(),
+        table: 500,
+        interfaces: vec!["net1".to_owned()],
+        routes: Some(vec![route("default", Some("192.168.1.1"))]),
+        routing_policy: Some(vec![RoutingPolicySpec {
+            from: Some("192.168.1.0/24".to_owned()),
+            ..Default::default()
+        }]),
+    }];
+    let a = vec![
+        assigned(
+            "net0",
+            MAC0,
+            vec![
+                AssignedAddress {
+                    metric: Some(100),
+                    ..addr("10.0.0.5", 24, Some("10.0.0.1"))
+                },
+                addr("2001:db8::5", 64, Some("2001:db8::1")),
+            ],
+        ),
+        assigned("net1", MAC1, vec![addr("192.168.1.5", 24, None)]),
+    ];
+    assert_eq!(
+        networkd(&[n0, n1], &vrfs, &a),
+        [
+            unit(
+                "00-eth0.network",
+                "[Match]\nMACAddress=bc:24:11:00:00:01\n\n\
+                 [Network]\nDNS=10.0.0.2\nDNS=2001:db8::53\n\n\
+                 [Address]\nAddress=10.0.0.5/24\n\n\
+                 [Address]\nAddress=2001:db8::5/64\n\n\
+                 [Route]\nDestination=0.0.0.0/0\nGateway=10.0.0.1\nMetric=100\n\n\
+                 [Route]\nDestination=::/0\nGateway=2001:db8::1\n\n\
+                 [Route]\nDestination=172.16.0.0/12\nGateway=10.0.0.254\nMetric=200\nTable=100\n\n\
+                 [RoutingPolicyRule]\nTo=172.16.0.0/12\nPriority=10\nTable=100\n"
+            ),
+            unit(
+                "01-eth1.network",
+                "[Match]\nMACAddress=bc:24:11:00:00:02\n\n\
+                 [Link]\nMTUBytes=9000\n\n\
+                 [Network]\nVRF=vrf-storage\n\n\
+                 [Address]\nAddress=192.168.1.5/24\n"
+            ),
+            unit(
+                "00-vrf0.netdev",
+                "[NetDev]\nName=vrf-storage\nKind=vrf\n\n[VRF]\nTable=500\n"
+            ),
+            // Named after the NICs, as the Go provider numbers it; the VRF's table by default.
+            unit(
+                "02-vrf2.network",
+                "[Match]\nName=vrf-storage\n\n\
+                 [Route]\nDestination=0.0.0.0/0\nGateway=192.168.1.1\nTable=500\n\n\
+                 [RoutingPolicyRule]\nFrom=192.168.1.0/24\nTable=500\n"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn networkd_units_are_checked_like_the_netplan_document() {
+    let err = super::network::plan_network(
+        &[nic("net0")],
+        &[],
+        &[assigned("net0", MAC0, vec![addr("10.0.0.5", 24, None)])],
+    )
+    .err()
+    .map(|e| e.to_string());
+    assert_eq!(
+        err,
+        Some(NetworkConfigError::MissingDefaultRoute.to_string())
+    );
+}
+
+fn ignition_bootstrap(value: &str) -> BootstrapData {
+    BootstrapData {
+        value: value.as_bytes().to_vec(),
+        format: BootstrapFormat::Ignition,
+    }
+}
+
+fn placement_addresses() -> Vec<NicAddresses> {
+    vec![
+        assigned(
+            "net0",
+            MAC0,
+            vec![AssignedAddress {
+                default_route: true,
+                ..addr("10.0.0.10", 24, Some("10.0.0.1"))
+            }],
+        ),
+        assigned("net1", MAC1, vec![addr("192.168.1.10", 24, None)]),
+    ]
+}
+
+#[test]
+fn an_ignition_seed_carries_the_merged_config_the_meta_data_and_an_empty_network_config() {
+    let m = MetaData {
+        hostname: "m1".to_owned(),
+        ..meta()
+    };
+    let bootstrap = ignition_bootstrap(include_str!(
+        "../../tests/data/ignition/kubeadm-flatcar-v2.3.json"
+    ));
+    let files =
+        render_nocloud(&placement(), &m, &placement_addresses(), &bootstrap).expect("renders");
+    assert_eq!(
+        files.meta_data,
+        render_meta_data(&m).expect("meta").into_bytes()
+    );
+    assert_eq!(files.network_config, b"version: 1\nconfig: []\n");
+    assert_eq!(files.vendor_data, None);
+    let doc: serde_json::Value = serde_json::from_slice(&files.user_data).expect("JSON");
+    assert_eq!(doc["ignition"]["version"], "2.3.0");
+    let names: Vec<&str> = doc["networkd"]["units"]
+        .as_array()
+        .expect("units")
+        .iter()
+        .filter_map(|u| u["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "00-eth0.network",
+            "01-eth1.network",
+            "00-vrf0.netdev",
+            "02-vrf2.network"
+        ]
+    );
+    assert_eq!(
+        doc["networkd"]["units"][0]["contents"],
+        "[Match]\nMACAddress=bc:24:11:00:00:01\n\n[Network]\nDNS=10.0.0.2\n\n\
+         [Address]\nAddress=10.0.0.10/24\n\n[Route]\nDestination=0.0.0.0/0\nGateway=10.0.0.1\n"
+    );
+    let env = doc["storage"]["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .find(|f| f["path"] == "/etc/proxmox-env")
+        .expect("/etc/proxmox-env")["contents"]["source"]
+        .clone();
+    assert_eq!(
+        env,
+        "data:,COREOS_CUSTOM_HOSTNAME=m1%0ACOREOS_CUSTOM_INSTANCE_ID=\
+         9b9f5a46-0c1d-4f7e-8b1a-1c2d3e4f5a6b%0ACOREOS_CUSTOM_PROVIDER_ID=\
+         proxmox://9b9f5a46-0c1d-4f7e-8b1a-1c2d3e4f5a6b%0A\
+         COREOS_CUSTOM_PRIVATE_IPV4=10.0.0.10/24%0A"
+    );
+    // The same config without a secret in `Debug`.
+    assert!(!format!("{files:?}").contains("abcdef"));
+}
+
+#[test]
+fn malformed_ignition_is_reported_before_anything_else() {
+    // No addresses at all: the Ignition error still comes first.
+    let err = render_nocloud(
+        &placement(),
+        &meta(),
+        &[],
+        &ignition_bootstrap("#cloud-config\n"),
+    )
+    .expect_err("refused");
+    assert!(
+        matches!(err, CloudInitError::Ignition(IgnitionError::NotJson(_))),
+        "{err:?}"
+    );
+    assert_eq!(err.reason(), "BootstrapDataInvalid");
+    assert!(!err.is_retryable());
+    // Valid Ignition waits for the network like cloud-config does.
+    let err = render_nocloud(
+        &placement(),
+        &meta(),
+        &v4_net0(),
+        &ignition_bootstrap(r#"{"ignition": {"version": "3.4.0"}}"#),
+    )
+    .expect_err("net1 has no address");
+    assert!(err.is_retryable(), "{err:?}");
 }

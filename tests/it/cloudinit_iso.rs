@@ -40,14 +40,14 @@ iso.close()
 
 /// What pycdlib found in an image.
 #[derive(Debug, Deserialize)]
-struct Read {
-    volume_id: String,
-    joliet: bool,
-    rock_ridge: bool,
+pub(crate) struct Read {
+    pub(crate) volume_id: String,
+    pub(crate) joliet: bool,
+    pub(crate) rock_ridge: bool,
     /// The Rock Ridge version pycdlib detected (`1.09`, `1.10` or `1.12`).
-    rock_ridge_version: String,
-    joliet_files: std::collections::BTreeMap<String, Vec<u8>>,
-    rock_ridge_files: std::collections::BTreeMap<String, Vec<u8>>,
+    pub(crate) rock_ridge_version: String,
+    pub(crate) joliet_files: std::collections::BTreeMap<String, Vec<u8>>,
+    pub(crate) rock_ridge_files: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 /// A temporary file removed on drop, unique per test so tests run in parallel.
@@ -68,7 +68,8 @@ impl Drop for TempIso {
     }
 }
 
-fn read_back(tag: &str, image: &[u8]) -> Read {
+/// Reads `image` back with pycdlib (`tag` makes its temporary file name unique).
+pub(crate) fn read_back(tag: &str, image: &[u8]) -> Read {
     let iso = TempIso::new(tag, image);
     let out = Command::new(crate::common::venv_tool("python3"))
         .arg("-c")
@@ -114,7 +115,7 @@ fn expected(f: &NoCloudFiles) -> std::collections::BTreeMap<String, Vec<u8>> {
 }
 
 /// Joliet names carry the ISO 9660 version suffix `;1`, which Linux drops when it mounts.
-fn without_versions(
+pub(crate) fn without_versions(
     files: std::collections::BTreeMap<String, Vec<u8>>,
 ) -> std::collections::BTreeMap<String, Vec<u8>> {
     files

@@ -1,6 +1,6 @@
 //! What a user sees of the ProxmoxMachine reconciler besides status: Kubernetes events
 //! (events.k8s.io/v1) for what it does in Proxmox and for what went wrong in the guest, and a
-//! clear refusal of bootstrap data it cannot deliver (Ignition) before any VM exists.
+//! clear refusal of bootstrap data it cannot deliver (an unknown format) before any VM exists.
 
 use crate::machine_support::{lag, scenario, tap};
 
@@ -133,20 +133,21 @@ async fn cloud_init_exit_code_2_is_a_warning_but_the_machine_provisions() {
 }
 
 #[tokio::test]
-async fn ignition_bootstrap_data_is_refused_before_any_vm_is_created() {
+async fn an_unknown_bootstrap_format_is_refused_before_any_vm_is_created() {
     let mut scenario = Scenario::start(sim_options()).await;
     let vms_before = scenario.vms().await;
-    // The machine appears with Ignition bootstrap data (as from a Flatcar bootstrap provider).
+    // The machine appears with bootstrap data in a format no provider delivers (Butane YAML
+    // that was never transpiled to Ignition).
     scenario.stop_controllers().await;
     scenario.create("demo-md-4").await;
     Api::<Secret>::namespaced(scenario.env.client(), "default")
         .patch(
             "demo-md-4-bootstrap",
             &PatchParams::default(),
-            // `data` (base64), as the API server stores it: "ignition" and an Ignition config.
+            // `data` (base64), as the API server stores it: "butane" and a Butane config.
             &Patch::Merge(json!({"data": {
-                "format": "aWduaXRpb24=",
-                "value": "eyJpZ25pdGlvbiI6eyJ2ZXJzaW9uIjoiMy40LjAifX0="
+                "format": "YnV0YW5l",
+                "value": "dmFyaWFudDogZmxhdGNhcgp2ZXJzaW9uOiAxLjEuMAo="
             }})),
         )
         .await
@@ -162,11 +163,10 @@ async fn ignition_bootstrap_data_is_refused_before_any_vm_is_created() {
     let (status, _, message) =
         machine_condition(&machine, "VirtualMachineProvisioned").expect("condition");
     assert_eq!(status, "False");
-    assert!(
-        message.contains("ignition")
-            && message.contains("only cloud-config")
-            && message.contains("demo-md-4-bootstrap"),
-        "{message}"
+    assert_eq!(
+        message,
+        "bootstrap Secret demo-md-4-bootstrap: bootstrap data format \"butane\" is unknown; \
+         the bootstrap Secret's format must be cloud-config or ignition"
     );
     let ready = machine_condition(&machine, "Ready").expect("Ready");
     assert_eq!(

@@ -15,6 +15,7 @@ mod cluster_logs;
 mod conformance;
 mod crds;
 mod dependencies;
+mod ignition;
 mod leader_election;
 mod log_capture;
 mod machine_budget;

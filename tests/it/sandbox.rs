@@ -192,3 +192,49 @@ async fn the_example_cluster_spreads_scales_and_goes_away() {
             .is_empty()
     );
 }
+
+/// `make sandbox SANDBOX_ARGS="--os flatcar"`: every machine gets Ignition bootstrap data (the
+/// control plane through the KCP's format, the workers through their KubeadmConfigTemplate)
+/// and its VM boots Flatcar from the merged config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flatcar_machines_get_ignition_bootstrap_data_and_boot_flatcar() {
+    let options = SandboxOptions {
+        control_plane: 1,
+        workers: 1,
+        os: capmox_sandbox::run::GuestOs::Flatcar,
+        ..options()
+    };
+    let sandbox = Sandbox::start(&options, false)
+        .await
+        .expect("sandbox starts");
+    sandbox
+        .apply_example(&options)
+        .await
+        .expect("example applied");
+    let rows = sandbox
+        .wait_ready(2, options.timeout, false)
+        .await
+        .expect("2 machines ready");
+    assert_eq!(
+        sandbox.booted(&rows),
+        BTreeMap::from([("flatcar", 2)]),
+        "{rows:?}"
+    );
+    let secrets =
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(sandbox.client(), "default");
+    for row in &rows {
+        let secret = secrets
+            .get(&capmox_sandbox::standin::bootstrap_secret_name(
+                &row.machine,
+            ))
+            .await
+            .expect("bootstrap Secret");
+        let format = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("format"))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned());
+        assert_eq!(format.as_deref(), Some("ignition"), "{}", row.machine);
+    }
+    assert_one_vm_per_machine(&sandbox).await;
+}

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use capmox::cli::{LogArgs, run_binary};
-use capmox_sandbox::run::SandboxOptions;
+use capmox_sandbox::run::{GuestOs, SandboxOptions};
 use clap::Parser;
 
 /// See capmox work on this machine: simulated Proxmox, in-process Kubernetes API, real
@@ -21,6 +21,9 @@ struct Args {
     /// Worker machines (all in rack-b).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..=50))]
     workers: i32,
+    /// Guest OS of the machines: `flatcar` gives them Ignition bootstrap data (`format: ignition`).
+    #[arg(long, value_enum, default_value_t = Os::Ubuntu)]
+    os: Os,
     /// Proxmox topology file (nodes pve1..pve4 in racks rack-a/rack-b are expected).
     #[arg(long)]
     topology: Option<std::path::PathBuf>,
@@ -32,12 +35,25 @@ struct Args {
     log: LogArgs,
 }
 
+/// `--os`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Os {
+    /// cloud-config bootstrap data.
+    Ubuntu,
+    /// Ignition bootstrap data.
+    Flatcar,
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let mut options = SandboxOptions {
         control_plane: args.control_plane,
         workers: args.workers,
         topology: args.topology,
+        os: match args.os {
+            Os::Ubuntu => GuestOs::Ubuntu,
+            Os::Flatcar => GuestOs::Flatcar,
+        },
         ..Default::default()
     };
     if let Some(path) = args.kubeconfig {

@@ -72,6 +72,19 @@ pub struct SandboxOptions {
     pub timeout: Duration,
     /// Print progress.
     pub verbose: bool,
+    /// The guest OS of the example machines, which decides their bootstrap data format.
+    pub os: GuestOs,
+}
+
+/// The guest OS the example machines are built for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GuestOs {
+    /// cloud-config bootstrap data, cloud-init checked in the guest.
+    #[default]
+    Ubuntu,
+    /// Ignition bootstrap data (`format: ignition`), no cloud-init check (as the Go provider's
+    /// flatcar template sets `checks.skipCloudInitStatus`).
+    Flatcar,
 }
 
 impl Default for SandboxOptions {
@@ -85,6 +98,7 @@ impl Default for SandboxOptions {
             sim: SimOptions::default(),
             timeout: Duration::from_secs(300),
             verbose: true,
+            os: GuestOs::default(),
         }
     }
 }
@@ -168,6 +182,16 @@ pub fn capi_kinds() -> Vec<KindInfo> {
         info.status_subresource = true;
         info
     })
+    .chain(std::iter::once({
+        // Read by the CAPI stand-in for the workers' bootstrap format only.
+        KindInfo::builtin(
+            "bootstrap.cluster.x-k8s.io",
+            "v1beta2",
+            "KubeadmConfigTemplate",
+            "kubeadmconfigtemplates",
+            true,
+        )
+    }))
     .chain(std::iter::once({
         let mut info = KindInfo::builtin(
             "ipam.cluster.x-k8s.io",
@@ -273,17 +297,37 @@ impl Sandbox {
         Api::<Secret>::namespaced(self.client(), "default")
             .create(&PostParams::default(), &credentials)
             .await?;
-        let mut example = ExampleCluster::new(
-            "default",
-            "demo",
-            example_cluster_spec(),
-            example_machine_spec(),
-        );
+        let flatcar = options.os == GuestOs::Flatcar;
+        let mut machine_spec = example_machine_spec();
+        if flatcar {
+            // Flatcar has no cloud-init to wait for.
+            machine_spec["checks"] = json!({"skipCloudInitStatus": true});
+        }
+        let mut example =
+            ExampleCluster::new("default", "demo", example_cluster_spec(), machine_spec);
+        example.bootstrap_format = flatcar.then(|| "ignition".to_owned());
         example.control_plane_replicas = options.control_plane;
         example.worker_replicas = options.workers;
         example.worker_failure_domain = Some(options.worker_failure_domain.clone());
         create_example_cluster(&self.client(), &example).await?;
         Ok(example)
+    }
+
+    /// How many of the VMs in `rows` booted each guest OS (`ubuntu`, `flatcar`), as the
+    /// simulator decided from the seed image each one started with.
+    pub fn booted(&self, rows: &[MachineRow]) -> BTreeMap<&'static str, usize> {
+        let vmids: Vec<u32> = rows.iter().filter_map(|r| r.vmid.parse().ok()).collect();
+        let mut count = BTreeMap::new();
+        self.sim.with_cluster(|c| {
+            for os in vmids.iter().filter_map(|v| c.booted_os(*v)) {
+                let name = match os {
+                    capmox_sim::guest::GuestOs::Ubuntu => "ubuntu",
+                    capmox_sim::guest::GuestOs::Flatcar => "flatcar",
+                };
+                *count.entry(name).or_default() += 1;
+            }
+        });
+        count
     }
 
     /// Waits (event-driven) until `expected` ProxmoxMachines are ready, printing the table when
@@ -465,8 +509,12 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
         println!("kubeconfig:             {}", options.kubeconfig.display());
     }
     sandbox.apply_example(&options).await?;
+    let bootstrap = match options.os {
+        GuestOs::Ubuntu => "Ubuntu, cloud-config",
+        GuestOs::Flatcar => "Flatcar, Ignition",
+    };
     println!(
-        "Applied cluster demo: {} control-plane machines over the control-plane failure domains, {} workers in {}\n",
+        "Applied cluster demo ({bootstrap}): {} control-plane machines over the control-plane failure domains, {} workers in {}\n",
         options.control_plane, options.workers, options.worker_failure_domain
     );
     let expected = usize::try_from(options.control_plane + options.workers).unwrap_or(0);
@@ -478,8 +526,9 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
         *per_domain.entry(row.failure_domain.as_str()).or_default() += 1;
     }
     println!("\nSummary:\n{}", render(&rows));
+    let booted = sandbox.booted(&rows);
     println!(
-        "\n{} machines ready in {:.1}s ({}); Proxmox VMs: {}",
+        "\n{} machines ready in {:.1}s ({}); Proxmox VMs: {} ({})",
         rows.len(),
         started.elapsed().as_secs_f64(),
         per_domain
@@ -487,7 +536,12 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
             .map(|(d, n)| format!("{d}: {n}"))
             .collect::<Vec<_>>()
             .join(", "),
-        sandbox.sim.with_cluster(|c| c.vm_count()).saturating_sub(1)
+        sandbox.sim.with_cluster(|c| c.vm_count()).saturating_sub(1),
+        booted
+            .iter()
+            .map(|(os, n)| format!("{n} booted {os}"))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
     if keep_running {
         println!(

@@ -29,7 +29,8 @@
 //!   (with `controlPlane` written explicitly); nothing is created before provisioned.
 //! - ProxmoxMachine: read the zone from the owning Machine's `spec.failureDomain` (found by the
 //!   controller owner reference of kind `Machine`), the bootstrap data from the Secret named by
-//!   `Machine.spec.bootstrap.dataSecretName` (key `value`, `format: cloud-config`); set
+//!   `Machine.spec.bootstrap.dataSecretName` (key `value`, `format: cloud-config` or
+//!   `ignition`); set
 //!   `spec.providerID` no later than `status.initialization.provisioned: true` (the Machine is
 //!   not provisioned without it, and KCP creates the next control-plane machine only after the
 //!   previous ProxmoxMachine is provisioned); report `status.addresses` and
@@ -39,9 +40,12 @@
 //!
 //! - No MachineSets: a MachineDeployment owns its Machines directly; no rollouts — changing a
 //!   template or version affects only new Machines, and no machine is ever "outdated".
-//! - No KubeadmConfig: every Machine gets a fixed `#cloud-config` bootstrap Secret
-//!   (`<machine>-bootstrap`) at creation, workers included (kubeadm would make them wait for the
-//!   control plane). `spec.bootstrap.configRef` of a MachineDeployment is ignored.
+//! - No KubeadmConfig: every Machine gets a fixed bootstrap Secret (`<machine>-bootstrap`) at
+//!   creation, workers included (kubeadm would make them wait for the control plane): a
+//!   `#cloud-config`, or a small Flatcar-shaped Ignition config (spec 2.3) when the format is
+//!   `ignition` — the KCP's `spec.kubeadmConfigSpec.format`, or for a MachineDeployment the
+//!   `spec.template.spec.format` of the KubeadmConfigTemplate its `spec.bootstrap.configRef`
+//!   names (read if that kind is served; nothing else of either is used).
 //! - No nodes, no health checks: `nodeRef` is `{name: <machine name>}` as soon as the
 //!   ProxmoxMachine is provisioned with a provider ID.
 //! - KCP finds its Cluster through the `cluster.x-k8s.io/cluster-name` label (no
@@ -97,6 +101,7 @@ pub const FIELD_MANAGER: &str = "capi-standin";
 
 const CLUSTER_API_VERSION: &str = "cluster.x-k8s.io/v1beta2";
 const KCP_GROUP: &str = "controlplane.cluster.x-k8s.io";
+const BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
 const KCP_API_VERSION: &str = "controlplane.cluster.x-k8s.io/v1beta2";
 const INFRA_API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
 const CLONED_FROM_NAME: &str = "cluster.x-k8s.io/cloned-from-name";
@@ -580,6 +585,11 @@ impl CapiStandIn {
             labels: machine_labels,
             template: spec.machine_template.spec.infrastructure_ref.clone(),
             version: spec.version.clone(),
+            bootstrap: BootstrapSource::Format(
+                spec.kubeadm_config_spec
+                    .and_then(|c| c.format)
+                    .unwrap_or_default(),
+            ),
         };
         let machines = snap.owned_machines(&uid);
         self.repair_machines(&blueprint, &machines, snap).await?;
@@ -645,6 +655,14 @@ impl CapiStandIn {
             labels: machine_labels,
             template: spec.template.spec.infrastructure_ref.clone(),
             version: spec.template.spec.version.clone(),
+            bootstrap: BootstrapSource::Template(
+                spec.template
+                    .spec
+                    .bootstrap
+                    .and_then(|b| b.config_ref)
+                    .filter(|r| r.kind == "KubeadmConfigTemplate")
+                    .map(|r| r.name),
+            ),
         };
         let machines = snap.owned_machines(&uid);
         self.repair_machines(&blueprint, &machines, snap).await?;
@@ -750,6 +768,26 @@ impl CapiStandIn {
         Ok(())
     }
 
+    /// The bootstrap format for a Blueprint's new Machine (`cloud-config` unless it says otherwise).
+    async fn bootstrap_format(&self, source: &BootstrapSource) -> Result<String> {
+        let name = match source {
+            BootstrapSource::Format(format) => return Ok(format.clone()),
+            BootstrapSource::Template(None) => return Ok(String::new()),
+            BootstrapSource::Template(Some(name)) => name,
+        };
+        let template = self
+            .dynamic(&kubeadm_config_template_resource())
+            .get_opt(name)
+            .await?;
+        Ok(template
+            .and_then(|t| {
+                t.data["spec"]["template"]["spec"]["format"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default())
+    }
+
     async fn template(
         &self,
         reference: &ContractVersionedObjectReference,
@@ -779,6 +817,11 @@ impl CapiStandIn {
         template: &DynamicObject,
     ) -> Result<()> {
         let owner = controller_ref(CLUSTER_API_VERSION, "Machine", name, machine_uid);
+        let (value, format) = if self.bootstrap_format(&blueprint.bootstrap).await? == "ignition" {
+            (bootstrap_ignition(name), "ignition")
+        } else {
+            (bootstrap_cloud_config(name), "cloud-config")
+        };
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(bootstrap_secret_name(name)),
@@ -792,11 +835,8 @@ impl CapiStandIn {
             },
             type_: Some(BOOTSTRAP_SECRET_TYPE.into()),
             data: Some(BTreeMap::from([
-                (
-                    "value".to_string(),
-                    ByteString(bootstrap_cloud_config(name).into_bytes()),
-                ),
-                ("format".to_string(), ByteString(b"cloud-config".to_vec())),
+                ("value".to_string(), ByteString(value.into_bytes())),
+                ("format".to_string(), ByteString(format.as_bytes().to_vec())),
             ])),
             ..Default::default()
         };
@@ -1120,11 +1160,14 @@ pub struct ExampleCluster {
     pub version: String,
     /// `spec.template.metadata.labels` of both ProxmoxMachineTemplates.
     pub machine_template_labels: BTreeMap<String, String>,
+    /// Bootstrap data format (`ignition` for Flatcar): the KCP's `kubeadmConfigSpec.format` and
+    /// that of a KubeadmConfigTemplate for the workers. `None`: cloud-config, and no template.
+    pub bootstrap_format: Option<String>,
 }
 
 impl ExampleCluster {
     /// Defaults: 1 control-plane machine, 0 workers, no worker failure domain, v1.33.0, no
-    /// template labels.
+    /// template labels, cloud-config bootstrap data.
     pub fn new(
         namespace: impl Into<String>,
         name: impl Into<String>,
@@ -1141,6 +1184,7 @@ impl ExampleCluster {
             worker_failure_domain: None,
             version: "v1.33.0".into(),
             machine_template_labels: BTreeMap::new(),
+            bootstrap_format: None,
         }
     }
 
@@ -1184,7 +1228,7 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
             "spec": {"template": template},
         })
     };
-    let kcp = json!({
+    let mut kcp = json!({
         "apiVersion": KCP_API_VERSION, "kind": "KubeadmControlPlane",
         "metadata": {"name": example.control_plane_name(), "namespace": ns,
                      "labels": {labels::CLUSTER_NAME: name}},
@@ -1194,6 +1238,9 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
             "machineTemplate": {"spec": {"infrastructureRef": infra_ref("ProxmoxMachineTemplate", &example.control_plane_name())}},
         },
     });
+    if let Some(format) = &example.bootstrap_format {
+        kcp["spec"]["kubeadmConfigSpec"] = json!({"format": format});
+    }
     let mut md_template_spec = json!({
         "clusterName": name,
         "version": example.version,
@@ -1217,7 +1264,7 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
             },
         },
     });
-    let objects = [
+    let mut objects = vec![
         (ApiResource::erase::<Cluster>(&()), cluster),
         (ApiResource::erase::<ProxmoxCluster>(&()), proxmox_cluster),
         (
@@ -1231,6 +1278,14 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
         (control_plane_resource(), kcp),
         (deployment_resource(), md),
     ];
+    if let Some(format) = &example.bootstrap_format {
+        let template = json!({
+            "apiVersion": format!("{BOOTSTRAP_GROUP}/v1beta2"), "kind": "KubeadmConfigTemplate",
+            "metadata": {"name": example.workers_name(), "namespace": ns},
+            "spec": {"template": {"spec": {"format": format}}},
+        });
+        objects.insert(0, (kubeadm_config_template_resource(), template));
+    }
     for (resource, object) in objects {
         let object: DynamicObject = serde_json::from_value(object)?;
         Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource)
@@ -1292,6 +1347,14 @@ pub fn control_plane_resource() -> ApiResource {
     )
 }
 
+/// The `KubeadmConfigTemplate` kind (v1beta2), for `DynamicObject` APIs.
+pub fn kubeadm_config_template_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(BOOTSTRAP_GROUP, "v1beta2", "KubeadmConfigTemplate"),
+        "kubeadmconfigtemplates",
+    )
+}
+
 /// The `MachineDeployment` kind (v1beta2), for `DynamicObject` APIs.
 pub fn deployment_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -1314,6 +1377,28 @@ struct Blueprint {
     labels: BTreeMap<String, String>,
     template: ContractVersionedObjectReference,
     version: Option<String>,
+    bootstrap: BootstrapSource,
+}
+
+/// Where the bootstrap format of a Blueprint's Machines comes from.
+enum BootstrapSource {
+    /// The KCP's `spec.kubeadmConfigSpec.format` (empty: cloud-config).
+    Format(String),
+    /// The KubeadmConfigTemplate a MachineDeployment names, if any.
+    Template(Option<String>),
+}
+
+#[derive(Default, Deserialize)]
+struct KubeadmConfigSpecView {
+    #[serde(default)]
+    format: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MdBootstrap {
+    #[serde(default)]
+    config_ref: Option<ContractVersionedObjectReference>,
 }
 
 #[derive(Deserialize)]
@@ -1323,6 +1408,8 @@ struct KcpSpec {
     replicas: Option<i32>,
     #[serde(default)]
     version: Option<String>,
+    #[serde(default)]
+    kubeadm_config_spec: Option<KubeadmConfigSpecView>,
     machine_template: KcpMachineTemplate,
 }
 
@@ -1364,6 +1451,8 @@ struct MdTemplateSpec {
     version: Option<String>,
     #[serde(default)]
     failure_domain: Option<String>,
+    #[serde(default)]
+    bootstrap: Option<MdBootstrap>,
     infrastructure_ref: ContractVersionedObjectReference,
 }
 
@@ -1516,6 +1605,29 @@ where
         Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
         Err(error) => Err(error.into()),
     }
+}
+
+/// A small Ignition config (spec 2.3, the shape Flatcar's kubeadm bootstrap writes) with a
+/// unit that reads what capmox merges into `/etc/proxmox-env`.
+fn bootstrap_ignition(machine: &str) -> String {
+    json!({
+        "ignition": {"version": "2.3.0"},
+        "storage": {"files": [{
+            "filesystem": "root",
+            "path": "/etc/capi-standin",
+            "mode": 420,
+            "contents": {"source": format!("data:,capi-stand-in-bootstrap-for-{machine}")},
+        }]},
+        "systemd": {"units": [{
+            "name": "capi-standin.service",
+            "enabled": true,
+            "contents": "[Unit]\nDescription=Rendered by the capmox sandbox CAPI stand-in, not by a bootstrap provider\n\
+                         [Service]\nType=oneshot\nEnvironmentFile=/etc/proxmox-env\n\
+                         ExecStart=/usr/bin/echo capi stand-in bootstrap for ${COREOS_CUSTOM_HOSTNAME}\n\
+                         [Install]\nWantedBy=multi-user.target\n",
+        }]},
+    })
+    .to_string()
 }
 
 /// A small valid cloud-config; capmox only hands it to the VM.

@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod guest;
 pub mod iso;
 pub mod server;
 pub mod state;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::time::{Duration, Instant};
 
+use super::guest::{self, GuestOs};
 use super::iso::IsoImage;
 use super::topology::{GuestSpec, SimOptions, StorageSpec, Topology};
 use capmox::proxmox::de::split_tags;
@@ -73,6 +74,8 @@ struct Vm {
     pool: Option<String>,
     /// Last creation/power change, for the `/cluster/resources` statistics lag.
     changed_at: Option<Instant>,
+    /// What the last start booted (from the seed attached then; the seed may go later).
+    booted: Option<GuestOs>,
 }
 
 impl Vm {
@@ -415,6 +418,7 @@ impl Cluster {
                 }),
                 pool: None,
                 changed_at: None,
+                booted: None,
             },
         );
     }
@@ -581,7 +585,9 @@ impl Cluster {
                 log.push(format!("clone to VM {newid} finished"));
             }
             Effect::Start { vmid } if ok => {
+                let booted = self.vms.get(&vmid).map(|vm| self.seed_os(vm));
                 if let Some(vm) = self.vms.get_mut(&vmid) {
+                    vm.booted = booted;
                     vm.running = true;
                     vm.started_at = Some(end);
                     vm.changed_at = Some(end);
@@ -1349,6 +1355,7 @@ impl Cluster {
                 started_at: None,
                 pool: None,
                 changed_at: Some(now),
+                booted: None,
             },
         );
         self.volumes.extend(new_volumes);
@@ -1775,15 +1782,28 @@ impl Cluster {
 
     /// `GET .../agent/get-osinfo`.
     pub fn agent_osinfo(&self, now: Instant, node: &str, vmid: u32) -> SimResult<Value> {
-        self.agent_vm(now, node, vmid)?;
+        let vm = self.agent_vm(now, node, vmid)?;
+        if self.guest_os(vm) == GuestOs::Flatcar {
+            return Ok(
+                json!({"result": {"id": "flatcar", "name": "Flatcar Container Linux by Kinvolk", "pretty-name": "Flatcar Container Linux by Kinvolk 4230.2.1 (Oklo)",
+                                 "version": "4230.2.1", "version-id": "4230.2.1", "kernel-release": "6.6.95-flatcar", "kernel-version": "#1 SMP", "machine": "x86_64"}}),
+            );
+        }
         Ok(
             json!({"result": {"id": "ubuntu", "name": "Ubuntu", "pretty-name": "Ubuntu 24.04.2 LTS", "version": "24.04.2 LTS (Noble Numbat)",
                              "version-id": "24.04", "kernel-release": "6.8.0-60-generic", "kernel-version": "#63-Ubuntu SMP", "machine": "x86_64"}}),
         )
     }
 
-    /// The NoCloud seed attached as a CD-ROM, if any: (volid, image).
+    /// The NoCloud seed attached as a CD-ROM, if any.
     fn seed_iso(&self, vm: &Vm) -> Option<IsoImage> {
+        self.seed_bytes(vm)
+            .filter_map(|data| IsoImage::parse(data).ok())
+            .next()
+    }
+
+    /// The bytes of every ISO image attached to `vm` as a CD-ROM.
+    fn seed_bytes<'a>(&'a self, vm: &'a Vm) -> impl Iterator<Item = &'a [u8]> + 'a {
         vm.config
             .iter()
             .filter(|(k, v)| is_disk_key(k) && v.contains("media=cdrom"))
@@ -1793,20 +1813,38 @@ impl Cluster {
                     .iter()
                     .find(|x| x.volid == file && x.node.as_deref().is_none_or(|n| n == vm.node))
             })
-            .filter_map(|vol| IsoImage::parse(vol.data.as_ref()?).ok())
-            .next()
+            .filter_map(|vol| vol.data.as_deref().map(Vec::as_slice))
+    }
+
+    /// The image attached to VM `vmid` as a CD-ROM (its seed), for tests to read back.
+    pub fn attached_seed_image(&self, vmid: u32) -> Option<Vec<u8>> {
+        let vm = self.vms.get(&vmid)?;
+        self.seed_bytes(vm).next().map(<[u8]>::to_vec)
+    }
+
+    /// What runs in VM `vmid` (what its last start booted), if it was started.
+    pub fn booted_os(&self, vmid: u32) -> Option<GuestOs> {
+        self.vms.get(&vmid)?.booted
+    }
+
+    /// What runs in `vm`: what its last start booted, else what its seed would boot.
+    fn guest_os(&self, vm: &Vm) -> GuestOs {
+        vm.booted.unwrap_or_else(|| self.seed_os(vm))
+    }
+
+    /// What `vm`'s seed boots: Flatcar when it carries an Ignition config, else Ubuntu.
+    fn seed_os(&self, vm: &Vm) -> GuestOs {
+        self.seed_iso(vm)
+            .map_or(GuestOs::Ubuntu, |seed| GuestOs::of(&seed))
     }
 
     /// `GET .../agent/network-get-interfaces`: NICs with the VM's MACs (lower-case) and the
-    /// static addresses from the seed ISO's network-config (or `ipconfigN` as a fallback).
+    /// static addresses the guest read from its seed ISO (see [`guest::addresses`]), or
+    /// `ipconfigN` as a fallback.
     pub fn agent_interfaces(&self, now: Instant, node: &str, vmid: u32) -> SimResult<Value> {
         let vm = self.agent_vm(now, node, vmid)?;
         let seed = self.seed_iso(vm);
-        let by_mac = seed
-            .as_ref()
-            .and_then(|img| img.file("network-config"))
-            .map(addresses_from_network_config)
-            .unwrap_or_default();
+        let by_mac = seed.as_ref().map(guest::addresses).unwrap_or_default();
         let mut result = vec![
             json!({"name": "lo", "hardware-address": "00:00:00:00:00:00",
             "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8},
@@ -1856,7 +1894,9 @@ impl Cluster {
         vmid: u32,
         command: &[String],
     ) -> SimResult<Value> {
-        self.agent_vm(now, node, vmid)?;
+        let vm = self.agent_vm(now, node, vmid)?;
+        // Flatcar has no cloud-init: the command is not found there.
+        let flatcar = self.guest_os(vm) == GuestOs::Flatcar;
         if command.is_empty() {
             return Err(SimError::param(
                 "command",
@@ -1864,7 +1904,8 @@ impl Cluster {
             ));
         }
         let pid = 2000 + self.next_counter();
-        let is_ci_status = command.first().is_some_and(|c| c.ends_with("cloud-init"))
+        let is_ci_status = !flatcar
+            && command.first().is_some_and(|c| c.ends_with("cloud-init"))
             && command.get(1).is_some_and(|c| c == "status");
         let exec = if is_ci_status {
             match &self.opts.cloud_init_failure {
@@ -2070,39 +2111,6 @@ fn addr_json(cidr: &str) -> Option<Value> {
 
 /// Reads netplan v2 (`ethernets.<name>.match.macaddress` + `addresses`), with or without a
 /// top-level `network:` key. Keys: lower-case MAC and interface name.
-fn addresses_from_network_config(data: &[u8]) -> BTreeMap<String, Vec<String>> {
-    let mut out = BTreeMap::new();
-    let Ok(doc) = serde_yaml::from_slice::<serde_yaml::Value>(data) else {
-        return out;
-    };
-    let root = doc.get("network").unwrap_or(&doc);
-    let Some(eths) = root.get("ethernets").and_then(|e| e.as_mapping()) else {
-        return out;
-    };
-    for (name, cfg) in eths {
-        let addrs: Vec<String> = cfg
-            .get("addresses")
-            .and_then(|a| a.as_sequence())
-            .map(|s| {
-                s.iter()
-                    .filter_map(|a| a.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(mac) = cfg
-            .get("match")
-            .and_then(|m| m.get("macaddress"))
-            .and_then(|m| m.as_str())
-        {
-            out.insert(mac.to_ascii_lowercase(), addrs.clone());
-        }
-        if let Some(n) = name.as_str() {
-            out.insert(n.to_string(), addrs);
-        }
-    }
-    out
-}
-
 fn agent_enabled(vm: &Vm) -> bool {
     vm.config
         .get("agent")

@@ -41,8 +41,9 @@
 //! server's `Retry-After`) that holds off every pass until it is over, reset by a pass that
 //! succeeds. Kubernetes API errors are retried with their own per-machine back-off.
 //!
-//! Bootstrap data other than cloud-config (Ignition) is refused with
-//! `BootstrapFormatUnsupported` before anything is created in Proxmox.
+//! Bootstrap data capmox cannot deliver (an unknown format, malformed Ignition) is refused
+//! with `BootstrapFormatUnsupported` / `BootstrapDataInvalid` before anything is created in
+//! Proxmox.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -1296,7 +1297,7 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Stops before creating anything when the bootstrap Secret holds data capmox cannot
-    /// deliver (Ignition, unknown formats). A missing Secret is reported where it is read.
+    /// deliver (unknown formats, malformed Ignition). A missing Secret is reported where it is read.
     async fn unsupported_bootstrap(
         &self,
         scope: &Scope,
@@ -1313,15 +1314,18 @@ impl<'a> Reconcile<'a> {
             .as_ref()
             .and_then(|d| d.get("format"))
             .map(|v| String::from_utf8_lossy(&v.0).into_owned());
+        let value = secret.data.as_ref().and_then(|d| d.get("value"));
         let error = match crate::cloudinit::BootstrapFormat::parse(format.as_deref()) {
             Ok(crate::cloudinit::BootstrapFormat::CloudConfig) => return Ok(None),
-            Ok(unsupported) => crate::cloudinit::CloudInitError::Unsupported(unsupported),
+            Ok(crate::cloudinit::BootstrapFormat::Ignition) => {
+                match crate::cloudinit::ignition::check(value.map_or(&[][..], |v| &v.0)) {
+                    Ok(()) => return Ok(None),
+                    Err(error) => crate::cloudinit::CloudInitError::from(error),
+                }
+            }
             Err(error) => error,
         };
-        let message = format!(
-            "bootstrap Secret {secret_name} has format {:?}, but capmox supports only cloud-config bootstrap data; use a cloud-config bootstrap provider (e.g. kubeadm)",
-            format.unwrap_or_default()
-        );
+        let message = format!("bootstrap Secret {secret_name}: {error}");
         self.event(scope, EventType::Warning, error.reason(), &message)
             .await;
         Ok(Some(waiting(
