@@ -653,15 +653,21 @@ fn pools_of(placement: &capmox::placement::Placement, nic: &str) -> Vec<String> 
         .collect()
 }
 
+/// The objects a flavor gives the management cluster: the rendered template, or for the topology
+/// flavor what Cluster API makes of its Cluster with the ClusterClass.
+fn flavor_objects(template: &str) -> Vec<Value> {
+    if template == "cluster-template-topology.yaml" {
+        topology_objects()
+    } else {
+        rendered(template)
+    }
+}
+
 /// Every flavor's machines can be placed by capmox, in every failure domain they may get.
 #[test]
 fn capmox_places_every_machine_of_every_flavor() {
     for template in TEMPLATES {
-        let objects = if *template == "cluster-template-topology.yaml" {
-            topology_objects()
-        } else {
-            rendered(template)
-        };
+        let objects = flavor_objects(template);
         let cluster = proxmox_cluster(template, &objects);
         let groups = machine_groups(template, &objects, &cluster);
         assert!(groups.len() >= 2, "{template}: a control plane and workers");
@@ -1039,6 +1045,45 @@ fn apply_json_patch(target: &mut Value, op: &str, path: &str, value: Option<Valu
     }
 }
 
+/// The variable paths of a patch's `valueFrom.template` actions; the class uses only the form
+/// `{{ .a.b }}` (a Go template printing a variable), which this test evaluates.
+fn template_actions(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    let mut actions = Vec::new();
+    let mut from = 0;
+    while let Some(start) = text[from..].find("{{").map(|s| s + from) {
+        let end = text[start..].find("}}").expect("closing braces") + start + 2;
+        let action = text[start + 2..end - 2].trim();
+        let path = action
+            .strip_prefix('.')
+            .filter(|p| !p.is_empty() && !p.contains([' ', '|', '(']))
+            .unwrap_or_else(|| {
+                panic!("template action {action:?} is not a form this test evaluates")
+            });
+        actions.push((start..end, path));
+        from = end;
+    }
+    actions
+}
+
+/// A patch's `valueFrom.template` rendered with the variables and read as YAML, as the
+/// topology controller does.
+fn rendered_patch_template(text: &str, variables: &serde_json::Map<String, Value>) -> Value {
+    let mut out = String::new();
+    let mut last = 0;
+    for (range, path) in template_actions(text) {
+        out.push_str(&text[last..range.start]);
+        match variable(variables, path) {
+            Some(Value::String(s)) => out.push_str(s),
+            Some(scalar @ (Value::Number(_) | Value::Bool(_))) => out.push_str(&scalar.to_string()),
+            other => panic!("template: .{path} is {other:?}, not a scalar"),
+        }
+        last = range.end;
+    }
+    out.push_str(&text[last..]);
+    serde_yaml::from_str(&out)
+        .unwrap_or_else(|e| panic!("the rendered template is no YAML: {e}\n{out}"))
+}
+
 /// A template of the class with the class's patches for `holder` applied, as the topology
 /// controller generates it for a Cluster.
 fn patched(
@@ -1058,13 +1103,17 @@ fn patched(
             for json_patch in definition["jsonPatches"].as_array().expect("jsonPatches") {
                 let op = json_patch["op"].as_str().expect("op");
                 let path = json_patch["path"].as_str().expect("path");
-                let value = match json_patch["valueFrom"]["variable"].as_str() {
-                    Some(name) => Some(
+                let value_from = &json_patch["valueFrom"];
+                let value = if let Some(name) = value_from["variable"].as_str() {
+                    Some(
                         variable(variables, name)
                             .unwrap_or_else(|| panic!("{path}: variable {name} is not set"))
                             .clone(),
-                    ),
-                    None => json_patch.get("value").cloned(),
+                    )
+                } else if let Some(text) = value_from["template"].as_str() {
+                    Some(rendered_patch_template(text, variables))
+                } else {
+                    json_patch.get("value").cloned()
                 };
                 apply_json_patch(&mut template, op, path, value);
             }
@@ -1177,6 +1226,9 @@ fn topology_objects() -> Vec<Value> {
         );
         machine["metadata"]["name"] = Value::from(name.as_str());
         out.push(machine);
+        let mut bootstrap = bootstrap;
+        bootstrap["metadata"]["name"] = Value::from(name.as_str());
+        out.push(bootstrap);
         out.push(serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2",
             "kind": "MachineDeployment",
@@ -1188,6 +1240,11 @@ fn topology_objects() -> Vec<Value> {
                     "clusterName": cluster_name,
                     "failureDomain": deployment.get("failureDomain")
                         .or(md_class.get("failureDomain")),
+                    "bootstrap": {"configRef": {
+                        "apiGroup": "bootstrap.cluster.x-k8s.io",
+                        "kind": "KubeadmConfigTemplate",
+                        "name": name,
+                    }},
                     "infrastructureRef": {
                         "apiGroup": "infrastructure.cluster.x-k8s.io",
                         "kind": "ProxmoxMachineTemplate",
@@ -1261,7 +1318,14 @@ fn the_cluster_class_patches_fields_its_templates_have_from_declared_variables()
                     "{}: {kind} has no {path}",
                     patch["name"]
                 );
-                if let Some(name) = json_patch["valueFrom"]["variable"].as_str() {
+                let mut reads: Vec<&str> = json_patch["valueFrom"]["variable"]
+                    .as_str()
+                    .into_iter()
+                    .collect();
+                if let Some(text) = json_patch["valueFrom"]["template"].as_str() {
+                    reads.extend(template_actions(text).into_iter().map(|(_, path)| path));
+                }
+                for name in reads {
                     let root = name.split('.').next().unwrap_or(name);
                     assert!(
                         declared.contains(root),
@@ -1375,6 +1439,38 @@ fn the_cluster_class_takes_a_template_selector_ipv6_and_overrides() {
         }),
     );
     assert!(cluster["spec"].get("zoneConfig").is_none());
+    let control_plane = patched(
+        &class,
+        referenced(&class_objects, &spec["controlPlane"]["templateRef"]),
+        Holder::ControlPlane,
+        &variables,
+    );
+    let control_plane = validated("class", &control_plane);
+    let config = &control_plane["spec"]["template"]["spec"]["kubeadmConfigSpec"];
+    let pod: Value = serde_yaml::from_str(
+        kubeadm_file("class", config, KUBE_VIP_MANIFEST)["content"]
+            .as_str()
+            .expect("content"),
+    )
+    .expect("a Pod");
+    let default_pod: Value = {
+        let objects = rendered("cluster-template.yaml");
+        let kcp = of_kind(&objects, "KubeadmControlPlane")[0];
+        let file = kubeadm_file(
+            "default",
+            &kcp["spec"]["kubeadmConfigSpec"],
+            KUBE_VIP_MANIFEST,
+        );
+        serde_yaml::from_str(file["content"].as_str().expect("content")).expect("a Pod")
+    };
+    assert_eq!(
+        pod["spec"]["containers"][0]["image"], default_pod["spec"]["containers"][0]["image"],
+        "kubeVip defaults to the image the cluster templates default to"
+    );
+    assert_eq!(
+        pod["spec"]["containers"][0]["env"], default_pod["spec"]["containers"][0]["env"],
+        "the same kube-vip settings, the VIP from controlPlaneEndpoint"
+    );
     let group = MachineGroup {
         owner: "control plane".into(),
         template: machine,
@@ -1404,6 +1500,307 @@ fn the_cluster_class_takes_a_template_selector_ipv6_and_overrides() {
             )
             .is_err(),
             "vmTemplate {half} is refused"
+        );
+    }
+}
+
+/// Every kubeadm configuration of a flavor's objects: the control plane's (`true`) and each
+/// KubeadmConfigTemplate's (`false`), with a name for messages.
+fn kubeadm_configs(objects: &[Value]) -> Vec<(String, bool, &Value)> {
+    let mut configs: Vec<(String, bool, &Value)> = of_kind(objects, "KubeadmControlPlane")
+        .into_iter()
+        .map(|k| {
+            let name = format!("KubeadmControlPlane {}", k["metadata"]["name"]);
+            (name, true, &k["spec"]["kubeadmConfigSpec"])
+        })
+        .collect();
+    configs.extend(
+        of_kind(objects, "KubeadmConfigTemplate")
+            .into_iter()
+            .map(|t| {
+                let name = format!("KubeadmConfigTemplate {}", t["metadata"]["name"]);
+                (name, false, &t["spec"]["template"]["spec"])
+            }),
+    );
+    configs
+}
+
+/// A kubelet argument of a kubeadm configuration's `initConfiguration` or `joinConfiguration`,
+/// from Cluster API v1beta2's list of `{name, value}`.
+fn kubelet_arg<'a>(config: &'a Value, phase: &str, name: &str) -> Option<&'a str> {
+    config[phase]["nodeRegistration"]["kubeletExtraArgs"]
+        .as_array()?
+        .iter()
+        .find(|a| a["name"] == name)?["value"]
+        .as_str()
+}
+
+/// What cloud-init's jinja rendering makes of the `{{ ds.meta_data.<key> }}` expressions in a
+/// text, with the meta-data capmox writes (cloud-init offers a key `a-b` as `a_b` too); panics
+/// on any other expression.
+fn cloud_init_jinja(text: &str, meta_data: &str) -> String {
+    let doc: serde_json::Map<String, Value> =
+        serde_yaml::from_str(meta_data).expect("meta-data is YAML");
+    let mut keys = doc.clone();
+    for (key, value) in &doc {
+        keys.insert(key.replace('-', "_"), value.clone());
+    }
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find("}}").expect("closing braces") + start;
+        let expression = rest[start + 2..end].trim();
+        let key = expression
+            .strip_prefix("ds.meta_data.")
+            .unwrap_or_else(|| panic!("jinja expression {expression:?} reads no meta-data key"));
+        let value = keys
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("capmox's meta-data has no {key}:\n{meta_data}"));
+        out.push_str(value);
+        rest = &rest[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every kubelet of every flavor registers its Node with the provider ID by which Cluster API
+/// finds the Node's Machine: the ProxmoxMachine's `spec.providerID`, `proxmox://<SMBIOS UUID>`.
+#[test]
+fn every_kubelet_gets_the_machines_provider_id() {
+    let uuid = "9b9f5a46-0c1d-4f7e-8b1a-1c2d3e4f5a6b";
+    let meta_data = capmox::cloudinit::render_meta_data(&capmox::cloudinit::MetaData {
+        instance_id: uuid.to_owned(),
+        hostname: "demo-control-plane-x7k2p".to_owned(),
+        ..Default::default()
+    })
+    .expect("meta-data");
+    let expected = capmox::cloudinit::provider_id(uuid);
+    for template in TEMPLATES {
+        let objects = flavor_objects(template);
+        let configs = kubeadm_configs(&objects);
+        assert!(
+            configs.iter().any(|c| c.1) && configs.iter().any(|c| !c.1),
+            "{template}: a control plane and worker bootstrap templates"
+        );
+        for (owner, control_plane, config) in configs {
+            let phases: &[&str] = if control_plane {
+                &["initConfiguration", "joinConfiguration"]
+            } else {
+                &["joinConfiguration"]
+            };
+            for phase in phases {
+                let value = kubelet_arg(config, phase, "provider-id").unwrap_or_else(|| {
+                    panic!("{template}: {owner}: {phase} gives the kubelet no provider-id")
+                });
+                match config["format"].as_str() {
+                    // Cluster API's cloud-config starts with `## template: jinja`, so cloud-init
+                    // renders it with the instance data before it runs anything.
+                    None | Some("cloud-config") => {
+                        assert_eq!(
+                            value, "proxmox://{{ ds.meta_data.instance_id }}",
+                            "{template}: {owner}: {phase}"
+                        );
+                        assert_eq!(
+                            cloud_init_jinja(value, &meta_data),
+                            expected,
+                            "{template}: {owner}: {phase}"
+                        );
+                    }
+                    Some("ignition") => assert_eq!(
+                        value, "proxmox://${COREOS_CUSTOM_INSTANCE_ID}",
+                        "{template}: {owner}: {phase}: from /etc/proxmox-env by envsubst"
+                    ),
+                    Some(other) => panic!("{template}: {owner}: format {other}"),
+                }
+            }
+            if config["format"]
+                .as_str()
+                .is_none_or(|f| f == "cloud-config")
+            {
+                let text = serde_json::to_string(config).expect("serializes");
+                for marker in ["{%", "{#"] {
+                    assert!(
+                        !text.contains(marker),
+                        "{template}: {owner}: {marker} would be jinja"
+                    );
+                }
+                cloud_init_jinja(&text, &meta_data);
+            }
+        }
+    }
+}
+
+const KUBE_VIP_MANIFEST: &str = "/etc/kubernetes/manifests/kube-vip.yaml";
+const KUBE_VIP_PREPARE: &str = "/etc/kube-vip-prepare.sh";
+
+/// The content of the one file at `path` of a kubeadm configuration.
+fn kubeadm_file<'a>(file: &str, config: &'a Value, path: &str) -> &'a Value {
+    let found: Vec<&Value> = config["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["path"] == path)
+        .collect();
+    assert_eq!(found.len(), 1, "{file}: one {path} among the files");
+    found[0]
+}
+
+/// The `s#from#to#` expressions of a script's `sed -i` lines, in order.
+fn sed_substitutions(script: &str) -> Vec<(String, String)> {
+    script
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("sed -i 's#"))
+        .map(|rest| {
+            let mut parts = rest.split('#');
+            let from = parts.next().expect("a pattern").to_owned();
+            let to = parts.next().expect("a replacement").to_owned();
+            (from, to)
+        })
+        .collect()
+}
+
+/// The path of the host's kubeconfig file kube-vip reads, and where the pod mounts it.
+fn kube_vip_kubeconfig(pod: &Value) -> (String, String) {
+    let mount = &pod["spec"]["containers"][0]["volumeMounts"][0];
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    (
+        volume["hostPath"]["path"]
+            .as_str()
+            .expect("a hostPath")
+            .to_owned(),
+        mount["mountPath"].as_str().expect("a mountPath").to_owned(),
+    )
+}
+
+/// Every flavor's control plane runs kube-vip, which holds the control-plane endpoint, with the
+/// kubeadm-init workaround of Kubernetes 1.29 and later.
+#[test]
+fn every_control_plane_runs_kube_vip_on_the_endpoint() {
+    let vip = TEMPLATE_VALUES
+        .iter()
+        .find(|(name, _)| *name == "CONTROL_PLANE_ENDPOINT_IP")
+        .map(|(_, value)| *value)
+        .expect("a test value");
+    for template in TEMPLATES {
+        let objects = flavor_objects(template);
+        let cluster = proxmox_cluster(template, &objects);
+        let endpoint = &cluster["spec"]["controlPlaneEndpoint"];
+        assert_eq!(endpoint["host"], vip, "{template}");
+        let control_planes = of_kind(&objects, "KubeadmControlPlane");
+        assert_eq!(control_planes.len(), 1, "{template}: one control plane");
+        let config = &control_planes[0]["spec"]["kubeadmConfigSpec"];
+
+        let manifest = kubeadm_file(template, config, KUBE_VIP_MANIFEST)["content"]
+            .as_str()
+            .expect("content");
+        let pod: Value = serde_yaml::from_str(manifest)
+            .unwrap_or_else(|e| panic!("{template}: kube-vip.yaml is no YAML: {e}"));
+        assert_eq!(
+            (&pod["apiVersion"], &pod["kind"]),
+            (&Value::from("v1"), &Value::from("Pod")),
+            "{template}"
+        );
+        assert_eq!(pod["metadata"]["namespace"], "kube-system", "{template}");
+        assert_eq!(pod["spec"]["hostNetwork"], true, "{template}");
+        let containers = pod["spec"]["containers"].as_array().expect("containers");
+        assert_eq!(containers.len(), 1, "{template}");
+        let kube_vip = &containers[0];
+        let image = kube_vip["image"].as_str().expect("an image");
+        assert!(
+            image.starts_with("ghcr.io/kube-vip/kube-vip:v0.8."),
+            "{template}: {image}"
+        );
+        let env: std::collections::BTreeMap<&str, &str> = kube_vip["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .map(|e| {
+                let name = e["name"].as_str().expect("named");
+                let value = e["value"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{template}: env {name} is no string"));
+                (name, value)
+            })
+            .collect();
+        let port = endpoint["port"].to_string();
+        for (name, value) in [
+            ("address", vip),
+            ("port", port.as_str()),
+            ("vip_interface", ""),
+            ("vip_arp", "true"),
+            ("cp_enable", "true"),
+            ("vip_leaderelection", "true"),
+        ] {
+            assert_eq!(
+                env.get(name),
+                Some(&value),
+                "{template}: kube-vip env {name}"
+            );
+        }
+        let capabilities = &kube_vip["securityContext"]["capabilities"]["add"];
+        for capability in ["NET_ADMIN", "NET_RAW"] {
+            assert!(
+                capabilities
+                    .as_array()
+                    .is_some_and(|c| c.contains(&Value::from(capability))),
+                "{template}: kube-vip needs {capability}"
+            );
+        }
+        let admin = "/etc/kubernetes/admin.conf".to_owned();
+        assert_eq!(kube_vip_kubeconfig(&pod), (admin.clone(), admin.clone()));
+
+        let prepare = kubeadm_file(template, config, KUBE_VIP_PREPARE);
+        assert_eq!(prepare["permissions"], "0700", "{template}");
+        let script = prepare["content"].as_str().expect("content");
+        let check = std::process::Command::new("bash")
+            .args(["-n", "-c", script])
+            .output()
+            .expect("bash runs");
+        assert!(
+            check.status.success(),
+            "{template}: {KUBE_VIP_PREPARE}: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let commands = |key: &str| -> Vec<&str> {
+            config[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect()
+        };
+        assert_eq!(
+            commands("preKubeadmCommands").last(),
+            Some(&format!("{KUBE_VIP_PREPARE} before").as_str()),
+            "{template}: the last command before kubeadm"
+        );
+        assert_eq!(
+            commands("postKubeadmCommands").first(),
+            Some(&format!("{KUBE_VIP_PREPARE} after").as_str()),
+            "{template}: the first command after kubeadm"
+        );
+        // The script's sed lines: the first points kube-vip at super-admin.conf for kubeadm init,
+        // the second puts the manifest back as it was.
+        let substitutions = sed_substitutions(script);
+        assert_eq!(substitutions.len(), 2, "{template}: {substitutions:?}");
+        let during_init = manifest.replace(&substitutions[0].0, &substitutions[0].1);
+        let pod_during_init: Value = serde_yaml::from_str(&during_init).expect("still YAML");
+        assert_eq!(
+            kube_vip_kubeconfig(&pod_during_init),
+            ("/etc/kubernetes/super-admin.conf".to_owned(), admin),
+            "{template}: during kubeadm init"
+        );
+        assert_eq!(
+            during_init.replace(&substitutions[1].0, &substitutions[1].1),
+            manifest,
+            "{template}: after kubeadm init"
         );
     }
 }
