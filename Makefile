@@ -37,7 +37,7 @@ release-manifests: $(TOOLS) ## Write the clusterctl release files to $(OUT)/, th
 	sed 's|image: $(CONFIG_IMG)$$|image: $(IMG)|' $(OUT)/components.tmp > $(OUT)/infrastructure-components.yaml
 	rm $(OUT)/components.tmp
 	cp metadata.yaml $(OUT)/metadata.yaml
-	cp templates/cluster-template.yaml templates/cluster-template-failure-domains.yaml $(OUT)/
+	cp templates/*.yaml $(OUT)/
 
 docker-build: ## Build the controller image as $(IMG) (static binary, distroless, non-root).
 	docker build -t $(IMG) .

@@ -282,24 +282,45 @@ async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
     );
 }
 
-/// Every `${VAR}` of a template, without defaults.
+/// Every `${VAR}` of a template, without defaults (`$${VAR}` is a literal, not a variable).
 fn variables(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let mut rest = text;
     while let Some(start) = rest.find("${") {
         let end = rest[start..].find('}').expect("closing brace") + start;
-        let expr = &rest[start + 2..end];
-        let name = expr.split([':', '=']).next().unwrap_or(expr);
-        found.insert(name.to_owned());
+        if start == 0 || rest.as_bytes()[start - 1] != b'$' {
+            let expr = &rest[start + 2..end];
+            let name = expr.split([':', '=']).next().unwrap_or(expr);
+            found.insert(name.to_owned());
+        }
         rest = &rest[end + 1..];
     }
     found
 }
 
+/// The cluster templates (`clusterctl generate cluster [--flavor <flavor>]`).
 const TEMPLATES: &[&str] = &[
     "cluster-template.yaml",
     "cluster-template-failure-domains.yaml",
+    "cluster-template-external-creds.yaml",
+    "cluster-template-proxmox-labels.yaml",
+    "cluster-template-dual-stack.yaml",
+    "cluster-template-multiple-vlans.yaml",
+    "cluster-template-flatcar.yaml",
+    "cluster-template-auto-image.yaml",
+    "cluster-template-topology.yaml",
 ];
+
+/// The ClusterClasses, named `clusterclass-<class name>.yaml` as clusterctl looks them up.
+const CLUSTER_CLASSES: &[&str] = &["clusterclass-capmox.yaml"];
+
+/// Kubernetes' own kinds a template may hold; they have no CRD to validate against.
+const BUILTIN_KINDS: &[&str] = &["Secret"];
+
+/// A template's objects with the test values substituted.
+fn rendered(template: &str) -> Vec<Value> {
+    documents(&substitute(&read_out(template), TEMPLATE_VALUES))
+}
 
 #[test]
 fn every_template_variable_is_documented_in_the_readme() {
@@ -311,6 +332,14 @@ fn every_template_variable_is_documented_in_the_readme() {
                 undocumented.push(format!("{template}: {variable}"));
             }
         }
+        let flavor = template
+            .strip_prefix("cluster-template-")
+            .and_then(|f| f.strip_suffix(".yaml"));
+        if let Some(flavor) = flavor
+            && !readme.contains(&format!("--flavor {flavor}"))
+        {
+            undocumented.push(format!("{template}: how to use `--flavor {flavor}`"));
+        }
     }
     assert!(
         undocumented.is_empty(),
@@ -318,21 +347,70 @@ fn every_template_variable_is_documented_in_the_readme() {
     );
 }
 
+#[test]
+fn the_release_ships_every_template_and_cluster_class() {
+    let mut sources: Vec<String> = std::fs::read_dir("templates")
+        .expect("templates/")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    sources.sort();
+    let mut listed: Vec<String> = TEMPLATES
+        .iter()
+        .chain(CLUSTER_CLASSES)
+        .map(|t| (*t).to_owned())
+        .collect();
+    listed.sort();
+    assert_eq!(sources, listed, "templates/ and the lists the tests check");
+    for file in &listed {
+        let source = std::fs::read_to_string(Path::new("templates").join(file)).expect("readable");
+        assert_eq!(read_out(file), source, "out/{file} is not templates/{file}");
+    }
+    for file in CLUSTER_CLASSES {
+        let text = read_out(file);
+        assert!(
+            variables(&text).is_empty() && !text.contains("$${"),
+            "{file}: clusterctl wants ClusterClass files without variables"
+        );
+        let objects = documents(&text);
+        let classes: Vec<&Value> = objects
+            .iter()
+            .filter(|o| o["kind"] == "ClusterClass")
+            .collect();
+        assert_eq!(classes.len(), 1, "{file}: one ClusterClass");
+        let name = classes[0]["metadata"]["name"].as_str().expect("a name");
+        assert_eq!(*file, format!("clusterclass-{name}.yaml"));
+        for object in &objects {
+            assert!(
+                object["metadata"].get("namespace").is_none(),
+                "{file}: {} {} names a namespace",
+                object["kind"],
+                object["metadata"]["name"]
+            );
+        }
+    }
+}
+
 /// The schema for an object's kind and version: capmox's CRDs or the upstream ones.
 fn schema_for(object: &Value) -> Option<Value> {
     let kind = object["kind"].as_str()?;
     let version = object["apiVersion"].as_str()?.rsplit('/').next()?;
+    schema_of(kind, version)
+}
+
+fn schema_of(kind: &str, version: &str) -> Option<Value> {
     let mut files: Vec<std::path::PathBuf> = std::fs::read_dir("crds")
         .ok()?
         .map(|e| e.ok().map(|e| e.path()))
         .collect::<Option<_>>()?;
     let upstream = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/external-crds");
-    files.extend(
-        std::fs::read_dir(upstream)
-            .unwrap_or_else(|e| panic!("cannot read {upstream}: {e}"))
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml")),
-    );
+    for dir in [upstream.to_owned(), format!("{upstream}/template-kinds")] {
+        files.extend(
+            std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("cannot read {dir}: {e}"))
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml")),
+        );
+    }
     files.into_iter().find_map(|file| {
         let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&file).ok()?).ok()?;
         if crd["spec"]["names"]["kind"] != kind {
@@ -347,45 +425,265 @@ fn schema_for(object: &Value) -> Option<Value> {
     })
 }
 
+/// Validates an object against its CRD, as the API server would on create; returns it defaulted.
+fn validated(file: &str, object: &Value) -> Value {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let schema = schema_for(object)
+        .unwrap_or_else(|| panic!("{file}: no CRD serves {kind} {}", object["apiVersion"]));
+    capmox_testkit::schema::validate_object(&schema, object, None).unwrap_or_else(|violations| {
+        panic!(
+            "{file}: {kind} {}: {violations:#?}",
+            object["metadata"]["name"]
+        )
+    })
+}
+
+/// Reads a Proxmox object into capmox's own types, which must take every field the template sets.
+fn read_as_capmox(file: &str, object: &Value) {
+    /// Without empty lists, which capmox's types leave out.
+    fn pruned(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .filter(|(_, v)| v.as_array().is_none_or(|a| !a.is_empty()))
+                    .map(|(k, v)| (k.clone(), pruned(v)))
+                    .collect(),
+            ),
+            Value::Array(items) => Value::Array(items.iter().map(pruned).collect()),
+            other => other.clone(),
+        }
+    }
+    fn same<T: serde::de::DeserializeOwned + serde::Serialize>(file: &str, object: &Value) {
+        let typed: T = serde_json::from_value(object.clone())
+            .unwrap_or_else(|e| panic!("{file}: {} does not read: {e}", object["kind"]));
+        let back = serde_json::to_value(&typed).expect("serializes");
+        assert_eq!(
+            pruned(&back["spec"]),
+            pruned(&object["spec"]),
+            "{file}: {} {} loses fields in capmox's types",
+            object["kind"],
+            object["metadata"]["name"]
+        );
+    }
+    match object["kind"].as_str() {
+        Some("ProxmoxCluster") => same::<capmox::api::ProxmoxCluster>(file, object),
+        Some("ProxmoxClusterTemplate") => same::<capmox::api::ProxmoxClusterTemplate>(file, object),
+        Some("ProxmoxMachine") => same::<capmox::api::ProxmoxMachine>(file, object),
+        Some("ProxmoxMachineTemplate") => same::<capmox::api::ProxmoxMachineTemplate>(file, object),
+        _ => {}
+    }
+}
+
 #[test]
 fn template_objects_are_valid_against_the_crds() {
-    let mut validated = BTreeSet::new();
-    for template in TEMPLATES {
-        for object in documents(&substitute(&read_out(template), TEMPLATE_VALUES)) {
+    let mut validated_kinds = BTreeSet::new();
+    for template in TEMPLATES.iter().chain(CLUSTER_CLASSES) {
+        for object in rendered(template) {
             let kind = object["kind"].as_str().unwrap_or_default().to_owned();
-            let Some(schema) = schema_for(&object) else {
+            assert_eq!(
+                object["apiVersion"]
+                    .as_str()
+                    .is_some_and(|v| v.contains('/')),
+                !BUILTIN_KINDS.contains(&kind.as_str()),
+                "{template}: {kind} has an unexpected apiVersion {}",
+                object["apiVersion"]
+            );
+            if BUILTIN_KINDS.contains(&kind.as_str()) {
                 continue;
-            };
-            if let Err(violations) = capmox_testkit::schema::validate_object(&schema, &object, None)
-            {
-                panic!(
-                    "{template}: {kind} {}: {violations:#?}",
-                    object["metadata"]["name"]
-                );
             }
-            validated.insert(kind);
+            validated(template, &object);
+            read_as_capmox(template, &object);
+            validated_kinds.insert(kind);
         }
     }
     for kind in [
         "Cluster",
+        "ClusterClass",
         "ProxmoxCluster",
+        "ProxmoxClusterTemplate",
         "KubeadmControlPlane",
+        "KubeadmControlPlaneTemplate",
+        "KubeadmConfigTemplate",
         "ProxmoxMachineTemplate",
         "MachineDeployment",
+        "InClusterIPPool",
     ] {
         assert!(
-            validated.contains(kind),
-            "no {kind} was validated (found {validated:?})"
+            validated_kinds.contains(kind),
+            "no {kind} was validated (found {validated_kinds:?})"
         );
+    }
+}
+
+/// The objects of one kind in a rendered template.
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+/// The object of a kind and name in a rendered template.
+fn named<'a>(objects: &'a [Value], kind: &str, name: &Value) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && &o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the template"))
+}
+
+/// The single ProxmoxCluster of a rendered template, defaulted by its CRD.
+fn proxmox_cluster(file: &str, objects: &[Value]) -> Value {
+    let clusters = of_kind(objects, "ProxmoxCluster");
+    assert_eq!(clusters.len(), 1, "{file}: one ProxmoxCluster");
+    validated(file, clusters[0])
+}
+
+/// A group of machines a template asks for: the owner, its ProxmoxMachineTemplate and the
+/// failure domains its machines may get.
+struct MachineGroup {
+    owner: String,
+    template: Value,
+    failure_domains: Vec<Option<String>>,
+}
+
+/// The machine groups of a template: the control plane (in each control-plane failure domain)
+/// and every MachineDeployment (in its own).
+fn machine_groups(file: &str, objects: &[Value], cluster: &Value) -> Vec<MachineGroup> {
+    let typed = typed_cluster(file, cluster);
+    let control_plane_domains: Vec<Option<String>> = {
+        let domains: Vec<Option<String>> = typed
+            .status
+            .iter()
+            .flat_map(|s| &s.failure_domains)
+            .filter(|d| d.control_plane == Some(true))
+            .map(|d| Some(d.name.clone()))
+            .collect();
+        if domains.is_empty() {
+            vec![None]
+        } else {
+            domains
+        }
+    };
+    let mut groups = Vec::new();
+    for kcp in of_kind(objects, "KubeadmControlPlane") {
+        let reference = &kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"];
+        groups.push(MachineGroup {
+            owner: format!("KubeadmControlPlane {}", kcp["metadata"]["name"]),
+            template: named(objects, "ProxmoxMachineTemplate", &reference["name"]).clone(),
+            failure_domains: control_plane_domains.clone(),
+        });
+    }
+    for deployment in of_kind(objects, "MachineDeployment") {
+        let spec = &deployment["spec"]["template"]["spec"];
+        groups.push(MachineGroup {
+            owner: format!("MachineDeployment {}", deployment["metadata"]["name"]),
+            template: named(
+                objects,
+                "ProxmoxMachineTemplate",
+                &spec["infrastructureRef"]["name"],
+            )
+            .clone(),
+            failure_domains: vec![spec["failureDomain"].as_str().map(str::to_owned)],
+        });
+    }
+    groups
+}
+
+/// The ProxmoxCluster in capmox's types, with the failure domains capmox would publish.
+fn typed_cluster(file: &str, cluster: &Value) -> capmox::api::ProxmoxCluster {
+    let mut typed: capmox::api::ProxmoxCluster =
+        serde_json::from_value(cluster.clone()).expect("a ProxmoxCluster");
+    let domains = capmox::placement::failure_domains(&typed)
+        .unwrap_or_else(|e| panic!("{file}: capmox refuses the zones: {e}"));
+    typed
+        .status
+        .get_or_insert_with(Default::default)
+        .failure_domains = domains;
+    typed
+}
+
+/// Where capmox places each machine of each group (one per failure domain), as the machine
+/// controller resolves it.
+fn placements(
+    file: &str,
+    cluster: &Value,
+    groups: &[MachineGroup],
+) -> Vec<(String, capmox::placement::Placement)> {
+    let typed = typed_cluster(file, cluster);
+    let cluster_name = cluster["metadata"]["name"].as_str().expect("named");
+    let mut out = Vec::new();
+    for group in groups {
+        let template = validated(file, &group.template);
+        for (index, failure_domain) in group.failure_domains.iter().enumerate() {
+            let name = format!("{cluster_name}-machine-{index}");
+            let machine: capmox::api::ProxmoxMachine = serde_json::from_value(serde_json::json!({
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+                "kind": "ProxmoxMachine",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": template["spec"]["template"]["spec"],
+            }))
+            .expect("a ProxmoxMachine");
+            let capi_machine: capmox::capi::Machine = serde_json::from_value(serde_json::json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2",
+                "kind": "Machine",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"clusterName": cluster_name, "failureDomain": failure_domain},
+            }))
+            .expect("a Machine");
+            let placement = capmox::placement::Placement::resolve(&typed, &machine, &capi_machine)
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{file}: capmox cannot place a machine of {} in {failure_domain:?}: {e}",
+                        group.owner
+                    )
+                });
+            out.push((group.owner.clone(), placement));
+        }
+    }
+    out
+}
+
+/// The pools a NIC of a placement claims from, by name.
+fn pools_of(placement: &capmox::placement::Placement, nic: &str) -> Vec<String> {
+    placement
+        .network_devices()
+        .iter()
+        .find(|n| n.name == nic)
+        .unwrap_or_else(|| panic!("no {nic} on {}", placement.machine_name()))
+        .pools
+        .iter()
+        .map(|p| p.pool.name.clone())
+        .collect()
+}
+
+/// The objects a flavor gives the management cluster: the rendered template, or for the topology
+/// flavor what Cluster API makes of its Cluster with the ClusterClass.
+fn flavor_objects(template: &str) -> Vec<Value> {
+    if template == "cluster-template-topology.yaml" {
+        topology_objects()
+    } else {
+        rendered(template)
+    }
+}
+
+/// Every flavor's machines can be placed by capmox, in every failure domain they may get.
+#[test]
+fn capmox_places_every_machine_of_every_flavor() {
+    for template in TEMPLATES {
+        let objects = flavor_objects(template);
+        let cluster = proxmox_cluster(template, &objects);
+        let groups = machine_groups(template, &objects, &cluster);
+        assert!(groups.len() >= 2, "{template}: a control plane and workers");
+        let placed = placements(template, &cluster, &groups);
+        for (owner, placement) in &placed {
+            assert!(
+                !pools_of(placement, "net0").is_empty(),
+                "{template}: {owner}: net0 claims no address"
+            );
+        }
     }
 }
 
 #[test]
 fn the_failure_domain_flavor_pins_one_deployment_per_zone() {
-    let objects = documents(&substitute(
-        &read_out("cluster-template-failure-domains.yaml"),
-        TEMPLATE_VALUES,
-    ));
+    let objects = rendered("cluster-template-failure-domains.yaml");
     let cluster = objects
         .iter()
         .find(|o| o["kind"] == "ProxmoxCluster")
@@ -403,6 +701,1108 @@ fn the_failure_domain_flavor_pins_one_deployment_per_zone() {
         .collect();
     assert_eq!(zones, pinned);
     assert_eq!(zones.len(), 3);
+}
+
+#[test]
+fn the_external_creds_flavor_gives_the_cluster_a_secret_capmox_accepts() {
+    let file = "cluster-template-external-creds.yaml";
+    let objects = rendered(file);
+    let cluster = proxmox_cluster(file, &objects);
+    let reference = &cluster["spec"]["credentialsRef"];
+    assert!(
+        reference.get("namespace").is_none(),
+        "the Secret is in the cluster's namespace"
+    );
+    let secret = named(&objects, "Secret", &reference["name"]);
+    let data: std::collections::BTreeMap<String, k8s_openapi::ByteString> = secret["stringData"]
+        .as_object()
+        .expect("stringData")
+        .iter()
+        .map(|(k, v)| {
+            let text = v.as_str().unwrap_or_else(|| panic!("{k} is not a string"));
+            (k.clone(), k8s_openapi::ByteString(text.as_bytes().to_vec()))
+        })
+        .collect();
+    let config = capmox::controller::credentials::from_secret_data("default", "creds", &data)
+        .unwrap_or_else(|e| panic!("capmox refuses the flavor's Secret: {e}"));
+    assert_eq!(config.url, "https://pve.example:8006");
+    assert!(!config.tls.insecure, "TLS is verified unless asked not to");
+    assert!(config.tls.fingerprints.is_empty());
+}
+
+#[test]
+fn the_dual_stack_flavor_gives_every_machine_an_ipv4_and_an_ipv6_address() {
+    let file = "cluster-template-dual-stack.yaml";
+    let objects = rendered(file);
+    let cluster = proxmox_cluster(file, &objects);
+    assert!(cluster["spec"]["ipv6Config"]["addresses"].is_array());
+    for (owner, placement) in placements(file, &cluster, &machine_groups(file, &objects, &cluster))
+    {
+        assert_eq!(
+            pools_of(&placement, "net0"),
+            ["demo-v4-icip", "demo-v6-icip"],
+            "{owner}"
+        );
+    }
+    let network = &of_kind(&objects, "Cluster")[0]["spec"]["clusterNetwork"];
+    for blocks in [
+        &network["pods"]["cidrBlocks"],
+        &network["services"]["cidrBlocks"],
+    ] {
+        let families: BTreeSet<bool> = blocks
+            .as_array()
+            .expect("CIDR blocks")
+            .iter()
+            .map(|b| b.as_str().expect("a CIDR").contains(':'))
+            .collect();
+        assert_eq!(families.len(), 2, "both families in {blocks}");
+    }
+}
+
+#[test]
+fn the_multiple_vlans_flavor_puts_a_second_nic_on_its_own_vlan_and_pool() {
+    let file = "cluster-template-multiple-vlans.yaml";
+    let objects = rendered(file);
+    let cluster = proxmox_cluster(file, &objects);
+    let pools = of_kind(&objects, "InClusterIPPool");
+    assert_eq!(pools.len(), 1);
+    let pool = validated(file, pools[0]);
+    let pool_name = pool["metadata"]["name"].as_str().expect("named");
+    // Equal metrics: the cluster's pool (the default one) keeps the only default route.
+    let metric = pool["metadata"]["annotations"]["ipam.capmox.cluster.x-k8s.io/gateway-metric"]
+        .as_str()
+        .and_then(|m| m.parse::<i64>().ok());
+    assert_eq!(metric, cluster["spec"]["ipv4Config"]["metric"].as_i64());
+    for (owner, placement) in placements(file, &cluster, &machine_groups(file, &objects, &cluster))
+    {
+        let nics = placement.network_devices();
+        assert_eq!(nics.len(), 2, "{owner}");
+        assert_eq!(pools_of(&placement, "net0"), ["demo-v4-icip"], "{owner}");
+        assert_eq!(pools_of(&placement, "net1"), [pool_name], "{owner}");
+        assert_eq!(nics[1].bridge.as_deref(), Some("vmbr1"), "{owner}");
+        assert_eq!(nics[1].vlan, Some(20), "{owner}");
+        assert!(nics[1].pools.iter().all(|p| !p.default_gateway), "{owner}");
+    }
+}
+
+#[test]
+fn the_auto_image_flavor_finds_the_template_by_its_tags() {
+    let file = "cluster-template-auto-image.yaml";
+    let objects = rendered(file);
+    let cluster = proxmox_cluster(file, &objects);
+    for (owner, placement) in placements(file, &cluster, &machine_groups(file, &objects, &cluster))
+    {
+        let capmox::placement::TemplateSource::Tags(selector) = placement.template() else {
+            panic!("{owner}: the template is not chosen by tags");
+        };
+        let text = format!("{selector:?}");
+        for tag in ["ubuntu-24.04", "k8s-v1.33"] {
+            assert!(text.contains(tag), "{owner}: {tag} missing from {text}");
+        }
+    }
+}
+
+#[test]
+fn the_flatcar_flavor_bootstraps_with_ignition() {
+    let file = "cluster-template-flatcar.yaml";
+    let objects = rendered(file);
+    let mut configs: Vec<&Value> = of_kind(&objects, "KubeadmControlPlane")
+        .into_iter()
+        .map(|k| &k["spec"]["kubeadmConfigSpec"])
+        .collect();
+    configs.extend(
+        of_kind(&objects, "KubeadmConfigTemplate")
+            .into_iter()
+            .map(|t| &t["spec"]["template"]["spec"]),
+    );
+    assert_eq!(configs.len(), 2);
+    for config in configs {
+        assert_eq!(config["format"], "ignition");
+        let additional = config["ignition"]["containerLinuxConfig"]["additionalConfig"]
+            .as_str()
+            .expect("Container Linux Config");
+        let clc: Value = serde_yaml::from_str(additional).expect("the CLC is YAML");
+        assert!(
+            clc["systemd"]["units"]
+                .to_string()
+                .contains("EnvironmentFile=/etc/proxmox-env"),
+            "{clc}"
+        );
+        let provider_id = &config["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"][0];
+        assert_eq!(provider_id["name"], "provider-id");
+        assert_eq!(
+            provider_id["value"], "proxmox://${COREOS_CUSTOM_INSTANCE_ID}",
+            "left for the machine's envsubst"
+        );
+    }
+    for template in of_kind(&objects, "ProxmoxMachineTemplate") {
+        assert_eq!(
+            template["spec"]["template"]["spec"]["checks"]["skipCloudInitStatus"], true,
+            "Flatcar has no cloud-init to wait for"
+        );
+    }
+}
+
+#[test]
+fn the_proxmox_labels_flavor_labels_workers_with_their_zone_and_tags_vms() {
+    let file = "cluster-template-proxmox-labels.yaml";
+    let objects = rendered(file);
+    let cluster = proxmox_cluster(file, &objects);
+    let deployments = of_kind(&objects, "MachineDeployment");
+    assert_eq!(deployments.len(), 2);
+    for deployment in deployments {
+        let spec = &deployment["spec"]["template"]["spec"];
+        let zone = spec["failureDomain"].as_str().expect("pinned to a zone");
+        let config = named(
+            &objects,
+            "KubeadmConfigTemplate",
+            &spec["bootstrap"]["configRef"]["name"],
+        );
+        let args = &config["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"];
+        let labels = args
+            .as_array()
+            .expect("kubelet args")
+            .iter()
+            .find(|a| a["name"] == "node-labels")
+            .and_then(|a| a["value"].as_str())
+            .expect("node-labels");
+        assert_eq!(labels, format!("topology.kubernetes.io/zone={zone}"));
+    }
+    for (owner, placement) in placements(file, &cluster, &machine_groups(file, &objects, &cluster))
+    {
+        if owner.starts_with("MachineDeployment") {
+            assert!(placement.is_failure_domain(), "{owner}");
+        }
+    }
+    for template in of_kind(&objects, "ProxmoxMachineTemplate") {
+        let tags = &template["spec"]["template"]["spec"]["tags"];
+        assert!(
+            tags.as_array()
+                .is_some_and(|t| t.contains(&Value::from("demo"))),
+            "{}: VMs are tagged with the cluster name, got {tags}",
+            template["metadata"]["name"]
+        );
+    }
+}
+
+/// The ClusterClass the topology flavor uses, and the objects of its file by kind and name.
+fn cluster_class() -> (Value, Vec<Value>) {
+    let objects = documents(&read_out("clusterclass-capmox.yaml"));
+    let class = of_kind(&objects, "ClusterClass")[0].clone();
+    (class, objects)
+}
+
+/// The template a ClusterClass `templateRef` names, from the class's file.
+fn referenced(objects: &[Value], reference: &Value) -> Value {
+    let found = named(
+        objects,
+        reference["kind"].as_str().expect("kind"),
+        &reference["name"],
+    );
+    assert_eq!(found["apiVersion"], reference["apiVersion"], "{reference}");
+    found.clone()
+}
+
+/// The class's variables with a Cluster's values (and `overrides` over them), defaulted and
+/// validated by their schemas as Cluster API does; panics on an undeclared or missing one.
+fn class_variables(
+    class: &Value,
+    values: &Value,
+    overrides: &Value,
+) -> serde_json::Map<String, Value> {
+    let given: Vec<&Value> = values
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(overrides.as_array().into_iter().flatten())
+        .collect();
+    let declared = class["spec"]["variables"].as_array().expect("variables");
+    for value in &given {
+        assert!(
+            declared.iter().any(|d| d["name"] == value["name"]),
+            "the Cluster sets {}, which the class does not declare",
+            value["name"]
+        );
+    }
+    let mut out = serde_json::Map::new();
+    for variable in declared {
+        let name = variable["name"].as_str().expect("named");
+        let schema = &variable["schema"]["openAPIV3Schema"];
+        let value = given
+            .iter()
+            .rev()
+            .find(|v| v["name"] == name)
+            .map(|v| v["value"].clone())
+            .or_else(|| schema.get("default").cloned());
+        let Some(value) = value else {
+            assert_ne!(
+                variable["required"], true,
+                "the Cluster does not set the required variable {name}"
+            );
+            continue;
+        };
+        let value = capmox_testkit::schema::validate_object(schema, &value, None)
+            .unwrap_or_else(|v| panic!("variable {name}: {v:#?}"));
+        out.insert(name.to_owned(), value);
+    }
+    out
+}
+
+/// A variable by dotted path (`vmTemplate.sourceNode`), as `valueFrom.variable` names it.
+fn variable<'a>(variables: &'a serde_json::Map<String, Value>, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let mut value = variables.get(parts.next()?)?;
+    for part in parts {
+        value = value.get(part)?;
+    }
+    Some(value)
+}
+
+/// Evaluates the two `enabledIf` forms the class uses, `{{ if .x }}true{{ end }}` and
+/// `{{ if not .x }}true{{ end }}`, with Go template truth (empty and zero values are false).
+fn enabled(enabled_if: &Value, variables: &serde_json::Map<String, Value>) -> bool {
+    let Some(text) = enabled_if.as_str() else {
+        return true;
+    };
+    let condition = text
+        .strip_prefix("{{ if ")
+        .and_then(|t| t.strip_suffix(" }}true{{ end }}"))
+        .unwrap_or_else(|| panic!("enabledIf {text:?} is not a form this test evaluates"));
+    let (negated, path) = match condition.strip_prefix("not ") {
+        Some(path) => (true, path),
+        None => (false, condition),
+    };
+    let path = path.strip_prefix('.').expect("a variable");
+    let truthy = match variable(variables, path) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::Bool(true)) => true,
+    };
+    truthy != negated
+}
+
+/// Which of the class's templates a patch selector's `matchResources` picks.
+#[derive(Clone, Copy, PartialEq)]
+enum Holder<'a> {
+    InfrastructureCluster,
+    ControlPlane,
+    ControlPlaneMachine,
+    Worker(&'a str),
+}
+
+fn selects(selector: &Value, template: &Value, holder: Holder) -> bool {
+    if selector["apiVersion"] != template["apiVersion"] || selector["kind"] != template["kind"] {
+        return false;
+    }
+    let resources = &selector["matchResources"];
+    match holder {
+        Holder::InfrastructureCluster => resources["infrastructureCluster"] == true,
+        Holder::ControlPlane | Holder::ControlPlaneMachine => resources["controlPlane"] == true,
+        Holder::Worker(class) => resources["machineDeploymentClass"]["names"]
+            .as_array()
+            .is_some_and(|n| n.contains(&Value::from(class))),
+    }
+}
+
+/// Applies one RFC 6902 operation (`add`, `replace`, `remove`) at a JSON pointer.
+fn apply_json_patch(target: &mut Value, op: &str, path: &str, value: Option<Value>) {
+    let (parent_path, last) = path.rsplit_once('/').expect("a JSON pointer");
+    let parent = target
+        .pointer_mut(parent_path)
+        .unwrap_or_else(|| panic!("{op} {path}: {parent_path} does not exist in the template"));
+    match (parent, op) {
+        (Value::Object(map), "add") => {
+            map.insert(last.to_owned(), value.expect("a value"));
+        }
+        (Value::Object(map), "replace") => {
+            let slot = map
+                .get_mut(last)
+                .unwrap_or_else(|| panic!("replace {path}: nothing there to replace"));
+            *slot = value.expect("a value");
+        }
+        (Value::Object(map), "remove") => {
+            map.remove(last)
+                .unwrap_or_else(|| panic!("remove {path}: nothing there to remove"));
+        }
+        (Value::Array(items), op) => {
+            let index = if last == "-" {
+                items.len()
+            } else {
+                last.parse().expect("an index")
+            };
+            match op {
+                "add" => items.insert(index, value.expect("a value")),
+                "replace" => items[index] = value.expect("a value"),
+                _ => {
+                    items.remove(index);
+                }
+            }
+        }
+        (other, _) => panic!("{op} {path}: {parent_path} is {other}, not an object or array"),
+    }
+}
+
+/// The variable paths of a patch's `valueFrom.template` actions; the class uses only the form
+/// `{{ .a.b }}` (a Go template printing a variable), which this test evaluates.
+fn template_actions(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    let mut actions = Vec::new();
+    let mut from = 0;
+    while let Some(start) = text[from..].find("{{").map(|s| s + from) {
+        let end = text[start..].find("}}").expect("closing braces") + start + 2;
+        let action = text[start + 2..end - 2].trim();
+        let path = action
+            .strip_prefix('.')
+            .filter(|p| !p.is_empty() && !p.contains([' ', '|', '(']))
+            .unwrap_or_else(|| {
+                panic!("template action {action:?} is not a form this test evaluates")
+            });
+        actions.push((start..end, path));
+        from = end;
+    }
+    actions
+}
+
+/// A patch's `valueFrom.template` rendered with the variables and read as YAML, as the
+/// topology controller does.
+fn rendered_patch_template(text: &str, variables: &serde_json::Map<String, Value>) -> Value {
+    let mut out = String::new();
+    let mut last = 0;
+    for (range, path) in template_actions(text) {
+        out.push_str(&text[last..range.start]);
+        match variable(variables, path) {
+            Some(Value::String(s)) => out.push_str(s),
+            Some(scalar @ (Value::Number(_) | Value::Bool(_))) => out.push_str(&scalar.to_string()),
+            other => panic!("template: .{path} is {other:?}, not a scalar"),
+        }
+        last = range.end;
+    }
+    out.push_str(&text[last..]);
+    serde_yaml::from_str(&out)
+        .unwrap_or_else(|e| panic!("the rendered template is no YAML: {e}\n{out}"))
+}
+
+/// A template of the class with the class's patches for `holder` applied, as the topology
+/// controller generates it for a Cluster.
+fn patched(
+    class: &Value,
+    mut template: Value,
+    holder: Holder,
+    variables: &serde_json::Map<String, Value>,
+) -> Value {
+    for patch in class["spec"]["patches"].as_array().into_iter().flatten() {
+        if !enabled(&patch["enabledIf"], variables) {
+            continue;
+        }
+        for definition in patch["definitions"].as_array().expect("definitions") {
+            if !selects(&definition["selector"], &template, holder) {
+                continue;
+            }
+            for json_patch in definition["jsonPatches"].as_array().expect("jsonPatches") {
+                let op = json_patch["op"].as_str().expect("op");
+                let path = json_patch["path"].as_str().expect("path");
+                let value_from = &json_patch["valueFrom"];
+                let value = if let Some(name) = value_from["variable"].as_str() {
+                    Some(
+                        variable(variables, name)
+                            .unwrap_or_else(|| panic!("{path}: variable {name} is not set"))
+                            .clone(),
+                    )
+                } else if let Some(text) = value_from["template"].as_str() {
+                    Some(rendered_patch_template(text, variables))
+                } else {
+                    json_patch.get("value").cloned()
+                };
+                apply_json_patch(&mut template, op, path, value);
+            }
+        }
+    }
+    template
+}
+
+/// What Cluster API makes of the topology flavor's Cluster with the class: the ProxmoxCluster,
+/// the KubeadmControlPlane and MachineDeployments with their (patched) templates, named as a
+/// rendered classic template would name them.
+fn topology_objects() -> Vec<Value> {
+    let file = "cluster-template-topology.yaml";
+    let (class, class_objects) = cluster_class();
+    let clusters = rendered(file);
+    assert_eq!(clusters.len(), 1, "{file}: only the Cluster");
+    let cluster = &clusters[0];
+    let topology = &cluster["spec"]["topology"];
+    let cluster_name = cluster["metadata"]["name"].as_str().expect("named");
+    let spec = &class["spec"];
+    let mut out = vec![cluster.clone()];
+
+    let variables = class_variables(&class, &topology["variables"], &Value::Null);
+    let infrastructure = patched(
+        &class,
+        referenced(&class_objects, &spec["infrastructure"]["templateRef"]),
+        Holder::InfrastructureCluster,
+        &variables,
+    );
+    out.push(serde_json::json!({
+        "apiVersion": infrastructure["apiVersion"],
+        "kind": "ProxmoxCluster",
+        "metadata": {"name": cluster_name},
+        "spec": infrastructure["spec"]["template"]["spec"],
+    }));
+
+    let control_plane_variables = class_variables(
+        &class,
+        &topology["variables"],
+        &topology["controlPlane"]["variables"]["overrides"],
+    );
+    let control_plane = patched(
+        &class,
+        referenced(&class_objects, &spec["controlPlane"]["templateRef"]),
+        Holder::ControlPlane,
+        &control_plane_variables,
+    );
+    validated(file, &control_plane);
+    let mut machine = patched(
+        &class,
+        referenced(
+            &class_objects,
+            &spec["controlPlane"]["machineInfrastructure"]["templateRef"],
+        ),
+        Holder::ControlPlaneMachine,
+        &control_plane_variables,
+    );
+    let machine_name = format!("{cluster_name}-control-plane");
+    machine["metadata"]["name"] = Value::from(machine_name.as_str());
+    out.push(machine);
+    out.push(serde_json::json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+        "kind": "KubeadmControlPlane",
+        "metadata": {"name": machine_name},
+        "spec": {
+            "version": topology["version"],
+            "replicas": topology["controlPlane"]["replicas"],
+            "machineTemplate": {"spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io",
+                "kind": "ProxmoxMachineTemplate",
+                "name": machine_name,
+            }}},
+            "kubeadmConfigSpec": control_plane["spec"]["template"]["spec"]["kubeadmConfigSpec"],
+        },
+    }));
+
+    let classes = spec["workers"]["machineDeployments"]
+        .as_array()
+        .expect("MachineDeployment classes");
+    for deployment in topology["workers"]["machineDeployments"]
+        .as_array()
+        .expect("MachineDeployments")
+    {
+        let class_name = deployment["class"].as_str().expect("a class");
+        let md_class = classes
+            .iter()
+            .find(|c| c["class"] == class_name)
+            .unwrap_or_else(|| panic!("the class has no MachineDeployment class {class_name}"));
+        let md_variables = class_variables(
+            &class,
+            &topology["variables"],
+            &deployment["variables"]["overrides"],
+        );
+        let name = format!(
+            "{cluster_name}-{}",
+            deployment["name"].as_str().expect("named")
+        );
+        let bootstrap = patched(
+            &class,
+            referenced(&class_objects, &md_class["bootstrap"]["templateRef"]),
+            Holder::Worker(class_name),
+            &md_variables,
+        );
+        validated(file, &bootstrap);
+        let mut machine = patched(
+            &class,
+            referenced(&class_objects, &md_class["infrastructure"]["templateRef"]),
+            Holder::Worker(class_name),
+            &md_variables,
+        );
+        machine["metadata"]["name"] = Value::from(name.as_str());
+        out.push(machine);
+        let mut bootstrap = bootstrap;
+        bootstrap["metadata"]["name"] = Value::from(name.as_str());
+        out.push(bootstrap);
+        out.push(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "MachineDeployment",
+            "metadata": {"name": name},
+            "spec": {
+                "clusterName": cluster_name,
+                "replicas": deployment["replicas"],
+                "template": {"spec": {
+                    "clusterName": cluster_name,
+                    "failureDomain": deployment.get("failureDomain")
+                        .or(md_class.get("failureDomain")),
+                    "bootstrap": {"configRef": {
+                        "apiGroup": "bootstrap.cluster.x-k8s.io",
+                        "kind": "KubeadmConfigTemplate",
+                        "name": name,
+                    }},
+                    "infrastructureRef": {
+                        "apiGroup": "infrastructure.cluster.x-k8s.io",
+                        "kind": "ProxmoxMachineTemplate",
+                        "name": name,
+                    },
+                }},
+            },
+        }));
+    }
+    for object in &out[1..] {
+        if object["kind"] != "MachineDeployment" && object["kind"] != "KubeadmControlPlane" {
+            validated(file, object);
+            read_as_capmox(file, object);
+        }
+    }
+    out
+}
+
+/// Whether a JSON pointer names a place the schema has (a property, an array item or `-`).
+fn schema_has_path(schema: &Value, path: &str) -> bool {
+    let mut node = schema;
+    for segment in path.split('/').skip(1) {
+        node = if node["type"] == "array" {
+            if segment != "-" && segment.parse::<usize>().is_err() {
+                return false;
+            }
+            &node["items"]
+        } else {
+            match node["properties"].get(segment) {
+                Some(child) => child,
+                None => return false,
+            }
+        };
+    }
+    true
+}
+
+#[test]
+fn the_cluster_class_patches_fields_its_templates_have_from_declared_variables() {
+    let (class, _) = cluster_class();
+    let declared: BTreeSet<&str> = class["spec"]["variables"]
+        .as_array()
+        .expect("variables")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    let mut checked = 0;
+    for patch in class["spec"]["patches"].as_array().expect("patches") {
+        if let Some(text) = patch["enabledIf"].as_str() {
+            let name = text
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix('.'))
+                .and_then(|w| w.split('.').next())
+                .unwrap_or_default();
+            assert!(
+                declared.contains(name),
+                "{}: enabledIf reads {name:?}",
+                patch["name"]
+            );
+        }
+        for definition in patch["definitions"].as_array().expect("definitions") {
+            let selector = &definition["selector"];
+            let version = selector["apiVersion"].as_str().expect("apiVersion");
+            let kind = selector["kind"].as_str().expect("kind");
+            let schema = schema_of(kind, version.rsplit('/').next().unwrap_or(version))
+                .unwrap_or_else(|| panic!("no CRD serves {kind} {version}"));
+            for json_patch in definition["jsonPatches"].as_array().expect("jsonPatches") {
+                let path = json_patch["path"].as_str().expect("path");
+                assert!(
+                    path.starts_with("/spec/template/spec/") && schema_has_path(&schema, path),
+                    "{}: {kind} has no {path}",
+                    patch["name"]
+                );
+                let mut reads: Vec<&str> = json_patch["valueFrom"]["variable"]
+                    .as_str()
+                    .into_iter()
+                    .collect();
+                if let Some(text) = json_patch["valueFrom"]["template"].as_str() {
+                    reads.extend(template_actions(text).into_iter().map(|(_, path)| path));
+                }
+                for name in reads {
+                    let root = name.split('.').next().unwrap_or(name);
+                    assert!(
+                        declared.contains(root),
+                        "{}: {path} reads {name}",
+                        patch["name"]
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} JSON patches");
+}
+
+#[test]
+fn the_topology_flavor_uses_the_cluster_class_and_its_zones() {
+    let (class, _) = cluster_class();
+    let cluster = rendered("cluster-template-topology.yaml").remove(0);
+    let topology = &cluster["spec"]["topology"];
+    assert_eq!(topology["classRef"]["name"], class["metadata"]["name"]);
+    assert!(
+        topology["classRef"].get("namespace").is_none(),
+        "the class is looked up in the Cluster's namespace, where clusterctl puts it"
+    );
+    let objects = topology_objects();
+    let proxmox = proxmox_cluster("topology", &objects);
+    let zones: Vec<&str> = proxmox["spec"]["zoneConfig"]
+        .as_array()
+        .expect("zones from the variable")
+        .iter()
+        .filter_map(|z| z["zone"].as_str())
+        .collect();
+    assert_eq!(zones, ["zone-a", "zone-b", "zone-c"]);
+    assert_eq!(proxmox["spec"]["controlPlaneEndpoint"]["host"], "10.0.0.10");
+    let pinned: Vec<&str> = of_kind(&objects, "MachineDeployment")
+        .iter()
+        .filter_map(|d| d["spec"]["template"]["spec"]["failureDomain"].as_str())
+        .collect();
+    assert_eq!(pinned, zones, "one MachineDeployment per zone");
+    let groups = machine_groups("topology", &objects, &proxmox);
+    let control_plane = &groups[0];
+    assert_eq!(
+        control_plane.failure_domains,
+        [Some("zone-a".to_owned()), Some("zone-b".to_owned())],
+        "the control plane spreads over the eligible zones"
+    );
+    for (owner, placement) in placements("topology", &proxmox, &groups) {
+        assert_eq!(
+            placement.template(),
+            &capmox::placement::TemplateSource::Id {
+                vmid: 9000,
+                node: "pve1".into()
+            },
+            "{owner}"
+        );
+        assert_eq!(pools_of(&placement, "net0"), ["demo-v4-icip"], "{owner}");
+    }
+}
+
+/// The class's other arm: a template chosen by tags, a dual-stack cluster, no zones, and a bigger
+/// control plane through an override.
+#[test]
+fn the_cluster_class_takes_a_template_selector_ipv6_and_overrides() {
+    let (class, class_objects) = cluster_class();
+    let values = serde_json::json!([
+        {"name": "controlPlaneEndpoint", "value": {"host": "10.0.0.10"}},
+        {"name": "dnsServers", "value": ["10.0.0.2"]},
+        {"name": "ipv4Config", "value": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"}},
+        {"name": "ipv6Config", "value": {"addresses": ["2001:db8::100-2001:db8::150"], "prefix": 64, "gateway": "2001:db8::1"}},
+        {"name": "vmTemplate", "value": {"templateSelector": {"matchTags": ["ubuntu-24.04"]}}},
+        {"name": "bridge", "value": "vmbr0"},
+    ]);
+    let overrides = serde_json::json!([{"name": "machine", "value": {"memoryMiB": 32768}}]);
+    let variables = class_variables(&class, &values, &overrides);
+    assert_eq!(variables["controlPlaneEndpoint"]["port"], 6443, "defaulted");
+    let spec = &class["spec"];
+    let machine = patched(
+        &class,
+        referenced(
+            &class_objects,
+            &spec["controlPlane"]["machineInfrastructure"]["templateRef"],
+        ),
+        Holder::ControlPlaneMachine,
+        &variables,
+    );
+    let machine_spec = &validated("class", &machine)["spec"]["template"]["spec"];
+    assert!(machine_spec.get("sourceNode").is_none() && machine_spec.get("templateID").is_none());
+    assert_eq!(
+        machine_spec["templateSelector"]["matchTags"],
+        serde_json::json!(["ubuntu-24.04"])
+    );
+    assert_eq!(machine_spec["memoryMiB"], 32768);
+    assert_eq!(
+        machine_spec["numCores"], 4,
+        "the rest of the variable is defaulted"
+    );
+    assert_eq!(machine_spec["disks"]["bootVolume"]["sizeGb"], 100);
+    let infrastructure = patched(
+        &class,
+        referenced(&class_objects, &spec["infrastructure"]["templateRef"]),
+        Holder::InfrastructureCluster,
+        &variables,
+    );
+    let cluster = validated(
+        "class",
+        &serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+            "kind": "ProxmoxCluster",
+            "metadata": {"name": "demo"},
+            "spec": infrastructure["spec"]["template"]["spec"],
+        }),
+    );
+    assert!(cluster["spec"].get("zoneConfig").is_none());
+    let control_plane = patched(
+        &class,
+        referenced(&class_objects, &spec["controlPlane"]["templateRef"]),
+        Holder::ControlPlane,
+        &variables,
+    );
+    let control_plane = validated("class", &control_plane);
+    let config = &control_plane["spec"]["template"]["spec"]["kubeadmConfigSpec"];
+    let pod: Value = serde_yaml::from_str(
+        kubeadm_file("class", config, KUBE_VIP_MANIFEST)["content"]
+            .as_str()
+            .expect("content"),
+    )
+    .expect("a Pod");
+    let default_pod: Value = {
+        let objects = rendered("cluster-template.yaml");
+        let kcp = of_kind(&objects, "KubeadmControlPlane")[0];
+        let file = kubeadm_file(
+            "default",
+            &kcp["spec"]["kubeadmConfigSpec"],
+            KUBE_VIP_MANIFEST,
+        );
+        serde_yaml::from_str(file["content"].as_str().expect("content")).expect("a Pod")
+    };
+    assert_eq!(
+        pod["spec"]["containers"][0]["image"], default_pod["spec"]["containers"][0]["image"],
+        "kubeVip defaults to the image the cluster templates default to"
+    );
+    assert_eq!(
+        pod["spec"]["containers"][0]["env"], default_pod["spec"]["containers"][0]["env"],
+        "the same kube-vip settings, the VIP from controlPlaneEndpoint"
+    );
+    let group = MachineGroup {
+        owner: "control plane".into(),
+        template: machine,
+        failure_domains: vec![None],
+    };
+    for (_, placement) in placements("class", &cluster, &[group]) {
+        assert_eq!(
+            pools_of(&placement, "net0"),
+            ["demo-v4-icip", "demo-v6-icip"]
+        );
+    }
+    let vm_template = spec["variables"]
+        .as_array()
+        .expect("variables")
+        .iter()
+        .find(|v| v["name"] == "vmTemplate")
+        .expect("vmTemplate");
+    for half in [
+        serde_json::json!({"sourceNode": "pve1"}),
+        serde_json::json!({"sourceNode": "pve1", "templateID": 9000, "templateSelector": {"matchTags": ["a"]}}),
+    ] {
+        assert!(
+            capmox_testkit::schema::validate_object(
+                &vm_template["schema"]["openAPIV3Schema"],
+                &half,
+                None
+            )
+            .is_err(),
+            "vmTemplate {half} is refused"
+        );
+    }
+}
+
+/// Every kubeadm configuration of a flavor's objects: the control plane's (`true`) and each
+/// KubeadmConfigTemplate's (`false`), with a name for messages.
+fn kubeadm_configs(objects: &[Value]) -> Vec<(String, bool, &Value)> {
+    let mut configs: Vec<(String, bool, &Value)> = of_kind(objects, "KubeadmControlPlane")
+        .into_iter()
+        .map(|k| {
+            let name = format!("KubeadmControlPlane {}", k["metadata"]["name"]);
+            (name, true, &k["spec"]["kubeadmConfigSpec"])
+        })
+        .collect();
+    configs.extend(
+        of_kind(objects, "KubeadmConfigTemplate")
+            .into_iter()
+            .map(|t| {
+                let name = format!("KubeadmConfigTemplate {}", t["metadata"]["name"]);
+                (name, false, &t["spec"]["template"]["spec"])
+            }),
+    );
+    configs
+}
+
+/// A kubelet argument of a kubeadm configuration's `initConfiguration` or `joinConfiguration`,
+/// from Cluster API v1beta2's list of `{name, value}`.
+fn kubelet_arg<'a>(config: &'a Value, phase: &str, name: &str) -> Option<&'a str> {
+    config[phase]["nodeRegistration"]["kubeletExtraArgs"]
+        .as_array()?
+        .iter()
+        .find(|a| a["name"] == name)?["value"]
+        .as_str()
+}
+
+/// What cloud-init's jinja rendering makes of the `{{ ds.meta_data.<key> }}` expressions in a
+/// text, with the meta-data capmox writes (cloud-init offers a key `a-b` as `a_b` too); panics
+/// on any other expression.
+fn cloud_init_jinja(text: &str, meta_data: &str) -> String {
+    let doc: serde_json::Map<String, Value> =
+        serde_yaml::from_str(meta_data).expect("meta-data is YAML");
+    let mut keys = doc.clone();
+    for (key, value) in &doc {
+        keys.insert(key.replace('-', "_"), value.clone());
+    }
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find("}}").expect("closing braces") + start;
+        let expression = rest[start + 2..end].trim();
+        let key = expression
+            .strip_prefix("ds.meta_data.")
+            .unwrap_or_else(|| panic!("jinja expression {expression:?} reads no meta-data key"));
+        let value = keys
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("capmox's meta-data has no {key}:\n{meta_data}"));
+        out.push_str(value);
+        rest = &rest[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every kubelet of every flavor registers its Node with the provider ID by which Cluster API
+/// finds the Node's Machine: the ProxmoxMachine's `spec.providerID`, `proxmox://<SMBIOS UUID>`.
+#[test]
+fn every_kubelet_gets_the_machines_provider_id() {
+    let uuid = "9b9f5a46-0c1d-4f7e-8b1a-1c2d3e4f5a6b";
+    let meta_data = capmox::cloudinit::render_meta_data(&capmox::cloudinit::MetaData {
+        instance_id: uuid.to_owned(),
+        hostname: "demo-control-plane-x7k2p".to_owned(),
+        ..Default::default()
+    })
+    .expect("meta-data");
+    let expected = capmox::cloudinit::provider_id(uuid);
+    for template in TEMPLATES {
+        let objects = flavor_objects(template);
+        let configs = kubeadm_configs(&objects);
+        assert!(
+            configs.iter().any(|c| c.1) && configs.iter().any(|c| !c.1),
+            "{template}: a control plane and worker bootstrap templates"
+        );
+        for (owner, control_plane, config) in configs {
+            let phases: &[&str] = if control_plane {
+                &["initConfiguration", "joinConfiguration"]
+            } else {
+                &["joinConfiguration"]
+            };
+            for phase in phases {
+                let value = kubelet_arg(config, phase, "provider-id").unwrap_or_else(|| {
+                    panic!("{template}: {owner}: {phase} gives the kubelet no provider-id")
+                });
+                match config["format"].as_str() {
+                    // Cluster API's cloud-config starts with `## template: jinja`, so cloud-init
+                    // renders it with the instance data before it runs anything.
+                    None | Some("cloud-config") => {
+                        assert_eq!(
+                            value, "proxmox://{{ ds.meta_data.instance_id }}",
+                            "{template}: {owner}: {phase}"
+                        );
+                        assert_eq!(
+                            cloud_init_jinja(value, &meta_data),
+                            expected,
+                            "{template}: {owner}: {phase}"
+                        );
+                    }
+                    Some("ignition") => assert_eq!(
+                        value, "proxmox://${COREOS_CUSTOM_INSTANCE_ID}",
+                        "{template}: {owner}: {phase}: from /etc/proxmox-env by envsubst"
+                    ),
+                    Some(other) => panic!("{template}: {owner}: format {other}"),
+                }
+            }
+            if config["format"]
+                .as_str()
+                .is_none_or(|f| f == "cloud-config")
+            {
+                let text = serde_json::to_string(config).expect("serializes");
+                for marker in ["{%", "{#"] {
+                    assert!(
+                        !text.contains(marker),
+                        "{template}: {owner}: {marker} would be jinja"
+                    );
+                }
+                cloud_init_jinja(&text, &meta_data);
+            }
+        }
+    }
+}
+
+const KUBE_VIP_MANIFEST: &str = "/etc/kubernetes/manifests/kube-vip.yaml";
+const KUBE_VIP_PREPARE: &str = "/etc/kube-vip-prepare.sh";
+
+/// The content of the one file at `path` of a kubeadm configuration.
+fn kubeadm_file<'a>(file: &str, config: &'a Value, path: &str) -> &'a Value {
+    let found: Vec<&Value> = config["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["path"] == path)
+        .collect();
+    assert_eq!(found.len(), 1, "{file}: one {path} among the files");
+    found[0]
+}
+
+/// The `s#from#to#` expressions of a script's `sed -i` lines, in order.
+fn sed_substitutions(script: &str) -> Vec<(String, String)> {
+    script
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("sed -i 's#"))
+        .map(|rest| {
+            let mut parts = rest.split('#');
+            let from = parts.next().expect("a pattern").to_owned();
+            let to = parts.next().expect("a replacement").to_owned();
+            (from, to)
+        })
+        .collect()
+}
+
+/// The path of the host's kubeconfig file kube-vip reads, and where the pod mounts it.
+fn kube_vip_kubeconfig(pod: &Value) -> (String, String) {
+    let mount = &pod["spec"]["containers"][0]["volumeMounts"][0];
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    (
+        volume["hostPath"]["path"]
+            .as_str()
+            .expect("a hostPath")
+            .to_owned(),
+        mount["mountPath"].as_str().expect("a mountPath").to_owned(),
+    )
+}
+
+/// Every flavor's control plane runs kube-vip, which holds the control-plane endpoint, with the
+/// kubeadm-init workaround of Kubernetes 1.29 and later.
+#[test]
+fn every_control_plane_runs_kube_vip_on_the_endpoint() {
+    let vip = TEMPLATE_VALUES
+        .iter()
+        .find(|(name, _)| *name == "CONTROL_PLANE_ENDPOINT_IP")
+        .map(|(_, value)| *value)
+        .expect("a test value");
+    for template in TEMPLATES {
+        let objects = flavor_objects(template);
+        let cluster = proxmox_cluster(template, &objects);
+        let endpoint = &cluster["spec"]["controlPlaneEndpoint"];
+        assert_eq!(endpoint["host"], vip, "{template}");
+        let control_planes = of_kind(&objects, "KubeadmControlPlane");
+        assert_eq!(control_planes.len(), 1, "{template}: one control plane");
+        let config = &control_planes[0]["spec"]["kubeadmConfigSpec"];
+
+        let manifest = kubeadm_file(template, config, KUBE_VIP_MANIFEST)["content"]
+            .as_str()
+            .expect("content");
+        let pod: Value = serde_yaml::from_str(manifest)
+            .unwrap_or_else(|e| panic!("{template}: kube-vip.yaml is no YAML: {e}"));
+        assert_eq!(
+            (&pod["apiVersion"], &pod["kind"]),
+            (&Value::from("v1"), &Value::from("Pod")),
+            "{template}"
+        );
+        assert_eq!(pod["metadata"]["namespace"], "kube-system", "{template}");
+        assert_eq!(pod["spec"]["hostNetwork"], true, "{template}");
+        let containers = pod["spec"]["containers"].as_array().expect("containers");
+        assert_eq!(containers.len(), 1, "{template}");
+        let kube_vip = &containers[0];
+        let image = kube_vip["image"].as_str().expect("an image");
+        assert!(
+            image.starts_with("ghcr.io/kube-vip/kube-vip:v0.8."),
+            "{template}: {image}"
+        );
+        let env: std::collections::BTreeMap<&str, &str> = kube_vip["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .map(|e| {
+                let name = e["name"].as_str().expect("named");
+                let value = e["value"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{template}: env {name} is no string"));
+                (name, value)
+            })
+            .collect();
+        let port = endpoint["port"].to_string();
+        for (name, value) in [
+            ("address", vip),
+            ("port", port.as_str()),
+            ("vip_interface", ""),
+            ("vip_arp", "true"),
+            ("cp_enable", "true"),
+            ("vip_leaderelection", "true"),
+        ] {
+            assert_eq!(
+                env.get(name),
+                Some(&value),
+                "{template}: kube-vip env {name}"
+            );
+        }
+        let capabilities = &kube_vip["securityContext"]["capabilities"]["add"];
+        for capability in ["NET_ADMIN", "NET_RAW"] {
+            assert!(
+                capabilities
+                    .as_array()
+                    .is_some_and(|c| c.contains(&Value::from(capability))),
+                "{template}: kube-vip needs {capability}"
+            );
+        }
+        let admin = "/etc/kubernetes/admin.conf".to_owned();
+        assert_eq!(kube_vip_kubeconfig(&pod), (admin.clone(), admin.clone()));
+
+        let prepare = kubeadm_file(template, config, KUBE_VIP_PREPARE);
+        assert_eq!(prepare["permissions"], "0700", "{template}");
+        let script = prepare["content"].as_str().expect("content");
+        let check = std::process::Command::new("bash")
+            .args(["-n", "-c", script])
+            .output()
+            .expect("bash runs");
+        assert!(
+            check.status.success(),
+            "{template}: {KUBE_VIP_PREPARE}: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let commands = |key: &str| -> Vec<&str> {
+            config[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect()
+        };
+        assert_eq!(
+            commands("preKubeadmCommands").last(),
+            Some(&format!("{KUBE_VIP_PREPARE} before").as_str()),
+            "{template}: the last command before kubeadm"
+        );
+        assert_eq!(
+            commands("postKubeadmCommands").first(),
+            Some(&format!("{KUBE_VIP_PREPARE} after").as_str()),
+            "{template}: the first command after kubeadm"
+        );
+        // The script's sed lines: the first points kube-vip at super-admin.conf for kubeadm init,
+        // the second puts the manifest back as it was.
+        let substitutions = sed_substitutions(script);
+        assert_eq!(substitutions.len(), 2, "{template}: {substitutions:?}");
+        let during_init = manifest.replace(&substitutions[0].0, &substitutions[0].1);
+        let pod_during_init: Value = serde_yaml::from_str(&during_init).expect("still YAML");
+        assert_eq!(
+            kube_vip_kubeconfig(&pod_during_init),
+            ("/etc/kubernetes/super-admin.conf".to_owned(), admin),
+            "{template}: during kubeadm init"
+        );
+        assert_eq!(
+            during_init.replace(&substitutions[1].0, &substitutions[1].1),
+            manifest,
+            "{template}: after kubeadm init"
+        );
+    }
 }
 
 /// A temporary directory removed on drop.

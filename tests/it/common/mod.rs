@@ -192,14 +192,30 @@ pub const TEMPLATE_VALUES: &[(&str, &str)] = &[
     ("ZONE_A_NODES", "[pve1, pve2]"),
     ("ZONE_B_NODES", "[pve3, pve4]"),
     ("ZONE_C_NODES", "[pve5]"),
+    ("NODE_IPV6_RANGES", "[2001:db8::100-2001:db8::150]"),
+    ("IPV6_PREFIX", "64"),
+    ("IPV6_GATEWAY", "2001:db8::1"),
+    ("SECONDARY_BRIDGE", "vmbr1"),
+    ("SECONDARY_VLAN", "20"),
+    ("NODE_SECONDARY_IP_RANGES", "[10.0.20.100-10.0.20.150]"),
+    ("SECONDARY_IP_PREFIX", "24"),
+    ("SECONDARY_GATEWAY", "10.0.20.1"),
+    ("TEMPLATE_TAGS", "ubuntu-24.04, k8s-v1.33"),
 ];
 
 /// clusterctl-style substitution of `${VAR}`, `${VAR:=default}` and `${VAR=default}` from
-/// `values`; panics on a variable with neither a value nor a default.
+/// `values`; panics on a variable with neither a value nor a default. `$${VAR}` is the escape
+/// for a literal `${VAR}`, as in clusterctl.
 pub fn substitute(text: &str, values: &[(&str, &str)]) -> String {
     let mut out = String::new();
     let mut rest = text;
     while let Some(start) = rest.find("${") {
+        if start > 0 && rest.as_bytes()[start - 1] == b'$' {
+            out.push_str(&rest[..start - 1]);
+            out.push_str("${");
+            rest = &rest[start + 2..];
+            continue;
+        }
         out.push_str(&rest[..start]);
         let end = rest[start..].find('}').expect("closing brace") + start;
         let expr = &rest[start + 2..end];
