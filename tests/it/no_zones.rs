@@ -129,6 +129,16 @@ async fn a_cluster_without_zones_uses_allowed_nodes_and_the_default_pool() {
             status.failure_domain, None,
             "{name} reports a failure domain"
         );
+        assert_eq!(
+            machine
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("topology.kubernetes.io/proxmox-zone"))
+                .map(String::as_str),
+            Some("default"),
+            "{name}'s zone label"
+        );
         let vmid = status.virtual_machine_id.expect("VMID");
         let node = sandbox
             .sim

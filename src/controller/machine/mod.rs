@@ -1047,7 +1047,7 @@ impl<'a> Reconcile<'a> {
             if self.machine.spec.provider_id.is_none()
                 && let Some(uuid) = smbios_uuid(&read)
             {
-                self.record_provider_id(scope, &crate::cloudinit::provider_id(&uuid))
+                self.record_identity(scope, &placement, &crate::cloudinit::provider_id(&uuid))
                     .await?;
             }
             match self
@@ -1216,7 +1216,8 @@ impl<'a> Reconcile<'a> {
                 crate::cloudinit::provider_id(&uuid)
             }
         };
-        self.record_provider_id(scope, &provider_id).await?;
+        self.record_identity(scope, &placement, &provider_id)
+            .await?;
         scope.status.addresses = machine_addresses(&scope.name, &scope.status.ip_addresses);
         scope.status.vm_status = Some(VirtualMachineState::Ready);
         scope.status.bootstrap_data_provided = Some(true);
@@ -1837,13 +1838,24 @@ impl<'a> Reconcile<'a> {
         Ok(NodeInventory { nodes })
     }
 
-    /// Writes `provider_id` to the machine's spec unless it is there already.
-    async fn record_provider_id(
+    /// Writes `provider_id` to the machine's spec and its zone (`default` without one) to its
+    /// `topology.kubernetes.io/proxmox-zone` label, as the Go provider labels its machines for
+    /// users to select on, unless both are there already.
+    async fn record_identity(
         &self,
         scope: &mut Scope,
+        placement: &Placement,
         provider_id: &str,
     ) -> Result<(), MachineError> {
-        if self.machine.spec.provider_id.as_deref() == Some(provider_id) {
+        let zone = placement.zone_label();
+        if self.machine.spec.provider_id.as_deref() == Some(provider_id)
+            && self
+                .machine
+                .labels()
+                .get(labels::PROXMOX_ZONE)
+                .map(String::as_str)
+                == Some(zone)
+        {
             return Ok(());
         }
         let patched = scope
@@ -1851,7 +1863,10 @@ impl<'a> Reconcile<'a> {
             .patch(
                 &scope.name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"providerID": provider_id}})),
+                &Patch::Merge(json!({
+                    "metadata": {"labels": {labels::PROXMOX_ZONE: zone}},
+                    "spec": {"providerID": provider_id},
+                })),
             )
             .await?;
         scope.generation = patched.metadata.generation;
