@@ -1,0 +1,340 @@
+//! Bootstrap data: the format check before anything is created, the seed ISO built, uploaded
+//! and attached, and its removal once the node joined.
+
+use super::*;
+
+impl Reconcile<'_> {
+    /// Stops before creating anything when the bootstrap Secret holds data capmox cannot
+    /// deliver (unknown formats, malformed Ignition). A missing Secret is reported where it is read.
+    pub(super) async fn unsupported_bootstrap(
+        &self,
+        scope: &Scope,
+        secret_name: &str,
+    ) -> Result<Option<Step>, MachineError> {
+        let Some(secret) = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
+            .get_opt(secret_name)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let format = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("format"))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned());
+        let value = secret.data.as_ref().and_then(|d| d.get("value"));
+        let error = match crate::cloudinit::BootstrapFormat::parse(format.as_deref()) {
+            Ok(crate::cloudinit::BootstrapFormat::CloudConfig) => return Ok(None),
+            Ok(crate::cloudinit::BootstrapFormat::Ignition) => {
+                match crate::cloudinit::ignition::check(value.map_or(&[][..], |v| &v.0)) {
+                    Ok(()) => return Ok(None),
+                    Err(error) => crate::cloudinit::CloudInitError::from(error),
+                }
+            }
+            Err(error) => error,
+        };
+        let message = format!("bootstrap Secret {secret_name}: {error}");
+        self.event(scope, EventType::Warning, error.reason(), &message)
+            .await;
+        Ok(Some(waiting(
+            error.reason(),
+            message,
+            Action::requeue(UNSUPPORTED_BOOTSTRAP_REQUEUE),
+        )))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn bootstrap(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        config: &VmConfig,
+        secret_name: &str,
+        addresses: Option<&Addresses>,
+    ) -> Result<Option<Step>, MachineError> {
+        let iso_name = crate::cloudinit::seed_iso_name(vmid);
+        if config.get("ide0").is_some_and(|v| v.contains(&iso_name)) {
+            return Ok(None);
+        }
+        // The upload this pass saw succeed: only the attachment is left.
+        let image = if seed_iso_uploaded(scope, node) {
+            None
+        } else {
+            let read;
+            let addresses = match addresses {
+                Some(addresses) => addresses,
+                None => match self.addresses(scope, placement).await? {
+                    Some(addresses) => {
+                        read = addresses;
+                        &read
+                    }
+                    None => return Ok(Some(waiting_for_addresses())),
+                },
+            };
+            match self
+                .seed_image(scope, placement, vmid, config, secret_name, addresses)
+                .await?
+            {
+                Ok(image) => Some(image),
+                Err(step) => return Ok(Some(step)),
+            }
+        };
+        let storage = self
+            .context
+            .inventory
+            .iso_storage(proxmox, node)
+            .await
+            .during(|| format!("listing the ISO storages of {node}"))?;
+        let Some(storage) = storage else {
+            return Ok(Some(waiting(
+                "NoISOStorage",
+                format!(
+                    "node {node} has no storage with content type iso; enable iso content on one"
+                ),
+                Action::requeue(Duration::from_secs(60)),
+            )));
+        };
+        if let Some(image) = image {
+            let upload = proxmox.upload_iso(node, &storage, &iso_name, image).await;
+            if let Some(step) = self.submitted(scope, proxmox, upload, || {
+                format!("uploading the seed ISO {iso_name} to {storage} on {node}")
+            })? {
+                return Ok(Some(step));
+            }
+        }
+        let attach =
+            ConfigUpdate::default().set("ide0", format!("{storage}:iso/{iso_name},media=cdrom"));
+        proxmox
+            .update_vm_config_sync(node, vmid, &attach)
+            .await
+            .during(|| format!("attaching the seed ISO {iso_name} to VM {vmid}"))?;
+        scope.status.bootstrap_data_provided = Some(true);
+        self.event(
+            scope,
+            EventType::Normal,
+            "BootstrapDataProvided",
+            &format!("attached {storage}:iso/{iso_name} to VM {vmid}"),
+        )
+        .await;
+        Ok(None)
+    }
+
+    /// The seed ISO for the machine's VM (bootstrap data, meta data and network config), or
+    /// why it cannot be built yet.
+    pub(super) async fn seed_image(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        vmid: u32,
+        config: &VmConfig,
+        secret_name: &str,
+        addresses: &Addresses,
+    ) -> Result<Result<Vec<u8>, Step>, MachineError> {
+        let secret = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
+            .get_opt(secret_name)
+            .await?;
+        let Some(secret) = secret else {
+            return Ok(Err(waiting(
+                "WaitingForBootstrapData",
+                format!("bootstrap Secret {secret_name} not found"),
+                Action::requeue(Duration::from_secs(10)),
+            )));
+        };
+        let data = secret.data.unwrap_or_default();
+        let value = data.get("value").map(|v| v.0.clone()).unwrap_or_default();
+        let format = data
+            .get("format")
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .unwrap_or_else(|| "cloud-config".into());
+        let Some(uuid) = smbios_uuid(config) else {
+            let retry =
+                self.context
+                    .retries
+                    .failed(&failures::key(self.machine), &VM_CONFIG_BACKOFF, None);
+            return Ok(Err(waiting_longer(
+                "WaitingForVMConfig",
+                format!("VM {vmid} has no SMBIOS UUID yet"),
+                &retry,
+            )));
+        };
+        let macs: BTreeMap<String, String> = placement
+            .network_devices()
+            .iter()
+            .filter_map(|nic| {
+                Some((
+                    nic.name.clone(),
+                    crate::cloudinit::mac_from_net_config(&config.get(&nic.name)?)?,
+                ))
+            })
+            .collect();
+        let bootstrap = match crate::cloudinit::BootstrapFormat::parse(Some(&format)) {
+            Ok(format) => crate::cloudinit::BootstrapData { value, format },
+            Err(error) => {
+                return Ok(Err(waiting(
+                    "BootstrapDataInvalid",
+                    error.to_string(),
+                    Action::requeue(Duration::from_secs(60)),
+                )));
+            }
+        };
+        let meta = crate::cloudinit::MetaData {
+            instance_id: uuid.clone(),
+            hostname: scope.name.clone(),
+            provider_id: self
+                .machine
+                .spec
+                .metadata_settings
+                .as_ref()
+                .is_some_and(|m| m.provider_id_injection)
+                .then(|| crate::cloudinit::provider_id(&uuid)),
+            kubernetes_version: None,
+        };
+        // Each pool's route metric, read once (only the seed ISO needs it).
+        let mut metrics: BTreeMap<String, Option<u32>> = BTreeMap::new();
+        let pool_key = |pool: &placement::PoolRef| format!("{}/{}", pool.kind, pool.name);
+        for bound in &addresses.bound {
+            if let std::collections::btree_map::Entry::Vacant(entry) =
+                metrics.entry(pool_key(&bound.pool))
+            {
+                entry.insert(pool_metric(self.reads(), &scope.namespace, &bound.pool).await);
+            }
+        }
+        let assigned: Vec<crate::cloudinit::NicAddresses> = placement
+            .network_devices()
+            .iter()
+            .map(|nic| crate::cloudinit::NicAddresses {
+                nic: nic.name.clone(),
+                mac: macs.get(&nic.name).cloned().unwrap_or_default(),
+                addresses: addresses
+                    .bound
+                    .iter()
+                    .filter(|b| b.nic == nic.name)
+                    .filter_map(|b| {
+                        Some(crate::cloudinit::AssignedAddress {
+                            address: b.address.parse().ok()?,
+                            prefix: u8::try_from(b.prefix).ok()?,
+                            gateway: b.gateway.as_deref().and_then(|g| g.parse().ok()),
+                            default_route: b.default_gateway,
+                            metric: metrics.get(&pool_key(&b.pool)).copied().flatten(),
+                        })
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(
+            match crate::cloudinit::render_nocloud(placement, &meta, &assigned, &bootstrap) {
+                Ok(files) => Ok(crate::cloudinit::build_nocloud_iso(&files)),
+                Err(error) => Err(waiting(
+                    "BootstrapDataInvalid",
+                    error.to_string(),
+                    Action::requeue(Duration::from_secs(60)),
+                )),
+            },
+        )
+    }
+
+    /// Deletes the cloud-init ISO (it holds the bootstrap token) once the node has joined, and
+    /// only then detaches it: a failed deletion leaves it attached, so the next pass finds it
+    /// and tries again. `Some`: the deletion task runs.
+    pub(super) async fn remove_iso(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        config: &VmConfig,
+    ) -> Result<Option<Step>, MachineError> {
+        let Some(ide0) = config.get("ide0") else {
+            return Ok(None);
+        };
+        let iso_name = crate::cloudinit::seed_iso_name(vmid);
+        let Some(volume) = ide0
+            .split(',')
+            .next()
+            .filter(|v| v.contains(&iso_name))
+            .map(str::to_owned)
+        else {
+            return Ok(None);
+        };
+        // The deletion this pass saw succeed: only the detachment is left.
+        if !seed_iso_deleted(scope, node)
+            && let Some(step) = self
+                .delete_seed_iso(scope, proxmox, node, vmid, Some(volume))
+                .await?
+        {
+            return Ok(Some(step));
+        }
+        detach_seed_iso(proxmox, node, vmid).await?;
+        Ok(None)
+    }
+}
+
+/// The VMs (by machine and VMID) whose seed ISO this process saw removed, so later passes of a
+/// provisioned machine need not read its config to look for it. A restarted process looks once
+/// per machine.
+#[derive(Clone, Default)]
+pub struct SeedIsosRemoved(Arc<std::sync::Mutex<std::collections::HashSet<(String, u32)>>>);
+
+impl SeedIsosRemoved {
+    /// Most VMs remembered; past it, the memory starts over (each machine looks once more).
+    const MAX: usize = 100_000;
+
+    pub(super) fn contains(&self, machine: &str, vmid: u32) -> bool {
+        self.lock().contains(&(machine.to_owned(), vmid))
+    }
+
+    pub(super) fn insert(&self, machine: &str, vmid: u32) {
+        let mut removed = self.lock();
+        if removed.len() >= Self::MAX {
+            removed.clear();
+        }
+        removed.insert((machine.to_owned(), vmid));
+    }
+
+    pub(super) fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashSet<(String, u32)>> {
+        // Every update is a single insert or clear: a poisoned lock holds a usable set.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Whether this pass saw the seed ISO's upload to `node` end.
+pub(super) fn seed_iso_uploaded(scope: &Scope, node: &str) -> bool {
+    scope
+        .finished
+        .as_ref()
+        .is_some_and(|task| task.task_type == "imgcopy" && task.node == node)
+}
+
+/// Whether this pass saw the seed ISO's deletion on `node` end.
+pub(super) fn seed_iso_deleted(scope: &Scope, node: &str) -> bool {
+    scope
+        .finished
+        .as_ref()
+        .is_some_and(|task| task.task_type == "imgdel" && task.node == node)
+}
+
+/// Takes the seed ISO's drive off the VM (Proxmox ignores the removal of a drive it does not
+/// have).
+pub(super) async fn detach_seed_iso(
+    proxmox: &ProxmoxClient,
+    node: &str,
+    vmid: u32,
+) -> Result<(), MachineError> {
+    proxmox
+        .update_vm_config_sync(node, vmid, &ConfigUpdate::default().delete("ide0"))
+        .await
+        .during(|| format!("detaching the seed ISO from VM {vmid}"))?;
+    Ok(())
+}
+
+/// The SMBIOS UUID of a VM (`smbios1: uuid=...`): its instance ID and provider ID.
+pub fn smbios_uuid(config: &VmConfig) -> Option<String> {
+    crate::cloudinit::instance_id_from_smbios(&config.get("smbios1")?)
+}

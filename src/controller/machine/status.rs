@@ -1,0 +1,127 @@
+//! What a pass writes: the machine's status (guarded against stale copies) and its events.
+
+use super::*;
+
+impl Reconcile<'_> {
+    /// Writes the status a pass decided, unless the pass worked from a copy of the machine
+    /// without a VMID in status while the stored machine has one: caches lag (after a watch
+    /// expired, for one), and that copy's status would erase the VMID, node and task (with its
+    /// back-off) a newer pass recorded before its clone request. Such a pass is stale instead
+    /// and looked at again soon; the check costs one read, and only while no VMID is recorded.
+    pub(super) async fn write_status(
+        &self,
+        api: &Api<ProxmoxMachine>,
+        name: &str,
+        current: &ProxmoxMachineStatus,
+        desired: &ProxmoxMachineStatus,
+    ) -> Result<(), MachineError> {
+        let read_without_vmid = self
+            .machine
+            .status
+            .as_ref()
+            .is_none_or(|s| s.virtual_machine_id.is_none());
+        if current != desired
+            && read_without_vmid
+            && desired.virtual_machine_id.is_none()
+            && api
+                .get_opt(name)
+                .await?
+                .and_then(|stored| stored.status)
+                .is_some_and(|stored| stored.virtual_machine_id.is_some())
+        {
+            return Err(ClusterError::Stale {
+                kind: ProxmoxMachine::kind(&()).into_owned(),
+                name: name.to_owned(),
+            }
+            .into());
+        }
+        apply_status(api, name, current, desired).await
+    }
+
+    pub(super) async fn event(&self, scope: &Scope, type_: EventType, reason: &str, note: &str) {
+        match type_ {
+            EventType::Normal => tracing::info!(machine = %scope.name, reason, "{note}"),
+            EventType::Warning => tracing::warn!(machine = %scope.name, reason, "{note}"),
+        }
+        failures::publish_event(
+            &self.context.client,
+            FIELD_MANAGER,
+            &self.machine.object_ref(&()),
+            type_,
+            reason,
+            note,
+        )
+        .await;
+    }
+}
+
+/// The status fields this controller owns, as currently recorded.
+pub(super) fn owned_status(current: &ProxmoxMachineStatus) -> ProxmoxMachineStatus {
+    current.clone()
+}
+
+pub(super) fn paused_conditions(
+    current: &ProxmoxMachineStatus,
+    generation: Option<i64>,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let mut kept: Vec<_> = current
+        .conditions
+        .iter()
+        .filter(|c| c.type_ != api::conditions::PAUSED)
+        .cloned()
+        .collect();
+    let merged = conditions::merge(
+        &current.conditions,
+        &[Decided::ok(
+            api::conditions::PAUSED,
+            "Paused",
+            "reconciliation is paused by the Cluster or an annotation",
+        )],
+        generation,
+        Timestamp::now(),
+    );
+    kept.extend(
+        merged
+            .into_iter()
+            .filter(|c| c.type_ == api::conditions::PAUSED),
+    );
+    kept.sort_by(|a, b| a.type_.cmp(&b.type_));
+    kept
+}
+
+/// Writes the whole status, refused with 409 Conflict unless the object still has
+/// `resource_version` (when given): for writes that must not be based on a stale view.
+pub(super) async fn apply_status_guarded(
+    api: &Api<ProxmoxMachine>,
+    name: &str,
+    desired: &ProxmoxMachineStatus,
+    resource_version: Option<&str>,
+) -> Result<(), MachineError> {
+    let mut body = json!({
+        "apiVersion": ProxmoxMachine::api_version(&()),
+        "kind": ProxmoxMachine::kind(&()),
+        "status": desired,
+    });
+    if let Some(version) = resource_version {
+        body["metadata"] = json!({"resourceVersion": version});
+    }
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn apply_status(
+    api: &Api<ProxmoxMachine>,
+    name: &str,
+    current: &ProxmoxMachineStatus,
+    desired: &ProxmoxMachineStatus,
+) -> Result<(), MachineError> {
+    if current == desired {
+        return Ok(());
+    }
+    apply_status_guarded(api, name, desired, None).await
+}

@@ -1,0 +1,717 @@
+//! Finding the machine's VM, or creating it: the VM's identity, VMID choice, placement on a
+//! node and the clone.
+
+use super::*;
+
+impl Reconcile<'_> {
+    /// The machine's VM: by its tag, by the recorded VMID (if that VM is still the machine's),
+    /// by `spec.providerID` (a machine moved or restored under a new UID), or as a clone in
+    /// flight that Proxmox does not list yet.
+    pub(super) async fn find_vm(
+        &self,
+        scope: &mut Scope,
+        resources: &[ClusterResource],
+        proxmox: &ProxmoxClient,
+    ) -> Result<Option<ClusterResource>, MachineError> {
+        let identity = Identity::of(self.machine, &scope.name);
+        if let Some(vm) = vms(resources).find(|r| identity.tagged(&r.tags)) {
+            return Ok(Some(vm.clone()));
+        }
+        if let Some(vmid) = scope.recorded_vmid
+            && let Some(vm) = vms(resources).find(|r| r.vmid == Some(vmid))
+        {
+            if identity.listed_as_recorded(vm, &scope.current) {
+                return Ok(Some(vm.clone()));
+            }
+            if let Some(vm) = identity.owned_listed(proxmox, &self.configs, vm).await? {
+                return Ok(Some(vm));
+            }
+            // The VMID belongs to someone else now: forget it and create ours elsewhere.
+            tracing::warn!(machine = %scope.name, vmid, "the recorded VMID belongs to another VM; choosing a new one");
+            self.context
+                .vmid_claims
+                .unclaim(vmid, &claim_key(self.machine));
+            scope.recorded_vmid = None;
+            scope.status.virtual_machine_id = None;
+            scope.current.virtual_machine_id = None;
+        }
+        if let Some(vm) = identity
+            .search(proxmox, &self.configs, resources, scope.recorded_vmid)
+            .await?
+        {
+            return Ok(Some(vm));
+        }
+        // A clone in flight is not listed yet: it is ours if it carries our VMID and name.
+        if let Some(vmid) = scope.recorded_vmid
+            && let Some(node) = scope.current.proxmox_node.clone()
+            && let Ok(config) = self.configs.read(proxmox, &node, vmid).await
+            && identity.owns(&config, vmid)
+        {
+            if let Some(found) = resources.iter().find(|r| r.vmid == Some(vmid)) {
+                return Ok(Some(found.clone()));
+            }
+            // Not in /cluster/resources yet (its statistics lag): describe it from its config.
+            let described: ClusterResource = serde_json::from_value(json!({
+                "id": format!("qemu/{vmid}"), "type": "qemu", "vmid": vmid, "node": node,
+                "name": scope.name, "lock": config.lock(), "status": "stopped"
+            }))?;
+            return Ok(Some(described));
+        }
+        Ok(None)
+    }
+
+    /// Records `vmid` in `spec.virtualMachineID`, where it survives `clusterctl move` and
+    /// restores (status does not), unless it is there already. Guarded by `guard` (a
+    /// resourceVersion) when given. Returns the resourceVersion to guard the next write with.
+    pub(super) async fn record_vmid(
+        &self,
+        scope: &mut Scope,
+        vmid: u32,
+        guard: Option<String>,
+    ) -> Result<Option<String>, MachineError> {
+        if self.machine.spec.virtual_machine_id == Some(i64::from(vmid)) {
+            return Ok(guard);
+        }
+        let mut ops = Vec::new();
+        if let Some(version) = &guard {
+            ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
+        }
+        ops.push(json!({"op": "add", "path": "/spec/virtualMachineID", "value": vmid}));
+        let patched = scope
+            .api
+            .patch(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(serde_json::Value::Array(ops))?),
+            )
+            .await
+            .map_err(|error| cluster::guarded_write_error(self.machine, error))?;
+        scope.generation = patched.metadata.generation;
+        Ok(patched.metadata.resource_version)
+    }
+
+    pub(super) async fn create_vm(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<Step, MachineError> {
+        let (source, target) = match self
+            .clone_source(scope, placement, proxmox, resources)
+            .await?
+        {
+            Ok(chosen) => chosen,
+            Err(step) => return Ok(step),
+        };
+        let (source_node, template_vmid) = (source.node, source.vmid);
+
+        // The VMID: the recorded one if it is still free, else from the range or Proxmox.
+        // Claimed for this machine until it is deleted, so no other machine ever records it,
+        // even while a clone that did not happen leaves it free in Proxmox.
+        let vmid = match self.pick_vmid(scope, proxmox, resources).await? {
+            Picked::Vmid(claim) => claim,
+            Picked::Unlisted(vmid) => {
+                // Proxmox has a VM with the recorded VMID that it does not list yet (a clone
+                // requested before a move): the next look tells whether it is ours.
+                self.context.reservations.lock().await.release(&scope.name);
+                return Ok(waiting(
+                    "Cloning",
+                    format!("VMID {vmid} is in use in Proxmox but not listed yet; looking again"),
+                    Action::requeue(Duration::from_secs(1)),
+                ));
+            }
+            Picked::Exhausted => {
+                self.context.reservations.lock().await.release(&scope.name);
+                let message = if self.machine.spec.vm_id_range.is_some() {
+                    "no free VMID in spec.vmIDRange; widen the range or free VMIDs"
+                } else {
+                    "Proxmox has no free VMID; free VMIDs"
+                };
+                return Ok(waiting(
+                    "VMIDRangeExhausted",
+                    message,
+                    Action::requeue(Duration::from_secs(60)),
+                ));
+            }
+        };
+        self.context
+            .reservations
+            .lock()
+            .await
+            .set_vmid(&scope.name, vmid);
+
+        // Intent first: a crash after the clone request finds the VM by this VMID. The spec
+        // holds it too, since a move or restore keeps the spec but not the status; that write
+        // is guarded by the resourceVersion this pass saw, and the status checkpoint by the one
+        // it produced.
+        let guard = scope.resource_version.clone();
+        scope.resource_version = self.record_vmid(scope, vmid, guard).await?;
+        scope.recorded_vmid = Some(vmid);
+        scope.status.virtual_machine_id = Some(i64::from(vmid));
+        scope.status.proxmox_node = Some(target.clone());
+        scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
+        scope.status.vm_status = Some(VirtualMachineState::Pending);
+        let mut checkpoint = scope.status.clone();
+        checkpoint.conditions = conditions::merge(
+            &scope.current.conditions,
+            &[
+                Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
+                Decided::failed(
+                    PROVISIONED,
+                    "Cloning",
+                    format!("cloning template {template_vmid} to VM {vmid} on {target}"),
+                ),
+            ],
+            scope.generation,
+            Timestamp::now(),
+        );
+        // Guarded by the observed resourceVersion (when this pass did not just prove it fresh
+        // with the finalizer patch): a stale cached object can never start a second clone.
+        apply_status_guarded(
+            &scope.api,
+            &scope.name,
+            &checkpoint,
+            scope.resource_version.as_deref(),
+        )
+        .await?;
+        scope.current = checkpoint;
+
+        let spec = &self.machine.spec;
+        let params = CloneParams {
+            newid: vmid,
+            name: Some(scope.name.clone()),
+            description: spec.description.clone(),
+            target: (target != source_node).then(|| target.clone()),
+            full: Some(spec.full.unwrap_or(true)),
+            storage: spec.storage.clone(),
+            format: spec.format.map(|f| {
+                serde_json::to_value(f)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            }),
+            pool: spec.pool.clone(),
+            snapname: spec.snap_name.clone(),
+        };
+        let cloning = || {
+            format!("cloning template {template_vmid} on {source_node} to VM {vmid} on {target}")
+        };
+        match proxmox.clone_vm(&source_node, template_vmid, &params).await {
+            Ok(upid) => {
+                // The task in flight: a restarted controller checks it instead of cloning
+                // again (and the VMID recorded above finds the VM either way). Recorded now,
+                // not at the end of the pass, so a failed write of the pass's status cannot
+                // lose it.
+                let step = self.submitted(scope, proxmox, Ok(Some(upid.clone())), cloning)?;
+                let mut recorded = scope.status.clone();
+                recorded.conditions = scope.current.conditions.clone();
+                apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
+                scope.current = recorded;
+                self.event(
+                    scope,
+                    EventType::Normal,
+                    "Cloning",
+                    &format!("{} (task {upid})", cloning()),
+                )
+                .await;
+                Ok(step.unwrap_or_else(|| {
+                    waiting(
+                        "Cloning",
+                        cloning(),
+                        Action::requeue(Duration::from_millis(100)),
+                    )
+                }))
+            }
+            Err(ProxmoxError::AlreadyExists { .. }) => {
+                // Taken meanwhile by someone else: forget it and pick another next time.
+                scope.status.virtual_machine_id = None;
+                scope.recorded_vmid = None;
+                self.context
+                    .vmid_claims
+                    .unclaim(vmid, &claim_key(self.machine));
+                Ok(waiting(
+                    "VMIDTaken",
+                    format!("VMID {vmid} was taken meanwhile; choosing another"),
+                    Action::requeue(Duration::from_millis(200)),
+                ))
+            }
+            Err(error) => Err(error).during(cloning),
+        }
+    }
+
+    /// The template copy to clone and the node to clone to. The template's copies (one, or
+    /// one per node for node-local storage) decide which candidate nodes can receive a clone;
+    /// the scheduler chooses among those only, and the chosen node clones its own copy, else a
+    /// copy on shared storage. `Err`: the machine waits (no template, ambiguous, no node).
+    pub(super) async fn clone_source(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<Result<(TemplateChoice, String), Step>, MachineError> {
+        let templates: Vec<TemplateInfo> = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Qemu && r.template)
+            .filter_map(|r| {
+                Some(TemplateInfo {
+                    node: r.node.clone()?,
+                    vmid: r.vmid?,
+                    name: r.name.clone().unwrap_or_default(),
+                    tags: r.tags.clone(),
+                })
+            })
+            .collect();
+        let copies = match placement.template() {
+            TemplateSource::Id { vmid, node } => {
+                let vmid = u32::try_from(*vmid).unwrap_or_default();
+                let listed = templates.iter().find(|t| t.vmid == vmid);
+                vec![TemplateInfo {
+                    node: node.clone(),
+                    vmid,
+                    name: listed
+                        .as_ref()
+                        .map(|t| t.name.clone())
+                        .filter(|n| !n.is_empty())
+                        .unwrap_or_else(|| vmid.to_string()),
+                    tags: listed.map(|t| t.tags.clone()).unwrap_or_default(),
+                }]
+            }
+            TemplateSource::Tags(selector) => {
+                match placement::select_template(selector, &templates) {
+                    Ok(copies) => copies,
+                    Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
+                }
+            }
+        };
+        // Where the copies' volumes live matters only for a candidate node without a copy.
+        let elsewhere = match placement.candidates() {
+            NodeCandidates::Nodes(nodes) => {
+                nodes.iter().any(|n| !copies.iter().any(|c| c.node == *n))
+            }
+            NodeCandidates::TemplateNode => false,
+        };
+        let mut with_storages = Vec::with_capacity(copies.len());
+        for template in copies {
+            let storages = if elsewhere {
+                Some(
+                    self.context
+                        .inventory
+                        .template_config(proxmox, &template.node, template.vmid)
+                        .await?
+                        .volume_storages(),
+                )
+            } else {
+                None
+            };
+            with_storages.push(TemplateCopy { template, storages });
+        }
+        let template_memory = with_storages.first().and_then(|c| {
+            resources
+                .iter()
+                .find(|r| r.vmid == Some(c.template.vmid))
+                .and_then(|r| r.maxmem)
+        });
+        let storages: Vec<StorageInfo> = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Storage)
+            .filter_map(|r| {
+                Some(StorageInfo {
+                    node: r.node.clone()?,
+                    storage: r.storage.clone()?,
+                    shared: r.shared,
+                })
+            })
+            .collect();
+        let sources = CloneSources::new(
+            with_storages,
+            &storages,
+            self.machine.spec.storage.as_deref(),
+        );
+
+        let node = if placement.needs_scheduling() {
+            let narrowed = match sources.narrow(placement) {
+                Ok(narrowed) => narrowed,
+                Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
+            };
+            let inventory = self.inventory(scope, resources).await?;
+            let request = ScheduleRequest::new(&narrowed, template_memory);
+            let mut reservations = self.context.reservations.lock().await;
+            reservations.release_visible(&inventory);
+            match reservations.schedule_and_reserve(&narrowed, &inventory, &request) {
+                Ok(choice) => Some(choice.node),
+                Err(error) => {
+                    return Ok(Err(waiting(
+                        error.reason(),
+                        error.to_string(),
+                        Action::requeue(Duration::from_secs(30)),
+                    )));
+                }
+            }
+        } else {
+            None
+        };
+        match sources.choose(node.as_deref()) {
+            Ok(source) => {
+                let target = node.unwrap_or_else(|| source.node.clone());
+                Ok(Ok((source, target)))
+            }
+            Err(error) => Ok(Err(self.template_waiting(scope, &error).await)),
+        }
+    }
+
+    /// Waits on a template problem (checked again in a minute: templates are not watched),
+    /// giving back any memory reserved for the machine.
+    pub(super) async fn template_waiting(&self, scope: &Scope, error: &TemplateError) -> Step {
+        self.context.reservations.lock().await.release(&scope.name);
+        waiting(
+            error.reason(),
+            error.to_string(),
+            Action::requeue(Duration::from_secs(60)),
+        )
+    }
+
+    /// A VMID for the machine, claimed for it: the recorded one while no VM uses it, else the
+    /// first free one of `spec.vmIDRange` or from Proxmox's `nextid` that no other machine holds.
+    pub(super) async fn pick_vmid(
+        &self,
+        scope: &Scope,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<Picked, MachineError> {
+        let claims = &self.context.vmid_claims;
+        claims.seed(|| self.recorded_vmids()).await?;
+        let key = claim_key(self.machine);
+        let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
+        if let Some(recorded) = scope.recorded_vmid
+            && !used(recorded)
+            && claims.claim(recorded, &key)
+        {
+            // Not listed, but perhaps created: a clone requested just before a move or restore.
+            return Ok(if vmid_free(proxmox, recorded).await? {
+                Picked::Vmid(recorded)
+            } else {
+                Picked::Unlisted(recorded)
+            });
+        }
+        // Proxmox names the lowest VMID without a VM (asked once a minute per endpoint); from
+        // there, the first one neither listed nor held by another machine is confirmed with
+        // Proxmox, so one call usually settles it.
+        let candidates = match &self.machine.spec.vm_id_range {
+            Some(range) => (range.start, range.end),
+            None => {
+                let (lowest, freshness) = self.context.inventory.lowest_free_vmid(proxmox).await?;
+                if freshness == inventory::Freshness::JustAsked && claims.claim(lowest, &key) {
+                    return Ok(Picked::Vmid(lowest));
+                }
+                (i64::from(lowest), i64::from(MAX_VMID))
+            }
+        };
+        for candidate in candidates.0..=candidates.1 {
+            let Ok(vmid) = u32::try_from(candidate) else {
+                continue;
+            };
+            if used(vmid) || !claims.claim(vmid, &key) {
+                continue;
+            }
+            if vmid_free(proxmox, vmid).await? {
+                return Ok(Picked::Vmid(vmid));
+            }
+            claims.unclaim(vmid, &key);
+        }
+        Ok(Picked::Exhausted)
+    }
+
+    /// The VMIDs the ProxmoxMachines this controller watches have recorded, by machine, to
+    /// seed the claims of a freshly started process.
+    pub(super) async fn recorded_vmids(&self) -> Result<Vec<(String, u32)>, MachineError> {
+        let machines = self
+            .reads()
+            .all::<ProxmoxMachine>(self.context.config.watch_namespace.as_deref())
+            .await?;
+        Ok(machines
+            .iter()
+            .flat_map(|m| {
+                let status = m.status.as_ref().and_then(|s| s.virtual_machine_id);
+                [status, m.spec.virtual_machine_id]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|id| u32::try_from(id).ok())
+                    .map(|vmid| (claim_key(m), vmid))
+            })
+            .collect())
+    }
+
+    /// Nodes with their memory, guests and this cluster's machines, for the scheduler.
+    pub(super) async fn inventory(
+        &self,
+        scope: &Scope,
+        resources: &[ClusterResource],
+    ) -> Result<NodeInventory, MachineError> {
+        let reads = self.reads();
+        let machines = reads
+            .labelled::<ProxmoxMachine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
+            .await?;
+        let capi_machines = reads
+            .labelled::<capi::Machine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
+            .await?;
+        // By name: a fleet of thousands is matched in one pass, not one scan per machine.
+        let capi_machines: BTreeMap<&str, &capi::Machine> = capi_machines
+            .iter()
+            .filter_map(|c| Some((c.metadata.name.as_deref()?, &**c)))
+            .collect();
+        let placed = |node: &str| -> Vec<PlacedMachine> {
+            machines
+                .iter()
+                .filter(|m| m.metadata.name.as_deref() != Some(scope.name.as_str()))
+                .filter(|m| m.status.as_ref().and_then(|s| s.proxmox_node.as_deref()) == Some(node))
+                .filter_map(|m| {
+                    let owner = m.owner_references().iter().find(|o| o.kind == "Machine")?;
+                    let capi_machine = capi_machines.get(owner.name.as_str())?;
+                    Some(PlacedMachine::from_machine(m.name_any(), capi_machine))
+                })
+                .collect()
+        };
+        let nodes = resources
+            .iter()
+            .filter(|r| r.kind == ResourceType::Node)
+            .filter_map(|r| {
+                let name = r.node.clone()?;
+                let guests = resources
+                    .iter()
+                    .filter(|g| {
+                        matches!(g.kind, ResourceType::Qemu | ResourceType::Lxc)
+                            && g.node.as_deref() == Some(name.as_str())
+                    })
+                    .map(|g| GuestInfo {
+                        vmid: g.vmid.unwrap_or_default(),
+                        kind: if g.kind == ResourceType::Lxc {
+                            GuestKind::Lxc
+                        } else {
+                            GuestKind::Qemu
+                        },
+                        max_memory_bytes: g.maxmem.unwrap_or(0),
+                        template: g.template,
+                    })
+                    .collect();
+                Some(NodeInfo {
+                    machines: placed(&name),
+                    name,
+                    total_memory_bytes: r.maxmem.unwrap_or(0),
+                    guests,
+                })
+            })
+            .collect();
+        Ok(NodeInventory { nodes })
+    }
+}
+
+/// Whether Proxmox calls `vmid` free (`/cluster/nextid?vmid=`): a used or invalid one is not.
+pub(super) async fn vmid_free(proxmox: &ProxmoxClient, vmid: u32) -> Result<bool, MachineError> {
+    match proxmox.next_id(Some(vmid)).await {
+        Ok(_) => Ok(true),
+        Err(ProxmoxError::InvalidParameters { .. }) | Err(ProxmoxError::AlreadyExists { .. }) => {
+            Ok(false)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Whether `tag` has the shape of a [`machine_tag`] (a user's `capmox-prod` does not): such a
+/// tag says the VM is some machine's.
+pub(super) fn is_machine_tag(tag: &str) -> bool {
+    tag.to_ascii_lowercase()
+        .strip_prefix(MACHINE_TAG_PREFIX)
+        .is_some_and(|id| id.len() == 16 && id.chars().all(|c| c.is_ascii_alphanumeric()))
+}
+
+/// The VMs (not templates) Proxmox lists.
+pub(super) fn vms(resources: &[ClusterResource]) -> impl Iterator<Item = &ClusterResource> + Clone {
+    resources
+        .iter()
+        .filter(|r| r.kind == ResourceType::Qemu && !r.template)
+}
+
+/// What ties a VM to a machine. The tag (from the UID) is lost when `clusterctl move` or a
+/// restore re-creates the machine; its name, `spec.virtualMachineID` and `spec.providerID` (the
+/// VM's SMBIOS UUID) are not, so a VM named after the machine is also its machine's when its
+/// SMBIOS UUID is the one `spec.providerID` names, or (without a provider ID) when it carries
+/// no machine tag (a clone in flight, a Go provider VM) or its VMID is the one in the spec.
+pub(super) struct Identity<'a> {
+    tag: String,
+    name: &'a str,
+    spec_vmid: Option<u32>,
+    uuid: Option<&'a str>,
+}
+
+impl<'a> Identity<'a> {
+    pub(super) fn of(machine: &'a ProxmoxMachine, name: &'a str) -> Self {
+        Identity {
+            tag: machine_tag(machine),
+            name,
+            spec_vmid: machine
+                .spec
+                .virtual_machine_id
+                .and_then(|id| u32::try_from(id).ok()),
+            uuid: machine
+                .spec
+                .provider_id
+                .as_deref()
+                .and_then(|id| id.strip_prefix(PROVIDER_ID_PREFIX)),
+        }
+    }
+
+    /// Whether `tags` hold this machine's tag.
+    pub(super) fn tagged(&self, tags: &[String]) -> bool {
+        tags.iter().any(|t| t.eq_ignore_ascii_case(&self.tag))
+    }
+
+    /// Whether the VM `vmid` with this config is the machine's.
+    pub(super) fn owns(&self, config: &VmConfig, vmid: u32) -> bool {
+        let tags = config.tags();
+        if self.tagged(&tags) {
+            return true;
+        }
+        if config.name().as_deref() != Some(self.name) {
+            return false;
+        }
+        if let Some(uuid) = self.uuid {
+            return smbios_uuid(config).is_some_and(|u| u.eq_ignore_ascii_case(uuid));
+        }
+        let tagged_for_another = tags.iter().any(|t| is_machine_tag(t));
+        !tagged_for_another || self.spec_vmid == Some(vmid)
+    }
+
+    /// Whether the listing alone shows the VM to be the one this controller recorded in the
+    /// machine's status (VMID and node), as its config would: named after the machine and
+    /// without another machine's tag (the listing may predate this machine's tag). A status
+    /// does not survive a move or restore, so an adopted VM is still checked by its config.
+    pub(super) fn listed_as_recorded(
+        &self,
+        vm: &ClusterResource,
+        status: &ProxmoxMachineStatus,
+    ) -> bool {
+        status
+            .virtual_machine_id
+            .is_some_and(|id| Some(id) == vm.vmid.map(i64::from))
+            && status.proxmox_node.is_some()
+            && vm.node == status.proxmox_node
+            && vm.name.as_deref() == Some(self.name)
+            && (!vm.tags.iter().any(|t| is_machine_tag(t)) || self.spec_vmid == vm.vmid)
+    }
+
+    /// The listed VM `vm` as it is now, if it is the machine's (its config is read unless its
+    /// tag says so). A VM gone from the node it was listed on has moved since the listing (a
+    /// clone to another node ends by moving the VM to its target): it is looked up again, not
+    /// taken for someone else's.
+    pub(super) async fn owned_listed(
+        &self,
+        proxmox: &ProxmoxClient,
+        configs: &PassConfigs,
+        vm: &ClusterResource,
+    ) -> Result<Option<ClusterResource>, MachineError> {
+        if self.tagged(&vm.tags) {
+            return Ok(Some(vm.clone()));
+        }
+        let (Some(node), Some(vmid)) = (vm.node.as_deref(), vm.vmid) else {
+            return Ok(None);
+        };
+        let read = |node: String| async move {
+            match configs.read(proxmox, &node, vmid).await {
+                Ok(config) => Ok(Some(config)),
+                Err(error) if error.is_not_found() => Ok(None),
+                Err(error) => {
+                    Err(error).during(|| format!("reading the config of VM {vmid} on {node}"))
+                }
+            }
+        };
+        let (vm, config) = match read(node.to_owned()).await? {
+            Some(config) => (vm.clone(), config),
+            None => {
+                let moved = proxmox
+                    .find_vm(vmid)
+                    .await
+                    .during(|| format!("looking for VM {vmid}, gone from {node}"))?
+                    .filter(|r| r.node.as_deref().is_some_and(|n| n != node));
+                let Some(moved) = moved else {
+                    return Ok(None);
+                };
+                match read(moved.node.clone().unwrap_or_default()).await? {
+                    Some(config) => (moved, config),
+                    None => return Ok(None),
+                }
+            }
+        };
+        Ok(self.owns(&config, vmid).then_some(vm))
+    }
+
+    /// The machine's VM when the recorded VMID (`skip`) does not name it: the listed VM with
+    /// this machine's tag, else the one named after the machine whose SMBIOS UUID
+    /// `spec.providerID` names.
+    pub(super) async fn search(
+        &self,
+        proxmox: &ProxmoxClient,
+        configs: &PassConfigs,
+        resources: &[ClusterResource],
+        skip: Option<u32>,
+    ) -> Result<Option<ClusterResource>, MachineError> {
+        let candidates = vms(resources).filter(|r| r.vmid.is_some() && r.vmid != skip);
+        if let Some(vm) = candidates.clone().find(|r| self.tagged(&r.tags)) {
+            return Ok(Some(vm.clone()));
+        }
+        if self.uuid.is_none() {
+            return Ok(None);
+        }
+        for vm in candidates.filter(|r| r.name.as_deref() == Some(self.name)) {
+            if let Some(vm) = self.owned_listed(proxmox, configs, vm).await? {
+                return Ok(Some(vm));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// VM configs read in one pass, so a pass reads each at most once (and again only after it
+/// changed it).
+#[derive(Default)]
+pub(super) struct PassConfigs(std::sync::Mutex<BTreeMap<(String, u32), VmConfig>>);
+
+impl PassConfigs {
+    pub(super) async fn read(
+        &self,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+    ) -> Result<VmConfig, ProxmoxError> {
+        let key = (node.to_owned(), vmid);
+        if let Some(config) = self.lock().get(&key) {
+            return Ok(config.clone());
+        }
+        let config = proxmox.vm_config(node, vmid).await?;
+        self.lock().insert(key, config.clone());
+        Ok(config)
+    }
+
+    /// Forgets what was read of a config this pass changed.
+    pub(super) fn changed(&self, node: &str, vmid: u32) {
+        self.lock().remove(&(node.to_owned(), vmid));
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u32), VmConfig>> {
+        // Every update is a single insert or remove: a poisoned lock holds a usable map.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The VMID [`Reconcile::pick_vmid`] chose.
+pub(super) enum Picked {
+    /// Free, and claimed for the machine.
+    Vmid(u32),
+    /// The recorded VMID, in use in Proxmox but not listed yet.
+    Unlisted(u32),
+    /// None is free.
+    Exhausted,
+}
