@@ -67,8 +67,10 @@ mod bootstrap;
 mod configure;
 mod delete;
 mod provision;
+mod readiness;
 mod scope;
 mod status;
+mod steps;
 mod task;
 mod vm;
 

@@ -1,9 +1,13 @@
-//! The provisioning steps in order: prerequisites, the task in flight, addresses, the VM,
-//! its configuration, bootstrap data, start, the guest's readiness, and the seed ISO's removal.
+//! A provisioning pass: its prerequisites (cluster infrastructure, bootstrap data, placement,
+//! credentials), the task in flight, the address claims, finding or creating the VM, and then
+//! the phases [`steps::plan`] orders from what the pass saw of the VM.
 
+use super::steps::{self, GuestCheck, Phase, Seen};
 use super::*;
 
 impl Reconcile<'_> {
+    /// One provisioning pass; the step says whether the machine is provisioned or what it waits
+    /// for.
     pub(super) async fn provision(
         &self,
         scope: &mut Scope,
@@ -154,255 +158,225 @@ impl Reconcile<'_> {
 
         let read_config = || format!("reading the config of VM {vmid} on {node}");
         let running = vm.status.as_deref() == Some("running");
-        // Read when a step needs it: a running VM waiting for its guest needs none, nor does a
-        // VM whose seed ISO this pass saw uploaded (the pass that uploaded it configured it;
-        // only the attachment and the start are left).
-        let uploaded = seed_iso_uploaded(scope, &node);
-        let mut config = None;
-        if !running && !uploaded {
-            let read = self
-                .configs
-                .read(&proxmox, &node, vmid)
-                .await
-                .during(read_config)?;
-            // The provider ID (the VM's SMBIOS UUID) is recorded as soon as the config shows
-            // it: CAPI reads it only once the machine is provisioned, and no later pass needs to
-            // read the config for it.
-            if self.machine.spec.provider_id.is_none()
-                && let Some(uuid) = smbios_uuid(&read)
-            {
-                self.record_identity(scope, &placement, &crate::cloudinit::provider_id(&uuid))
-                    .await?;
-            }
-            match self
-                .configure(scope, &placement, &proxmox, &node, vmid, &read)
-                .await?
-            {
-                Configured::Unchanged => config = Some(read),
-                // The bootstrap step works from the config as it is now: as written, or read
-                // again when Proxmox filled in values.
-                Configured::Changed(Some(updated)) => {
-                    self.configs.changed(&node, vmid);
-                    config = Some(updated);
-                }
-                Configured::Changed(None) => {
-                    self.configs.changed(&node, vmid);
-                    config = Some(
-                        self.configs
-                            .read(&proxmox, &node, vmid)
-                            .await
-                            .during(read_config)?,
-                    );
-                }
-                Configured::Waiting(step) => return Ok(step),
-            }
-        } else if running && self.retagged(&vm.tags).is_some() {
-            // A running VM adopted after a move or restore: only its tags change, so it is
-            // found by this machine's tag from now on.
-            let read = self
-                .configs
-                .read(&proxmox, &node, vmid)
-                .await
-                .during(read_config)?;
-            if let Some(tags) = self.retagged(&read.tags()) {
-                let update = ConfigUpdate::default()
-                    .set("tags", tags)
-                    .digest(read.digest());
-                proxmox
-                    .update_vm_config_sync(&node, vmid, &update)
-                    .await
-                    .during(|| format!("tagging VM {vmid} on {node} for this machine"))?;
-            }
-            config = Some(read);
-        }
-
-        // After the upload, the attachment needs nothing of the config.
-        let attaching_only = VmConfig::default();
-        let bootstrap_config = match &config {
-            Some(config) => Some(config),
-            None if uploaded => Some(&attaching_only),
-            None => None,
-        };
-        if let Some(bootstrap_config) = bootstrap_config.filter(|_| !running) {
-            if let Some(step) = self
-                .bootstrap(
-                    scope,
-                    &placement,
-                    &proxmox,
-                    &node,
-                    vmid,
-                    bootstrap_config,
-                    &bootstrap_secret,
-                    addresses.as_ref(),
-                )
-                .await?
-            {
-                return Ok(step);
-            }
-            let starting = proxmox.power(&node, vmid, PowerAction::Start).await;
-            if let Some(step) = self.submitted(scope, &proxmox, starting, || {
-                format!("starting VM {vmid} on {node}")
-            })? {
-                return Ok(step);
-            }
-        }
-
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
-        // Once provisioned, the boot checks are history: later passes only observe the VM.
-        let check_cloud_init = checks.skip_qemu_guest_agent != Some(true)
-            && checks.skip_cloud_init_status != Some(true);
-        let check_agent = checks.skip_qemu_guest_agent != Some(true);
-        // While the guest boots, it is looked at when guests on its node usually are done.
         let machine_key = claim_key(self.machine);
-        let boot_clock = &self.context.task_clock;
-        let booting = || Action::requeue(boot_clock.boot_silent(&machine_key, &node));
-        if already_provisioned {
-            // Nothing to wait for.
-        } else if check_cloud_init {
-            match proxmox
-                .cloud_init_status(&node, vmid, Duration::from_secs(5))
-                .await
-            {
-                Ok(crate::proxmox::CloudInitStatus::Done) => {}
-                Ok(crate::proxmox::CloudInitStatus::Degraded(text)) => {
-                    self.event(
-                        scope,
-                        EventType::Warning,
-                        "CloudInitDegraded",
-                        &format!("cloud-init finished with recoverable errors: {text}"),
-                    )
-                    .await;
-                }
-                Ok(crate::proxmox::CloudInitStatus::Running) => {
-                    return Ok(waiting(
-                        "WaitingForCloudInit",
-                        "cloud-init is still running",
-                        booting(),
-                    ));
-                }
-                Ok(crate::proxmox::CloudInitStatus::Error { exitcode, output }) => {
-                    let exit = exitcode.map_or_else(|| "unknown".to_owned(), |c| c.to_string());
-                    let message = format!(
-                        "cloud-init failed in VM {vmid} (exit code {exit}): {output}; check the bootstrap data and the guest's /var/log/cloud-init.log"
-                    );
-                    boot_clock.boot_answered(&machine_key);
-                    self.event(scope, EventType::Warning, "CloudInitFailed", &message)
-                        .await;
-                    return Ok(waiting(
-                        "CloudInitFailed",
-                        message,
-                        Action::requeue(Duration::from_secs(60)),
-                    ));
-                }
-                Err(error) if error.is_agent_unavailable() || error.is_retryable() => {
-                    return Ok(waiting(
-                        "WaitingForGuestAgent",
-                        "the QEMU guest agent does not answer yet",
-                        booting(),
-                    ));
-                }
-                Err(error) => {
-                    return Err(error).during(|| format!("checking cloud-init in VM {vmid}"));
-                }
-            }
-        } else if check_agent && proxmox.agent_ping(&node, vmid).await.is_err() {
-            return Ok(waiting(
-                "WaitingForGuestAgent",
-                "the QEMU guest agent does not answer yet",
-                booting(),
-            ));
-        }
-        boot_clock.boot_answered(&machine_key);
-
-        // Provisioned: provider ID, addresses, placement, readiness.
-        if addresses_pending {
-            return Ok(waiting_for_addresses());
-        }
-        // The provider ID comes from the VM's SMBIOS UUID; once recorded (for this VM: it is
-        // how the VM was found), it is not read again.
-        let provider_id = match (&config, self.machine.spec.provider_id.as_deref()) {
-            (None, Some(recorded)) => recorded.to_owned(),
-            _ => {
-                let config = match &config {
-                    Some(config) => config.clone(),
-                    None => self
+        let seen = Seen {
+            running,
+            retag: running && self.retagged(&vm.tags).is_some(),
+            seed_iso_uploaded: seed_iso_uploaded(scope, &node),
+            provisioned: already_provisioned,
+            guest_check: if checks.skip_qemu_guest_agent == Some(true) {
+                GuestCheck::None
+            } else if checks.skip_cloud_init_status == Some(true) {
+                GuestCheck::Agent
+            } else {
+                GuestCheck::CloudInit
+            },
+            node_joined: scope
+                .capi_machine
+                .status
+                .as_ref()
+                .and_then(|s| s.node_ref.as_ref())
+                .is_some(),
+            seed_iso_removed: self.context.seed_isos_removed.contains(&machine_key, vmid),
+            seed_iso_deleted: seed_iso_deleted(scope, &node),
+        };
+        // The config is read when a phase needs it, at most once per pass: a running VM waiting
+        // for its guest needs none, nor does a VM whose seed ISO this pass saw uploaded.
+        let mut config: Option<VmConfig> = None;
+        for phase in steps::plan(seen) {
+            match phase {
+                Phase::Configure => {
+                    let read = self
                         .configs
                         .read(&proxmox, &node, vmid)
                         .await
-                        .during(read_config)?,
-                };
-                let uuid = smbios_uuid(&config)
-                    .ok_or_else(|| ProxmoxError::Decode {
-                        endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
-                        message: format!("VM {vmid} has no smbios1 uuid"),
-                    })
-                    .during(read_config)?;
-                crate::cloudinit::provider_id(&uuid)
+                        .during(read_config)?;
+                    // The provider ID (the VM's SMBIOS UUID) is recorded as soon as the config
+                    // shows it: CAPI reads it only once the machine is provisioned, and no later
+                    // pass needs to read the config for it.
+                    if self.machine.spec.provider_id.is_none()
+                        && let Some(uuid) = smbios_uuid(&read)
+                    {
+                        self.record_identity(
+                            scope,
+                            &placement,
+                            &crate::cloudinit::provider_id(&uuid),
+                        )
+                        .await?;
+                    }
+                    match self
+                        .configure(scope, &placement, &proxmox, &node, vmid, &read)
+                        .await?
+                    {
+                        Configured::Unchanged => config = Some(read),
+                        // The bootstrap step works from the config as it is now: as written, or
+                        // read again when Proxmox filled in values.
+                        Configured::Changed(Some(updated)) => {
+                            self.configs.changed(&node, vmid);
+                            config = Some(updated);
+                        }
+                        Configured::Changed(None) => {
+                            self.configs.changed(&node, vmid);
+                            config = Some(
+                                self.configs
+                                    .read(&proxmox, &node, vmid)
+                                    .await
+                                    .during(read_config)?,
+                            );
+                        }
+                        Configured::Waiting(step) => return Ok(step),
+                    }
+                }
+                Phase::Retag => {
+                    // A running VM adopted after a move or restore: only its tags change, so it
+                    // is found by this machine's tag from now on.
+                    let read = self
+                        .configs
+                        .read(&proxmox, &node, vmid)
+                        .await
+                        .during(read_config)?;
+                    if let Some(tags) = self.retagged(&read.tags()) {
+                        let update = ConfigUpdate::default()
+                            .set("tags", tags)
+                            .digest(read.digest());
+                        proxmox
+                            .update_vm_config_sync(&node, vmid, &update)
+                            .await
+                            .during(|| format!("tagging VM {vmid} on {node} for this machine"))?;
+                    }
+                    config = Some(read);
+                }
+                Phase::Bootstrap => {
+                    // After the upload, the attachment needs nothing of the config.
+                    let attaching_only = VmConfig::default();
+                    if let Some(step) = self
+                        .bootstrap(
+                            scope,
+                            &placement,
+                            &proxmox,
+                            &node,
+                            vmid,
+                            config.as_ref().unwrap_or(&attaching_only),
+                            &bootstrap_secret,
+                            addresses.as_ref(),
+                        )
+                        .await?
+                    {
+                        return Ok(step);
+                    }
+                }
+                Phase::Start => {
+                    let starting = proxmox.power(&node, vmid, PowerAction::Start).await;
+                    if let Some(step) = self.submitted(scope, &proxmox, starting, || {
+                        format!("starting VM {vmid} on {node}")
+                    })? {
+                        return Ok(step);
+                    }
+                }
+                Phase::CheckGuest(check) => {
+                    if let Some(step) = self
+                        .guest_ready(scope, &proxmox, &node, vmid, check)
+                        .await?
+                    {
+                        return Ok(step);
+                    }
+                }
+                Phase::Provisioned => {
+                    self.context.task_clock.boot_answered(&machine_key);
+                    if addresses_pending {
+                        return Ok(waiting_for_addresses());
+                    }
+                    // The provider ID comes from the VM's SMBIOS UUID; once recorded (for this
+                    // VM: it is how the VM was found), it is not read again.
+                    let provider_id = match (&config, self.machine.spec.provider_id.as_deref()) {
+                        (None, Some(recorded)) => recorded.to_owned(),
+                        _ => {
+                            let config = match &config {
+                                Some(config) => config.clone(),
+                                None => self
+                                    .configs
+                                    .read(&proxmox, &node, vmid)
+                                    .await
+                                    .during(read_config)?,
+                            };
+                            let uuid = smbios_uuid(&config)
+                                .ok_or_else(|| ProxmoxError::Decode {
+                                    endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),
+                                    message: format!("VM {vmid} has no smbios1 uuid"),
+                                })
+                                .during(read_config)?;
+                            crate::cloudinit::provider_id(&uuid)
+                        }
+                    };
+                    self.record_identity(scope, &placement, &provider_id)
+                        .await?;
+                    scope.status.addresses =
+                        machine_addresses(&scope.name, &scope.status.ip_addresses);
+                    scope.status.vm_status = Some(VirtualMachineState::Ready);
+                    scope.status.bootstrap_data_provided = Some(true);
+                    scope.status.initialization = Some(Initialization {
+                        provisioned: Some(true),
+                    });
+                    if !already_provisioned {
+                        self.event(
+                            scope,
+                            EventType::Normal,
+                            "Provisioned",
+                            &format!(
+                                "VM {vmid} on {node} is running and bootstrapped ({provider_id})"
+                            ),
+                        )
+                        .await;
+                    }
+                    scope.status.task_ref = None;
+                    scope.status.retry_after = None;
+                    scope.status.task_failures = None;
+                }
+                Phase::RemoveSeedIso | Phase::DetachSeedIso => {
+                    let removed = match (phase, config.take()) {
+                        // Deleted in the task this pass saw end: only the detachment is left,
+                        // and it needs no look at the config (detaching what is gone is a
+                        // no-op).
+                        (Phase::DetachSeedIso, _) => {
+                            detach_seed_iso(&proxmox, &node, vmid).await.map(|()| None)
+                        }
+                        (_, Some(config)) => {
+                            self.remove_iso(scope, &proxmox, &node, vmid, &config).await
+                        }
+                        (_, None) => match self
+                            .configs
+                            .read(&proxmox, &node, vmid)
+                            .await
+                            .during(read_config)
+                        {
+                            Ok(config) => {
+                                self.remove_iso(scope, &proxmox, &node, vmid, &config).await
+                            }
+                            Err(error) => Err(error),
+                        },
+                    };
+                    let error = match removed {
+                        Ok(None) => {
+                            self.context.seed_isos_removed.insert(&machine_key, vmid);
+                            continue;
+                        }
+                        Ok(Some(step)) => return Ok(step.still_provisioned()),
+                        Err(error) => error,
+                    };
+                    // The machine stays provisioned; the seed ISO left behind (it holds the
+                    // bootstrap token) is reported by a Warning event, and its removal retried
+                    // with back-off.
+                    let Some((proxmox, step)) = error.proxmox() else {
+                        return Err(error);
+                    };
+                    let (_, action) = self.proxmox_failure(scope, step, proxmox).await;
+                    return Ok(Step::Backoff(
+                        Decided::ok(PROVISIONED, "Provisioned", ""),
+                        action,
+                    ));
+                }
             }
-        };
-        self.record_identity(scope, &placement, &provider_id)
-            .await?;
-        scope.status.addresses = machine_addresses(&scope.name, &scope.status.ip_addresses);
-        scope.status.vm_status = Some(VirtualMachineState::Ready);
-        scope.status.bootstrap_data_provided = Some(true);
-        scope.status.initialization = Some(Initialization {
-            provisioned: Some(true),
-        });
-        if !already_provisioned {
-            self.event(
-                scope,
-                EventType::Normal,
-                "Provisioned",
-                &format!("VM {vmid} on {node} is running and bootstrapped ({provider_id})"),
-            )
-            .await;
-        }
-        scope.status.task_ref = None;
-        scope.status.retry_after = None;
-        scope.status.task_failures = None;
-        if scope
-            .capi_machine
-            .status
-            .as_ref()
-            .and_then(|s| s.node_ref.as_ref())
-            .is_some()
-            && !self.context.seed_isos_removed.contains(&machine_key, vmid)
-        {
-            let removed = match config {
-                // Deleted in the task this pass saw end: only the detachment is left, and it
-                // needs no look at the config (detaching what is gone is a no-op).
-                None if seed_iso_deleted(scope, &node) => {
-                    detach_seed_iso(&proxmox, &node, vmid).await.map(|()| None)
-                }
-                Some(config) => self.remove_iso(scope, &proxmox, &node, vmid, &config).await,
-                None => match self
-                    .configs
-                    .read(&proxmox, &node, vmid)
-                    .await
-                    .during(read_config)
-                {
-                    Ok(config) => self.remove_iso(scope, &proxmox, &node, vmid, &config).await,
-                    Err(error) => Err(error),
-                },
-            };
-            let error = match removed {
-                Ok(None) => {
-                    self.context.seed_isos_removed.insert(&machine_key, vmid);
-                    return Ok(Step::Continue);
-                }
-                Ok(Some(step)) => return Ok(step.still_provisioned()),
-                Err(error) => error,
-            };
-            // The machine stays provisioned; the seed ISO left behind (it holds the bootstrap
-            // token) is reported by a Warning event, and its removal retried with back-off.
-            let Some((proxmox, step)) = error.proxmox() else {
-                return Err(error);
-            };
-            let (_, action) = self.proxmox_failure(scope, step, proxmox).await;
-            return Ok(Step::Backoff(
-                Decided::ok(PROVISIONED, "Provisioned", ""),
-                action,
-            ));
         }
         Ok(Step::Continue)
     }
