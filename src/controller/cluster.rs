@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -21,20 +21,21 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use super::conditions::{self, Decided};
-use super::credentials::{self, CredentialsError};
+use super::credentials::client_config;
 use super::failures::{self, Pass};
+use super::guarded::{STALE_RETRY, WriteError, cluster_owner_reference, ensure_finalizer, release};
 use crate::api::{
     self, InClusterZoneRef, Initialization, LocalObjectReference, ProxmoxCluster,
     ProxmoxClusterStatus, ProxmoxMachine, annotations, finalizers, labels,
 };
 use crate::capi::{self, InClusterIPPool, PoolAddresses};
 use crate::placement::{self, ClusterPool, IpFamily};
-use crate::proxmox::{ClientConfig, ProxmoxClient};
+use crate::proxmox::ProxmoxClient;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "capmox-proxmoxcluster";
@@ -58,49 +59,21 @@ pub enum ClusterError {
     /// The object lacks a name or namespace (never true for objects read from the API).
     #[error("ProxmoxCluster without name or namespace")]
     MissingIdentity,
-    /// A write guarded by the object's resourceVersion found a newer version (the API server
-    /// answers the failed `test` with 422, or 409): the pass worked from a stale copy, and the
-    /// newer version's watch event brings the next one.
-    #[error("{kind} {name} changed since it was read; looking again")]
-    Stale {
-        /// The object's kind.
-        kind: String,
-        /// The object's name.
-        name: String,
-    },
+    /// A guarded write failed, or found the object changed since it was read.
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 impl ClusterError {
     /// Whether the pass only saw an outdated copy (no failure to report or back off from).
     pub fn is_stale(&self) -> bool {
-        matches!(self, Self::Stale { .. })
+        matches!(self, Self::Write(write) if write.is_stale())
     }
 }
 
 /// `ProxmoxAvailable` reason (and Warning event) when Proxmox answers over plain HTTP: it works,
 /// but the API token crosses the network unencrypted.
 pub const PLAIN_HTTP: &str = "AvailableOverPlainHTTP";
-
-/// Requeue after a pass that worked from a stale copy: the newer version's watch event
-/// normally comes first; this only covers a missed one.
-pub const STALE_RETRY: Duration = Duration::from_secs(1);
-
-/// The error of a write guarded by `object`'s resourceVersion: a refused guard means the object
-/// changed since it was read.
-pub(crate) fn guarded_write_error<K: Resource<DynamicType = ()>>(
-    object: &K,
-    error: kube::Error,
-) -> ClusterError {
-    match &error {
-        kube::Error::Api(status) if status.code == 409 || status.code == 422 => {
-            ClusterError::Stale {
-                kind: K::kind(&()).into_owned(),
-                name: object.meta().name.clone().unwrap_or_default(),
-            }
-        }
-        _ => ClusterError::Kube(error),
-    }
-}
 
 /// Runs the controller until `shutdown` is cancelled.
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
@@ -507,84 +480,6 @@ async fn apply_status_if_changed(
     Ok(())
 }
 
-/// Adds `finalizer` with a JSON patch guarded by the resourceVersion (a concurrent change makes it
-/// fail and the reconcile retry, instead of overwriting someone else's finalizers).
-pub(crate) async fn ensure_finalizer<K>(
-    api: &Api<K>,
-    object: &K,
-    finalizer: &str,
-) -> Result<(), ClusterError>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    if object.finalizers().iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    let name = object
-        .meta()
-        .name
-        .clone()
-        .ok_or(ClusterError::MissingIdentity)?;
-    let patch = if object.meta().finalizers.is_none() {
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
-            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}
-        ])
-    } else {
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
-            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}
-        ])
-    };
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Json::<()>(serde_json::from_value(patch)?),
-    )
-    .await
-    .map_err(|error| guarded_write_error(object, error))?;
-    Ok(())
-}
-
-/// Removes `finalizer` (and, for Secrets, our owner reference) with a guarded JSON patch.
-pub(crate) async fn release<K>(
-    api: &Api<K>,
-    object: &K,
-    finalizer: &str,
-    owner_uid: Option<&str>,
-) -> Result<(), ClusterError>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let name = object
-        .meta()
-        .name
-        .clone()
-        .ok_or(ClusterError::MissingIdentity)?;
-    let mut ops = vec![
-        json!({"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version}),
-    ];
-    if let Some(uid) = owner_uid
-        && let Some(index) = object.owner_references().iter().position(|o| o.uid == uid)
-    {
-        ops.push(json!({"op": "remove", "path": format!("/metadata/ownerReferences/{index}")}));
-    }
-    if let Some(index) = object.finalizers().iter().position(|f| f == finalizer) {
-        ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}));
-    }
-    if ops.len() == 1 {
-        return Ok(());
-    }
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),
-    )
-    .await
-    .map_err(|error| guarded_write_error(object, error))?;
-    Ok(())
-}
-
 async fn reconcile_delete(
     cluster: &ProxmoxCluster,
     context: &Context,
@@ -694,149 +589,6 @@ fn belongs_to(meta: &ObjectMeta, capi_cluster: &str, owners: &BTreeSet<String>) 
     }
 }
 
-/// The client configuration for this cluster: its `credentialsRef` if set (adopting the Secret
-/// with an owner reference and finalizer when `adopt`), else the controller's global credentials.
-async fn credentials(
-    context: &Context,
-    cluster: &ProxmoxCluster,
-    namespace: &str,
-    adopt: bool,
-) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
-    let Some(reference) = &cluster.spec.credentials_ref else {
-        return Ok(match context.global_credentials.client_config() {
-            Some(Ok(config)) => Ok(config),
-            Some(Err(problem)) => Err(CredentialsError::Invalid {
-                namespace: "controller".into(),
-                name: "PROXMOX_* settings".into(),
-                problem,
-            }),
-            None => Err(CredentialsError::NotConfigured),
-        });
-    };
-    let secret_namespace = reference
-        .namespace
-        .clone()
-        .unwrap_or_else(|| namespace.to_owned());
-    let secret_name = reference.name.clone().unwrap_or_default();
-    let memo_key = (
-        namespace.to_owned(),
-        secret_namespace.clone(),
-        secret_name.clone(),
-    );
-    if !adopt && let Some(config) = context.credentials.recent(&memo_key) {
-        return Ok(Ok(config));
-    }
-    let secrets: Api<Secret> = Api::namespaced(context.client.clone(), &secret_namespace);
-    let Some(secret) = secrets.get_opt(&secret_name).await? else {
-        context.credentials.remember(memo_key, None);
-        return Ok(Err(CredentialsError::SecretNotFound {
-            namespace: secret_namespace,
-            name: secret_name,
-        }));
-    };
-    if !credentials::namespace_allowed(
-        namespace,
-        &secret_namespace,
-        secret.metadata.annotations.as_ref(),
-    ) {
-        context.credentials.remember(memo_key, None);
-        return Ok(Err(CredentialsError::NamespaceNotAllowed {
-            namespace: secret_namespace,
-            name: secret_name,
-            cluster_namespace: namespace.to_owned(),
-        }));
-    }
-    // Validated before it is adopted: a Secret that is not usable credentials is never locked.
-    let config = credentials::from_secret_data(
-        &secret_namespace,
-        &secret_name,
-        &secret.data.clone().unwrap_or_default(),
-    );
-    context.credentials.remember(memo_key, config.as_ref().ok());
-    if adopt && config.is_ok() {
-        adopt_secret(&secrets, &secret, cluster, secret_namespace == namespace).await?;
-    }
-    Ok(config)
-}
-
-/// The client configuration for this cluster, adopting its credentials Secret.
-async fn client_config(
-    context: &Context,
-    cluster: &ProxmoxCluster,
-    namespace: &str,
-) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
-    credentials(context, cluster, namespace, true).await
-}
-
-/// The client configuration for a cluster without touching the Secret (for the machine
-/// controller; the cluster controller adopts the Secret).
-pub(crate) async fn client_config_for(
-    context: &Context,
-    cluster: &ProxmoxCluster,
-    namespace: &str,
-) -> Result<Result<ClientConfig, CredentialsError>, ClusterError> {
-    credentials(context, cluster, namespace, false).await
-}
-
-/// Finalizer on the credentials Secret, so it outlives the cluster's machines, and, when the
-/// Secret is in the cluster's namespace, an owner reference (garbage collection treats an owner
-/// in another namespace as absent and would delete the Secret).
-async fn adopt_secret(
-    secrets: &Api<Secret>,
-    secret: &Secret,
-    cluster: &ProxmoxCluster,
-    same_namespace: bool,
-) -> Result<(), ClusterError> {
-    let uid = cluster.metadata.uid.clone().unwrap_or_default();
-    let has_owner = !same_namespace || secret.owner_references().iter().any(|o| o.uid == uid);
-    let has_finalizer = secret
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::CLUSTER_SECRET);
-    if has_owner && has_finalizer {
-        return Ok(());
-    }
-    let name = secret.metadata.name.clone().unwrap_or_default();
-    let mut ops = vec![
-        json!({"op": "test", "path": "/metadata/resourceVersion", "value": secret.metadata.resource_version}),
-    ];
-    if !has_owner {
-        let owner = owner_reference(cluster, false);
-        if secret.metadata.owner_references.is_none() {
-            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]}));
-        } else {
-            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}));
-        }
-    }
-    if !has_finalizer {
-        if secret.metadata.finalizers.is_none() {
-            ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizers::CLUSTER_SECRET]}));
-        } else {
-            ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizers::CLUSTER_SECRET}));
-        }
-    }
-    secrets
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),
-        )
-        .await
-        .map_err(|error| guarded_write_error(secret, error))?;
-    Ok(())
-}
-
-fn owner_reference(cluster: &ProxmoxCluster, controller: bool) -> OwnerReference {
-    OwnerReference {
-        api_version: ProxmoxCluster::api_version(&()).into_owned(),
-        kind: ProxmoxCluster::kind(&()).into_owned(),
-        name: cluster.metadata.name.clone().unwrap_or_default(),
-        uid: cluster.metadata.uid.clone().unwrap_or_default(),
-        controller: controller.then_some(true),
-        block_owner_deletion: controller.then_some(true),
-    }
-}
-
 /// Proxmox answers `/version`; returns the zone nodes Proxmox does not know.
 async fn check_proxmox(
     proxmox: &ProxmoxClient,
@@ -862,7 +614,7 @@ async fn reconcile_pools(
     desired: &[ClusterPool],
 ) -> Result<(), ClusterError> {
     let api: Api<InClusterIPPool> = Api::namespaced(context.client.clone(), namespace);
-    let owner = owner_reference(cluster, true);
+    let owner = cluster_owner_reference(cluster, true);
     for pool in desired {
         let mut annotations_map = BTreeMap::from([
             (
@@ -968,6 +720,7 @@ fn record_pools(status: &mut ProxmoxClusterStatus, pools: &[ClusterPool]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn meta(label: Option<&str>, owner: Option<(&str, &str)>) -> ObjectMeta {
         ObjectMeta {

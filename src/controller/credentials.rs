@@ -13,6 +13,14 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 
+use k8s_openapi::api::core::v1::Secret as SecretObject;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use super::Context;
+use super::guarded::{WriteError, cluster_owner_reference, guarded_write_error};
+use crate::api::{ProxmoxCluster, finalizers};
 use crate::proxmox::{ApiToken, ClientConfig, Secret, TlsOptions};
 
 /// How long a machine reconcile reuses credentials it resolved from a cluster's Secret: a
@@ -228,6 +236,140 @@ pub fn from_secret_data(
         insecure,
     };
     Ok(config)
+}
+
+// Resolving a cluster's credentials, for both controllers.
+
+/// The client configuration for this cluster: its `credentialsRef` if set (adopting the Secret
+/// with an owner reference and finalizer when `adopt`), else the controller's global credentials.
+async fn credentials(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+    adopt: bool,
+) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
+    let Some(reference) = &cluster.spec.credentials_ref else {
+        return Ok(match context.global_credentials.client_config() {
+            Some(Ok(config)) => Ok(config),
+            Some(Err(problem)) => Err(CredentialsError::Invalid {
+                namespace: "controller".into(),
+                name: "PROXMOX_* settings".into(),
+                problem,
+            }),
+            None => Err(CredentialsError::NotConfigured),
+        });
+    };
+    let secret_namespace = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace.to_owned());
+    let secret_name = reference.name.clone().unwrap_or_default();
+    let memo_key = (
+        namespace.to_owned(),
+        secret_namespace.clone(),
+        secret_name.clone(),
+    );
+    if !adopt && let Some(config) = context.credentials.recent(&memo_key) {
+        return Ok(Ok(config));
+    }
+    let secrets: Api<SecretObject> = Api::namespaced(context.client.clone(), &secret_namespace);
+    let Some(secret) = secrets.get_opt(&secret_name).await? else {
+        context.credentials.remember(memo_key, None);
+        return Ok(Err(CredentialsError::SecretNotFound {
+            namespace: secret_namespace,
+            name: secret_name,
+        }));
+    };
+    if !namespace_allowed(
+        namespace,
+        &secret_namespace,
+        secret.metadata.annotations.as_ref(),
+    ) {
+        context.credentials.remember(memo_key, None);
+        return Ok(Err(CredentialsError::NamespaceNotAllowed {
+            namespace: secret_namespace,
+            name: secret_name,
+            cluster_namespace: namespace.to_owned(),
+        }));
+    }
+    // Validated before it is adopted: a Secret that is not usable credentials is never locked.
+    let config = from_secret_data(
+        &secret_namespace,
+        &secret_name,
+        &secret.data.clone().unwrap_or_default(),
+    );
+    context.credentials.remember(memo_key, config.as_ref().ok());
+    if adopt && config.is_ok() {
+        adopt_secret(&secrets, &secret, cluster, secret_namespace == namespace).await?;
+    }
+    Ok(config)
+}
+
+/// The client configuration for this cluster, adopting its credentials Secret.
+pub(crate) async fn client_config(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
+    credentials(context, cluster, namespace, true).await
+}
+
+/// The client configuration for a cluster without touching the Secret (for the machine
+/// controller; the cluster controller adopts the Secret).
+pub(crate) async fn client_config_for(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
+    credentials(context, cluster, namespace, false).await
+}
+
+/// Finalizer on the credentials Secret, so it outlives the cluster's machines, and, when the
+/// Secret is in the cluster's namespace, an owner reference (garbage collection treats an owner
+/// in another namespace as absent and would delete the Secret).
+async fn adopt_secret(
+    secrets: &Api<SecretObject>,
+    secret: &SecretObject,
+    cluster: &ProxmoxCluster,
+    same_namespace: bool,
+) -> Result<(), WriteError> {
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let has_owner = !same_namespace || secret.owner_references().iter().any(|o| o.uid == uid);
+    let has_finalizer = secret
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::CLUSTER_SECRET);
+    if has_owner && has_finalizer {
+        return Ok(());
+    }
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": secret.metadata.resource_version}),
+    ];
+    if !has_owner {
+        let owner = cluster_owner_reference(cluster, false);
+        if secret.metadata.owner_references.is_none() {
+            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]}));
+        } else {
+            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}));
+        }
+    }
+    if !has_finalizer {
+        if secret.metadata.finalizers.is_none() {
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizers::CLUSTER_SECRET]}));
+        } else {
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizers::CLUSTER_SECRET}));
+        }
+    }
+    secrets
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),
+        )
+        .await
+        .map_err(|error| guarded_write_error(secret, error))?;
+    Ok(())
 }
 
 #[cfg(test)]

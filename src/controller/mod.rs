@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod credentials;
 pub mod failures;
+pub mod guarded;
 pub mod http;
 pub mod inventory;
 pub mod leader;

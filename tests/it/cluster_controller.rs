@@ -581,7 +581,7 @@ async fn a_pass_on_a_stale_copy_looks_again_without_backing_off() {
     let action = capmox::controller::cluster::error_policy(stale, &error, env.context.clone());
     assert_eq!(
         action,
-        kube::runtime::controller::Action::requeue(capmox::controller::cluster::STALE_RETRY)
+        kube::runtime::controller::Action::requeue(capmox::controller::guarded::STALE_RETRY)
     );
     let fresh = api.get("demo").await.expect("cluster");
     assert!(

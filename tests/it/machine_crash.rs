@@ -229,7 +229,7 @@ async fn a_pass_from_a_stale_copy_never_erases_the_recorded_vmid() {
     let outcome =
         capmox::controller::machine::reconcile(Arc::new(stale), scenario.env.context.clone()).await;
     assert!(
-        matches!(&outcome, Err(MachineError::Cluster(error)) if error.is_stale()),
+        matches!(&outcome, Err(MachineError::Write(error)) if error.is_stale()),
         "the stale pass is told so: {outcome:?}"
     );
     let after = machines.get("demo-md-7").await.expect("machine").status;

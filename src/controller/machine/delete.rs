@@ -344,7 +344,7 @@ impl Reconcile<'_> {
     /// Nothing is left in Proxmox: lets the object go.
     pub(super) async fn released(&self, scope: &Scope) -> Result<Action, MachineError> {
         self.context.reservations.lock().await.release(&scope.name);
-        cluster::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
+        guarded::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
         self.context.vmid_claims.release(&claim_key(self.machine));
         Ok(Action::await_change())
     }

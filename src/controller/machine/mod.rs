@@ -85,9 +85,9 @@ use vm::{Identity, PassConfigs, is_machine_tag};
 pub use task::{TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, task_backoff};
 
 use super::caches::{Caches, Reads, slot};
-use super::cluster::{self, ClusterError};
 use super::conditions::{self, Decided, Status};
 use super::failures::{self, Backoff, Pass};
+use super::guarded::{self, WriteError};
 use super::{Context, inventory};
 use crate::api::{
     self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
@@ -151,9 +151,9 @@ pub enum MachineError {
     /// An object could not be encoded.
     #[error("cannot encode object: {0}")]
     Json(#[from] serde_json::Error),
-    /// Shared cluster plumbing failed.
+    /// A write guarded by the machine's resourceVersion failed.
     #[error(transparent)]
-    Cluster(#[from] ClusterError),
+    Write(#[from] WriteError),
     /// The object lacks a name or namespace (never true for objects read from the API).
     #[error("ProxmoxMachine without name or namespace")]
     MissingIdentity,
@@ -333,11 +333,11 @@ pub fn error_policy(
     error: &MachineError,
     context: Arc<Context>,
 ) -> Action {
-    if let MachineError::Cluster(stale) = error
+    if let MachineError::Write(stale) = error
         && stale.is_stale()
     {
         tracing::debug!(controller = CONTROLLER, error = %stale, "pass saw a stale copy");
-        return Action::requeue(cluster::STALE_RETRY);
+        return Action::requeue(guarded::STALE_RETRY);
     }
     failures::after_error(&context.retries, CONTROLLER, &*machine, error)
 }
@@ -527,9 +527,12 @@ impl<'a> Reconcile<'a> {
         &self,
         scope: &Scope,
     ) -> Result<Result<ProxmoxClient, String>, MachineError> {
-        let config =
-            cluster::client_config_for(self.context, &scope.proxmox_cluster, &scope.namespace)
-                .await?;
+        let config = super::credentials::client_config_for(
+            self.context,
+            &scope.proxmox_cluster,
+            &scope.namespace,
+        )
+        .await?;
         Ok(match config {
             Ok(config) => self.context.proxmox.get(&config).map_err(|e| e.to_string()),
             Err(error) => Err(error.to_string()),

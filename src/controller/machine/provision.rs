@@ -60,7 +60,7 @@ impl Reconcile<'_> {
             .then(|| self.machine.metadata.resource_version.clone())
             .flatten();
         scope.resource_version = fresh_guard;
-        cluster::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?;
+        guarded::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?;
 
         let placement =
             match Placement::resolve(&scope.proxmox_cluster, self.machine, &scope.capi_machine) {

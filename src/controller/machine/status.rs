@@ -29,7 +29,7 @@ impl Reconcile<'_> {
                 .and_then(|stored| stored.status)
                 .is_some_and(|stored| stored.virtual_machine_id.is_some())
         {
-            return Err(ClusterError::Stale {
+            return Err(WriteError::Stale {
                 kind: ProxmoxMachine::kind(&()).into_owned(),
                 name: name.to_owned(),
             }

@@ -85,7 +85,7 @@ impl Reconcile<'_> {
                 &Patch::Json::<()>(serde_json::from_value(serde_json::Value::Array(ops))?),
             )
             .await
-            .map_err(|error| cluster::guarded_write_error(self.machine, error))?;
+            .map_err(|error| guarded::guarded_write_error(self.machine, error))?;
         scope.generation = patched.metadata.generation;
         Ok(patched.metadata.resource_version)
     }
