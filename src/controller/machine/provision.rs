@@ -164,6 +164,10 @@ impl Reconcile<'_> {
             running,
             retag: running && self.retagged(&vm.tags).is_some(),
             seed_iso_uploaded: seed_iso_uploaded(scope, &node),
+            started: scope
+                .finished
+                .as_ref()
+                .is_some_and(|task| task.task_type == "qmstart"),
             provisioned: already_provisioned,
             guest_check: if checks.skip_qemu_guest_agent == Some(true) {
                 GuestCheck::None
@@ -273,6 +277,14 @@ impl Reconcile<'_> {
                     })? {
                         return Ok(step);
                     }
+                }
+                Phase::AwaitBoot => {
+                    let wait = self.context.task_clock.boot_remaining(&machine_key, &node);
+                    return Ok(waiting(
+                        "WaitingForGuestAgent",
+                        format!("VM {vmid} started; waiting for its guest to boot"),
+                        Action::requeue(wait),
+                    ));
                 }
                 Phase::CheckGuest(check) => {
                     if let Some(step) = self

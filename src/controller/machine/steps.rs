@@ -22,6 +22,8 @@ pub(super) struct Seen {
     pub retag: bool,
     /// This pass saw the seed ISO's upload end: only its attachment and the start are left.
     pub seed_iso_uploaded: bool,
+    /// This pass saw the VM's start end: its guest cannot be up yet.
+    pub started: bool,
     /// The machine was provisioned before this pass.
     pub provisioned: bool,
     /// What tells that the guest is up.
@@ -48,6 +50,8 @@ pub(super) enum Phase {
     Start,
     /// Wait until the guest is up.
     CheckGuest(GuestCheck),
+    /// Wait until guests usually are done booting, without looking (the VM just started).
+    AwaitBoot,
     /// Record the machine provisioned: provider ID, addresses, readiness.
     Provisioned,
     /// Delete the seed ISO (a task), then detach it.
@@ -71,7 +75,11 @@ pub(super) fn plan(seen: Seen) -> Vec<Phase> {
     }
     // Once provisioned, the boot checks are history: later passes only observe the VM.
     if !seen.provisioned && seen.guest_check != GuestCheck::None {
-        phases.push(Phase::CheckGuest(seen.guest_check));
+        phases.push(if seen.started {
+            Phase::AwaitBoot
+        } else {
+            Phase::CheckGuest(seen.guest_check)
+        });
     }
     phases.push(Phase::Provisioned);
     if seen.node_joined && !seen.seed_iso_removed {
@@ -93,6 +101,7 @@ mod tests {
             running: false,
             retag: false,
             seed_iso_uploaded: false,
+            started: false,
             provisioned: false,
             guest_check: GuestCheck::CloudInit,
             node_joined: false,
@@ -144,6 +153,21 @@ mod tests {
             ..seen
         };
         assert_eq!(plan(agent_only)[0], Phase::CheckGuest(GuestCheck::Agent));
+    }
+
+    #[test]
+    fn a_guest_that_just_started_is_not_looked_at_until_it_usually_is_up() {
+        let seen = Seen {
+            running: true,
+            started: true,
+            ..new_vm()
+        };
+        assert_eq!(plan(seen), [Phase::AwaitBoot, Phase::Provisioned]);
+        let unchecked = Seen {
+            guest_check: GuestCheck::None,
+            ..seen
+        };
+        assert_eq!(plan(unchecked), [Phase::Provisioned]);
     }
 
     #[test]

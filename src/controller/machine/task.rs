@@ -226,6 +226,25 @@ impl TaskClock {
         (due > now + Duration::from_millis(20)).then(|| due - now)
     }
 
+    /// How long until `machine`'s guest, started on `node`, is usually done booting (not
+    /// less than a short recheck): when a guest is first looked at, without a look now. A guest
+    /// this process did not start (after a restart) counts as started now.
+    pub fn boot_remaining(&self, machine: &str, node: &str) -> Duration {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let expected = state.expected_boot(node);
+        let entry = state
+            .booting
+            .entry(machine.to_owned())
+            .or_insert_with(|| Booting {
+                node: node.to_owned(),
+                started: now,
+                last_seen_silent: Duration::ZERO,
+                due: now + expected,
+            });
+        entry.due.saturating_duration_since(now).max(MIN_RECHECK)
+    }
+
     /// Notes that `machine`'s guest is not done booting; returns the requeue until the next
     /// look: the usual boot time on its node if that is still ahead, else a quarter of the time
     /// it has booted so far, within bounds.
@@ -260,7 +279,14 @@ impl TaskClock {
         let Some(boot) = state.booting.remove(machine) else {
             return;
         };
-        let estimate = (boot.last_seen_silent + (now - boot.started)) / 2;
+        let answered_after = now - boot.started;
+        // Between the last look that found it silent and this one; a guest never seen silent
+        // (looked at only when expected) booted within the time it answered after.
+        let estimate = if boot.last_seen_silent.is_zero() {
+            answered_after
+        } else {
+            (boot.last_seen_silent + answered_after) / 2
+        };
         let samples = state.boots_learned.entry(boot.node).or_default();
         if samples.len() == SAMPLES {
             samples.pop_front();
