@@ -174,7 +174,14 @@ impl TaskClock {
             return;
         };
         let seen_stopped = now - task.submitted;
-        let estimate = (task.last_seen_running + seen_stopped) / 2;
+        // Between the last check that saw it running and this one; a task never seen running
+        // (checked only when expected to have ended) ended within the time it was seen stopped
+        // after: halving that would expect the next one too early, and check it twice.
+        let estimate = if task.last_seen_running.is_zero() {
+            seen_stopped
+        } else {
+            (task.last_seen_running + seen_stopped) / 2
+        };
         let samples = state
             .learned
             .entry((upid.task_type.clone(), upid.node.clone()))
