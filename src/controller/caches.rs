@@ -111,9 +111,15 @@ impl Caches {
         reflector::reflector(
             writer,
             // Nothing reads managed fields from the cache; leaving them out keeps it small.
-            watcher(api, watcher::Config::default()).modify(|object| {
-                object.managed_fields_mut().clear();
-            }),
+            watcher(api, watcher::Config::default())
+                .modify(|object| {
+                    object.managed_fields_mut().clear();
+                })
+                // Each watch backs off on its own errors: the controller's triggers share one
+                // back-off, and every watch ending at once (an API server restart, an expired
+                // resourceVersion) would otherwise pause them all, once per watch, for longer
+                // each time.
+                .default_backoff(),
         )
         .inspect(move |event| {
             if let Ok(watcher::Event::InitDone) = event
@@ -123,7 +129,36 @@ impl Caches {
             }
         })
         .touched_objects()
+        .filter_map(without_errors::<K>)
     }
+}
+
+/// A watch of `api` for a controller's triggers (no store), backing off on its own errors
+/// rather than pausing every trigger of the controller; see [`Caches::watch`].
+pub fn trigger_watch<K>(
+    api: Api<K>,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
+    K: 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .filter_map(without_errors::<K>)
+}
+
+/// Drops a watch's error after logging it: the watch retries by itself with back-off.
+fn without_errors<K: Resource<DynamicType = ()>>(
+    touched: Result<K, watcher::Error>,
+) -> futures::future::Ready<Option<Result<K, watcher::Error>>> {
+    futures::future::ready(match touched {
+        Ok(object) => Some(Ok(object)),
+        Err(error) => {
+            tracing::debug!(kind = %K::kind(&()), %error, "watch failed; retrying with back-off");
+            None
+        }
+    })
 }
 
 /// Index of each watched kind in [`Caches`]' sync flags.

@@ -102,10 +102,10 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let (pool_queue, cluster_queue) = (queue.clone(), queue);
     controller
         // Owned pools wake their ProxmoxCluster (as `owns` would), noted on the work queue.
-        .watches(pools, watcher::Config::default(), move |pool| {
+        .watches_stream(super::caches::trigger_watch(pools), move |pool| {
             pool_queue.wake(super::owners::<ProxmoxCluster>(&pool))
         })
-        .watches(capi_clusters, watcher::Config::default(), move |cluster| {
+        .watches_stream(super::caches::trigger_watch(capi_clusters), move |cluster| {
             let reference = cluster.spec.infrastructure_ref.as_ref();
             cluster_queue.wake(reference.filter(|r| r.kind == "ProxmoxCluster" && r.api_group == api::GROUP).map(|reference| {
                 ObjectRef::new(&reference.name).within(cluster.namespace().as_deref().unwrap_or_default())
