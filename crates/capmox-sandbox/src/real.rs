@@ -259,6 +259,13 @@ async fn install_crds(client: &Client, options: &RealOptions) -> Result<(), Real
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     paths.sort();
+    // The stand-in's MachineDeployment names a KubeadmConfigTemplate for its workers' bootstrap
+    // format; the template kinds live apart so the in-process API server does not load them all.
+    paths.push(
+        options
+            .upstream_crds
+            .join("template-kinds/bootstrap.cluster.x-k8s.io_kubeadmconfigtemplates.yaml"),
+    );
     for path in paths {
         let text = std::fs::read_to_string(&path).map_err(|e| RealError::Manifest {
             path: path.clone(),
