@@ -84,13 +84,7 @@ where
     if object.finalizers().iter().any(|f| f == finalizer) {
         return Ok(());
     }
-    let name = object
-        .meta()
-        .name
-        .clone()
-        .ok_or_else(|| WriteError::MissingIdentity {
-            kind: K::kind(&()).into_owned(),
-        })?;
+    let name = name_of(object)?;
     let patch = if object.meta().finalizers.is_none() {
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
@@ -122,13 +116,7 @@ pub(crate) async fn release<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let name = object
-        .meta()
-        .name
-        .clone()
-        .ok_or_else(|| WriteError::MissingIdentity {
-            kind: K::kind(&()).into_owned(),
-        })?;
+    let name = name_of(object)?;
     let mut ops = vec![
         json!({"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version}),
     ];
@@ -151,6 +139,17 @@ where
     .await
     .map_err(|error| guarded_write_error(object, error))?;
     Ok(())
+}
+
+/// The object's name, which every object read from the API has.
+fn name_of<K: Resource<DynamicType = ()>>(object: &K) -> Result<String, WriteError> {
+    object
+        .meta()
+        .name
+        .clone()
+        .ok_or_else(|| WriteError::MissingIdentity {
+            kind: K::kind(&()).into_owned(),
+        })
 }
 
 /// An owner reference to `cluster` (as controller or not).

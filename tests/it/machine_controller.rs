@@ -62,15 +62,7 @@ async fn a_machine_in_rack_a_provisions_on_a_rack_a_node_with_rack_a_addresses()
     let status = machine.status.clone().expect("status");
     assert_eq!(status.failure_domain.as_deref(), Some("rack-a"));
     // Labelled with its zone, as the Go provider labels machines for users to select on.
-    assert_eq!(
-        machine
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("topology.kubernetes.io/proxmox-zone"))
-            .map(String::as_str),
-        Some("rack-a")
-    );
+    assert_eq!(crate::common::zone_label(&machine), Some("rack-a"));
     let node = status.proxmox_node.clone().expect("node");
     assert!(
         ["pve1", "pve2"].contains(&node.as_str()),

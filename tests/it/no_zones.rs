@@ -130,12 +130,7 @@ async fn a_cluster_without_zones_uses_allowed_nodes_and_the_default_pool() {
             "{name} reports a failure domain"
         );
         assert_eq!(
-            machine
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("topology.kubernetes.io/proxmox-zone"))
-                .map(String::as_str),
+            crate::common::zone_label(machine),
             Some("default"),
             "{name}'s zone label"
         );

@@ -240,15 +240,7 @@ impl TaskClock {
         let now = Instant::now();
         let mut state = self.lock();
         let expected = state.expected_boot(node);
-        let entry = state
-            .booting
-            .entry(machine.to_owned())
-            .or_insert_with(|| Booting {
-                node: node.to_owned(),
-                started: now,
-                last_seen_silent: Duration::ZERO,
-                due: now + expected,
-            });
+        let entry = state.booting_entry(machine, node, now, now + expected);
         entry.due.saturating_duration_since(now).max(MIN_RECHECK)
     }
 
@@ -259,15 +251,7 @@ impl TaskClock {
         let now = Instant::now();
         let mut state = self.lock();
         let expected = state.expected_boot(node);
-        let entry = state
-            .booting
-            .entry(machine.to_owned())
-            .or_insert_with(|| Booting {
-                node: node.to_owned(),
-                started: now,
-                last_seen_silent: Duration::ZERO,
-                due: now,
-            });
+        let entry = state.booting_entry(machine, node, now, now);
         let booted_for = now - entry.started;
         entry.last_seen_silent = booted_for;
         let wait = expected
@@ -311,6 +295,25 @@ impl TaskClock {
 }
 
 impl ClockState {
+    /// `machine`'s boot, counted as started `now` (due at `due`) when this process did not
+    /// start it.
+    fn booting_entry(
+        &mut self,
+        machine: &str,
+        node: &str,
+        now: Instant,
+        due: Instant,
+    ) -> &mut Booting {
+        self.booting
+            .entry(machine.to_owned())
+            .or_insert_with(|| Booting {
+                node: node.to_owned(),
+                started: now,
+                last_seen_silent: Duration::ZERO,
+                due,
+            })
+    }
+
     fn expected_boot(&self, node: &str) -> Duration {
         match self.boots_learned.get(node).filter(|s| !s.is_empty()) {
             Some(samples) => median(samples).max(MIN_RECHECK),

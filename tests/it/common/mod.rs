@@ -234,3 +234,13 @@ pub fn substitute(text: &str, values: &[(&str, &str)]) -> String {
     out.push_str(rest);
     out
 }
+
+/// A ProxmoxMachine's `topology.kubernetes.io/proxmox-zone` label.
+pub fn zone_label(machine: &capmox::api::ProxmoxMachine) -> Option<&str> {
+    machine
+        .metadata
+        .labels
+        .as_ref()?
+        .get("topology.kubernetes.io/proxmox-zone")
+        .map(String::as_str)
+}
