@@ -173,23 +173,11 @@ impl TaskClock {
         let Some(task) = state.in_flight.remove(upid.as_str()) else {
             return;
         };
-        let seen_stopped = now - task.submitted;
-        // Between the last check that saw it running and this one; a task never seen running
-        // (checked only when expected to have ended) ended within the time it was seen stopped
-        // after: halving that would expect the next one too early, and check it twice.
-        let estimate = if task.last_seen_running.is_zero() {
-            seen_stopped
-        } else {
-            (task.last_seen_running + seen_stopped) / 2
-        };
         let samples = state
             .learned
             .entry((upid.task_type.clone(), upid.node.clone()))
             .or_default();
-        if samples.len() == SAMPLES {
-            samples.pop_front();
-        }
-        samples.push_back(estimate);
+        learn(samples, task.last_seen_running, now - task.submitted);
     }
 
     /// Forgets a task nobody will check again.
@@ -270,19 +258,8 @@ impl TaskClock {
         let Some(boot) = state.booting.remove(machine) else {
             return;
         };
-        let answered_after = now - boot.started;
-        // Between the last look that found it silent and this one; a guest never seen silent
-        // (looked at only when expected) booted within the time it answered after.
-        let estimate = if boot.last_seen_silent.is_zero() {
-            answered_after
-        } else {
-            (boot.last_seen_silent + answered_after) / 2
-        };
         let samples = state.boots_learned.entry(boot.node).or_default();
-        if samples.len() == SAMPLES {
-            samples.pop_front();
-        }
-        samples.push_back(estimate);
+        learn(samples, boot.last_seen_silent, now - boot.started);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ClockState> {
@@ -329,6 +306,23 @@ impl ClockState {
             None => DEFAULT_TASK,
         }
     }
+}
+
+/// Adds to `samples` (the most recent [`SAMPLES`]) how long something took that was last seen
+/// unfinished `last_seen_busy` after it began (zero: never) and seen done `seen_done` after:
+/// the middle of the two. Something never seen unfinished (looked at only when expected to be
+/// done) took at most `seen_done`; halving that would expect the next one too early, and look
+/// at it twice.
+fn learn(samples: &mut VecDeque<Duration>, last_seen_busy: Duration, seen_done: Duration) {
+    let estimate = if last_seen_busy.is_zero() {
+        seen_done
+    } else {
+        (last_seen_busy + seen_done) / 2
+    };
+    if samples.len() == SAMPLES {
+        samples.pop_front();
+    }
+    samples.push_back(estimate);
 }
 
 /// The middle of `samples` (not empty).
@@ -703,6 +697,22 @@ mod tests {
         // A guest this process did not start (after a restart) is looked at now, then backs off.
         assert!(clock.boot_not_due("m4").is_none());
         assert_eq!(clock.boot_silent("m4", "pve1"), MIN_RECHECK);
+    }
+
+    #[test]
+    fn a_duration_is_learned_between_the_last_busy_look_and_the_done_one_and_only_recent_ones_count()
+     {
+        let mut samples = VecDeque::new();
+        learn(&mut samples, Duration::from_secs(2), Duration::from_secs(4));
+        assert_eq!(samples, [Duration::from_secs(3)]);
+        // Never seen busy: at most the time it was seen done after, not half of it.
+        learn(&mut samples, Duration::ZERO, Duration::from_secs(4));
+        assert_eq!(samples.back(), Some(&Duration::from_secs(4)));
+        for _ in 0..SAMPLES {
+            learn(&mut samples, Duration::ZERO, Duration::from_secs(1));
+        }
+        assert_eq!(samples.len(), SAMPLES);
+        assert_eq!(median(&samples), Duration::from_secs(1));
     }
 
     #[test]
