@@ -188,14 +188,9 @@ impl Reconcile<'_> {
         // Where the VM is: the node in status, else wherever Proxmox says it moved.
         let mut located = None;
         if let Some(node) = scope.current.proxmox_node.clone() {
-            match proxmox.vm_config(&node, vmid).await {
-                Ok(config) => located = Some((node, config)),
-                Err(error) if error.is_not_found() => {}
-                Err(error) => {
-                    return Err(error)
-                        .during(|| format!("reading the config of VM {vmid} on {node}"));
-                }
-            }
+            located = config_if_present(proxmox, &node, vmid)
+                .await?
+                .map(|config| (node, config));
         }
         if located.is_none()
             && let Some(node) = proxmox
@@ -204,14 +199,9 @@ impl Reconcile<'_> {
                 .during(|| format!("looking for VM {vmid} in Proxmox"))?
                 .and_then(|vm| vm.node)
         {
-            match proxmox.vm_config(&node, vmid).await {
-                Ok(config) => located = Some((node, config)),
-                Err(error) if error.is_not_found() => {}
-                Err(error) => {
-                    return Err(error)
-                        .during(|| format!("reading the config of VM {vmid} on {node}"));
-                }
-            }
+            located = config_if_present(proxmox, &node, vmid)
+                .await?
+                .map(|config| (node, config));
         }
         let Some((node, config)) = located else {
             // Gone already (deleted by someone else, or by an earlier pass whose record was
@@ -355,4 +345,17 @@ pub(super) struct Blocked {
     reason: &'static str,
     message: String,
     requeue: Duration,
+}
+
+/// The config of VM `vmid` on `node`, or `None` when Proxmox has no such VM there.
+async fn config_if_present(
+    proxmox: &ProxmoxClient,
+    node: &str,
+    vmid: u32,
+) -> Result<Option<VmConfig>, MachineError> {
+    match proxmox.vm_config(node, vmid).await {
+        Ok(config) => Ok(Some(config)),
+        Err(error) if error.is_not_found() => Ok(None),
+        Err(error) => Err(error).during(|| format!("reading the config of VM {vmid} on {node}")),
+    }
 }
