@@ -2,6 +2,7 @@
 
 mod cluster;
 mod common;
+pub mod conversion;
 pub mod crd;
 mod machine;
 
