@@ -6,7 +6,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::CustomResourceExt;
 use serde_json::Value;
 
-use super::{ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate};
+use super::{
+    ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate, v1alpha1,
+};
 
 /// Why the CRDs could not be produced.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +21,14 @@ pub enum CrdError {
         /// Underlying error.
         source: serde_json::Error,
     },
+    /// The versions of a kind could not be merged into one CRD.
+    #[error("CRD {name}: cannot merge its versions: {source}")]
+    Merge {
+        /// CRD name.
+        name: String,
+        /// Underlying error.
+        source: kube::core::crd::MergeError,
+    },
     /// A CRD could not be written as YAML.
     #[error("CRD {name}: cannot render YAML: {source}")]
     Yaml {
@@ -29,17 +39,46 @@ pub enum CrdError {
     },
 }
 
-/// All capmox CRDs, in a stable order, with their schemas finalised for the API server.
+/// All capmox CRDs, in a stable order, with their schemas finalised for the API server: each
+/// serves v1alpha2 (stored) and the deprecated v1alpha1.
 pub fn all() -> Result<Vec<CustomResourceDefinition>, CrdError> {
     [
-        ProxmoxCluster::crd(),
-        ProxmoxClusterTemplate::crd(),
-        ProxmoxMachine::crd(),
-        ProxmoxMachineTemplate::crd(),
+        (ProxmoxCluster::crd(), v1alpha1::ProxmoxCluster::crd()),
+        (
+            ProxmoxClusterTemplate::crd(),
+            v1alpha1::ProxmoxClusterTemplate::crd(),
+        ),
+        (ProxmoxMachine::crd(), v1alpha1::ProxmoxMachine::crd()),
+        (
+            ProxmoxMachineTemplate::crd(),
+            v1alpha1::ProxmoxMachineTemplate::crd(),
+        ),
     ]
     .into_iter()
-    .map(finalize)
+    .map(|(hub, spoke)| finalize(merge(hub, spoke)?))
     .collect()
+}
+
+/// One CRD serving both versions, v1alpha2 as the storage version and v1alpha1 marked deprecated
+/// so that clients using it are warned.
+fn merge(
+    hub: CustomResourceDefinition,
+    mut spoke: CustomResourceDefinition,
+) -> Result<CustomResourceDefinition, CrdError> {
+    let name = hub.metadata.name.clone().unwrap_or_default();
+    let kind = hub.spec.names.kind.clone();
+    for version in &mut spoke.spec.versions {
+        version.deprecated = Some(true);
+        version.deprecation_warning = Some(format!(
+            "{}/{} {kind} is deprecated; use {}/{}",
+            super::GROUP,
+            v1alpha1::VERSION,
+            super::GROUP,
+            super::VERSION
+        ));
+    }
+    kube::core::crd::merge_crds(vec![hub, spoke], super::VERSION)
+        .map_err(|source| CrdError::Merge { name, source })
 }
 
 /// File name of a CRD under `crds/`: `<group>_<plural>.yaml`, as controller-gen names them.
@@ -69,12 +108,18 @@ pub fn render_all() -> Result<String, CrdError> {
     Ok(out)
 }
 
-/// The `openAPIV3Schema` of a CRD's first version as plain JSON, for validation and tests.
+/// The `openAPIV3Schema` of a CRD's storage version as plain JSON, for validation and tests.
 pub fn schema_json(crd: &CustomResourceDefinition) -> Option<Value> {
+    schema_json_of(crd, super::VERSION)
+}
+
+/// The `openAPIV3Schema` of one version of a CRD as plain JSON.
+pub fn schema_json_of(crd: &CustomResourceDefinition, version: &str) -> Option<Value> {
     let schema = crd
         .spec
         .versions
-        .first()?
+        .iter()
+        .find(|v| v.name == version)?
         .schema
         .as_ref()?
         .open_api_v3_schema

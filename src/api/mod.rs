@@ -5,6 +5,7 @@ mod common;
 pub mod conversion;
 pub mod crd;
 mod machine;
+pub mod v1alpha1;
 
 pub use cluster::*;
 pub use common::*;

@@ -13,6 +13,7 @@ mod cloudinit_iso;
 mod cluster_controller;
 mod cluster_logs;
 mod conformance;
+mod conversion;
 mod crds;
 mod dependencies;
 mod ignition;
