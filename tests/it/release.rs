@@ -233,6 +233,7 @@ async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
         watch_namespace: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        webhook: None,
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let manager = tokio::spawn(capmox::controller::run(
