@@ -180,6 +180,7 @@ pub struct WebhookServer {
     acceptor: tokio_rustls::TlsAcceptor,
     certificate: ServingCertificate,
     converter: Converter,
+    cert_poll_interval: Duration,
 }
 
 impl WebhookServer {
@@ -200,7 +201,16 @@ impl WebhookServer {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
             certificate,
             converter,
+            cert_poll_interval: CERT_POLL_INTERVAL,
         })
+    }
+
+    /// Checks the certificate files this often instead of every [`CERT_POLL_INTERVAL`] (tests
+    /// that rotate through [`ServingCertificate::reload`] alone pass a long one).
+    #[must_use]
+    pub fn with_cert_poll_interval(mut self, interval: Duration) -> Self {
+        self.cert_poll_interval = interval;
+        self
     }
 
     /// The address actually bound (useful with port 0).
@@ -219,7 +229,7 @@ impl WebhookServer {
         tokio::spawn(
             self.certificate
                 .clone()
-                .watch(CERT_POLL_INTERVAL, shutdown.clone()),
+                .watch(self.cert_poll_interval, shutdown.clone()),
         );
         loop {
             let accepted = tokio::select! {

@@ -214,7 +214,8 @@ impl ServingCertificate {
     /// Polls the directory every `interval` until `shutdown`, loading changed files (kubelet
     /// swaps a mounted Secret's files through a symlink, so the contents are compared).
     pub async fn watch(self, interval: Duration, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(interval);
+        // The first look is the caller's (the server reads the files when it binds).
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
