@@ -483,3 +483,86 @@ async fn a_follower_serves_the_webhook_until_it_stops() {
     .await
     .expect("the webhook stops listening once the manager has stopped");
 }
+
+/// Stops a `capmox run` child when the test ends, passed or failed.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `capmox run` serves the webhook its flags describe and names the bound address in its log,
+/// as it does for /metrics.
+#[tokio::test]
+async fn capmox_run_serves_the_webhook_its_flags_describe() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let dir = CertDir::new("binary");
+    dir.write_leaf();
+    let server = capmox_testkit::ApiServer::new();
+    server.register_builtin_kinds();
+    let http = server.serve_http().await.expect("serves");
+    let kubeconfig = dir.0.join("kubeconfig");
+    http.write_kubeconfig(&kubeconfig).expect("writes");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_capmox"))
+        .args(["--log-format", "json", "run"])
+        .args(["--metrics-bind-address", "127.0.0.1:0"])
+        .args(["--health-probe-bind-address", "127.0.0.1:0"])
+        .args(["--webhook-bind-address", "127.0.0.1:0"])
+        .arg("--webhook-cert-dir")
+        .arg(&dir.0)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("CAPMOX_LEADER_ELECT")
+        .env_remove("CAPMOX_DISABLE_WEBHOOK")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capmox runs");
+    let stderr = child.stderr.take().expect("piped");
+    let _child = Child(child);
+    // The log is read on a thread of its own: until the announcement, then to its end.
+    let (announced, address) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut announced = Some(announced);
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let parsed: Value = serde_json::from_str(&line).unwrap_or_default();
+            if parsed["fields"]["message"] == "serving the conversion webhook"
+                && let Some(sender) = announced.take()
+            {
+                let _ = sender.send(parsed["fields"].clone());
+            }
+        }
+    });
+    let fields = tokio::time::timeout(WAIT, address)
+        .await
+        .expect("capmox names the webhook's address")
+        .expect("capmox logs before it exits");
+    assert_eq!(fields["cert_dir"], dir.0.display().to_string());
+    let address: SocketAddr = fields["address"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("an address: {fields}"));
+    assert_ne!(address.port(), 0);
+
+    let response = https()
+        .post(format!("https://{address}{CONVERT_PATH}"))
+        .json(&review(
+            "binary-uid",
+            V1ALPHA2,
+            &[object("ProxmoxMachine", "m")],
+        ))
+        .send()
+        .await
+        .expect("the webhook answers");
+    assert_eq!(response.status().as_u16(), 200);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer["response"]["uid"], "binary-uid");
+    assert_eq!(answer["response"]["result"]["status"], "Success");
+}
