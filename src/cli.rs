@@ -136,6 +136,17 @@ pub struct RunArgs {
     /// Address of the `/healthz` and `/readyz` probes.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_probe_bind_address: std::net::SocketAddr,
+    /// Address of the CRD conversion webhook (HTTPS, `POST /convert`), served by every replica.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub webhook_bind_address: std::net::SocketAddr,
+    /// Directory with the webhook's `tls.crt` and `tls.key` (the mounted cert-manager Secret);
+    /// re-read when the files change, so a rotated certificate needs no restart.
+    #[arg(long, default_value = crate::webhook::DEFAULT_CERT_DIR)]
+    pub webhook_cert_dir: std::path::PathBuf,
+    /// Serve no conversion webhook: for local runs outside a cluster, where no certificate is
+    /// mounted (the API server can then not convert between capmox's API versions).
+    #[arg(long, env = "CAPMOX_DISABLE_WEBHOOK")]
+    pub disable_webhook: bool,
     /// Elect a leader among replicas through a Lease; only the leader reconciles.
     #[arg(long, env = "CAPMOX_LEADER_ELECT")]
     pub leader_elect: bool,
@@ -202,6 +213,10 @@ impl RunArgs {
             watch_namespace: self.namespace.clone(),
             cluster_concurrency: self.proxmoxcluster_concurrency,
             machine_concurrency: self.proxmoxmachine_concurrency,
+            webhook: (!self.disable_webhook).then(|| crate::webhook::WebhookConfig {
+                bind_address: self.webhook_bind_address,
+                cert_dir: self.webhook_cert_dir.clone(),
+            }),
         }
     }
 }

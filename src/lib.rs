@@ -2,8 +2,9 @@
 //!
 //! `api` holds the types users write; `capi` the read-only views of CAPI objects capmox consumes;
 //! `placement` decides where each machine goes (pure); `proxmox` is the typed Proxmox VE client;
-//! `cloudinit` renders the NoCloud seed; `controller` reconciles. The test rigs (Proxmox
-//! simulator, in-process Kubernetes API server, sandbox) are the workspace's other crates.
+//! `cloudinit` renders the NoCloud seed; `controller` reconciles; `webhook` converts objects
+//! between API versions for the API server. The test rigs (Proxmox simulator, in-process
+//! Kubernetes API server, sandbox) are the workspace's other crates.
 
 pub mod api;
 pub mod capi;
@@ -12,3 +13,4 @@ pub mod cloudinit;
 pub mod controller;
 pub mod placement;
 pub mod proxmox;
+pub mod webhook;

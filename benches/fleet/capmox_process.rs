@@ -99,6 +99,8 @@ impl CapmoxProcess {
             // One address: the probes and /metrics share one server, on a port the OS picks.
             .args(["--metrics-bind-address", "127.0.0.1:0"])
             .args(["--health-probe-bind-address", "127.0.0.1:0"])
+            // No certificate to serve, and parallel runs must not contend for port 9443.
+            .arg("--disable-webhook")
             .args(["--proxmox-url", &launch.proxmox_url])
             .args(["--proxmox-token", &launch.token_id])
             .arg("--proxmoxmachine-concurrency")

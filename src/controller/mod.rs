@@ -39,6 +39,9 @@ pub enum ManagerError {
     /// Leadership was lost or misconfigured; the process exits so it restarts as a follower.
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
+    /// The conversion webhook could not be served.
+    #[error(transparent)]
+    Webhook(#[from] crate::webhook::WebhookError),
 }
 
 /// How the manager runs.
@@ -56,6 +59,9 @@ pub struct ManagerConfig {
     pub cluster_concurrency: u16,
     /// Reconciles of ProxmoxMachines that may run at once.
     pub machine_concurrency: u16,
+    /// The conversion webhook, served by every replica (leader or not) since the API server
+    /// needs it whichever pod the Service picks; `None` for local runs and tests.
+    pub webhook: Option<crate::webhook::WebhookConfig>,
 }
 
 /// State shared by every reconciler of one manager.
@@ -136,6 +142,15 @@ pub async fn run(
     for server in endpoints {
         if let Some(address) = server.local_addr() {
             tracing::info!(%address, "serving /healthz, /readyz and /metrics");
+        }
+        tokio::spawn(server.serve(server_stop.clone()));
+    }
+    if let Some(webhook) = &config.webhook {
+        let server =
+            crate::webhook::WebhookServer::bind(webhook, crate::webhook::capmox_converter())
+                .await?;
+        if let Some(address) = server.local_addr() {
+            tracing::info!(%address, cert_dir = %webhook.cert_dir.display(), "serving the conversion webhook");
         }
         tokio::spawn(server.serve(server_stop.clone()));
     }

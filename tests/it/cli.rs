@@ -72,6 +72,25 @@ fn version_and_help_say_what_capmox_is() {
 }
 
 #[test]
+fn run_help_shows_the_webhook_flags() {
+    let output = capmox(&["run", "--help"]);
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout).into_owned();
+    for expected in [
+        "--webhook-bind-address",
+        "0.0.0.0:9443",
+        "--webhook-cert-dir",
+        capmox::webhook::DEFAULT_CERT_DIR,
+        "--disable-webhook",
+    ] {
+        assert!(
+            help.contains(expected),
+            "run --help lacks {expected:?}:\n{help}"
+        );
+    }
+}
+
+#[test]
 fn run_without_a_cluster_fails_with_a_clear_message() {
     let output = Command::new(env!("CARGO_BIN_EXE_capmox"))
         .arg("run")
@@ -117,6 +136,8 @@ async fn run_names_itself_to_the_api_server_by_its_user_agent() {
         ])
         .args(["--metrics-bind-address", "127.0.0.1:0"])
         .args(["--health-probe-bind-address", "127.0.0.1:0"])
+        // The webhook runs as by default, on a port of its own so parallel runs do not collide.
+        .args(["--webhook-bind-address", "127.0.0.1:0"])
         .env("KUBECONFIG", &kubeconfig)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdout(std::process::Stdio::null())

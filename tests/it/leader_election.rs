@@ -185,6 +185,7 @@ async fn after_losing_the_lease_no_proxmox_write_follows() {
         watch_namespace: None,
         cluster_concurrency: 1,
         machine_concurrency: 2,
+        webhook: None,
     };
     let stop = CancellationToken::new();
     let manager = tokio::spawn(capmox::controller::run(

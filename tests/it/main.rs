@@ -45,6 +45,7 @@ mod testkit_http;
 mod testkit_lifecycle;
 mod testkit_patch;
 mod testkit_watch;
+mod webhook;
 
 /// Every `.rs` file beside this one is a module of this binary (a file left out would never
 /// compile or run), and no test file sits directly in `tests/` (it would link a binary of its own).

@@ -112,6 +112,10 @@ async fn the_manager_future_can_be_spawned() {
         watch_namespace: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        webhook: Some(capmox::webhook::WebhookConfig {
+            bind_address: "127.0.0.1:0".parse().expect("address"),
+            cert_dir: "/nonexistent".into(),
+        }),
     };
     let manager = run(
         capmox_testkit::ApiServer::new().client(),
@@ -146,6 +150,7 @@ async fn a_shutdown_before_the_caches_sync_stops_the_manager() {
         watch_namespace: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        webhook: None,
     };
     let stop = CancellationToken::new();
     let manager = tokio::spawn(capmox::controller::run(

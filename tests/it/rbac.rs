@@ -170,6 +170,7 @@ async fn record_a_lifecycle(lease_namespace: Option<&str>) -> BTreeMap<ClientReq
         watch_namespace: None,
         cluster_concurrency: 2,
         machine_concurrency: 4,
+        webhook: None,
     };
     let manager = tokio::spawn(capmox::controller::run(
         server.client_named(CAPMOX),

@@ -176,6 +176,185 @@ fn the_manager_deployment_is_locked_down() {
     );
 }
 
+/// The one object of `kind` named `name` in `namespace`.
+fn find<'a>(objects: &'a [Value], kind: &str, namespace: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = objects
+        .iter()
+        .filter(|o| {
+            o["kind"] == kind
+                && o["metadata"]["namespace"] == namespace
+                && o["metadata"]["name"] == name
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {kind} {namespace}/{name} in the components"
+    );
+    found[0]
+}
+
+/// The `capmox run` flags the manager container passes.
+fn manager_run_args(manager: &Value) -> capmox::cli::RunArgs {
+    let mut command = vec!["capmox".to_owned()];
+    command.extend(
+        manager["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_owned)),
+    );
+    let cli = <capmox::cli::Cli as clap::Parser>::try_parse_from(&command)
+        .unwrap_or_else(|e| panic!("capmox rejects the Deployment's args: {e}"));
+    match cli.command {
+        capmox::cli::Command::Run(args) => *args,
+        other => panic!("the manager runs {other:?}, not `capmox run`"),
+    }
+}
+
+/// The CRDs convert through the webhook Service of the same release, the Service reaches the
+/// manager's webhook port, cert-manager issues the Service's certificate into the Secret the
+/// manager mounts at its `--webhook-cert-dir`, and injects that certificate's CA into the CRDs.
+#[test]
+fn the_conversion_webhook_is_wired_to_its_service_and_certificate() {
+    let objects = components();
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("a Deployment");
+    let namespace = deployment["metadata"]["namespace"]
+        .as_str()
+        .expect("namespaced");
+    let pod = &deployment["spec"]["template"];
+    let manager = &pod["spec"]["containers"][0];
+    let run = manager_run_args(manager);
+    assert!(!run.disable_webhook, "the release serves the webhook");
+
+    // Each CRD names the webhook Service and the Certificate whose CA is injected.
+    let crds: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .collect();
+    assert_eq!(crds.len(), 4);
+    let mut services = BTreeSet::new();
+    let mut certificates = BTreeSet::new();
+    for crd in &crds {
+        let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+        let conversion = &crd["spec"]["conversion"];
+        assert_eq!(conversion["strategy"], "Webhook", "{name}");
+        assert_eq!(
+            conversion["webhook"]["conversionReviewVersions"],
+            serde_json::json!(["v1"]),
+            "{name}"
+        );
+        let service = &conversion["webhook"]["clientConfig"]["service"];
+        assert_eq!(service["path"], capmox::webhook::CONVERT_PATH, "{name}");
+        services.insert((
+            service["namespace"]
+                .as_str()
+                .expect("a namespace")
+                .to_owned(),
+            service["name"].as_str().expect("a name").to_owned(),
+            service["port"].as_u64().unwrap_or(443),
+        ));
+        let inject = crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} lacks cert-manager.io/inject-ca-from"));
+        let (ns, certificate) = inject.split_once('/').expect("namespace/name");
+        certificates.insert((ns.to_owned(), certificate.to_owned()));
+    }
+    assert_eq!(services.len(), 1, "one webhook Service: {services:?}");
+    assert_eq!(certificates.len(), 1, "one Certificate: {certificates:?}");
+    let (service_namespace, service_name, service_port) = services.into_iter().next().expect("one");
+    assert_eq!(service_namespace, namespace);
+    assert_eq!(
+        service_name, "capmox-webhook-service",
+        "the name the README and clusterctl users see"
+    );
+
+    // The Service exists, selects the manager pod and forwards to its webhook port, which is
+    // where `--webhook-bind-address` listens.
+    let service = find(&objects, "Service", &service_namespace, &service_name);
+    let selector = service["spec"]["selector"].as_object().expect("a selector");
+    assert!(!selector.is_empty());
+    for (key, value) in selector {
+        assert_eq!(
+            &pod["metadata"]["labels"][key], value,
+            "the Service selects {key}={value}, the manager pod is not labelled so"
+        );
+    }
+    let port = service["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .find(|p| p["port"].as_u64() == Some(service_port))
+        .unwrap_or_else(|| panic!("the Service has no port {service_port}"));
+    let target = port["targetPort"].as_str().expect("a named targetPort");
+    let container_port = manager["ports"]
+        .as_array()
+        .expect("container ports")
+        .iter()
+        .find(|p| p["name"] == target)
+        .unwrap_or_else(|| panic!("the manager has no port named {target}"));
+    assert_eq!(
+        container_port["containerPort"].as_u64(),
+        Some(u64::from(run.webhook_bind_address.port())),
+        "the webhook listens on --webhook-bind-address"
+    );
+    assert!(run.webhook_bind_address.ip().is_unspecified());
+
+    // The Certificate exists, is issued by an Issuer of the release, names the Service, and its
+    // Secret is mounted where the manager reads its certificate.
+    let (certificate_namespace, certificate_name) = certificates.into_iter().next().expect("one");
+    let certificate = find(
+        &objects,
+        "Certificate",
+        &certificate_namespace,
+        &certificate_name,
+    );
+    assert_eq!(certificate["apiVersion"], "cert-manager.io/v1");
+    let issuer = &certificate["spec"]["issuerRef"];
+    assert_eq!(issuer["kind"], "Issuer");
+    let issuer_name = issuer["name"].as_str().expect("an issuer name");
+    let issuer = find(&objects, "Issuer", &certificate_namespace, issuer_name);
+    assert_eq!(issuer["apiVersion"], "cert-manager.io/v1");
+    assert!(issuer["spec"]["selfSigned"].is_object(), "{issuer}");
+    let dns_names: Vec<&str> = certificate["spec"]["dnsNames"]
+        .as_array()
+        .expect("dnsNames")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        dns_names,
+        [
+            format!("{service_name}.{service_namespace}.svc"),
+            format!("{service_name}.{service_namespace}.svc.cluster.local"),
+        ]
+    );
+    let secret = certificate["spec"]["secretName"]
+        .as_str()
+        .expect("a secretName");
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["secret"]["secretName"] == secret)
+        .unwrap_or_else(|| panic!("no volume of Secret {secret}"));
+    let mount = manager["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .unwrap_or_else(|| panic!("the manager does not mount the Secret {secret}"));
+    assert_eq!(mount["readOnly"], true);
+    assert_eq!(
+        mount["mountPath"].as_str().map(std::path::Path::new),
+        Some(run.webhook_cert_dir.as_path()),
+        "the Secret is mounted at --webhook-cert-dir"
+    );
+}
+
 /// A rolling update of the shipped Deployment (one replica, leader election, the default
 /// RollingUpdate strategy) completes: the new pod reports ready through `/readyz` while the old
 /// one still holds the Lease, so Kubernetes can stop the old one and the new one takes over.
@@ -233,6 +412,7 @@ async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
         watch_namespace: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        webhook: None,
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let manager = tokio::spawn(capmox::controller::run(

@@ -609,6 +609,7 @@ async fn scenario(
         watch_namespace: None,
         cluster_concurrency: 4,
         machine_concurrency: 10,
+        webhook: None,
     };
     let mut manager = tokio::spawn(capmox::controller::run(
         impersonating(account).await?,

@@ -248,6 +248,7 @@ impl Sandbox {
             watch_namespace: None,
             cluster_concurrency: 4,
             machine_concurrency: 16,
+            webhook: None,
         };
         let context = Arc::new(Context::new(
             server.client(),

@@ -359,6 +359,7 @@ pub fn manager_config() -> ManagerConfig {
         watch_namespace: None,
         cluster_concurrency: 2,
         machine_concurrency: 4,
+        webhook: None,
     }
 }
 

@@ -1,0 +1,494 @@
+//! The CRD conversion webhook: the API server sends `ConversionReview`s to `POST /convert` over
+//! HTTPS whenever it must read or write capmox's objects in another version than stored. Every
+//! replica serves it, leader or not, since the Service may route a request to any of them.
+
+pub mod tls;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use kube::core::Status;
+use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use tls::{CertError, Reload, ServingCertificate};
+
+/// controller-runtime's default, so manifests written for Go providers mount the Secret where
+/// capmox looks.
+pub const DEFAULT_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
+
+/// The path the CRDs' `spec.conversion.webhook.clientConfig.service.path` names.
+pub const CONVERT_PATH: &str = "/convert";
+
+/// Largest request body read: the API server sends at most 3 MiB per object, and a list
+/// converts many objects in one review.
+pub const MAX_BODY_BYTES: usize = 30 * 1024 * 1024;
+
+/// How often the certificate files are checked for a rotation; cert-manager renews well before
+/// expiry and kubelet takes up to a minute to update the volume, so seconds are plenty.
+pub const CERT_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A TLS handshake that takes longer is dropped, so stalled clients hold no task.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where and with which certificate the webhook is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Address to listen on (port 0 lets the OS choose, for tests).
+    pub bind_address: SocketAddr,
+    /// Directory holding `tls.crt` and `tls.key` (the mounted cert-manager Secret).
+    pub cert_dir: PathBuf,
+}
+
+/// Converts one object to the requested `apiVersion`, or says why it cannot; a function value
+/// so tests can serve a fake while production serves [`capmox_converter`].
+pub type Converter = Arc<dyn Fn(Value, &str) -> Result<Value, String> + Send + Sync>;
+
+/// The converter `capmox run` serves: [`crate::api::conversion::convert`].
+pub fn capmox_converter() -> Converter {
+    Arc::new(|object, desired| {
+        crate::api::conversion::convert(object, desired).map_err(|error| error.to_string())
+    })
+}
+
+/// Why the webhook could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// The listen address is taken or not allowed.
+    #[error(
+        "cannot listen on {address} for the conversion webhook (is another process using it? \
+         change --webhook-bind-address, or pass --disable-webhook): {source}"
+    )]
+    Bind {
+        /// The address asked for.
+        address: SocketAddr,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// rustls refused the server configuration.
+    #[error("cannot configure TLS for the conversion webhook: {0}")]
+    Tls(#[source] rustls::Error),
+}
+
+/// Why a request body is not a conversion request the webhook can answer (HTTP 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The body is not JSON, or not shaped like a ConversionReview.
+    #[error(
+        "the body is not a ConversionReview (apiextensions.k8s.io/v1 JSON with apiVersion, kind \
+         and request): {0}"
+    )]
+    Malformed(#[source] serde_json::Error),
+    /// The body is a ConversionReview of another kind or version.
+    #[error(
+        "expected kind ConversionReview of apiVersion apiextensions.k8s.io/v1, got kind \
+         {kind:?} of apiVersion {api_version:?}"
+    )]
+    WrongType {
+        /// The body's `kind`.
+        kind: String,
+        /// The body's `apiVersion`.
+        api_version: String,
+    },
+    /// The review has no `request` to answer.
+    #[error("the ConversionReview has no request (the webhook answers requests, not responses)")]
+    NoRequest,
+}
+
+/// Answers one ConversionReview body: the response review, or why the body is unusable.
+pub fn review(
+    body: &[u8],
+    convert: &dyn Fn(Value, &str) -> Result<Value, String>,
+) -> Result<ConversionReview, ReviewError> {
+    let review: ConversionReview = serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+    // v1beta1 reviews have the same shape; the CRDs ask for v1 only, but answering both costs
+    // nothing.
+    let known_version = matches!(
+        review.types.api_version.as_str(),
+        "apiextensions.k8s.io/v1" | "apiextensions.k8s.io/v1beta1"
+    );
+    if review.types.kind != "ConversionReview" || !known_version {
+        return Err(ReviewError::WrongType {
+            kind: review.types.kind,
+            api_version: review.types.api_version,
+        });
+    }
+    let request = ConversionRequest::from_review(review).map_err(|_| ReviewError::NoRequest)?;
+    Ok(respond(request, convert).into_review())
+}
+
+/// Converts every object of `request`, in order; the first object that fails fails the whole
+/// response (the API server accepts all objects or none), naming it and why.
+pub fn respond(
+    mut request: ConversionRequest,
+    convert: &dyn Fn(Value, &str) -> Result<Value, String>,
+) -> ConversionResponse {
+    let desired = request.desired_api_version.clone();
+    let objects = std::mem::take(&mut request.objects);
+    let total = objects.len();
+    let uid = request.uid.clone();
+    let response = ConversionResponse::for_request(request);
+    let mut converted = Vec::with_capacity(total);
+    for (index, object) in objects.into_iter().enumerate() {
+        let described = describe(&object);
+        let outcome =
+            convert(object, &desired).and_then(|result| match result["apiVersion"].as_str() {
+                Some(version) if version == desired => Ok(result),
+                other => Err(format!(
+                    "the converter returned apiVersion {other:?} instead of {desired:?}"
+                )),
+            });
+        match outcome {
+            Ok(object) => converted.push(object),
+            Err(error) => {
+                let message = format!(
+                    "cannot convert {described} (object {} of {total}) to {desired}: {error}",
+                    index + 1
+                );
+                tracing::warn!(%uid, object = %described, desired_api_version = %desired, %error, "conversion failed");
+                return response.failure(Status::failure(&message, "ConversionFailed"));
+            }
+        }
+    }
+    tracing::debug!(%uid, objects = total, desired_api_version = %desired, "converted");
+    response.success(converted)
+}
+
+/// `Kind namespace/name` of an object, as far as it says.
+fn describe(object: &Value) -> String {
+    let field = |value: &Value| value.as_str().unwrap_or("<unnamed>").to_owned();
+    let kind = object["kind"].as_str().unwrap_or("<no kind>");
+    let name = field(&object["metadata"]["name"]);
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => format!("{kind} {namespace}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// A bound conversion webhook; `serve` answers until the token is cancelled.
+pub struct WebhookServer {
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    certificate: ServingCertificate,
+    converter: Converter,
+    cert_poll_interval: Duration,
+}
+
+impl WebhookServer {
+    /// Binds the address now (a taken port fails at start-up) and reads the certificate once;
+    /// missing or broken files are logged, and handshakes fail until valid files appear.
+    pub async fn bind(config: &WebhookConfig, converter: Converter) -> Result<Self, WebhookError> {
+        let certificate = ServingCertificate::new(&config.cert_dir);
+        certificate.reload();
+        let tls = certificate.server_config().map_err(WebhookError::Tls)?;
+        let listener = TcpListener::bind(config.bind_address)
+            .await
+            .map_err(|source| WebhookError::Bind {
+                address: config.bind_address,
+                source,
+            })?;
+        Ok(Self {
+            listener,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+            certificate,
+            converter,
+            cert_poll_interval: CERT_POLL_INTERVAL,
+        })
+    }
+
+    /// Checks the certificate files this often instead of every [`CERT_POLL_INTERVAL`] (tests
+    /// that rotate through [`ServingCertificate::reload`] alone pass a long one).
+    #[must_use]
+    pub fn with_cert_poll_interval(mut self, interval: Duration) -> Self {
+        self.cert_poll_interval = interval;
+        self
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// The certificate being served, to reload it or watch for rotations.
+    pub fn certificate(&self) -> &ServingCertificate {
+        &self.certificate
+    }
+
+    /// Answers requests until `shutdown` is cancelled, re-reading the certificate every
+    /// [`CERT_POLL_INTERVAL`]; open connections finish their request in flight, then close.
+    pub async fn serve(self, shutdown: CancellationToken) {
+        tokio::spawn(
+            self.certificate
+                .clone()
+                .watch(self.cert_poll_interval, shutdown.clone()),
+        );
+        loop {
+            let accepted = tokio::select! {
+                () = shutdown.cancelled() => return,
+                accepted = self.listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::debug!(%error, "webhook accept failed");
+                    continue;
+                }
+            };
+            let acceptor = self.acceptor.clone();
+            let converter = self.converter.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let stream =
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%peer, %error, "webhook TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "webhook TLS handshake timed out");
+                            return;
+                        }
+                    };
+                let service = hyper::service::service_fn(move |request| {
+                    let converter = converter.clone();
+                    async move { Ok::<_, Infallible>(handle(request, &*converter).await) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service);
+                let mut connection = std::pin::pin!(connection);
+                let ended = tokio::select! {
+                    ended = connection.as_mut() => ended,
+                    () = shutdown.cancelled() => {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(error) = ended {
+                    tracing::debug!(%peer, %error, "webhook connection ended with an error");
+                }
+            });
+        }
+    }
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    convert: &(dyn Fn(Value, &str) -> Result<Value, String> + Send + Sync),
+) -> Response<Full<Bytes>> {
+    if request.uri().path() != CONVERT_PATH {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("not found: the conversion webhook answers POST {CONVERT_PATH}\n"),
+        );
+    }
+    if request.method() != Method::POST {
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("only POST is supported on {CONVERT_PATH}\n"),
+        );
+        response
+            .headers_mut()
+            .insert(hyper::header::ALLOW, http::HeaderValue::from_static("POST"));
+        return response;
+    }
+    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body exceeds {MAX_BODY_BYTES} bytes\n"),
+            );
+        }
+        Err(error) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {error}\n"),
+            );
+        }
+    };
+    let answer = match review(&body, convert) {
+        Ok(answer) => answer,
+        Err(error) => {
+            tracing::debug!(%error, "refused a malformed conversion request");
+            return text(StatusCode::BAD_REQUEST, format!("{error}\n"));
+        }
+    };
+    match serde_json::to_vec(&answer) {
+        Ok(json) => {
+            let mut response = Response::new(Full::new(Bytes::from(json)));
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(error) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the ConversionReview: {error}\n"),
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::{ReviewError, review};
+
+    const V1ALPHA1: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
+    const V1ALPHA2: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
+
+    fn machine(name: &str, version: &str) -> Value {
+        json!({"apiVersion": version, "kind": "ProxmoxMachine",
+               "metadata": {"name": name, "namespace": "default"}, "spec": {}})
+    }
+
+    fn body(objects: &[Value]) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "ConversionReview",
+            "request": {"uid": "1234-abcd", "desiredAPIVersion": V1ALPHA1, "objects": objects}
+        }))
+        .expect("JSON")
+    }
+
+    /// Converts by rewriting `apiVersion` only.
+    fn relabel(object: Value, desired: &str) -> Result<Value, String> {
+        let mut object = object;
+        object["apiVersion"] = json!(desired);
+        Ok(object)
+    }
+
+    fn answer(body: &[u8], convert: &dyn Fn(Value, &str) -> Result<Value, String>) -> Value {
+        serde_json::to_value(review(body, convert).expect("a review")).expect("JSON")
+    }
+
+    #[test]
+    fn every_object_is_converted_in_order_and_the_uid_is_echoed() {
+        let objects = [
+            machine("a", V1ALPHA2),
+            machine("b", V1ALPHA2),
+            machine("c", V1ALPHA1),
+        ];
+        let answer = answer(&body(&objects), &relabel);
+        assert_eq!(answer["apiVersion"], "apiextensions.k8s.io/v1");
+        assert_eq!(answer["kind"], "ConversionReview");
+        assert!(answer.get("request").is_none(), "{answer}");
+        let response = &answer["response"];
+        assert_eq!(response["uid"], "1234-abcd");
+        assert_eq!(response["result"], json!({"status": "Success"}));
+        let converted = response["convertedObjects"].as_array().expect("a list");
+        let names: Vec<&str> = converted
+            .iter()
+            .filter_map(|o| o["metadata"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(converted.iter().all(|o| o["apiVersion"] == V1ALPHA1));
+    }
+
+    #[test]
+    fn an_empty_request_succeeds_with_no_objects() {
+        let answer = answer(&body(&[]), &relabel);
+        assert_eq!(answer["response"]["result"]["status"], "Success");
+        assert_eq!(answer["response"]["convertedObjects"], json!([]));
+    }
+
+    #[test]
+    fn one_failing_object_fails_the_review_and_is_named() {
+        let objects = [machine("good", V1ALPHA2), machine("bad", V1ALPHA2)];
+        let convert = |object: Value, desired: &str| {
+            if object["metadata"]["name"] == "bad" {
+                Err("spec.zone has no v1alpha1 equivalent".to_owned())
+            } else {
+                relabel(object, desired)
+            }
+        };
+        let answer = answer(&body(&objects), &convert);
+        let response = &answer["response"];
+        assert_eq!(response["uid"], "1234-abcd");
+        assert_eq!(response["result"]["status"], "Failure");
+        let message = response["result"]["message"].as_str().expect("a message");
+        for expected in [
+            "ProxmoxMachine default/bad",
+            "object 2 of 2",
+            V1ALPHA1,
+            "spec.zone has no v1alpha1 equivalent",
+        ] {
+            assert!(
+                message.contains(expected),
+                "{expected:?} not in {message:?}"
+            );
+        }
+        assert_eq!(response["convertedObjects"], json!([]));
+    }
+
+    #[test]
+    fn a_converter_that_returns_the_wrong_version_fails_the_review() {
+        let answer = answer(&body(&[machine("a", V1ALPHA2)]), &|object, _| Ok(object));
+        let message = answer["response"]["result"]["message"]
+            .as_str()
+            .expect("a message");
+        assert!(message.contains("returned apiVersion"), "{message}");
+    }
+
+    #[test]
+    fn capmox_converter_passes_same_version_objects_through() {
+        let converter = super::capmox_converter();
+        let objects = [machine("a", V1ALPHA1)];
+        let answer = answer(&body(&objects), &*converter);
+        assert_eq!(answer["response"]["result"]["status"], "Success");
+        assert_eq!(answer["response"]["convertedObjects"], json!(objects));
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused_with_a_reason() {
+        assert!(matches!(
+            review(b"{not json", &relabel),
+            Err(ReviewError::Malformed(_))
+        ));
+        let no_request =
+            json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview"});
+        assert!(matches!(
+            review(&serde_json::to_vec(&no_request).expect("JSON"), &relabel),
+            Err(ReviewError::NoRequest)
+        ));
+        let admission = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                               "request": {"uid": "1", "desiredAPIVersion": V1ALPHA1, "objects": []}});
+        let error = review(&serde_json::to_vec(&admission).expect("JSON"), &relabel)
+            .expect_err("not a ConversionReview");
+        assert!(error.to_string().contains("AdmissionReview"), "{error}");
+        let no_uid = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+                            "request": {"desiredAPIVersion": V1ALPHA1, "objects": []}});
+        let error = review(&serde_json::to_vec(&no_uid).expect("JSON"), &relabel)
+            .expect_err("uid is required");
+        assert!(error.to_string().contains("uid"), "{error}");
+    }
+
+    #[test]
+    fn objects_are_described_by_kind_namespace_and_name() {
+        assert_eq!(
+            super::describe(&machine("m", V1ALPHA1)),
+            "ProxmoxMachine default/m"
+        );
+        assert_eq!(super::describe(&json!({})), "<no kind> <unnamed>");
+    }
+}

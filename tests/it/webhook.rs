@@ -1,0 +1,568 @@
+//! The conversion webhook over real HTTPS: ConversionReviews in and out, HTTP errors for what is
+//! not one, certificate rotation without a restart, and every replica (a follower too) serving.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use capmox::webhook::{
+    CONVERT_PATH, CertError, Converter, Reload, WebhookConfig, WebhookServer, tls,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::data;
+
+const V1ALPHA1: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
+const V1ALPHA2: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
+
+/// Bound for every wait on an observable event.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn tls_file(file: &str) -> Vec<u8> {
+    std::fs::read(data(&format!("tls/{file}"))).expect("test TLS material")
+}
+
+/// A temporary certificate directory, removed on drop.
+struct CertDir(PathBuf);
+
+impl CertDir {
+    fn new(tag: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("capmox-webhook-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("a temporary directory");
+        Self(path)
+    }
+
+    /// Writes the pair as plain files.
+    fn write(&self, cert: &[u8], key: &[u8]) {
+        std::fs::write(self.0.join(tls::CERT_FILE), cert).expect("tls.crt");
+        std::fs::write(self.0.join(tls::KEY_FILE), key).expect("tls.key");
+    }
+
+    /// The test leaf for 127.0.0.1 and its key.
+    fn write_leaf(&self) {
+        self.write(&tls_file("node.pem"), &tls_file("node.key"));
+    }
+
+    /// Writes the pair as kubelet updates a Secret volume: into a new timestamped directory,
+    /// then one atomic rename of the `..data` symlink the files link through.
+    fn publish_like_kubelet(&self, version: &str, cert: &[u8], key: &[u8]) {
+        let versioned = self.0.join(format!("..{version}"));
+        std::fs::create_dir_all(&versioned).expect("a version directory");
+        std::fs::write(versioned.join(tls::CERT_FILE), cert).expect("tls.crt");
+        std::fs::write(versioned.join(tls::KEY_FILE), key).expect("tls.key");
+        let staged = self.0.join("..data_tmp");
+        let _ = std::fs::remove_file(&staged);
+        std::os::unix::fs::symlink(format!("..{version}"), &staged).expect("a symlink");
+        std::fs::rename(&staged, self.0.join("..data")).expect("swap ..data");
+        for file in [tls::CERT_FILE, tls::KEY_FILE] {
+            let link = self.0.join(file);
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink(format!("..data/{file}"), &link).expect("a symlink");
+            }
+        }
+    }
+}
+
+impl Drop for CertDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The test CA, the only root the clients trust.
+fn roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(data("tls/ca.pem")).expect("ca.pem") {
+        roots.add(cert.expect("a certificate")).expect("a CA");
+    }
+    roots
+}
+
+fn client_config() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(capmox::proxmox::tls::crypto_provider())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots())
+        .with_no_client_auth()
+}
+
+fn https() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(client_config())
+        .build()
+        .expect("an HTTPS client")
+}
+
+/// One fresh TLS handshake with the server: the length of the chain it presented, or why it
+/// failed.
+async fn handshake(address: SocketAddr) -> Result<usize, String> {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config()));
+    let stream = tokio::net::TcpStream::connect(address)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let server = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let stream = connector
+        .connect(server, stream)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    Ok(stream.get_ref().1.peer_certificates().map_or(0, <[_]>::len))
+}
+
+/// A webhook on 127.0.0.1 with an OS-chosen port, serving until dropped.
+struct Running {
+    address: SocketAddr,
+    certificate: capmox::webhook::ServingCertificate,
+    stop: CancellationToken,
+}
+
+impl Running {
+    /// Checks the files only when a test calls `reload`, so no poll races the test's steps.
+    async fn start(cert_dir: &Path, converter: Converter) -> Self {
+        Self::polling(cert_dir, converter, Duration::from_secs(3600)).await
+    }
+
+    async fn polling(cert_dir: &Path, converter: Converter, interval: Duration) -> Self {
+        let config = WebhookConfig {
+            bind_address: ([127, 0, 0, 1], 0).into(),
+            cert_dir: cert_dir.to_owned(),
+        };
+        let server = WebhookServer::bind(&config, converter)
+            .await
+            .expect("the webhook binds")
+            .with_cert_poll_interval(interval);
+        let address = server.local_addr().expect("bound");
+        let certificate = server.certificate().clone();
+        let stop = CancellationToken::new();
+        tokio::spawn(server.serve(stop.clone()));
+        Self {
+            address,
+            certificate,
+            stop,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://{}{path}", self.address)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Converts by rewriting `apiVersion` only.
+fn relabel() -> Converter {
+    Arc::new(|mut object: Value, desired: &str| {
+        object["apiVersion"] = json!(desired);
+        Ok(object)
+    })
+}
+
+fn object(kind: &str, name: &str) -> Value {
+    json!({"apiVersion": V1ALPHA2, "kind": kind,
+           "metadata": {"name": name, "namespace": "tenant-a", "uid": format!("uid-{name}")},
+           "spec": {}})
+}
+
+fn review(uid: &str, desired: &str, objects: &[Value]) -> Value {
+    json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+           "request": {"uid": uid, "desiredAPIVersion": desired, "objects": objects}})
+}
+
+async fn post(running: &Running, body: &Value) -> (u16, Value) {
+    let response = https()
+        .post(running.url(CONVERT_PATH))
+        .json(body)
+        .send()
+        .await
+        .expect("the webhook answers");
+    let status = response.status().as_u16();
+    assert_eq!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
+    (status, response.json().await.expect("a JSON answer"))
+}
+
+#[tokio::test]
+async fn reviews_are_converted_over_https_in_order() {
+    let dir = CertDir::new("success");
+    dir.write_leaf();
+    let running = Running::start(&dir.0, relabel()).await;
+    let objects = [
+        object("ProxmoxCluster", "c"),
+        object("ProxmoxMachine", "m-1"),
+        object("ProxmoxMachineTemplate", "t"),
+        object("ProxmoxClusterTemplate", "ct"),
+        object("ProxmoxMachine", "m-0"),
+    ];
+    let (status, answer) = post(&running, &review("5f1c-uid", V1ALPHA1, &objects)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["apiVersion"], "apiextensions.k8s.io/v1");
+    assert_eq!(answer["kind"], "ConversionReview");
+    let response = &answer["response"];
+    assert_eq!(response["uid"], "5f1c-uid");
+    assert_eq!(response["result"], json!({"status": "Success"}));
+    let converted = response["convertedObjects"].as_array().expect("objects");
+    let names: Vec<&str> = converted
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["c", "m-1", "t", "ct", "m-0"]);
+    assert!(converted.iter().all(|o| o["apiVersion"] == V1ALPHA1));
+    assert!(
+        converted
+            .iter()
+            .zip(&objects)
+            .all(|(c, o)| c["metadata"] == o["metadata"])
+    );
+}
+
+#[tokio::test]
+async fn capmox_converter_is_served() {
+    let dir = CertDir::new("capmox");
+    dir.write_leaf();
+    let running = Running::start(&dir.0, capmox::webhook::capmox_converter()).await;
+    let objects = [object("ProxmoxMachine", "m")];
+    let (status, answer) = post(&running, &review("same", V1ALPHA2, &objects)).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["response"]["result"]["status"], "Success");
+    assert_eq!(answer["response"]["convertedObjects"], json!(objects));
+}
+
+#[tokio::test]
+async fn a_failing_object_fails_the_review_naming_it() {
+    let dir = CertDir::new("failure");
+    dir.write_leaf();
+    let converter: Converter = Arc::new(|object: Value, _: &str| {
+        Err(format!(
+            "{} has a field v1alpha1 cannot hold",
+            object["metadata"]["name"]
+        ))
+    });
+    let running = Running::start(&dir.0, converter).await;
+    let objects = [object("ProxmoxCluster", "broken")];
+    let (status, answer) = post(&running, &review("fail-uid", V1ALPHA1, &objects)).await;
+    assert_eq!(
+        status, 200,
+        "a failed conversion is still an answered review"
+    );
+    let response = &answer["response"];
+    assert_eq!(response["uid"], "fail-uid");
+    assert_eq!(response["result"]["status"], "Failure");
+    let message = response["result"]["message"].as_str().expect("a message");
+    assert!(
+        message.contains("ProxmoxCluster tenant-a/broken"),
+        "{message}"
+    );
+    assert!(
+        message.contains("has a field v1alpha1 cannot hold"),
+        "{message}"
+    );
+    assert_eq!(response["convertedObjects"], json!([]));
+}
+
+#[tokio::test]
+async fn what_is_not_a_review_gets_an_http_error() {
+    let dir = CertDir::new("errors");
+    dir.write_leaf();
+    let running = Running::start(&dir.0, relabel()).await;
+    let http = https();
+    let send = |request: reqwest::RequestBuilder| async move {
+        let response = request.send().await.expect("the webhook answers");
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("a body"))
+    };
+
+    let (status, body) = send(
+        http.post(running.url(CONVERT_PATH))
+            .header("content-type", "application/json")
+            .body("{\"apiVersion\": "),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not a ConversionReview"), "{body}");
+
+    let no_request = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview"});
+    let (status, body) = send(http.post(running.url(CONVERT_PATH)).json(&no_request)).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no request"), "{body}");
+
+    let (status, body) = send(
+        http.post(running.url("/mutate"))
+            .json(&review("u", V1ALPHA1, &[])),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains(CONVERT_PATH), "{body}");
+
+    let response = http
+        .get(running.url(CONVERT_PATH))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status().as_u16(), 405);
+    assert_eq!(
+        response
+            .headers()
+            .get("allow")
+            .and_then(|v| v.to_str().ok()),
+        Some("POST")
+    );
+
+    let too_large = vec![b' '; capmox::webhook::MAX_BODY_BYTES + 1];
+    let (status, body) = send(http.post(running.url(CONVERT_PATH)).body(too_large)).await;
+    assert_eq!(status, 413, "{body}");
+
+    // The server still answers after all that.
+    let (status, _) = post(&running, &review("after", V1ALPHA1, &[])).await;
+    assert_eq!(status, 200);
+}
+
+/// Without a certificate every handshake fails; the first valid pair is served as soon as it
+/// is read, a broken one keeps it, and a different valid pair replaces it.
+#[tokio::test]
+async fn the_certificate_rotates_without_a_restart() {
+    let dir = CertDir::new("rotate");
+    let running = Running::start(&dir.0, relabel()).await;
+    assert!(!running.certificate.is_loaded());
+    let refused = handshake(running.address).await;
+    assert!(refused.is_err(), "no certificate yet: {refused:?}");
+
+    dir.write_leaf();
+    assert_eq!(running.certificate.reload(), Reload::Loaded);
+    assert_eq!(handshake(running.address).await, Ok(1), "the leaf alone");
+    let (status, _) = post(&running, &review("first", V1ALPHA1, &[])).await;
+    assert_eq!(status, 200);
+
+    dir.write(b"-----BEGIN CERTIFICATE-----\nnot base64\n", b"garbage");
+    assert!(matches!(
+        running.certificate.reload(),
+        Reload::Failed(CertError::Certificate { .. })
+    ));
+    assert_eq!(
+        handshake(running.address).await,
+        Ok(1),
+        "a broken pair keeps the previous certificate"
+    );
+
+    // A different valid pair: the leaf with its CA as the chain.
+    let mut chain = tls_file("node.pem");
+    chain.extend(tls_file("ca.pem"));
+    dir.write(&chain, &tls_file("node.key"));
+    assert_eq!(running.certificate.reload(), Reload::Loaded);
+    assert_eq!(handshake(running.address).await, Ok(2), "the new chain");
+    assert_eq!(running.certificate.loaded_count(), 2);
+}
+
+/// The server's own watch picks up a Secret volume updated as kubelet does it (a `..data`
+/// symlink swap), with no explicit reload.
+#[tokio::test]
+async fn the_watch_follows_a_kubelet_style_secret_update() {
+    let dir = CertDir::new("kubelet");
+    dir.publish_like_kubelet("v1", &tls_file("node.pem"), &tls_file("node.key"));
+    let running = Running::polling(&dir.0, relabel(), Duration::from_millis(100)).await;
+    assert!(running.certificate.is_loaded(), "read at start-up");
+    assert_eq!(handshake(running.address).await, Ok(1));
+    let mut loaded = running.certificate.subscribe();
+
+    let mut chain = tls_file("node.pem");
+    chain.extend(tls_file("ca.pem"));
+    dir.publish_like_kubelet("v2", &chain, &tls_file("node.key"));
+    tokio::time::timeout(WAIT, loaded.wait_for(|count| *count >= 2))
+        .await
+        .expect("the watch loads the rotated pair")
+        .expect("the certificate lives");
+    assert_eq!(handshake(running.address).await, Ok(2));
+}
+
+/// A replica that waits for the Lease (a follower) serves the webhook all the same, and stops
+/// serving when the manager stops.
+#[tokio::test]
+async fn a_follower_serves_the_webhook_until_it_stops() {
+    use capmox::controller::{GlobalCredentials, LeaderElectionConfig, ManagerConfig};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+
+    let dir = CertDir::new("follower");
+    dir.write_leaf();
+    let server = capmox_testkit::ApiServer::new();
+    server.register_builtin_kinds();
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "capmox-controller-leader", "namespace": "default"},
+        "spec": {"holderIdentity": "the-leader", "leaseDurationSeconds": 3600,
+                 "acquireTime": "2026-01-01T00:00:00.000000Z",
+                 "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}
+    }))
+    .expect("a Lease");
+    Api::<Lease>::namespaced(server.client(), "default")
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("the leader's Lease");
+
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let config = ManagerConfig {
+        metrics_address: ([127, 0, 0, 1], 0).into(),
+        health_address: ([127, 0, 0, 1], 0).into(),
+        leader_election: Some(LeaderElectionConfig {
+            name: "capmox-controller-leader".into(),
+            namespace: "default".into(),
+            identity: "follower".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_millis(100),
+        }),
+        watch_namespace: None,
+        cluster_concurrency: 1,
+        machine_concurrency: 1,
+        webhook: Some(WebhookConfig {
+            bind_address: address,
+            cert_dir: dir.0.clone(),
+        }),
+    };
+    let stop = CancellationToken::new();
+    let manager = tokio::spawn(capmox::controller::run(
+        server.client(),
+        config,
+        GlobalCredentials::default(),
+        stop.clone(),
+    ));
+    let http = https();
+    let url = format!("https://{address}{CONVERT_PATH}");
+    let objects = [object("ProxmoxMachine", "m")];
+    let answer: Value = tokio::time::timeout(WAIT, async {
+        loop {
+            let sent = http
+                .post(&url)
+                .json(&review("follower-uid", V1ALPHA2, &objects))
+                .send()
+                .await;
+            if let Ok(response) = sent {
+                return response.json().await.expect("a JSON answer");
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the follower serves the webhook");
+    assert_eq!(answer["response"]["uid"], "follower-uid");
+    assert_eq!(answer["response"]["result"]["status"], "Success");
+
+    stop.cancel();
+    manager
+        .await
+        .expect("no panic")
+        .expect("the follower stops cleanly");
+    let lease = Api::<Lease>::namespaced(server.client(), "default")
+        .get("capmox-controller-leader")
+        .await
+        .expect("the Lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("the-leader"),
+        "the follower never led"
+    );
+    tokio::time::timeout(WAIT, async {
+        while tokio::net::TcpStream::connect(address).await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the webhook stops listening once the manager has stopped");
+}
+
+/// Stops a `capmox run` child when the test ends, passed or failed.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `capmox run` serves the webhook its flags describe and names the bound address in its log,
+/// as it does for /metrics.
+#[tokio::test]
+async fn capmox_run_serves_the_webhook_its_flags_describe() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let dir = CertDir::new("binary");
+    dir.write_leaf();
+    let server = capmox_testkit::ApiServer::new();
+    server.register_builtin_kinds();
+    let http = server.serve_http().await.expect("serves");
+    let kubeconfig = dir.0.join("kubeconfig");
+    http.write_kubeconfig(&kubeconfig).expect("writes");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_capmox"))
+        .args(["--log-format", "json", "run"])
+        .args(["--metrics-bind-address", "127.0.0.1:0"])
+        .args(["--health-probe-bind-address", "127.0.0.1:0"])
+        .args(["--webhook-bind-address", "127.0.0.1:0"])
+        .arg("--webhook-cert-dir")
+        .arg(&dir.0)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("CAPMOX_LEADER_ELECT")
+        .env_remove("CAPMOX_DISABLE_WEBHOOK")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capmox runs");
+    let stderr = child.stderr.take().expect("piped");
+    let _child = Child(child);
+    // The log is read on a thread of its own: until the announcement, then to its end.
+    let (announced, address) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut announced = Some(announced);
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let parsed: Value = serde_json::from_str(&line).unwrap_or_default();
+            if parsed["fields"]["message"] == "serving the conversion webhook"
+                && let Some(sender) = announced.take()
+            {
+                let _ = sender.send(parsed["fields"].clone());
+            }
+        }
+    });
+    let fields = tokio::time::timeout(WAIT, address)
+        .await
+        .expect("capmox names the webhook's address")
+        .expect("capmox logs before it exits");
+    assert_eq!(fields["cert_dir"], dir.0.display().to_string());
+    let address: SocketAddr = fields["address"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("an address: {fields}"));
+    assert_ne!(address.port(), 0);
+
+    let response = https()
+        .post(format!("https://{address}{CONVERT_PATH}"))
+        .json(&review(
+            "binary-uid",
+            V1ALPHA2,
+            &[object("ProxmoxMachine", "m")],
+        ))
+        .send()
+        .await
+        .expect("the webhook answers");
+    assert_eq!(response.status().as_u16(), 200);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer["response"]["uid"], "binary-uid");
+    assert_eq!(answer["response"]["result"]["status"], "Success");
+}
