@@ -147,6 +147,7 @@ fn finalize(mut crd: CustomResourceDefinition) -> Result<CustomResourceDefinitio
         tidy_schema(&mut json);
         add_type_meta(&mut json);
         relax_template_rules(&crd.spec.names.kind, &mut json);
+        relax_clone_spec_rules(&mut json);
         let schema: JSONSchemaProps =
             serde_json::from_value(json).map_err(|source| CrdError::Schema {
                 name: name.clone(),
@@ -186,6 +187,28 @@ fn relax_template_rules(kind: &str, schema: &mut Value) {
             .and_then(Value::as_object_mut)
     {
         spec.remove("x-kubernetes-validations");
+    }
+}
+
+/// v1alpha1's `cloneSpec.machineSpec` is a map of machine specs that capmox never reads; like
+/// the Go provider it checks only `full` there. The template-source rules would also exceed
+/// the API server's CEL cost budget on a map of unbounded size, and it refuses such a CRD.
+fn relax_clone_spec_rules(schema: &mut Value) {
+    for path in [
+        "/properties/spec/properties/cloneSpec/properties/machineSpec/additionalProperties",
+        "/properties/spec/properties/template/properties/spec/properties/cloneSpec/properties/machineSpec/additionalProperties",
+    ] {
+        if let Some(rules) = schema
+            .pointer_mut(&format!("{path}/x-kubernetes-validations"))
+            .and_then(Value::as_array_mut)
+        {
+            rules.retain(|rule| {
+                !rule
+                    .get("rule")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| r.contains("exists_one"))
+            });
+        }
     }
 }
 

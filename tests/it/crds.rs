@@ -243,6 +243,15 @@ fn compare(kind: &str, go: &Value, ours: &Value, path: &str, out: &mut Vec<Strin
             }
         }
     }
+    if go["additionalProperties"].is_object() {
+        compare(
+            kind,
+            &go["additionalProperties"],
+            &ours["additionalProperties"],
+            &format!("{path}{{}}"),
+            out,
+        );
+    }
     if go.get("items").is_some() {
         compare(
             kind,

@@ -3,6 +3,7 @@
 //! plays the in-cluster IPAM provider. Used by the `capmox-sandbox` binary, the end-to-end
 //! tests and the benchmarks; never by the controllers themselves.
 
+pub mod conversion;
 pub mod ipam;
 pub mod real;
 pub mod run;

@@ -24,6 +24,7 @@ use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::conversion::LocalWebhook;
 use super::run::{MachineRow, TOPOLOGY, example_cluster_spec, example_machine_spec, render};
 use super::standin::{CapiStandIn, ExampleCluster, create_example_cluster};
 use capmox::api::{ProxmoxCluster, ProxmoxMachine};
@@ -246,10 +247,18 @@ struct Created {
 }
 
 /// Applies capmox's CRDs and the upstream ones and waits until each is established.
-async fn install_crds(client: &Client, options: &RealOptions) -> Result<(), RealError> {
+/// capmox's converting through `webhook`.
+async fn install_crds(
+    client: &Client,
+    options: &RealOptions,
+    webhook: &LocalWebhook,
+) -> Result<(), RealError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut crds: Vec<CustomResourceDefinition> = capmox::api::crd::all()
         .map_err(|e| RealError::Option(format!("capmox CRDs do not render: {e}")))?;
+    for crd in &mut crds {
+        webhook.convert_through(crd);
+    }
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&options.upstream_crds)
         .map_err(|e| RealError::Manifest {
             path: options.upstream_crds.clone(),
@@ -554,7 +563,13 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
         path: options.manifests.clone(),
         message,
     })?;
-    install_crds(&admin, &options).await?;
+    // The conversion webhook serves the whole run, clean-up included.
+    let webhook_stop = CancellationToken::new();
+    let _stop_webhook = webhook_stop.clone().drop_guard();
+    let webhook = LocalWebhook::start(webhook_stop)
+        .await
+        .map_err(|e| RealError::Option(e.to_string()))?;
+    install_crds(&admin, &options, &webhook).await?;
     // Everything this run creates is recorded as it goes, so a failure at any step still
     // removes exactly that (and nothing that was there before).
     let mut created = Vec::new();
@@ -584,6 +599,8 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
         );
     } else {
         cleanup(&admin, &options, created).await;
+        // The CRDs stay; their webhook goes with this process, so they stop converting.
+        unhook_crds(&admin).await;
     }
     let summary = outcome?;
     println!("{summary}\nPASS in {:.1}s", started.elapsed().as_secs_f64());
@@ -649,11 +666,12 @@ async fn scenario(
                 "two machines recorded one VMID: {vmids:?}"
             )));
         }
-        Ok(rows)
+        let converted = check_v1alpha1(admin, &options.namespace).await?;
+        Ok((rows, converted))
     }
     .await;
-    let rows = match provisioned {
-        Ok(rows) => rows,
+    let (rows, converted) = match provisioned {
+        Ok(found) => found,
         Err(error) => {
             // Delete what was made while capmox and the stand-ins still run, so the
             // namespace can go (the Cluster's finalizer is the stand-in's).
@@ -722,8 +740,8 @@ async fn scenario(
         .map_err(|e| RealError::Manager(e.to_string()))?
         .map_err(|e| RealError::Manager(e.to_string()))?;
     Ok(format!(
-        "\n{}\n\n{} machines ready after {:.1}s ({}); VMIDs unique; deleted after {:.1}s; \
-         {left}; nothing left in namespace {}",
+        "\n{}\n\n{} machines ready after {:.1}s ({}); VMIDs unique; {converted}; deleted \
+         after {:.1}s; {left}; nothing left in namespace {}",
         render(&rows),
         rows.len(),
         ready_after.as_secs_f64(),
@@ -735,6 +753,119 @@ async fn scenario(
         deleted_after.as_secs_f64(),
         options.namespace,
     ))
+}
+
+/// Sets capmox's CRDs back to no conversion (only the v1alpha2 version is then readable as
+/// v1alpha1 without a webhook, which is all another run or tool needs until it installs its own).
+async fn unhook_crds(admin: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let Ok(crds) = capmox::api::crd::all() else {
+        return;
+    };
+    let patch = json!({"spec": {"conversion": {"strategy": "None", "webhook": null}}});
+    for crd in crds {
+        if let Err(error) = api
+            .patch(
+                &crd.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            eprintln!("cleanup: CRD {}: {error}", crd.name_any());
+        }
+    }
+}
+
+/// What a user of v1alpha1 manifests does, against the real API server and capmox's webhook:
+/// reads the example cluster as v1alpha1, labels it through v1alpha1 (its zones must survive),
+/// and applies a v1alpha1 ProxmoxMachineTemplate that is then read as v1alpha2.
+async fn check_v1alpha1(admin: &Client, namespace: &str) -> Result<String, RealError> {
+    let resource = |kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(capmox::api::GROUP, capmox::api::v1alpha1::VERSION, kind),
+            plural,
+        )
+    };
+    let clusters_v1: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        namespace,
+        &resource("ProxmoxCluster", "proxmoxclusters"),
+    );
+    let clusters: Api<ProxmoxCluster> = Api::namespaced(admin.clone(), namespace);
+    let before = clusters.get("demo").await?;
+    let old = clusters_v1.get("demo").await?;
+    let old = serde_json::to_value(&old).map_err(|e| RealError::Check(e.to_string()))?;
+    if old["spec"]["dnsServers"] != json!(before.spec.dns_servers)
+        || old["spec"].get("zoneConfig").is_some()
+        || !old["metadata"]["annotations"][capmox::api::conversion::CONVERSION_DATA]
+            .as_str()
+            .is_some_and(|data| data.contains("zoneConfig"))
+    {
+        return Err(RealError::Check(format!(
+            "the ProxmoxCluster read as v1alpha1 is not the converted one: {old:#}"
+        )));
+    }
+    let label = json!({"metadata": {"labels": {"edited-through": "v1alpha1"}}});
+    clusters_v1
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&label))
+        .await?;
+    let after = clusters.get("demo").await?;
+    if after.labels().get("edited-through").map(String::as_str) != Some("v1alpha1")
+        || after.spec.zone_config != before.spec.zone_config
+        || after
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(capmox::api::conversion::CONVERSION_DATA))
+    {
+        return Err(RealError::Check(format!(
+            "labelling through v1alpha1 changed more than the label: {:#?}",
+            after.spec
+        )));
+    }
+    let templates_v1: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        namespace,
+        &resource("ProxmoxMachineTemplate", "proxmoxmachinetemplates"),
+    );
+    let legacy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{}/v1alpha1", capmox::api::GROUP),
+        "kind": "ProxmoxMachineTemplate",
+        "metadata": {"name": "legacy-workers", "namespace": namespace},
+        "spec": {"template": {"spec": {
+            "sourceNode": "pve1", "templateID": 100, "target": "pve2",
+            "numCores": 2, "memoryMiB": 2048,
+            "network": {"default": {"bridge": "vmbr0", "model": "virtio"}}
+        }}}
+    }))
+    .map_err(|e| RealError::Check(e.to_string()))?;
+    templates_v1
+        .patch(
+            "legacy-workers",
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(&legacy),
+        )
+        .await?;
+    let stored = Api::<capmox::api::ProxmoxMachineTemplate>::namespaced(admin.clone(), namespace)
+        .get("legacy-workers")
+        .await?;
+    let spec = &stored.spec.template.spec;
+    let nics: Vec<(&str, Option<&str>)> = spec
+        .network
+        .network_devices
+        .iter()
+        .map(|d| (d.name.as_str(), d.bridge.as_deref()))
+        .collect();
+    if spec.allowed_nodes != ["pve2"] || nics != [("net0", Some("vmbr0"))] {
+        return Err(RealError::Check(format!(
+            "the v1alpha1 template read as v1alpha2 is not the converted one: {spec:#?}"
+        )));
+    }
+    Ok(
+        "v1alpha1: read, labelled (zones kept) and applied through capmox's conversion webhook"
+            .to_owned(),
+    )
 }
 
 /// Removes what this run created: the namespaces (waiting until they are gone, so the next
