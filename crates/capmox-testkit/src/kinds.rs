@@ -43,12 +43,46 @@ impl GroupResource {
     }
 }
 
+/// How a CRD's objects are converted between its versions (`spec.conversion.strategy`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConversionStrategy {
+    /// `None` (or no `spec.conversion`): only `apiVersion` changes.
+    #[default]
+    None,
+    /// `Webhook`: the server posts an `apiextensions.k8s.io/v1` `ConversionReview` to it.
+    Webhook(WebhookClientConfig),
+}
+
+/// `spec.conversion.webhook.clientConfig` of a CRD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookClientConfig {
+    /// `url`: an `https://` URL.
+    pub url: Option<String>,
+    /// `service`: resolved through [`crate::ApiServer::route_service`].
+    pub service: Option<ServiceReference>,
+    /// `caBundle`, base64-decoded (PEM certificates); empty: the platform's trusted roots.
+    pub ca_bundle: Vec<u8>,
+}
+
+/// `clientConfig.service` of a conversion webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceReference {
+    /// Service namespace.
+    pub namespace: String,
+    /// Service name.
+    pub name: String,
+    /// URL path (`/` when unset).
+    pub path: Option<String>,
+    /// Service port (443 when unset).
+    pub port: u16,
+}
+
 /// Everything the server needs to know about one kind to serve it.
 #[derive(Debug, Clone)]
 pub struct KindInfo {
     /// API group; empty for core.
     pub group: String,
-    /// Served versions; the first one is the storage version.
+    /// Served versions; the storage version first when it is served.
     pub versions: Vec<String>,
     /// `Kind`.
     pub kind: String,
@@ -72,6 +106,15 @@ pub struct KindInfo {
     pub schemas: BTreeMap<String, Value>,
     /// `additionalPrinterColumns` of the storage version (for kubectl tables).
     pub printer_columns: Vec<Value>,
+    /// The storage version (`storage: true`); empty: the first served version.
+    pub storage: String,
+    /// `additionalPrinterColumns` per served version, where they are given per version.
+    pub version_printer_columns: BTreeMap<String, Vec<Value>>,
+    /// Whether `/status` is a subresource, per served version (CRDs declare subresources per
+    /// version); a version missing here follows [`KindInfo::status_subresource`].
+    pub version_status: BTreeMap<String, bool>,
+    /// How objects are converted between versions (`spec.conversion`).
+    pub conversion: ConversionStrategy,
 }
 
 impl KindInfo {
@@ -92,14 +135,57 @@ impl KindInfo {
         }
     }
 
-    /// Storage version (the first served version).
+    /// The storage version: the one marked `storage: true` (else the first served one).
     pub fn storage_version(&self) -> &str {
+        if !self.storage.is_empty() {
+            return &self.storage;
+        }
         self.versions.first().map(String::as_str).unwrap_or("v1")
     }
 
     /// The OpenAPI schema of the storage version, if any.
     pub fn schema(&self) -> Option<&Value> {
         self.schemas.get(self.storage_version())
+    }
+
+    /// The OpenAPI schema of one version, if any.
+    pub fn schema_for(&self, version: &str) -> Option<&Value> {
+        self.schemas.get(version)
+    }
+
+    /// The schema of the version an object's `apiVersion` names (the storage version's when
+    /// it names none of this kind's).
+    pub fn schema_of(&self, obj: &Value) -> Option<&Value> {
+        let version = obj["apiVersion"]
+            .as_str()
+            .map(|av| av.rsplit('/').next().unwrap_or(av))
+            .unwrap_or("");
+        self.schemas.get(version).or_else(|| self.schema())
+    }
+
+    /// Whether serving `version` needs objects converted from the storage version.
+    pub fn needs_conversion(&self, version: &str) -> bool {
+        self.custom && version != self.storage_version()
+    }
+
+    /// This kind as served in `version`: its `/status` subresource and printer columns are
+    /// that version's (the same `Arc` when they do not differ from the storage version's).
+    pub fn for_version(self: &std::sync::Arc<Self>, version: &str) -> std::sync::Arc<KindInfo> {
+        let status = self
+            .version_status
+            .get(version)
+            .copied()
+            .unwrap_or(self.status_subresource);
+        let columns = self.version_printer_columns.get(version);
+        if status == self.status_subresource && columns.is_none_or(|c| *c == self.printer_columns) {
+            return self.clone();
+        }
+        let mut k = (**self).clone();
+        k.status_subresource = status;
+        if let Some(c) = columns {
+            k.printer_columns = c.clone();
+        }
+        std::sync::Arc::new(k)
     }
 
     /// Whether this kind answers to `name` (plural, singular, kind, short name, optionally `.group`).
@@ -135,6 +221,10 @@ impl KindInfo {
             custom: false,
             schemas: BTreeMap::new(),
             printer_columns: Vec::new(),
+            storage: version.into(),
+            version_printer_columns: BTreeMap::new(),
+            version_status: BTreeMap::new(),
+            conversion: ConversionStrategy::None,
         }
     }
 
@@ -218,25 +308,35 @@ impl KindInfo {
             .ok_or_else(|| KindError::Invalid("missing spec.versions".into()))?;
         let mut versions = Vec::new();
         let mut schemas = BTreeMap::new();
-        let mut status_subresource = false;
-        let mut printer_columns = Vec::new();
+        let mut storage_version = String::new();
+        let mut version_status = BTreeMap::new();
+        let mut version_printer_columns = BTreeMap::new();
         for v in versions_v {
+            let name = text(&v["name"], "spec.versions[].name")?;
+            let storage = v["storage"] == true;
+            if storage {
+                if !storage_version.is_empty() {
+                    return Err(KindError::Invalid(format!(
+                        "{kind}: spec.versions: Invalid value: must have exactly one version marked as storage version"
+                    )));
+                }
+                storage_version = name.clone();
+            }
             if v["served"] == false {
                 continue;
             }
-            let name = text(&v["name"], "spec.versions[].name")?;
-            let storage = v["storage"] == true;
-            if v["subresources"]["status"].is_object() {
-                status_subresource = true;
-            }
+            version_status.insert(name.clone(), v["subresources"]["status"].is_object());
+            version_printer_columns.insert(
+                name.clone(),
+                v["additionalPrinterColumns"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
             if let Some(schema) = v["schema"].get("openAPIV3Schema") {
                 schemas.insert(name.clone(), schema.clone());
             }
             if storage {
-                printer_columns = v["additionalPrinterColumns"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default();
                 versions.insert(0, name);
             } else {
                 versions.push(name);
@@ -245,6 +345,19 @@ impl KindInfo {
         if versions.is_empty() {
             return Err(KindError::Invalid(format!("{kind}: no served version")));
         }
+        if storage_version.is_empty() {
+            storage_version = versions[0].clone();
+        }
+        // The storage version's settings are the kind's; other versions override them.
+        let status_subresource = version_status
+            .get(&storage_version)
+            .copied()
+            .unwrap_or_else(|| version_status.values().any(|s| *s));
+        let printer_columns = version_printer_columns
+            .get(&storage_version)
+            .cloned()
+            .unwrap_or_default();
+        let conversion = parse_conversion(&kind, &spec["conversion"])?;
         Ok(KindInfo {
             group: text(&spec["group"], "spec.group")?,
             versions,
@@ -265,6 +378,10 @@ impl KindInfo {
             custom: true,
             schemas,
             printer_columns,
+            storage: storage_version,
+            version_printer_columns,
+            version_status,
+            conversion,
         })
     }
 
@@ -294,6 +411,95 @@ impl KindInfo {
             }));
         }
         out
+    }
+}
+
+/// `spec.conversion` of a CRD, checked as the real API server validates it.
+fn parse_conversion(kind: &str, conv: &Value) -> Result<ConversionStrategy, KindError> {
+    let invalid = |m: String| KindError::Invalid(format!("{kind}: spec.conversion.{m}"));
+    match conv["strategy"].as_str() {
+        None | Some("None") => Ok(ConversionStrategy::None),
+        Some("Webhook") => {
+            let webhook = &conv["webhook"];
+            let cc = &webhook["clientConfig"];
+            if !cc.is_object() {
+                return Err(invalid(
+                    "webhook.clientConfig: Required value: required when strategy is set to Webhook"
+                        .into(),
+                ));
+            }
+            let review_versions: Vec<&str> = webhook["conversionReviewVersions"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if !review_versions.contains(&"v1") {
+                return Err(invalid(format!(
+                    "webhook.conversionReviewVersions: Invalid value: {review_versions:?}: the capmox testkit only speaks ConversionReview v1"
+                )));
+            }
+            let url = cc["url"].as_str().map(String::from);
+            let service = if cc["service"].is_object() {
+                let s = &cc["service"];
+                let field = |f: &str| {
+                    s[f].as_str().map(String::from).ok_or_else(|| {
+                        invalid(format!("webhook.clientConfig.service.{f}: Required value"))
+                    })
+                };
+                Some(ServiceReference {
+                    namespace: field("namespace")?,
+                    name: field("name")?,
+                    path: s["path"].as_str().map(String::from),
+                    port: match &s["port"] {
+                        Value::Null => 443,
+                        p => p
+                            .as_u64()
+                            .and_then(|p| u16::try_from(p).ok())
+                            .filter(|p| *p > 0)
+                            .ok_or_else(|| {
+                                invalid(format!(
+                                    "webhook.clientConfig.service.port: Invalid value: {p}: port is not valid"
+                                ))
+                            })?,
+                    },
+                })
+            } else {
+                None
+            };
+            match (&url, &service) {
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(invalid(
+                        "webhook.clientConfig: Required value: exactly one of url or service is required"
+                            .into(),
+                    ));
+                }
+                (Some(u), None) if !u.starts_with("https://") => {
+                    return Err(invalid(format!(
+                        "webhook.clientConfig.url: Invalid value: {u:?}: 'https' is the only allowed URL scheme"
+                    )));
+                }
+                _ => {}
+            }
+            let ca_bundle = match &cc["caBundle"] {
+                Value::Null => Vec::new(),
+                b => {
+                    serde_json::from_value::<k8s_openapi::ByteString>(b.clone())
+                        .map_err(|e| {
+                            invalid(format!(
+                                "webhook.clientConfig.caBundle: Invalid value: not base64: {e}"
+                            ))
+                        })?
+                        .0
+                }
+            };
+            Ok(ConversionStrategy::Webhook(WebhookClientConfig {
+                url,
+                service,
+                ca_bundle,
+            }))
+        }
+        Some(other) => Err(invalid(format!(
+            "strategy: Unsupported value: {other:?}: supported values: \"None\", \"Webhook\""
+        ))),
     }
 }
 
@@ -333,6 +539,88 @@ spec:
         assert!(k.matches_name("widgets.example.com"));
         assert!(k.matches_name("Widget"));
         assert!(!k.matches_name("widgets.other.io"));
+    }
+
+    #[test]
+    fn storage_version_is_the_one_marked_storage_and_settings_are_per_version() {
+        let yaml = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.example.com}
+spec:
+  group: example.com
+  names: {kind: Gadget, plural: gadgets}
+  scope: Namespaced
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: [v1, v1beta1]
+      clientConfig:
+        service: {namespace: sys, name: hook, path: /convert}
+        caBundle: aGVsbG8=
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: false
+    additionalPrinterColumns: [{name: Old, type: string, jsonPath: .spec.old}]
+    schema: {openAPIV3Schema: {type: object, properties: {spec: {type: object, properties: {old: {type: string}}}}}}
+  - name: v1alpha2
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema: {openAPIV3Schema: {type: object, properties: {spec: {type: object, properties: {new: {type: string}}}}}}
+  - name: v1alpha0
+    served: false
+    storage: false
+"#;
+        let k = std::sync::Arc::new(KindInfo::from_crd_yaml(yaml).unwrap().remove(0));
+        assert_eq!(k.storage_version(), "v1alpha2");
+        assert_eq!(k.versions, vec!["v1alpha2", "v1alpha1"]);
+        assert!(k.status_subresource && k.printer_columns.is_empty());
+        assert!(k.needs_conversion("v1alpha1") && !k.needs_conversion("v1alpha2"));
+        let old = k.for_version("v1alpha1");
+        assert!(!old.status_subresource);
+        assert_eq!(old.printer_columns.len(), 1);
+        assert!(std::sync::Arc::ptr_eq(&k, &k.for_version("v1alpha2")));
+        let obj = json!({"apiVersion": "example.com/v1alpha1"});
+        assert!(k.schema_of(&obj).unwrap()["properties"]["spec"]["properties"]["old"].is_object());
+        assert_eq!(
+            k.conversion,
+            ConversionStrategy::Webhook(WebhookClientConfig {
+                url: None,
+                service: Some(ServiceReference {
+                    namespace: "sys".into(),
+                    name: "hook".into(),
+                    path: Some("/convert".into()),
+                    port: 443,
+                }),
+                ca_bundle: b"hello".to_vec(),
+            })
+        );
+    }
+
+    #[test]
+    fn invalid_conversion_settings_are_refused() {
+        let crd = |conversion: &str| {
+            format!(
+                "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nspec:\n  group: g.io\n  names: {{kind: K, plural: ks}}\n  conversion: {conversion}\n  versions: [{{name: v1, served: true, storage: true}}]\n"
+            )
+        };
+        for bad in [
+            "{strategy: Webhook}",
+            "{strategy: Webhook, webhook: {conversionReviewVersions: [v1], clientConfig: {url: 'http://x/convert'}}}",
+            "{strategy: Webhook, webhook: {conversionReviewVersions: [v1beta1], clientConfig: {url: 'https://x/convert'}}}",
+            "{strategy: Webhook, webhook: {conversionReviewVersions: [v1], clientConfig: {}}}",
+            "{strategy: Magic}",
+        ] {
+            let err = KindInfo::from_crd_yaml(&crd(bad)).unwrap_err();
+            assert!(matches!(err, KindError::Invalid(_)), "{bad}: {err}");
+        }
+        let ok = KindInfo::from_crd_yaml(&crd(
+            "{strategy: Webhook, webhook: {conversionReviewVersions: [v1], clientConfig: {url: 'https://x/convert'}}}",
+        ))
+        .unwrap();
+        assert!(matches!(ok[0].conversion, ConversionStrategy::Webhook(_)));
     }
 
     #[test]

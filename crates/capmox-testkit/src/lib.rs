@@ -27,6 +27,23 @@
 //!   `/apis/{group}/{version}/...`, for every served version. Creating a
 //!   `CustomResourceDefinition` through the API (e.g. `kubectl apply -f crds/`) registers its
 //!   kind and reports it `Established`; deleting it removes its objects and the kind.
+//! - **Versions and conversion**: objects are stored in the storage version (the one marked
+//!   `storage: true`; the CRD's `status.storedVersions` accumulates every storage version it
+//!   had). A request in another served version is served as kube-apiserver does it: reads,
+//!   lists (one review per page) and watch events are converted from the storage version;
+//!   create/update/patch/apply work on the object converted to the request's version, are
+//!   validated there (a [`ApiServer::set_schema_validator`] hook gets that version's schema
+//!   and the old object in that version) and are converted to the storage version to be
+//!   stored. Conversion strategy `None` rewrites `apiVersion` only; `Webhook` posts an
+//!   `apiextensions.k8s.io/v1` `ConversionReview` to `clientConfig.url` (HTTPS, trusting the
+//!   `caBundle`, or the platform's roots without one) or to a `clientConfig.service` routed
+//!   with [`ApiServer::route_service`], with a [`WEBHOOK_TIMEOUT`], never under the store's
+//!   lock; the answer is checked like the real server (uid, `Success`, count, apiVersion,
+//!   kind, unchanged name/namespace/uid; only label and annotation changes are kept), and a
+//!   failure answers 500 `InternalError` with the real message (`conversion webhook for
+//!   <group>/<version>, Kind=<Kind> failed: ...`). Printer columns and the `/status`
+//!   subresource are those of the request's version. A body whose `apiVersion` names
+//!   another version than the URL's is refused with 400, as on a real server.
 //! - create (`generateName`, `uid`, `creationTimestamp`, `resourceVersion`, `generation: 1`),
 //!   get, list (label selectors, `metadata.name`/`metadata.namespace` field selectors,
 //!   `limit`/`continue`, the list's `resourceVersion`), replace with optimistic concurrency
@@ -68,8 +85,18 @@
 //!
 //! # Known differences from a real API server
 //!
-//! - **No conversion**: all served versions of a kind share one store; objects are returned
-//!   with the requested `apiVersion` but their fields are not converted.
+//! - **Conversion**: a service-routed webhook's certificate is checked against the host of
+//!   the [`ApiServer::route_service`] URL, not `<name>.<namespace>.svc`, and the service port
+//!   is not used; only `ConversionReview` v1 is spoken (a CRD must list `v1` in
+//!   `conversionReviewVersions`). Server-side apply in a non-storage version records field
+//!   ownership in the paths of the version each manager wrote (stamped with that
+//!   `apiVersion`) without converting other managers' fields between versions, so ownership
+//!   and conflicts are exact only among managers using the same version. A write in another
+//!   version costs up to three reviews (the old object, the new one, the answer); the real
+//!   server's watch cache makes fewer. [`ApiServer::object`], [`ApiServer::objects`] and
+//!   [`ApiServer::wait_for`] show objects as stored (storage version);
+//!   [`ApiServer::create_yaml`] cannot call a webhook (write such fixtures in the storage
+//!   version). Conversion errors in watches end the watch with an ERROR event.
 //! - **No defaulting, pruning or OpenAPI/CEL validation** by itself: plug a validator in
 //!   with [`ApiServer::set_validator`] or [`ApiServer::set_schema_validator`] (which gets the
 //!   CRD schema and the old object; the conformance suite plugs `kube-cel` in this way).
@@ -128,6 +155,7 @@
 //!   finalizers); CRD validation is limited to what registering needs (group, names,
 //!   versions).
 
+mod convert;
 mod error;
 mod kinds;
 mod patch;
@@ -143,8 +171,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub use convert::WEBHOOK_TIMEOUT;
 pub use error::ApiError;
-pub use kinds::{GroupResource, KindError, KindInfo};
+pub use kinds::{
+    ConversionStrategy, GroupResource, KindError, KindInfo, ServiceReference, WebhookClientConfig,
+};
 pub use router::{CLIENT_HEADER, ResponseBody};
 pub use service::{ApiService, HttpServer, ServeError};
 pub use store::{
@@ -390,6 +421,21 @@ impl ApiServer {
         Ok(())
     }
 
+    /// Send the conversion-webhook calls of CRDs whose `clientConfig.service` is
+    /// `namespace/name` to `base_url` (`https://127.0.0.1:<port>`, or `http://...` for a webhook
+    /// without TLS), with the service's `path` appended; the certificate is checked against
+    /// the host of `base_url` (a real server checks `<name>.<namespace>.svc`) with the CRD's
+    /// `caBundle`. A service without a route fails conversions like an unreachable webhook.
+    pub fn route_service(&self, namespace: &str, name: &str, base_url: &str) {
+        self.store
+            .route_service(namespace, name, Some(base_url.to_string()));
+    }
+
+    /// Remove the route of [`ApiServer::route_service`].
+    pub fn unroute_service(&self, namespace: &str, name: &str) {
+        self.store.route_service(namespace, name, None);
+    }
+
     /// Snapshot of the per-verb request counters.
     pub fn request_counts(&self) -> RequestCounts {
         self.store.counts()
@@ -445,7 +491,8 @@ impl ApiServer {
         self.store.set_bookmark_interval(interval);
     }
 
-    /// Read one object as stored (for assertions); `namespace` is `""` for cluster scope.
+    /// Read one object as stored, in the storage version (for assertions); `namespace` is
+    /// `""` for cluster scope.
     pub fn object(
         &self,
         kind: &str,
@@ -522,6 +569,12 @@ impl ApiServer {
     /// manager `testkit`; namespaced objects without a namespace go to `default`. A `status`
     /// in the manifest is written through `/status` after the create, so fixtures can seed
     /// what other controllers would have reported. Returns the stored objects.
+    ///
+    /// An object in a version other than the storage version is stored in the storage
+    /// version: with conversion strategy `None` only its `apiVersion` changes (validators see
+    /// the storage version); a kind converted by a webhook must be written in its storage
+    /// version here (this helper is synchronous and cannot call the webhook) or created
+    /// through a client.
     pub fn create_yaml(&self, yaml: &str) -> Result<Vec<Value>, TestkitError> {
         let opts = store::WriteOptions {
             manager: "testkit".into(),
@@ -529,12 +582,12 @@ impl ApiServer {
         };
         let mut out = Vec::new();
         for doc in serde_yaml::Deserializer::from_str(yaml) {
-            let obj = <Value as serde::Deserialize>::deserialize(doc)?;
+            let mut obj = <Value as serde::Deserialize>::deserialize(doc)?;
             if obj.is_null() {
                 continue;
             }
-            let api_version = obj["apiVersion"].as_str().unwrap_or("");
-            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let api_version = obj["apiVersion"].as_str().unwrap_or("").to_string();
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
             let kind_name = obj["kind"].as_str().unwrap_or("");
             let kind = self
                 .store
@@ -546,6 +599,16 @@ impl ApiServer {
                         && k.versions.iter().any(|v| v == version)
                 })
                 .ok_or_else(|| TestkitError::UnknownKind(format!("{api_version} {kind_name}")))?;
+            if kind.needs_conversion(version) {
+                if let ConversionStrategy::Webhook(_) = kind.conversion {
+                    return Err(ApiError::BadRequest(format!(
+                        "create_yaml cannot convert {api_version} {kind_name} through its conversion webhook: write it in {} or create it through a client",
+                        kind.api_version(kind.storage_version())
+                    ))
+                    .into());
+                }
+                obj["apiVersion"] = serde_json::json!(kind.api_version(kind.storage_version()));
+            }
             let ns = if kind.namespaced {
                 obj["metadata"]["namespace"]
                     .as_str()

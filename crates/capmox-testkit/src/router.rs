@@ -14,12 +14,13 @@ use http_body::{Frame, SizeHint};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
+use super::convert;
 use super::error::ApiError;
 use super::kinds::KindInfo;
 use super::selector::{FieldSelector, LabelSelector, Selectors};
 use super::store::{
-    ClientRequest, DeleteOptions, EventType, FaultKind, PatchKind, RequestInfo, Store, Sub,
-    WatchRecord, WriteOptions,
+    ClientRequest, DeleteOptions, EventType, FaultKind, PatchKind, RequestInfo, Staged, Store, Sub,
+    Versioned, WatchRecord, WriteOptions,
 };
 
 /// Header naming the client an HTTP request is attributed to (in-process clients of
@@ -285,7 +286,7 @@ fn resource_list(store: &Store, group: &str, version: &str) -> Value {
         .kinds()
         .iter()
         .filter(|k| k.group == group && k.versions.iter().any(|v| v == version))
-        .flat_map(|k| k.api_resources())
+        .flat_map(|k| k.for_version(version).api_resources())
         .collect();
     let gv = if group.is_empty() {
         version.to_string()
@@ -347,6 +348,127 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     })
 }
 
+/// A create or update body in the request's version: `apiVersion` defaults to it and must
+/// not name another version, as on a real server.
+fn request_body(body: &Bytes, kind: &KindInfo, version: &str) -> Result<Value, ApiError> {
+    let mut obj = parse_body(body)?;
+    if obj.is_object() {
+        let expected = kind.api_version(version);
+        match obj["apiVersion"].as_str() {
+            None | Some("") => obj["apiVersion"] = json!(expected),
+            Some(av) if av == expected => {}
+            Some(av) => {
+                return Err(ApiError::BadRequest(format!(
+                    "the API version in the data ({av}) does not match the expected API version ({expected})"
+                )));
+            }
+        }
+    }
+    Ok(obj)
+}
+
+/// A server-side apply must be written in the request's version, as on a real server.
+fn check_apply_version(body: &Bytes, kind: &KindInfo, version: &str) -> Result<(), ApiError> {
+    let Ok(applied) = parse_body(body) else {
+        return Ok(()); // the store reports the syntax error
+    };
+    let expected = kind.api_version(version);
+    match applied["apiVersion"].as_str() {
+        Some(av) if av != expected && av.rsplit_once('/').map_or("", |(g, _)| g) == kind.group => {
+            Err(ApiError::BadRequest(format!(
+                "Incorrect version specified in apply patch. Specified patch version: {av}, expected: {expected}"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Convert stored objects to the request's version when it is not the storage version.
+async fn to_version(
+    store: &Store,
+    kind: &KindInfo,
+    version: &str,
+    objects: Vec<Arc<Value>>,
+) -> Result<Vec<Arc<Value>>, ApiError> {
+    if !kind.needs_conversion(version) {
+        return Ok(objects);
+    }
+    convert::convert(store, kind, objects, version).await
+}
+
+/// [`to_version`] for one owned object.
+async fn one_to_version(
+    store: &Store,
+    kind: &KindInfo,
+    version: &str,
+    obj: Value,
+) -> Result<Value, ApiError> {
+    if !kind.needs_conversion(version) {
+        return Ok(obj);
+    }
+    convert::convert_one(store, kind, obj, version).await
+}
+
+/// A write in a version other than the storage version, as the real server's
+/// `GuaranteedUpdate`: read the stored object and convert it to the request's version, let
+/// the store compute and validate the new object from it, convert that to the storage version
+/// and commit it if nothing changed meanwhile (else start over). No lock is held while a
+/// webhook converts.
+async fn versioned_write(
+    store: &Store,
+    kind: &KindInfo,
+    version: &str,
+    target: Option<(&str, &str)>,
+    stage: impl Fn(&Versioned) -> Result<Staged, ApiError>,
+) -> Result<Value, ApiError> {
+    for _ in 0..64 {
+        let old = match target {
+            Some((ns, name)) => match store.get(kind, ns, name) {
+                Ok(o) => Some(o),
+                Err(ApiError::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            },
+            None => None,
+        };
+        let old = match old {
+            Some(o) => {
+                let mut o = convert::convert_one(store, kind, o, version).await?;
+                if let Some(m) = o["metadata"].as_object_mut() {
+                    m.remove("managedFields");
+                }
+                Some(o)
+            }
+            None => None,
+        };
+        let ver = Versioned {
+            version: version.to_string(),
+            old,
+        };
+        match stage(&ver)? {
+            Staged::Done(v) => return Ok(v),
+            Staged::Retry => continue,
+            Staged::Convert(pending) => {
+                let converted = convert::convert_one(
+                    store,
+                    kind,
+                    pending.object.clone(),
+                    kind.storage_version(),
+                )
+                .await?;
+                if let Some(view) = store.commit_staged(kind, pending, converted)? {
+                    return convert::convert_one(store, kind, view, version).await;
+                }
+            }
+        }
+    }
+    Err(ApiError::Conflict {
+        message: format!(
+            "Operation cannot be fulfilled on {}: the object kept changing during conversion; please try again",
+            kind.group_resource().qualified()
+        ),
+    })
+}
+
 fn write_options(query: &HashMap<String, String>, headers: &HeaderMap) -> WriteOptions {
     let manager = query
         .get("fieldManager")
@@ -384,7 +506,9 @@ async fn resource(
     };
     let kind = store
         .kind_for_path(group, version, plural)
-        .ok_or(ApiError::NoRoute)?;
+        .ok_or(ApiError::NoRoute)?
+        .for_version(version);
+    let converting = kind.needs_conversion(version);
     let (name, sub) = match tail {
         [] => (None, None),
         [n] => (Some(*n), None),
@@ -505,6 +629,7 @@ async fn resource(
         }
         (&Method::GET, Some(name)) => {
             let obj = store.get(&kind, &ns_key, name)?;
+            let obj = one_to_version(store, &kind, version, obj).await?;
             if wants_metadata(headers) {
                 return Ok(json_response(StatusCode::OK, &partial(&obj)));
             }
@@ -531,13 +656,15 @@ async fn resource(
                 );
             }
             let limit = query.get("limit").and_then(|l| l.parse().ok());
-            let (mut items, rv, cont) = store.list(
+            let (items, rv, cont) = store.list(
                 &kind,
                 ns.as_deref(),
                 &sel,
                 limit,
                 query.get("continue").map(String::as_str),
             )?;
+            // One review for the whole page, as the real server batches.
+            let mut items = to_version(store, &kind, version, items).await?;
             if wants_table(headers) {
                 let items: Vec<&Value> = items.iter().map(AsRef::as_ref).collect();
                 return Ok(json_response(StatusCode::OK, &table(&kind, &items, rv)));
@@ -569,11 +696,27 @@ async fn resource(
             ))
         }
         (&Method::POST, None) => {
-            let obj = store.create(&kind, &ns_key, parse_body(&body)?, &opts)?;
+            let obj = request_body(&body, &kind, version)?;
+            let obj = if converting {
+                versioned_write(store, &kind, version, None, |ver| {
+                    store.create_staged(&kind, &ns_key, obj.clone(), &opts, Some(ver))
+                })
+                .await?
+            } else {
+                store.create(&kind, &ns_key, obj, &opts)?
+            };
             Ok(respond(StatusCode::CREATED, obj))
         }
         (&Method::PUT, Some(name)) => {
-            let obj = store.update(&kind, &ns_key, name, parse_body(&body)?, sub, &opts)?;
+            let obj = request_body(&body, &kind, version)?;
+            let obj = if converting {
+                versioned_write(store, &kind, version, Some((&ns_key, name)), |ver| {
+                    store.update_staged(&kind, &ns_key, name, obj.clone(), sub, &opts, Some(ver))
+                })
+                .await?
+            } else {
+                store.update(&kind, &ns_key, name, obj, sub, &opts)?
+            };
             Ok(respond(StatusCode::OK, obj))
         }
         (&Method::PATCH, Some(name)) => {
@@ -592,8 +735,18 @@ async fn resource(
                     )));
                 }
             };
+            if pk == PatchKind::Apply {
+                check_apply_version(&body, &kind, version)?;
+            }
             let existed = store.get(&kind, &ns_key, name).is_ok();
-            let obj = store.patch(&kind, &ns_key, name, pk, &body, sub, &opts)?;
+            let obj = if converting {
+                versioned_write(store, &kind, version, Some((&ns_key, name)), |ver| {
+                    store.patch_staged(&kind, &ns_key, name, pk, &body, sub, &opts, Some(ver))
+                })
+                .await?
+            } else {
+                store.patch(&kind, &ns_key, name, pk, &body, sub, &opts)?
+            };
             let code = if existed {
                 StatusCode::OK
             } else {
@@ -606,6 +759,7 @@ async fn resource(
             let obj = store.delete(&kind, &ns_key, name, &dopts)?;
             if dopts.dry_run || store.get(&kind, &ns_key, name).is_ok() {
                 // Still there (finalizers): the object, with its deletionTimestamp.
+                let obj = one_to_version(store, &kind, version, obj).await?;
                 return Ok(respond(StatusCode::OK, obj));
             }
             // Gone: a Success Status, as for the real CRD and most built-in stores.
@@ -627,10 +781,16 @@ async fn resource(
                     .unwrap_or("")
                     .to_string();
                 let iname = i["metadata"]["name"].as_str().unwrap_or("").to_string();
-                let mut o = store.delete(&kind, &ins, &iname, &dopts)?;
-                set_version(&mut o, &kind, version);
-                out.push(o);
+                out.push(Arc::new(store.delete(&kind, &ins, &iname, &dopts)?));
             }
+            let out = to_version(store, &kind, version, out).await?;
+            let out: Vec<Value> = out
+                .into_iter()
+                .map(|mut o| {
+                    set_shared_version(&mut o, &kind, version);
+                    Arc::unwrap_or_clone(o)
+                })
+                .collect();
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"apiVersion": kind.api_version(version), "kind": kind.list_kind, "metadata": {"resourceVersion": rv.to_string()}, "items": out}),
@@ -856,20 +1016,40 @@ fn watch(
                 .is_none_or(|n| o["metadata"]["namespace"].as_str() == Some(n))
                 && sel.matches(o)
         };
-        let render = |rec: &WatchRecord| {
-            visible(rec, &matches).map(|t| {
-                if metadata_only {
-                    return event_line(t, &partial(&rec.object));
-                }
-                let mut obj = rec.object.clone();
-                set_shared_version(&mut obj, &kind, &version);
-                event_line(t, &obj)
-            })
+        // The events a record gives this watch, converted to its version (one review for all
+        // of them); a conversion failure ends the watch with an ERROR event.
+        let render = async |recs: &[Arc<WatchRecord>]| -> Result<Vec<Bytes>, Bytes> {
+            let (types, objects): (Vec<&'static str>, Vec<Arc<Value>>) = recs
+                .iter()
+                .filter_map(|rec| visible(rec, &matches).map(|t| (t, rec.object.clone())))
+                .unzip();
+            if objects.is_empty() {
+                return Ok(Vec::new());
+            }
+            let objects = to_version(&counter, &kind, &version, objects)
+                .await
+                .map_err(|e| event_line("ERROR", &e.to_status()))?;
+            Ok(types
+                .into_iter()
+                .zip(objects)
+                .map(|(t, mut obj)| {
+                    if metadata_only {
+                        return event_line(t, &partial(&obj));
+                    }
+                    set_shared_version(&mut obj, &kind, &version);
+                    event_line(t, &obj)
+                })
+                .collect())
         };
-        for rec in &start.initial {
-            if let Some(line) = render(rec)
-                && tx.send(line).await.is_err()
-            {
+        let initial = match render(&start.initial).await {
+            Ok(lines) => lines,
+            Err(error) => {
+                let _ = tx.send(error).await;
+                return;
+            }
+        };
+        for line in initial {
+            if tx.send(line).await.is_err() {
                 return;
             }
         }
@@ -888,7 +1068,7 @@ fn watch(
             tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(100 * 365 * 86_400)));
         tokio::pin!(deadline);
         loop {
-            let line = tokio::select! {
+            let event = tokio::select! {
                 _ = &mut deadline => {
                     counter.count_watch_end(client.as_deref(), "timeout");
                     break;
@@ -900,14 +1080,19 @@ fn watch(
                     let _ = tx.send(event_line("ERROR", &e.to_status())).await;
                     break;
                 }
-                _ = ticker.tick(), if bookmarks => Some(bookmark(&kind, &version, last_rv, false)),
+                _ = ticker.tick(), if bookmarks => {
+                    if tx.send(bookmark(&kind, &version, last_rv, false)).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
                 r = rx.recv() => match r {
                     Ok(rec) => {
                         if rec.rv <= start.start_rv {
                             continue;
                         }
                         last_rv = rec.rv;
-                        if rec.gr == kind.group_resource() { render(&rec) } else { None }
+                        if rec.gr == kind.group_resource() { Some(rec) } else { None }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         counter.count_watch_end(client.as_deref(), "lagged");
@@ -918,10 +1103,20 @@ fn watch(
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
             };
-            if let Some(line) = line
-                && tx.send(line).await.is_err()
-            {
-                break;
+            let Some(rec) = event else { continue };
+            match render(std::slice::from_ref(&rec)).await {
+                Ok(lines) => {
+                    for line in lines {
+                        if tx.send(line).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(error) => {
+                    counter.count_watch_end(client.as_deref(), "conversion");
+                    let _ = tx.send(error).await;
+                    break;
+                }
             }
         }
         tracing::trace!(kind = %kind.kind, "testkit watch ended");

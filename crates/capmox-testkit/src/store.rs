@@ -169,6 +169,55 @@ pub struct DeleteOptions {
     pub dry_run: bool,
 }
 
+/// A write in a version other than the storage version: the store computes the new object
+/// in the request's version, from the stored object converted to it by the caller (conversion
+/// may call a webhook, so it happens outside the store's lock), and hands it back for
+/// conversion to the storage version ([`Staged::Convert`], then [`Store::commit_staged`]).
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    /// The request's version.
+    pub version: String,
+    /// The stored object converted to `version` (without `managedFields`), as read before
+    /// the write; `None` when there was none.
+    pub old: Option<Value>,
+}
+
+/// What a write given a [`Versioned`] context came to.
+#[derive(Debug)]
+pub enum Staged {
+    /// Finished (a write that changed nothing, a dry run, or a direct write): the answer.
+    Done(Value),
+    /// The stored object changed since the caller read it: read, convert and try again.
+    Retry,
+    /// Validated in the request's version: convert `object` to the storage version and
+    /// commit it with [`Store::commit_staged`].
+    Convert(Pending),
+}
+
+impl Staged {
+    fn into_value(self) -> Result<Value, ApiError> {
+        match self {
+            Staged::Done(v) => Ok(v),
+            _ => Err(ApiError::Internal(
+                "testkit: a direct write asked for conversion".into(),
+            )),
+        }
+    }
+}
+
+/// A validated write waiting for its conversion to the storage version.
+#[derive(Debug)]
+pub struct Pending {
+    key: Key,
+    /// The new object, in the request's version.
+    pub object: Value,
+    managed: Vec<ManagedEntry>,
+    /// The stored resourceVersion it was computed from (`None`: a create).
+    base_rv: Option<Value>,
+    /// A create by server-side apply (which retries instead of failing on a concurrent create).
+    apply: bool,
+}
+
 /// Which part of the object a write addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sub {
@@ -357,6 +406,9 @@ struct Inner {
     require_namespaces: bool,
 }
 
+/// The base URL (`https://host:port`) each `(namespace, name)` service stands for.
+pub type ServiceRoutes = HashMap<(String, String), String>;
+
 /// The shared state behind every client, service and HTTP connection of one fake server.
 pub struct Store {
     inner: Mutex<Inner>,
@@ -366,6 +418,7 @@ pub struct Store {
     counts_by_client: Mutex<BTreeMap<String, RequestCounts>>,
     by_client: Mutex<BTreeMap<String, BTreeMap<ClientRequest, u64>>>,
     expire: tokio::sync::watch::Sender<u64>,
+    services: Mutex<ServiceRoutes>,
 }
 
 /// Current time as RFC 3339 with second precision, like `metav1.Time`.
@@ -537,10 +590,19 @@ fn crd_accept(kind: &KindInfo, obj: &mut Value) -> Result<Option<KindInfo>, ApiE
         let cond = |t: &str| json!({"type": t, "status": "True", "reason": t, "message": "", "lastTransitionTime": now_rfc3339()});
         json!([cond("NamesAccepted"), cond("Established")])
     };
+    // Like the CRD strategy: the storage version joins the versions objects were stored in
+    // (only the storage version migrator removes them, through /status).
+    let mut stored = obj["status"]["storedVersions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !stored.iter().any(|v| v == defined.storage_version()) {
+        stored.push(json!(defined.storage_version()));
+    }
     obj["status"] = json!({
         "acceptedNames": obj["spec"]["names"],
         "conditions": conditions,
-        "storedVersions": [defined.storage_version()],
+        "storedVersions": stored,
     });
     Ok(Some(defined))
 }
@@ -622,14 +684,10 @@ impl Inner {
         let Some(v) = self.validators.get(&kind.group_resource()) else {
             return Ok(());
         };
-        let version = obj["apiVersion"]
-            .as_str()
-            .map(|av| av.rsplit('/').next().unwrap_or(av))
-            .unwrap_or("");
         let input = ValidationInput {
             object: obj,
             old_object: old,
-            schema: kind.schemas.get(version).or_else(|| kind.schema()),
+            schema: kind.schema_of(obj),
             kind,
         };
         if let Err(msg) = v(&input) {
@@ -1080,6 +1138,7 @@ impl Store {
             counts_by_client: Mutex::default(),
             by_client: Mutex::default(),
             expire: tokio::sync::watch::channel(0).0,
+            services: Mutex::default(),
         }
     }
 
@@ -1128,6 +1187,34 @@ impl Store {
     /// Set the validation hook of a kind.
     pub fn set_validator(&self, gr: GroupResource, v: Validator) {
         self.lock().validators.insert(gr, v);
+    }
+
+    /// Route a service's conversion-webhook calls to `base_url` (`None`: remove the route).
+    pub fn route_service(&self, namespace: &str, name: &str, base_url: Option<String>) {
+        let mut routes = self.services.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), name.to_string());
+        match base_url {
+            Some(url) => {
+                routes.insert(key, url);
+            }
+            None => {
+                routes.remove(&key);
+            }
+        }
+    }
+
+    /// The base URL a service is routed to, if any.
+    pub fn service_route(&self, namespace: &str, name: &str) -> Option<String> {
+        self.services
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// A fresh uid (for conversion reviews).
+    pub fn new_uid(&self) -> String {
+        self.lock().new_uid()
     }
 
     /// Queue `n` failures of kind `fault` for the next writes of `gr`.
@@ -1347,11 +1434,24 @@ impl Store {
         obj: Value,
         opts: &WriteOptions,
     ) -> Result<Value, ApiError> {
-        let mut g = self.lock();
-        g.take_fault(&kind.group_resource())?;
-        self.create_locked(&mut g, kind, ns, obj, opts, None)
+        self.create_staged(kind, ns, obj, opts, None)?.into_value()
     }
 
+    /// [`Store::create`] in a version other than the storage version when `ver` is given.
+    pub fn create_staged(
+        &self,
+        kind: &KindInfo,
+        ns: &str,
+        obj: Value,
+        opts: &WriteOptions,
+        ver: Option<&Versioned>,
+    ) -> Result<Staged, ApiError> {
+        let mut g = self.lock();
+        g.take_fault(&kind.group_resource())?;
+        self.create_locked(&mut g, kind, ns, obj, opts, None, ver)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn create_locked(
         &self,
         g: &mut Inner,
@@ -1360,7 +1460,8 @@ impl Store {
         mut obj: Value,
         opts: &WriteOptions,
         managed: Option<Vec<ManagedEntry>>,
-    ) -> Result<Value, ApiError> {
+        ver: Option<&Versioned>,
+    ) -> Result<Staged, ApiError> {
         if !obj.is_object() {
             return Err(ApiError::BadRequest(
                 "the request body must be a JSON object".into(),
@@ -1376,7 +1477,8 @@ impl Store {
         }
         obj["kind"] = json!(kind.kind);
         if obj["apiVersion"].as_str().is_none() {
-            obj["apiVersion"] = json!(kind.api_version(kind.storage_version()));
+            let version = ver.map_or(kind.storage_version(), |v| v.version.as_str());
+            obj["apiVersion"] = json!(kind.api_version(version));
         }
         let m = meta_mut(&mut obj);
         if kind.namespaced {
@@ -1486,20 +1588,72 @@ impl Store {
         g.validate(kind, &obj, None)?;
         let mut managed = managed.unwrap_or_else(|| {
             let mut mf = Vec::new();
-            patch::record_update(&json!({}), &obj, kind.schema(), &mut mf, &opts.manager, "");
+            patch::record_update(
+                &json!({}),
+                &obj,
+                kind.schema_of(&obj),
+                &mut mf,
+                &opts.manager,
+                "",
+            );
             mf
         });
         let api_version = obj["apiVersion"].as_str().unwrap_or("").to_string();
         patch::stamp(&mut managed, &[], &api_version, &now_rfc3339());
         if opts.dry_run {
-            return Ok(obj);
+            return Ok(Staged::Done(obj));
+        }
+        if ver.is_some() {
+            return Ok(Staged::Convert(Pending {
+                key,
+                object: obj,
+                managed,
+                base_rv: None,
+                apply: false,
+            }));
         }
         let view = g.write(kind, &key, obj, Some(managed), &self.tx);
         if let Some(k) = defined {
             g.kinds.insert(k.group_resource(), Arc::new(k));
         }
         g.run_gc(&self.tx);
-        Ok(Arc::unwrap_or_clone(view))
+        Ok(Staged::Done(Arc::unwrap_or_clone(view)))
+    }
+
+    /// Store a [`Pending`] write once converted to the storage version; `None` when the
+    /// stored object changed in between (convert again and retry).
+    pub fn commit_staged(
+        &self,
+        kind: &KindInfo,
+        pending: Pending,
+        converted: Value,
+    ) -> Result<Option<Value>, ApiError> {
+        let mut g = self.lock();
+        let current = g
+            .objects
+            .get(&kind.group_resource())
+            .and_then(|m| m.get(&pending.key))
+            .map(|s| meta(&s.obj)["resourceVersion"].clone());
+        match (&pending.base_rv, current) {
+            (None, None) => {}
+            (None, Some(_)) if !pending.apply => {
+                return Err(ApiError::AlreadyExists {
+                    qualified: kind.group_resource().qualified(),
+                    name: pending.key.1,
+                });
+            }
+            (Some(base), Some(now)) if *base == now => {}
+            _ => return Ok(None),
+        }
+        let view = g.write(
+            kind,
+            &pending.key,
+            converted,
+            Some(pending.managed),
+            &self.tx,
+        );
+        g.run_gc(&self.tx);
+        Ok(Some(Arc::unwrap_or_clone(view)))
     }
 
     /// The object after a write to `sub` of `old`, with system fields, status handling,
@@ -1605,21 +1759,28 @@ impl Store {
         sub: Sub,
         opts: &WriteOptions,
         managed: Option<Vec<ManagedEntry>>,
-    ) -> Result<Value, ApiError> {
+        ver: Option<&Versioned>,
+    ) -> Result<Staged, ApiError> {
         fold_secret_string_data(kind, &mut new)?;
         let defined = crd_accept(kind, &mut new)?;
         let gr = kind.group_resource();
         let Some(stored) = g.objects.get(&gr).and_then(|m| m.get(key)) else {
             return Err(Self::not_found(kind, &key.1));
         };
-        let old_obj = stored.obj.clone();
+        // A versioned write starts from the caller's conversion of the stored object (the
+        // callers checked it is current, under this lock).
+        let old_obj = match ver.and_then(|v| v.old.as_ref()) {
+            Some(old) => old.clone(),
+            None => stored.obj.clone(),
+        };
+        let base_rv = meta(&stored.obj)["resourceVersion"].clone();
         let previous = stored.managed.clone();
         let mut managed = managed.unwrap_or_else(|| {
             let mut mf = stored.managed.clone();
             patch::record_update(
-                &stored.obj,
+                &old_obj,
                 &new,
-                kind.schema(),
+                kind.schema_of(&new),
                 &mut mf,
                 &opts.manager,
                 sub.name(),
@@ -1628,15 +1789,27 @@ impl Store {
         });
         let api_version = new["apiVersion"].as_str().unwrap_or("").to_string();
         patch::stamp(&mut managed, &previous, &api_version, &now_rfc3339());
-        if new == stored.obj
+        if new == old_obj
             && let Some(s) = g.objects.get_mut(&gr).and_then(|m| m.get_mut(key))
         {
             s.set_managed(managed);
-            return Ok(s.view_owned());
+            if ver.is_some() {
+                return Ok(Staged::Done(render_view(&old_obj, &s.managed)));
+            }
+            return Ok(Staged::Done(s.view_owned()));
         }
         g.validate(kind, &new, Some(&old_obj))?;
         if opts.dry_run {
-            return Ok(new);
+            return Ok(Staged::Done(new));
+        }
+        if ver.is_some() {
+            return Ok(Staged::Convert(Pending {
+                key: key.clone(),
+                object: new,
+                managed,
+                base_rv: Some(base_rv),
+                apply: false,
+            }));
         }
         let view = g.write(kind, key, new, Some(managed), &self.tx);
         if let Some(k) = defined
@@ -1645,7 +1818,26 @@ impl Store {
             g.kinds.insert(k.group_resource(), Arc::new(k));
         }
         g.run_gc(&self.tx);
-        Ok(Arc::unwrap_or_clone(view))
+        Ok(Staged::Done(Arc::unwrap_or_clone(view)))
+    }
+
+    /// The object a write starts from: the stored one, or for a versioned write the caller's
+    /// conversion of it (`None` when the stored object changed since: retry).
+    fn base(
+        g: &Inner,
+        kind: &KindInfo,
+        key: &Key,
+        ver: Option<&Versioned>,
+    ) -> Result<Option<Value>, ApiError> {
+        let (stored, _) = Self::stored_obj(g, kind, key)?;
+        let Some(ver) = ver else {
+            return Ok(Some(stored));
+        };
+        Ok(ver
+            .old
+            .as_ref()
+            .filter(|old| meta(old)["resourceVersion"] == meta(&stored)["resourceVersion"])
+            .cloned())
     }
 
     fn stored_obj(
@@ -1666,10 +1858,26 @@ impl Store {
         kind: &KindInfo,
         ns: &str,
         name: &str,
-        mut body: Value,
+        body: Value,
         sub: Sub,
         opts: &WriteOptions,
     ) -> Result<Value, ApiError> {
+        self.update_staged(kind, ns, name, body, sub, opts, None)?
+            .into_value()
+    }
+
+    /// [`Store::update`] in a version other than the storage version when `ver` is given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_staged(
+        &self,
+        kind: &KindInfo,
+        ns: &str,
+        name: &str,
+        mut body: Value,
+        sub: Sub,
+        opts: &WriteOptions,
+        ver: Option<&Versioned>,
+    ) -> Result<Staged, ApiError> {
         let mut g = self.lock();
         g.take_fault(&kind.group_resource())?;
         if !body.is_object() {
@@ -1693,7 +1901,9 @@ impl Store {
                 "the namespace of the provided object does not match the namespace sent on the request".into(),
             ));
         }
-        let (old, _) = Self::stored_obj(&g, kind, &key)?;
+        let Some(old) = Self::base(&g, kind, &key, ver)? else {
+            return Ok(Staged::Retry);
+        };
         if let Some(uid) = meta(&body)["uid"].as_str()
             && !uid.is_empty()
             && Some(uid) != meta(&old)["uid"].as_str()
@@ -1723,7 +1933,7 @@ impl Store {
         }
         meta_mut(&mut body).remove("managedFields");
         let new = Self::prepare(kind, &old, body, sub)?;
-        self.commit(&mut g, kind, &key, new, sub, opts, None)
+        self.commit(&mut g, kind, &key, new, sub, opts, None, ver)
     }
 
     /// PATCH: merge, JSON or strategic-merge patch, or server-side apply.
@@ -1738,13 +1948,32 @@ impl Store {
         sub: Sub,
         opts: &WriteOptions,
     ) -> Result<Value, ApiError> {
+        self.patch_staged(kind, ns, name, pk, body, sub, opts, None)?
+            .into_value()
+    }
+
+    /// [`Store::patch`] in a version other than the storage version when `ver` is given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn patch_staged(
+        &self,
+        kind: &KindInfo,
+        ns: &str,
+        name: &str,
+        pk: PatchKind,
+        body: &[u8],
+        sub: Sub,
+        opts: &WriteOptions,
+        ver: Option<&Versioned>,
+    ) -> Result<Staged, ApiError> {
         let mut g = self.lock();
         g.take_fault(&kind.group_resource())?;
         let key = (ns.to_string(), name.to_string());
         if pk == PatchKind::Apply {
-            return self.apply(&mut g, kind, &key, body, sub, opts);
+            return self.apply(&mut g, kind, &key, body, sub, opts, ver);
         }
-        let (old, _) = Self::stored_obj(&g, kind, &key)?;
+        let Some(old) = Self::base(&g, kind, &key, ver)? else {
+            return Ok(Staged::Retry);
+        };
         let mut doc = old.clone();
         match pk {
             PatchKind::Json => patch::apply_json_patch(&mut doc, body)?,
@@ -1774,9 +2003,10 @@ impl Store {
         }
         meta_mut(&mut doc).remove("managedFields");
         let new = Self::prepare(kind, &old, doc, sub)?;
-        self.commit(&mut g, kind, &key, new, sub, opts, None)
+        self.commit(&mut g, kind, &key, new, sub, opts, None, ver)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn apply(
         &self,
         g: &mut Inner,
@@ -1785,7 +2015,8 @@ impl Store {
         body: &[u8],
         sub: Sub,
         opts: &WriteOptions,
-    ) -> Result<Value, ApiError> {
+        ver: Option<&Versioned>,
+    ) -> Result<Staged, ApiError> {
         if opts.manager.is_empty() {
             return Err(ApiError::BadRequest(
                 "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into(),
@@ -1856,18 +2087,33 @@ impl Store {
             }
             Sub::Main => {}
         }
-        let schema = kind.schema();
+        let version = ver.map_or(kind.storage_version(), |v| v.version.as_str());
+        let schema = kind.schema_for(version).or_else(|| kind.schema());
         let existing = g
             .objects
             .get(&kind.group_resource())
             .and_then(|o| o.get(key))
             .map(|s| (s.obj.clone(), s.managed.clone()));
+        // A versioned apply starts from the caller's conversion, if it is still current.
+        let existing = match (ver, existing) {
+            (None, e) => e,
+            (Some(v), e) => {
+                let rv_of = |o: &Value| meta(o)["resourceVersion"].clone();
+                match (&v.old, e) {
+                    (None, None) => None,
+                    (Some(old), Some((stored, managed))) if rv_of(old) == rv_of(&stored) => {
+                        Some((old.clone(), managed))
+                    }
+                    _ => return Ok(Staged::Retry),
+                }
+            }
+        };
         match existing {
             None => {
                 if sub == Sub::Status {
                     return Err(Self::not_found(kind, name));
                 }
-                let mut base = json!({"apiVersion": kind.api_version(kind.storage_version()), "kind": kind.kind, "metadata": {"name": name}});
+                let mut base = json!({"apiVersion": kind.api_version(version), "kind": kind.kind, "metadata": {"name": name}});
                 if kind.namespaced {
                     base["metadata"]["namespace"] = json!(ns);
                 }
@@ -1881,7 +2127,13 @@ impl Store {
                     "",
                     opts.force,
                 )?;
-                self.create_locked(g, kind, ns, obj, opts, Some(managed))
+                match self.create_locked(g, kind, ns, obj, opts, Some(managed), ver)? {
+                    Staged::Convert(mut p) => {
+                        p.apply = true;
+                        Ok(Staged::Convert(p))
+                    }
+                    other => Ok(other),
+                }
             }
             Some((old, mut managed)) => {
                 if let Some(rv) = rv_pre.as_ref().and_then(Value::as_str)
@@ -1899,7 +2151,7 @@ impl Store {
                     opts.force,
                 )?;
                 let new = Self::prepare(kind, &old, merged, sub)?;
-                self.commit(g, kind, key, new, sub, opts, Some(managed))
+                self.commit(g, kind, key, new, sub, opts, Some(managed), ver)
             }
         }
     }
