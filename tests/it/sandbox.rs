@@ -238,3 +238,86 @@ async fn flatcar_machines_get_ignition_bootstrap_data_and_boot_flatcar() {
     }
     assert_one_vm_per_machine(&sandbox).await;
 }
+
+/// A user's v1alpha1 manifest applied with kubectl goes through capmox's conversion webhook:
+/// it is stored as v1alpha2, and reading it as v1alpha1 gives back what was applied, including
+/// the `cloneSpec` v1alpha2 has no field for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_a_v1alpha1_manifest_through_the_conversion_webhook() {
+    let dir = std::env::temp_dir().join(format!("capmox-v1alpha1-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let options = SandboxOptions {
+        kubeconfig: dir.join("kubeconfig"),
+        ..options()
+    };
+    let sandbox = Sandbox::start(&options, true)
+        .await
+        .expect("sandbox starts");
+    let manifest = crate::common::substitute(
+        &std::fs::read_to_string(crate::common::data(
+            "conversion/v1alpha1-cluster-template.yaml",
+        ))
+        .expect("test data"),
+        crate::common::TEMPLATE_VALUES,
+    );
+    let file = dir.join("v1alpha1.yaml");
+    std::fs::write(&file, manifest).expect("write manifest");
+    let kubectl = |args: &[&str]| {
+        let mut command = std::process::Command::new(crate::common::kubectl());
+        command
+            .arg("--kubeconfig")
+            .arg(&options.kubeconfig)
+            .args(args);
+        let output = tokio::task::block_in_place(|| command.output()).expect("kubectl runs");
+        assert!(
+            output.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    // The in-process API server publishes no OpenAPI document for kubectl's client-side checks.
+    let applied = kubectl(&[
+        "apply",
+        "--validate=false",
+        "-f",
+        file.to_str().expect("utf-8 path"),
+    ]);
+    assert!(
+        applied.contains("proxmoxcluster.infrastructure.cluster.x-k8s.io/demo created"),
+        "{applied}"
+    );
+
+    let stored =
+        Api::<capmox::api::ProxmoxMachineTemplate>::namespaced(sandbox.client(), "default")
+            .get("demo-worker")
+            .await
+            .expect("stored template, read as v1alpha2");
+    let devices = &stored.spec.template.spec.network.network_devices;
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].name, "net0");
+    assert_eq!(devices[0].bridge.as_deref(), Some("vmbr0"));
+    let cluster = Api::<ProxmoxCluster>::namespaced(sandbox.client(), "default")
+        .get("demo")
+        .await
+        .expect("stored cluster, read as v1alpha2");
+    assert_eq!(cluster.spec.dns_servers, ["10.0.0.2"]);
+
+    let old: serde_json::Value = serde_json::from_str(&kubectl(&[
+        "get",
+        "proxmoxclusters.v1alpha1.infrastructure.cluster.x-k8s.io",
+        "demo",
+        "-o",
+        "json",
+    ]))
+    .expect("json");
+    assert_eq!(
+        old["apiVersion"],
+        "infrastructure.cluster.x-k8s.io/v1alpha1"
+    );
+    assert_eq!(
+        old["spec"]["cloneSpec"]["sshAuthorizedKeys"],
+        serde_json::json!(["ssh-ed25519 AAAA"])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,6 +16,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::conversion::LocalWebhook;
 use super::standin::{CapiStandIn, ExampleCluster, create_example_cluster};
 use capmox::api::ProxmoxMachine;
 use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
@@ -131,6 +132,8 @@ pub struct Sandbox {
     /// Stops everything.
     pub stop: CancellationToken,
     http: Option<capmox_testkit::HttpServer>,
+    /// capmox's conversion webhook, which the API server calls for `v1alpha1` requests.
+    pub webhook: LocalWebhook,
 }
 
 impl Drop for Sandbox {
@@ -212,7 +215,13 @@ impl Sandbox {
     pub async fn start(options: &SandboxOptions, serve_http: bool) -> Result<Self, SandboxError> {
         let server = ApiServer::new();
         server.register_builtin_kinds();
-        for crd in capmox::api::crd::all().map_err(|e| SandboxError::Testkit(e.to_string()))? {
+        let stop = CancellationToken::new();
+        // v1alpha1 requests are converted by capmox's own webhook, as in a real installation.
+        let webhook = LocalWebhook::start(stop.clone())
+            .await
+            .map_err(|e| SandboxError::Testkit(e.to_string()))?;
+        for mut crd in capmox::api::crd::all().map_err(|e| SandboxError::Testkit(e.to_string()))? {
+            webhook.convert_through(&mut crd);
             let yaml = capmox::api::crd::to_yaml(&crd)
                 .map_err(|e| SandboxError::Testkit(e.to_string()))?;
             server
@@ -255,7 +264,6 @@ impl Sandbox {
             config,
             GlobalCredentials::default(),
         ));
-        let stop = CancellationToken::new();
         tokio::spawn(capmox::controller::run_controllers(
             context.clone(),
             stop.clone(),
@@ -268,6 +276,7 @@ impl Sandbox {
             context,
             stop,
             http,
+            webhook,
         })
     }
 
@@ -509,6 +518,7 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
         println!("Kubernetes API:         {url}");
         println!("kubeconfig:             {}", options.kubeconfig.display());
     }
+    println!("Conversion webhook:     {}", sandbox.webhook.url);
     sandbox.apply_example(&options).await?;
     let bootstrap = match options.os {
         GuestOs::Ubuntu => "Ubuntu, cloud-config",
@@ -546,7 +556,9 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
     );
     if keep_running {
         println!(
-            "\nStill running; try: kubectl --kubeconfig {} get proxmoxmachines,proxmoxclusters\nPress Ctrl-C to stop.",
+            "\nStill running; try: kubectl --kubeconfig {0} get proxmoxmachines,proxmoxclusters\n\
+             v1alpha1 works too: kubectl --kubeconfig {0} get proxmoxclusters.v1alpha1.infrastructure.cluster.x-k8s.io demo -o yaml\n\
+             Press Ctrl-C to stop.",
             options.kubeconfig.display()
         );
         let _ = tokio::signal::ctrl_c().await;
