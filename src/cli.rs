@@ -150,9 +150,10 @@ pub struct RunArgs {
     /// Elect a leader among replicas through a Lease; only the leader reconciles.
     #[arg(long, env = "CAPMOX_LEADER_ELECT")]
     pub leader_elect: bool,
-    /// Name of the leader election Lease.
-    #[arg(long, default_value = "capmox-controller-leader")]
-    pub leader_election_id: String,
+    /// Name of the leader election Lease (`capmox-controller-leader`, with `-<watch filter>`
+    /// appended when `--watch-filter` is set, so every shard elects its own leader).
+    #[arg(long)]
+    pub leader_election_id: Option<String>,
     /// Namespace of the leader election Lease (defaults to the pod's namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "capmox-system")]
     pub leader_election_namespace: String,
@@ -168,6 +169,10 @@ pub struct RunArgs {
     /// Only watch this namespace (all namespaces when unset, as clusterctl installs providers).
     #[arg(long)]
     pub namespace: Option<String>,
+    /// Only reconcile ProxmoxClusters and ProxmoxMachines labelled
+    /// `cluster.x-k8s.io/watch-filter=<value>` (one manager per shard).
+    #[arg(long, value_parser = parse_label_value)]
+    pub watch_filter: Option<String>,
     /// Proxmox VE URL for clusters without a credentialsRef, e.g. `https://pve1:8006`.
     #[arg(long, env = "PROXMOX_URL")]
     pub proxmox_url: Option<String>,
@@ -203,7 +208,7 @@ impl RunArgs {
             leader_election: self
                 .leader_elect
                 .then(|| crate::controller::LeaderElectionConfig {
-                    name: self.leader_election_id.clone(),
+                    name: self.lease_name(),
                     namespace: self.leader_election_namespace.clone(),
                     identity,
                     lease_duration: self.leader_elect_lease_duration,
@@ -211,6 +216,7 @@ impl RunArgs {
                     retry_period: self.leader_elect_retry_period,
                 }),
             watch_namespace: self.namespace.clone(),
+            watch_filter: self.watch_filter.clone(),
             cluster_concurrency: self.proxmoxcluster_concurrency,
             machine_concurrency: self.proxmoxmachine_concurrency,
             webhook: (!self.disable_webhook).then(|| crate::webhook::WebhookConfig {
@@ -218,6 +224,42 @@ impl RunArgs {
                 cert_dir: self.webhook_cert_dir.clone(),
             }),
         }
+    }
+}
+
+impl RunArgs {
+    /// The Lease this manager elects its leader with: one per shard.
+    pub fn lease_name(&self) -> String {
+        match (&self.leader_election_id, &self.watch_filter) {
+            (Some(name), _) => name.clone(),
+            (None, Some(filter)) => format!(
+                "{DEFAULT_LEASE}-{}",
+                filter.to_ascii_lowercase().replace(['_', '.'], "-")
+            ),
+            (None, None) => DEFAULT_LEASE.to_owned(),
+        }
+    }
+}
+
+/// The leader election Lease of an unsharded manager.
+pub const DEFAULT_LEASE: &str = "capmox-controller-leader";
+
+/// Accepts what Kubernetes accepts as a label value (and is not empty: an empty filter would
+/// select the objects without the label, which is not what a shard means).
+fn parse_label_value(text: &str) -> Result<String, String> {
+    let valid = !text.is_empty()
+        && text.len() <= 63
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && text.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if valid {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is not a label value: 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        ))
     }
 }
 
@@ -398,7 +440,41 @@ async fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
 mod tests {
     use std::time::Duration;
 
-    use super::parse_duration;
+    use clap::Parser;
+
+    use super::{Cli, Command, parse_duration};
+
+    fn run_args(extra: &[&str]) -> Result<super::RunArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["capmox", "run"].iter().chain(extra))?;
+        match cli.command {
+            Command::Run(args) => Ok(*args),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_shard_elects_its_leader_through_its_own_lease() {
+        let lease = |extra: &[&str]| run_args(extra).expect("valid flags").lease_name();
+        assert_eq!(lease(&[]), "capmox-controller-leader");
+        assert_eq!(
+            lease(&["--watch-filter", "Team_A.prod"]),
+            "capmox-controller-leader-team-a-prod"
+        );
+        assert_eq!(
+            lease(&["--watch-filter", "team-a", "--leader-election-id", "mine"]),
+            "mine"
+        );
+    }
+
+    #[test]
+    fn a_watch_filter_must_be_a_label_value() {
+        for bad in ["", "-a", "a-", "a b", &"x".repeat(64)] {
+            let flag = format!("--watch-filter={bad}");
+            let error = run_args(&[&flag]).expect_err(bad).to_string();
+            assert!(error.contains("not a label value"), "{bad:?}: {error}");
+        }
+        assert!(run_args(&["--watch-filter", "a"]).is_ok());
+    }
 
     #[test]
     fn durations_parse_like_kubernetes_flags() {

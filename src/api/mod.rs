@@ -30,6 +30,9 @@ pub mod labels {
     pub const CONTRACT_V1BETA2: &str = "cluster.x-k8s.io/v1beta2";
     /// clusterctl provider label.
     pub const PROVIDER: &str = "cluster.x-k8s.io/provider";
+    /// Assigns an object to the manager started with `--watch-filter` of the same value, as
+    /// Cluster API providers shard.
+    pub const WATCH_FILTER: &str = "cluster.x-k8s.io/watch-filter";
 }
 
 /// Well-known annotation keys, as the Go provider writes them.

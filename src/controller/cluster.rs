@@ -19,7 +19,6 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -95,7 +94,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         ),
     };
     let config = ControllerConfig::default().concurrency(context.config.cluster_concurrency);
-    let controller = Controller::new(clusters, watcher::Config::default());
+    let controller = Controller::new(clusters, context.config.reconciled_watch());
     super::report_cache_sync(controller.store(), context.readiness.clone(), CONTROLLER);
     let queue = context.metrics.work_queue(CONTROLLER);
     queue.observe(controller.store());

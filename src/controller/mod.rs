@@ -55,6 +55,9 @@ pub struct ManagerConfig {
     pub leader_election: Option<LeaderElectionConfig>,
     /// Namespace to watch, or `None` for all namespaces.
     pub watch_namespace: Option<String>,
+    /// Only reconcile ProxmoxClusters and ProxmoxMachines whose
+    /// `cluster.x-k8s.io/watch-filter` label has this value (`None`: all of them).
+    pub watch_filter: Option<String>,
     /// Reconciles of ProxmoxClusters that may run at once.
     pub cluster_concurrency: u16,
     /// Reconciles of ProxmoxMachines that may run at once.
@@ -62,6 +65,20 @@ pub struct ManagerConfig {
     /// The conversion webhook, served by every replica (leader or not) since the API server
     /// needs it whichever pod the Service picks; `None` for local runs and tests.
     pub webhook: Option<crate::webhook::WebhookConfig>,
+}
+
+impl ManagerConfig {
+    /// How the controllers watch the kinds they reconcile: only this manager's shard when a
+    /// watch filter is set. The objects they only read or map from (CAPI Machines and
+    /// Clusters, claims, addresses, pools) are watched whole, so a shard's machine never misses
+    /// a Machine or an address that lacks the label.
+    pub fn reconciled_watch(&self) -> kube::runtime::watcher::Config {
+        let config = kube::runtime::watcher::Config::default();
+        match &self.watch_filter {
+            Some(value) => config.labels(&format!("{}={value}", crate::api::labels::WATCH_FILTER)),
+            None => config,
+        }
+    }
 }
 
 /// State shared by every reconciler of one manager.

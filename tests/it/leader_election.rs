@@ -183,6 +183,7 @@ async fn after_losing_the_lease_no_proxmox_write_follows() {
             retry_period: Duration::from_millis(100),
         }),
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 2,
         webhook: None,

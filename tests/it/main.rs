@@ -33,6 +33,7 @@ mod proxmox_tls;
 mod rbac;
 mod release;
 mod sandbox;
+mod sharding;
 mod sim;
 mod sim_shapes;
 mod soak;

@@ -110,6 +110,7 @@ async fn the_manager_future_can_be_spawned() {
         health_address: "127.0.0.1:0".parse().expect("address"),
         leader_election: None,
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
         webhook: Some(capmox::webhook::WebhookConfig {
@@ -148,6 +149,7 @@ async fn a_shutdown_before_the_caches_sync_stops_the_manager() {
         health_address: ([127, 0, 0, 1], 0).into(),
         leader_election: None,
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
         webhook: None,

@@ -168,6 +168,7 @@ async fn record_a_lifecycle(lease_namespace: Option<&str>) -> BTreeMap<ClientReq
             retry_period: Duration::from_secs(2),
         }),
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 2,
         machine_concurrency: 4,
         webhook: None,

@@ -410,6 +410,7 @@ async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
             retry_period: Duration::from_millis(100),
         }),
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
         webhook: None,

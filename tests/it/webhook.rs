@@ -426,6 +426,7 @@ async fn a_follower_serves_the_webhook_until_it_stops() {
             retry_period: Duration::from_millis(100),
         }),
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
         webhook: Some(WebhookConfig {

@@ -624,6 +624,7 @@ async fn scenario(
         health_address: ([127, 0, 0, 1], 0).into(),
         leader_election: None,
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 4,
         machine_concurrency: 10,
         webhook: None,

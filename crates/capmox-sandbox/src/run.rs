@@ -255,6 +255,7 @@ impl Sandbox {
             health_address: ([127, 0, 0, 1], 0).into(),
             leader_election: None,
             watch_namespace: None,
+            watch_filter: None,
             cluster_concurrency: 4,
             machine_concurrency: 16,
             webhook: None,

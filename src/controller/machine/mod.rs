@@ -57,7 +57,6 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -238,7 +237,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
     let namespace = namespace.as_deref();
     let machines: Api<ProxmoxMachine> = api(&client, namespace);
-    let controller = Controller::new(machines, watcher::Config::default());
+    let controller = Controller::new(machines, context.config.reconciled_watch());
     let store = controller.store();
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let (caches, writers) = Caches::new(store.clone());

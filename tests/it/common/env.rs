@@ -357,6 +357,7 @@ pub fn manager_config() -> ManagerConfig {
         health_address: "127.0.0.1:0".parse().expect("addr"),
         leader_election: None,
         watch_namespace: None,
+        watch_filter: None,
         cluster_concurrency: 2,
         machine_concurrency: 4,
         webhook: None,
