@@ -313,7 +313,24 @@ async fn templates_publish_capacity_from_the_spec_and_the_proxmox_template() {
         json!({"templateSelector": {"matchTags": ["capmox", "arm"]}}),
     )
     .await;
+    create_template(
+        &env,
+        "gone",
+        Some("demo"),
+        json!({"sourceNode": "pve1", "templateID": 9999, "numSockets": 1, "numCores": 2}),
+    )
+    .await;
     env.run_controllers();
+
+    // A template Proxmox does not have: its failure in the condition, the spec's part published.
+    let gone = wait_status(&env, "gone", "a condition", |s| resolved(s).is_some()).await;
+    let (status, reason, message) = resolved(&gone).expect("condition");
+    assert_eq!(status, "False", "{message}");
+    assert!(
+        message.contains("reading template 9999 on pve1"),
+        "{reason}: {message}"
+    );
+    assert_eq!(gone["capacity"], json!({"cpu": "2"}));
 
     let explicit = wait_status(&env, "explicit", "capacity", |s| {
         resolved(s).is_some_and(|c| c.0 == "True")
