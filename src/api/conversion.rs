@@ -21,8 +21,9 @@ use super::{
     NetworkDevice, NetworkSpec, NetworkStatus, NodeLocation, NodeLocations, ProxmoxClusterSpec,
     ProxmoxClusterStatus, ProxmoxClusterTemplateResource, ProxmoxClusterTemplateSpec,
     ProxmoxMachineSpec, ProxmoxMachineStatus, ProxmoxMachineTemplateResource,
-    ProxmoxMachineTemplateSpec, RouteSpec, RoutingPolicySpec, SchedulerHints, Storage,
-    TemplateObjectMeta, TypedLocalObjectReference, VirtualMachineState, VrfDevice,
+    ProxmoxMachineTemplateSpec, ProxmoxMachineTemplateStatus, RouteSpec, RoutingPolicySpec,
+    SchedulerHints, Storage, TemplateObjectMeta, TypedLocalObjectReference, VirtualMachineState,
+    VrfDevice,
 };
 
 /// Annotation that carries what the object's version cannot express (Cluster API's key).
@@ -105,6 +106,12 @@ pub fn convert(mut object: Value, desired_api_version: &str) -> Result<Value, Co
         }
         "ProxmoxMachineTemplate" => {
             parts.part::<MachineTemplate>(&mut object, "spec", stash.as_ref(), direction)?;
+            parts.hub_only_part::<MachineTemplateStatus>(
+                &mut object,
+                "status",
+                stash.as_ref(),
+                direction,
+            )?;
         }
         _ => return Err(unsupported()),
     }
@@ -157,6 +164,45 @@ impl Converted {
         self.lossy |= !lossless;
         self.originals.insert(key.to_owned(), value);
         object[key] = converted;
+        Ok(())
+    }
+}
+
+impl Converted {
+    /// Converts `object[key]`, a part only v1alpha2 has (its v1alpha1 form is empty): going
+    /// down, the part is dropped from the object and always travels in the annotation (even an
+    /// empty one, so it comes back as it was); going up, an object without it (v1alpha1 has no
+    /// such field, so clients drop it) gets it back from the annotation.
+    fn hub_only_part<P: Part>(
+        &mut self,
+        object: &mut Value,
+        key: &str,
+        stash: Option<&Value>,
+        direction: Direction,
+    ) -> Result<(), ConversionError> {
+        let present = object.get(key).is_some_and(|v| !v.is_null());
+        match direction {
+            Direction::Down => {
+                if !present {
+                    return Ok(());
+                }
+                self.part::<P>(object, key, stash, direction)?;
+                self.lossy = true;
+                if let Some(fields) = object.as_object_mut() {
+                    fields.remove(key);
+                }
+            }
+            Direction::Up => {
+                if stash.and_then(|s| s.get(key)).is_none() {
+                    if present && let Some(fields) = object.as_object_mut() {
+                        fields.remove(key);
+                    }
+                    return Ok(());
+                }
+                object[key] = Value::Object(Map::new());
+                self.part::<P>(object, key, stash, direction)?;
+            }
+        }
         Ok(())
     }
 }
@@ -227,6 +273,7 @@ struct ClusterTemplate;
 struct MachineSpec;
 struct MachineStatus;
 struct MachineTemplate;
+struct MachineTemplateStatus;
 
 impl Part for ClusterSpec {
     type Hub = ProxmoxClusterSpec;
@@ -792,6 +839,24 @@ impl Part for MachineTemplate {
                 spec: MachineSpec::down(&h.template.spec, earlier.map(|e| &e.template.spec)),
             },
         }
+    }
+}
+
+/// v1alpha1 templates have no status: the v1alpha2 one (capacity, node info, conditions)
+/// travels in the annotation whole.
+#[derive(Serialize, serde::Deserialize, PartialEq, Default)]
+struct NoStatus {}
+
+impl Part for MachineTemplateStatus {
+    type Hub = ProxmoxMachineTemplateStatus;
+    type Spoke = NoStatus;
+
+    fn up(_: &Self::Spoke, earlier: Option<&Self::Hub>) -> Self::Hub {
+        earlier.cloned().unwrap_or_default()
+    }
+
+    fn down(_: &Self::Hub, _: Option<&Self::Spoke>) -> Self::Spoke {
+        NoStatus {}
     }
 }
 

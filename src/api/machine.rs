@@ -13,6 +13,7 @@ use super::common::{
     Initialization, NET_NAME_PATTERN, TAG_PATTERN, TemplateObjectMeta, TypedLocalObjectReference,
     ZONE_PATTERN, conditions_schema,
 };
+use super::template_status::ProxmoxMachineTemplateStatus;
 
 /// Desired VM of one machine: where its template comes from, its size, disks and networks.
 // kube's `printcolumn(...)` repeats `type_` by design; clippy mistakes that for a duplicate.
@@ -627,6 +628,7 @@ pub struct NetworkStatus {
     kind = "ProxmoxMachineTemplate",
     doc = "Blueprint of ProxmoxMachines, referenced by KubeadmControlPlane and MachineDeployments.",
     namespaced,
+    status = "ProxmoxMachineTemplateStatus",
     shortname = "pmt",
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha2")

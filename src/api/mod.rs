@@ -5,11 +5,13 @@ mod common;
 pub mod conversion;
 pub mod crd;
 mod machine;
+mod template_status;
 pub mod v1alpha1;
 
 pub use cluster::*;
 pub use common::*;
 pub use machine::*;
+pub use template_status::*;
 
 /// API group of every capmox kind.
 pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
@@ -76,4 +78,7 @@ pub mod conditions {
     pub const FAILURE_DOMAINS_READY: &str = "FailureDomainsReady";
     /// The machine's VM exists, is configured and running.
     pub const VIRTUAL_MACHINE_PROVISIONED: &str = "VirtualMachineProvisioned";
+    /// A ProxmoxMachineTemplate's `status.capacity` and `status.nodeInfo` are complete: nothing
+    /// the spec leaves to the Proxmox template is missing.
+    pub const CAPACITY_RESOLVED: &str = "CapacityResolved";
 }

@@ -13,6 +13,7 @@ pub mod leader;
 pub mod machine;
 pub mod metrics;
 pub mod queue;
+pub mod template;
 pub mod vmid;
 
 use std::net::SocketAddr;
@@ -271,9 +272,11 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
     let readiness = context.readiness.clone();
     readiness.expect(cluster::CONTROLLER);
     readiness.expect(machine::CONTROLLER);
+    readiness.expect(template::CONTROLLER);
     tracing::info!(
         cluster_concurrency = context.config.cluster_concurrency,
         machine_concurrency = context.config.machine_concurrency,
+        template_concurrency = template::CONCURRENCY,
         "starting reconcilers"
     );
     tokio::join!(
@@ -286,6 +289,12 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
         stop_in_time(
             machine::CONTROLLER,
             machine::run(context.clone(), shutdown.clone()),
+            &readiness,
+            &shutdown,
+        ),
+        stop_in_time(
+            template::CONTROLLER,
+            template::run(context.clone(), shutdown.clone()),
             &readiness,
             &shutdown,
         )

@@ -39,6 +39,7 @@ mod sim_shapes;
 mod soak;
 mod standin;
 mod standin_capmox;
+mod template_capacity;
 mod testkit_controller;
 mod testkit_crud;
 mod testkit_faults;
