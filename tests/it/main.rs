@@ -34,6 +34,7 @@ mod rbac;
 mod release;
 mod sandbox;
 mod sim;
+mod sim_ha;
 mod sim_shapes;
 mod soak;
 mod standin;
