@@ -35,6 +35,7 @@ mod release;
 mod sandbox;
 mod sharding;
 mod sim;
+mod sim_ha;
 mod sim_shapes;
 mod soak;
 mod standin;

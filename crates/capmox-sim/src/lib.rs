@@ -31,7 +31,8 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-pub use server::{LoggedRequest, Rng, SIM_ROUTES, SimCounters};
+pub use server::{LoggedRequest, Rng, SIM_ROUTES, SIM_ROUTES_PVE9, SimCounters};
+pub use state::ha::{Affinity, HaGroup, HaResource, HaRule, HaRuleKind, Relocation};
 pub use state::{Cluster, SimError, TaskRecord};
 pub use topology::{
     DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
@@ -261,6 +262,42 @@ impl Simulator {
         self.with_cluster(|c| c.set_task_failure(task_failures(&faults)));
         *self.shared.rng.lock().unwrap_or_else(|p| p.into_inner()) = Rng::new(faults.seed);
         *self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()) = faults;
+    }
+
+    /// The HA resources as configured (`/etc/pve/ha/resources.cfg`), by sid.
+    pub fn ha_resources(&self) -> Vec<HaResource> {
+        self.with_cluster(|c| c.ha_resources())
+    }
+
+    /// The HA groups (PVE 8; always empty as PVE 9, where the group endpoints refuse).
+    pub fn ha_groups(&self) -> Vec<HaGroup> {
+        self.with_cluster(|c| c.ha_groups())
+    }
+
+    /// The HA rules (PVE 9), in file order.
+    pub fn ha_rules(&self) -> Vec<HaRule> {
+        self.with_cluster(|c| c.ha_rules())
+    }
+
+    /// The HA state of VM `vmid` (`started`, `stopped`, `recovery`, `error`, `ignored`),
+    /// `None` if it is not HA-managed.
+    pub fn ha_state(&self, vmid: u32) -> Option<String> {
+        self.with_cluster(|c| c.ha_state(vmid))
+    }
+
+    /// Node `node` fails (power loss): it goes offline (its API answers 595), its VMs stop,
+    /// and the HA manager recovers each HA-managed VM on it to a node its HA rules (PVE 9)
+    /// or group (PVE 8) allow, where it runs again under the same VMID and config. See
+    /// [`Cluster::fail_node`] for the placement rules; the result says where each went.
+    pub fn fail_node(&self, node: &str) -> Vec<Relocation> {
+        self.with_cluster(|c| c.fail_node(tokio::time::Instant::now(), node))
+    }
+
+    /// Node `node` is back: HA resources waiting for a node are recovered, and resources
+    /// with failback return to it when it is their preferred node. See
+    /// [`Cluster::revive_node`].
+    pub fn revive_node(&self, node: &str) -> Vec<Relocation> {
+        self.with_cluster(|c| c.revive_node(tokio::time::Instant::now(), node))
     }
 
     /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).

@@ -365,6 +365,9 @@ fn encode(opts: &SimOptions, reply: Reply) -> Response<Full<Bytes>> {
                         .collect::<serde_json::Map<_, _>>()
                 );
             }
+            // the reason phrase is the message's first line; the body keeps all of it
+            let (first, _) = e.reason.split_once('\n').unwrap_or((e.reason.as_str(), ""));
+            let first = first.to_string();
             if opts.error_message_field {
                 let msg = if e.errors.is_empty() {
                     format!("{}\n", e.reason)
@@ -375,7 +378,7 @@ fn encode(opts: &SimOptions, reply: Reply) -> Response<Full<Bytes>> {
                 };
                 body["message"] = json!(msg);
             }
-            (e.status, Some(e.reason), body.to_string())
+            (e.status, Some(first), body.to_string())
         }
     };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
@@ -403,6 +406,13 @@ pub(crate) fn endpoint_template(method: &Method, segs: &[&str]) -> String {
         ["version"] => "/version".to_string(),
         ["nodes"] => "/nodes".to_string(),
         ["nodes", _, "status"] => "/nodes/{node}/status".to_string(),
+        ["cluster", "ha", kind @ ("resources" | "groups" | "rules")] => {
+            format!("/cluster/ha/{kind}")
+        }
+        ["cluster", "ha", "resources", _] => "/cluster/ha/resources/{sid}".to_string(),
+        ["cluster", "ha", "groups", _] => "/cluster/ha/groups/{group}".to_string(),
+        ["cluster", "ha", "rules", _] => "/cluster/ha/rules/{rule}".to_string(),
+        ["cluster", "ha", "status", "current"] => "/cluster/ha/status/current".to_string(),
         ["cluster", x] => format!("/cluster/{x}"),
         ["pools"] => "/pools".to_string(),
         ["nodes", _, "qemu"] => "/nodes/{node}/qemu".to_string(),
@@ -463,6 +473,28 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ("GET", "/pools"),
     ("POST", "/pools"),
     ("PUT", "/pools"),
+    ("GET", "/cluster/ha/resources"),
+    ("POST", "/cluster/ha/resources"),
+    ("GET", "/cluster/ha/resources/{sid}"),
+    ("PUT", "/cluster/ha/resources/{sid}"),
+    ("DELETE", "/cluster/ha/resources/{sid}"),
+    ("GET", "/cluster/ha/groups"),
+    ("POST", "/cluster/ha/groups"),
+    ("GET", "/cluster/ha/groups/{group}"),
+    ("PUT", "/cluster/ha/groups/{group}"),
+    ("DELETE", "/cluster/ha/groups/{group}"),
+    ("GET", "/cluster/ha/status/current"),
+];
+
+/// The routes the simulator serves only when it reports PVE 9 or later (HA rules); as
+/// PVE 8 it answers them `501 Method '... /cluster/ha/rules...' not implemented`, like a
+/// real PVE 8 does.
+pub const SIM_ROUTES_PVE9: &[(&str, &str)] = &[
+    ("GET", "/cluster/ha/rules"),
+    ("POST", "/cluster/ha/rules"),
+    ("GET", "/cluster/ha/rules/{rule}"),
+    ("PUT", "/cluster/ha/rules/{rule}"),
+    ("DELETE", "/cluster/ha/rules/{rule}"),
 ];
 
 fn not_implemented(method: &Method, segs: &[&str]) -> Reply {
@@ -531,7 +563,20 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
                 ],
             ) => Reply::Data(json!(c.power(now, n, vmid_of(id)?, action)?.as_str())),
             ("DELETE", ["nodes", n, "qemu", id]) => {
-                Reply::Data(json!(c.delete_vm(now, n, vmid_of(id)?)?.as_str()))
+                let purge = match get("purge") {
+                    None | Some("0") => false,
+                    Some("1") => true,
+                    Some(other) => {
+                        return Err(SimError::param(
+                            "purge",
+                            format!("type check ('boolean') failed - got '{other}'"),
+                        ));
+                    }
+                };
+                Reply::Data(json!(c.delete_vm(now, n, vmid_of(id)?, purge)?.as_str()))
+            }
+            ("GET" | "POST" | "PUT" | "DELETE", ["cluster", "ha", rest @ ..]) => {
+                return route_ha(&mut c, now, method, segs, rest, &map);
             }
             ("GET", ["nodes", n, "storage"]) => Reply::Data(c.list_storage(n, get("content"))?),
             ("GET", ["nodes", n, "storage", s, "content"]) => {
@@ -592,6 +637,60 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
         })
     })();
     result.unwrap_or_else(Reply::Error)
+}
+
+/// `/cluster/ha/...`: the path parameter joins the others, as in the API schema.
+fn route_ha(
+    c: &mut Cluster,
+    now: Instant,
+    method: &Method,
+    segs: &[&str],
+    rest: &[&str],
+    map: &BTreeMap<String, String>,
+) -> Result<Reply, SimError> {
+    let mut p = map.clone();
+    let with = |p: &mut BTreeMap<String, String>, k: &str, v: &str| {
+        p.insert(k.to_string(), v.to_string());
+    };
+    let v = match (method.as_str(), rest) {
+        ("GET", ["resources"]) => c.ha_list_resources(&p)?,
+        ("POST", ["resources"]) => c.ha_create_resource(now, &p)?,
+        (m, ["resources", sid]) => {
+            with(&mut p, "sid", sid);
+            match m {
+                "GET" => c.ha_get_resource(&p)?,
+                "PUT" => c.ha_update_resource(now, &p)?,
+                "DELETE" => c.ha_delete_resource(&p)?,
+                _ => return Ok(not_implemented(method, segs)),
+            }
+        }
+        ("GET", ["groups"]) => c.ha_list_groups(&p)?,
+        ("POST", ["groups"]) => c.ha_create_group(&p)?,
+        (m, ["groups", g]) => {
+            with(&mut p, "group", g);
+            match m {
+                "GET" => c.ha_get_group(&p)?,
+                "PUT" => c.ha_update_group(&p)?,
+                "DELETE" => c.ha_delete_group(&p)?,
+                _ => return Ok(not_implemented(method, segs)),
+            }
+        }
+        (_, ["rules", ..]) if c.pve_major() < 9 => return Ok(not_implemented(method, segs)),
+        ("GET", ["rules"]) => c.ha_list_rules(&p)?,
+        ("POST", ["rules"]) => c.ha_create_rule(&p)?,
+        (m, ["rules", r]) => {
+            with(&mut p, "rule", r);
+            match m {
+                "GET" => c.ha_get_rule(&p)?,
+                "PUT" => c.ha_update_rule(&p)?,
+                "DELETE" => c.ha_delete_rule(&p)?,
+                _ => return Ok(not_implemented(method, segs)),
+            }
+        }
+        ("GET", ["status", "current"]) => c.ha_status_current(&p)?,
+        _ => return Ok(not_implemented(method, segs)),
+    };
+    Ok(Reply::Data(v))
 }
 
 /// Upload: strict like pve-http-server's streaming parser (Content-Length required,

@@ -2,6 +2,8 @@
 //! tasks, config digests, resize rules, power tasks, guest agent after boot.
 //! Time is passed in (`tokio::time::Instant`), tasks finish lazily when observed.
 
+pub mod ha;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -218,6 +220,8 @@ enum Effect {
     },
     Delete {
         vmid: u32,
+        /// `purge=1`: also drop the VM's HA resource (and its sid from HA rules).
+        purge: bool,
     },
     AddVolume(Box<Volume>),
     RemoveVolume {
@@ -308,6 +312,8 @@ pub struct Cluster {
     epoch: u64,
     opts: SimOptions,
     task_fail: Box<dyn FnMut(&str) -> bool + Send>,
+    /// HA resources, groups, rules and the CRM's view of them.
+    ha: ha::HaState,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -360,6 +366,7 @@ impl Cluster {
             epoch: 1_767_225_600, // 2026-01-01, for UPID start times
             opts,
             task_fail,
+            ha: ha::HaState::default(),
         };
         for t in &topology.templates {
             c.add_guest(t, true);
@@ -612,9 +619,12 @@ impl Cluster {
                     log.push(format!("Image resized to {bytes} bytes"));
                 }
             }
-            Effect::Delete { vmid } => {
+            Effect::Delete { vmid, purge } => {
                 if ok {
                     self.remove_vm(vmid);
+                    if purge {
+                        self.ha_forget(vmid);
+                    }
                 } else if let Some(vm) = self.vms.get_mut(&vmid) {
                     vm.config.remove("lock");
                 }
@@ -853,6 +863,13 @@ impl Cluster {
         }
         if let Some(pool) = &vm.pool {
             r["pool"] = json!(pool);
+        }
+        if let Some(state) = self.ha_state(vmid) {
+            r["hastate"] = json!(state);
+        }
+        // a guest on an offline node: pvestatd has no current statistics for it
+        if !self.nodes.get(&vm.node).is_some_and(|n| n.online) {
+            r["status"] = json!("unknown");
         }
         if lagging {
             if let Some(o) = r.as_object_mut() {
@@ -1452,7 +1469,7 @@ impl Cluster {
             "cpus": vm.cpus(), "maxmem": vm.memory_bytes(), "maxdisk": vm.boot_disk_size(),
             "mem": if vm.running { vm.memory_bytes() / 2 } else { 0 }, "cpu": 0, "disk": 0,
             "uptime": uptime, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
-            "ha": {"managed": 0},
+            "ha": self.ha_status_of(vmid),
         });
         for key in ["name", "lock", "tags"] {
             if let Some(v) = vm.config.get(key) {
@@ -1518,6 +1535,7 @@ impl Cluster {
                 });
             }
         };
+        self.ha_power_request(vmid, action);
         let (kind, effect) = match action {
             "start" => ("qmstart", Effect::Start { vmid }),
             "stop" => ("qmstop", Effect::Stop { vmid }),
@@ -1527,8 +1545,15 @@ impl Cluster {
         Ok(self.new_task(now, node, kind, &vmid.to_string(), outcome, effect, None))
     }
 
-    /// `DELETE /nodes/{node}/qemu/{vmid}`.
-    pub fn delete_vm(&mut self, now: Instant, node: &str, vmid: u32) -> SimResult<Upid> {
+    /// `DELETE /nodes/{node}/qemu/{vmid}[?purge=1]`: an HA-managed VM needs `purge`, which
+    /// also removes its HA resource when the task ends.
+    pub fn delete_vm(
+        &mut self,
+        now: Instant,
+        node: &str,
+        vmid: u32,
+        purge: bool,
+    ) -> SimResult<Upid> {
         let vm = self.vm_on(node, vmid)?;
         if let Some(l) = vm.lock() {
             return Err(SimError::e500(format!("VM is locked ({l})")));
@@ -1536,6 +1561,11 @@ impl Cluster {
         if vm.config.get("protection").is_some_and(|p| p == "1") {
             return Err(SimError::e500(format!(
                 "can't remove VM {vmid} - protection mode enabled"
+            )));
+        }
+        if !purge && self.ha_managed(vmid) {
+            return Err(SimError::e500(format!(
+                "unable to remove VM {vmid} - used in HA resources and purge parameter not set."
             )));
         }
         if vm.running {
@@ -1552,7 +1582,7 @@ impl Cluster {
             "qmdestroy",
             &vmid.to_string(),
             Ok(()),
-            Effect::Delete { vmid },
+            Effect::Delete { vmid, purge },
             None,
         ))
     }
@@ -2388,7 +2418,7 @@ mod tests {
         c.power(now, "pve1", 100, "start").expect("start");
         let now = now + Duration::from_secs(1);
         c.advance(now);
-        let e = c.delete_vm(now, "pve1", 100).expect_err("running");
+        let e = c.delete_vm(now, "pve1", 100, false).expect_err("running");
         assert_eq!(e.reason, "VM 100 is running - destroy failed");
     }
 

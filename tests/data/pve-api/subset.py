@@ -4,7 +4,8 @@
 The full API viewer data (`apidata.json`, about 2 MB per PVE release) is a tree of
 nodes with `path`, `info` (keyed by HTTP method) and `children`. The conformance tests
 only need, for each endpoint named in `endpoints.txt` beside this script, which
-parameters it declares and of what type. This script writes exactly that, with the
+parameters it declares and of what type, and what its answer is documented to hold
+(`returns`: types, enums and the properties of objects and array items). This script writes exactly that, with the
 sha256 of the file it was cut from, so the repository carries facts, not the whole schema.
 
 Usage (standard library only):
@@ -53,6 +54,19 @@ def parameter(declared: dict) -> dict:
     return kept
 
 
+def returns(declared: dict) -> dict:
+    """The kept facts of a return schema: type, enum, optional, and the same for the
+    properties of an object or the items of an array (so answers can be checked)."""
+    kept = {key: declared[key] for key in ("type", "optional", "enum") if key in declared}
+    if isinstance(declared.get("properties"), dict):
+        kept["properties"] = {
+            name: returns(p) for name, p in sorted(declared["properties"].items())
+        }
+    if isinstance(declared.get("items"), dict):
+        kept["items"] = returns(declared["items"])
+    return kept
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -72,6 +86,7 @@ def main(argv: list[str]) -> int:
         subset.setdefault(path, {})[method] = {
             "name": info.get("name"),
             "parameters": {name: parameter(p) for name, p in sorted(properties.items())},
+            "returns": returns(info.get("returns") or {}),
         }
     document = {
         "source": {"file": full.name, "sha256": hashlib.sha256(raw).hexdigest()},
