@@ -169,7 +169,7 @@ pub struct RunArgs {
     /// Only watch this namespace (all namespaces when unset, as clusterctl installs providers).
     #[arg(long)]
     pub namespace: Option<String>,
-    /// Only reconcile ProxmoxClusters and ProxmoxMachines labelled
+    /// Only reconcile ProxmoxClusters, ProxmoxMachines and ProxmoxMachineTemplates labelled
     /// `cluster.x-k8s.io/watch-filter=<value>` (one manager per shard).
     #[arg(long, value_parser = parse_label_value)]
     pub watch_filter: Option<String>,

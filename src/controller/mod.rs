@@ -56,7 +56,7 @@ pub struct ManagerConfig {
     pub leader_election: Option<LeaderElectionConfig>,
     /// Namespace to watch, or `None` for all namespaces.
     pub watch_namespace: Option<String>,
-    /// Only reconcile ProxmoxClusters and ProxmoxMachines whose
+    /// Only reconcile ProxmoxClusters, ProxmoxMachines and ProxmoxMachineTemplates whose
     /// `cluster.x-k8s.io/watch-filter` label has this value (`None`: all of them).
     pub watch_filter: Option<String>,
     /// Reconciles of ProxmoxClusters that may run at once.

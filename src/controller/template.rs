@@ -112,7 +112,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let namespace = context.config.watch_namespace.clone();
     let namespace = namespace.as_deref();
     let templates: Api<ProxmoxMachineTemplate> = api(&client, namespace);
-    let controller = Controller::new(templates, watcher::Config::default());
+    let controller = Controller::new(templates, context.config.reconciled_watch());
     let store = controller.store();
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let (clusters, clusters_writer) = reflector::store();
