@@ -6,6 +6,7 @@ pub mod conversion;
 pub mod crd;
 mod machine;
 pub mod v1alpha1;
+pub mod validation;
 
 pub use cluster::*;
 pub use common::*;
