@@ -147,6 +147,9 @@ fn finalize(mut crd: CustomResourceDefinition) -> Result<CustomResourceDefinitio
         tidy_schema(&mut json);
         add_type_meta(&mut json);
         relax_template_rules(&crd.spec.names.kind, &mut json);
+        if version.name == super::VERSION {
+            add_template_rules(&crd.spec.names.kind, &mut json);
+        }
         relax_clone_spec_rules(&mut json);
         let schema: JSONSchemaProps =
             serde_json::from_value(json).map_err(|source| CrdError::Schema {
@@ -160,33 +163,77 @@ fn finalize(mut crd: CustomResourceDefinition) -> Result<CustomResourceDefinitio
 
 /// Keeps a template's spec exactly as permissive as the Go provider's: it checks "at least one
 /// ip config" on ProxmoxClusters only, and the `exists_one` template-source rules on
-/// ProxmoxMachines only, so existing ClusterClasses and templates keep applying.
+/// ProxmoxMachines only, so existing ClusterClasses and templates keep applying. Likewise the
+/// checks capmox took over from the Go provider's ProxmoxMachine webhook
+/// ([`super::machine::MACHINE_ONLY_RULES`]), which never ran on templates.
 fn relax_template_rules(kind: &str, schema: &mut Value) {
-    let instance_only: fn(&str) -> bool = match kind {
-        "ProxmoxClusterTemplate" => |_| true,
-        "ProxmoxMachineTemplate" => |rule| rule.contains("exists_one"),
-        _ => return,
+    let Some(spec) = schema.pointer_mut("/properties/spec/properties/template/properties/spec")
+    else {
+        return;
     };
-    let Some(rules) = schema
-        .pointer_mut(
-            "/properties/spec/properties/template/properties/spec/x-kubernetes-validations",
-        )
+    match kind {
+        "ProxmoxClusterTemplate" => retain_rules(spec, &|_| false),
+        "ProxmoxMachineTemplate" => {
+            retain_rules(spec, &|rule| !rule.contains("exists_one"));
+            drop_rules_everywhere(spec, &|rule| {
+                super::machine::MACHINE_ONLY_RULES.contains(&rule)
+            });
+        }
+        _ => {}
+    }
+}
+
+/// The template-only rules of the stored version: a ProxmoxMachineTemplate names no
+/// `providerID`.
+fn add_template_rules(kind: &str, schema: &mut Value) {
+    if kind != "ProxmoxMachineTemplate" {
+        return;
+    }
+    let Some(spec) = schema
+        .pointer_mut("/properties/spec/properties/template/properties/spec")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let rules = spec
+        .entry("x-kubernetes-validations")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Some(rules) = rules.as_array_mut() {
+        rules.push(serde_json::json!({
+            "rule": super::machine::TEMPLATE_WITHOUT_PROVIDER_ID_RULE,
+            "message": super::machine::TEMPLATE_WITHOUT_PROVIDER_ID_MESSAGE,
+        }));
+    }
+}
+
+/// Keeps the rules of one schema node that `keep` accepts, dropping an emptied list.
+fn retain_rules(node: &mut Value, keep: &dyn Fn(&str) -> bool) {
+    let Some(object) = node.as_object_mut() else {
+        return;
+    };
+    let Some(rules) = object
+        .get_mut("x-kubernetes-validations")
         .and_then(Value::as_array_mut)
     else {
         return;
     };
-    rules.retain(|rule| {
-        !rule
-            .get("rule")
-            .and_then(Value::as_str)
-            .is_some_and(instance_only)
-    });
-    if rules.is_empty()
-        && let Some(spec) = schema
-            .pointer_mut("/properties/spec/properties/template/properties/spec")
-            .and_then(Value::as_object_mut)
-    {
-        spec.remove("x-kubernetes-validations");
+    rules.retain(|rule| rule.get("rule").and_then(Value::as_str).is_none_or(keep));
+    if rules.is_empty() {
+        object.remove("x-kubernetes-validations");
+    }
+}
+
+/// Drops the rules `drop` names from a schema node and everything below it.
+fn drop_rules_everywhere(node: &mut Value, drop: &dyn Fn(&str) -> bool) {
+    retain_rules(node, &|rule| !drop(rule));
+    match node {
+        Value::Object(map) => map
+            .values_mut()
+            .for_each(|child| drop_rules_everywhere(child, drop)),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|child| drop_rules_everywhere(child, drop)),
+        _ => {}
     }
 }
 

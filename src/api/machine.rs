@@ -15,6 +15,49 @@ use super::common::{
 };
 use super::template_status::ProxmoxMachineTemplateStatus;
 
+/// `spec.tags` may neither change, appear nor disappear once the machine exists (the Go
+/// provider's webhook refused it too). A transition rule on the spec, not on `tags`, so that it
+/// also sees tags being added or removed; its cost is one list comparison.
+pub(crate) const TAGS_IMMUTABLE_RULE: &str =
+    "has(self.tags) == has(oldSelf.tags) && (!has(self.tags) || self.tags == oldSelf.tags)";
+
+/// NIC names are `net0`, `net1`, ... without gaps (the Go provider's webhook checked it by sorting
+/// names as strings, which refused 11 NICs or more; this compares numbers). Names are unique
+/// (the list is a map keyed by name), so all of them below the count means exactly
+/// `net0`..`net<count-1>`. `matches` first keeps `substring` and `int` from failing on a name
+/// the pattern refuses anyway; its cost is bounded by `maxItems` and the name's `maxLength`.
+pub(crate) const NIC_NAMES_CONSECUTIVE_RULE: &str =
+    "self.all(d, d.name.matches('^net(0|[1-9][0-9]?)$') && int(d.name.substring(3)) < self.size())";
+
+/// At most one NIC takes the default IPv4 pool (and the default route with it).
+pub(crate) const ONE_DEFAULT_IPV4_RULE: &str =
+    "self.filter(d, has(d.defaultIPv4) && d.defaultIPv4).size() <= 1";
+
+/// At most one NIC takes the default IPv6 pool.
+pub(crate) const ONE_DEFAULT_IPV6_RULE: &str =
+    "self.filter(d, has(d.defaultIPv6) && d.defaultIPv6).size() <= 1";
+
+/// The Proxmox-side MTU: 1 (the bridge's) or an MTU IPv6 works with.
+pub(crate) const NIC_MTU_RULE: &str = "self == 1 || self >= 1280";
+
+/// The guest-side MTU: one IPv6 works with.
+pub(crate) const LINK_MTU_RULE: &str = "self >= 1280";
+
+/// The rules capmox adds on ProxmoxMachines (checks of the Go provider's ProxmoxMachine webhook)
+/// that a ProxmoxMachineTemplate does not get: the Go provider never checked templates so, and
+/// ClusterClass base templates are completed by patches (see `crate::api::crd`).
+pub(crate) const MACHINE_ONLY_RULES: &[&str] = &[
+    TAGS_IMMUTABLE_RULE,
+    NIC_NAMES_CONSECUTIVE_RULE,
+    ONE_DEFAULT_IPV4_RULE,
+    ONE_DEFAULT_IPV6_RULE,
+    NIC_MTU_RULE,
+    LINK_MTU_RULE,
+];
+
+/// Proxmox numbers a VM's NICs `net0` to `net31`.
+pub const MAX_NETWORK_DEVICES: usize = 32;
+
 /// Desired VM of one machine: where its template comes from, its size, disks and networks.
 // kube's `printcolumn(...)` repeats `type_` by design; clippy mistakes that for a duplicate.
 #[allow(clippy::duplicated_attributes)]
@@ -81,7 +124,9 @@ use super::template_status::ProxmoxMachineTemplateStatus;
     {"rule": "self.full || !has(self.format)", "message": "Must set full=true when specifying format"},
     {"rule": "self.full || !has(self.storage)", "message": "Must set full=true when specifying storage"},
     {"rule": "has(self.templateSelector) || (has(self.templateID) && has(self.sourceNode))",
-     "message": "Must specify either templateID or templateSelector"}
+     "message": "Must specify either templateID or templateSelector"},
+    {"rule": TAGS_IMMUTABLE_RULE,
+     "message": "tags are immutable: Proxmox tags the VM once, when it is created; create a new ProxmoxMachine (e.g. through a new ProxmoxMachineTemplate) to change them"}
 ]))]
 pub struct ProxmoxMachineSpec {
     /// Node that holds the template named by `templateID`.
@@ -291,10 +336,19 @@ pub struct NetworkSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(ZONE_PATTERN))]
     pub zone: Option<String>,
-    /// NICs of the VM, keyed by name (`net0`, ...).
+    /// NICs of the VM, keyed by name: `net0`, `net1`, ... without gaps, at most 32 (as Proxmox allows).
     #[schemars(extend(
+        "maxItems" = MAX_NETWORK_DEVICES,
         "x-kubernetes-list-type" = "map",
-        "x-kubernetes-list-map-keys" = ["name"]
+        "x-kubernetes-list-map-keys" = ["name"],
+        "x-kubernetes-validations" = [
+            {"rule": NIC_NAMES_CONSECUTIVE_RULE,
+             "message": "network device names must be net0, net1, ... without gaps: with N devices, name them net0 to net<N-1>"},
+            {"rule": ONE_DEFAULT_IPV4_RULE,
+             "message": "at most one network device may set defaultIPv4: true"},
+            {"rule": ONE_DEFAULT_IPV6_RULE,
+             "message": "at most one network device may set defaultIPv6: true"}
+        ]
     ))]
     pub network_devices: Vec<NetworkDevice>,
     /// Virtual routing and forwarding devices in the guest.
@@ -310,9 +364,13 @@ pub struct NetworkSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkDevice {
-    /// Proxmox NIC name.
+    /// Proxmox NIC name, `net0` to `net31`.
     #[serde(default = "default_net_name")]
-    #[schemars(length(min = 4), pattern(NET_NAME_PATTERN), extend("default" = "net0"))]
+    #[schemars(
+        length(min = 4, max = 5),
+        pattern(NET_NAME_PATTERN),
+        extend("default" = "net0")
+    )]
     pub name: String,
     /// Proxmox bridge the NIC is attached to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -322,10 +380,12 @@ pub struct NetworkDevice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "virtio"))]
     pub model: Option<NetworkModel>,
-    /// MTU of the Proxmox NIC; 1 inherits the bridge's MTU.
+    /// MTU of the Proxmox NIC: 1 inherits the bridge's MTU, else at least 1280 (IPv6's minimum).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-validations" = [
-        {"rule": "self == 1 || (self >= 576 && self <= 65520)", "message": "invalid MTU value"}
+        {"rule": "self == 1 || (self >= 576 && self <= 65520)", "message": "invalid MTU value"},
+        {"rule": NIC_MTU_RULE,
+         "message": "mtu must be 1 (inherit the bridge's MTU) or at least 1280 (below that IPv6 breaks)"}
     ]))]
     pub mtu: Option<i32>,
     /// VLAN tag of the NIC.
@@ -366,10 +426,12 @@ pub struct NetworkDevice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "atomic"))]
     pub routing_policy: Option<Vec<RoutingPolicySpec>>,
-    /// Guest-side MTU of the link; 1 inherits.
+    /// Guest-side MTU of the link, at least 1280 (IPv6's minimum).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-validations" = [
-        {"rule": "self == 1 || (self >= 576 && self <= 65520)", "message": "invalid MTU value"}
+        {"rule": "self == 1 || (self >= 576 && self <= 65520)", "message": "invalid MTU value"},
+        {"rule": LINK_MTU_RULE,
+         "message": "linkMtu must be at least 1280 (below that IPv6 breaks); leave it unset to keep the guest's MTU"}
     ]))]
     pub link_mtu: Option<i32>,
 }
@@ -646,6 +708,16 @@ pub struct ProxmoxMachineTemplateResource {
     /// Labels and annotations of the created objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateObjectMeta>,
-    /// Spec of the created ProxmoxMachines.
+    /// Spec of the created ProxmoxMachines; without `providerID`, which each machine gets from
+    /// the controller.
     pub spec: ProxmoxMachineSpec,
 }
+
+/// A template names no provider ID (the Go provider's webhook refused one on create; the
+/// template's spec cannot change afterwards). `crate::api::crd` adds it to the template's
+/// `spec.template.spec`, next to the rules of [`ProxmoxMachineSpec`] (a field-level `extend`
+/// would replace those).
+pub(crate) const TEMPLATE_WITHOUT_PROVIDER_ID_RULE: &str = "!has(self.providerID)";
+
+/// The message of [`TEMPLATE_WITHOUT_PROVIDER_ID_RULE`].
+pub(crate) const TEMPLATE_WITHOUT_PROVIDER_ID_MESSAGE: &str = "providerID cannot be set in templates: the controller writes each ProxmoxMachine's own; remove spec.template.spec.providerID";

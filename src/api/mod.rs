@@ -7,6 +7,7 @@ pub mod crd;
 mod machine;
 mod template_status;
 pub mod v1alpha1;
+pub mod validation;
 
 pub use cluster::*;
 pub use common::*;

@@ -385,7 +385,7 @@ fn parse_dest(at: &str, field: &'static str, value: &str) -> Result<Dest, Networ
         value: value.to_owned(),
     };
     let v = value.trim();
-    if v.eq_ignore_ascii_case("default") || v.eq_ignore_ascii_case("all") {
+    if crate::api::validation::is_route_placeholder(v) {
         return Ok(Dest::Placeholder);
     }
     let (addr, len) = match v.split_once('/') {

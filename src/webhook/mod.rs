@@ -1,7 +1,10 @@
 //! The CRD conversion webhook: the API server sends `ConversionReview`s to `POST /convert` over
-//! HTTPS whenever it must read or write capmox's objects in another version than stored. Every
-//! replica serves it, leader or not, since the Service may route a request to any of them.
+//! HTTPS whenever it must read or write capmox's objects in another version than stored. The
+//! same server answers the validating admission webhook ([`admission`]) on the Go provider's
+//! `/validate-...` paths. Every replica serves both, leader or not, since the Service may route a
+//! request to any of them.
 
+pub mod admission;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -281,20 +284,38 @@ impl WebhookServer {
     }
 }
 
+/// What a request path asks for.
+enum Endpoint {
+    Convert,
+    Validate(&'static str),
+}
+
 async fn handle(
     request: Request<Incoming>,
     convert: &(dyn Fn(Value, &str) -> Result<Value, String> + Send + Sync),
 ) -> Response<Full<Bytes>> {
-    if request.uri().path() != CONVERT_PATH {
+    let path = request.uri().path().to_owned();
+    let endpoint = if path == CONVERT_PATH {
+        Endpoint::Convert
+    } else if let Some(kind) = admission::kind_of_path(&path) {
+        Endpoint::Validate(kind)
+    } else {
         return text(
             StatusCode::NOT_FOUND,
-            format!("not found: the conversion webhook answers POST {CONVERT_PATH}\n"),
+            format!(
+                "not found: the webhook answers POST {CONVERT_PATH} (conversion) and POST \
+                 {}<kind> (validation of {})\n",
+                admission::VALIDATE_PATH_PREFIX,
+                admission::VALIDATED_KINDS
+                    .map(str::to_ascii_lowercase)
+                    .join(", ")
+            ),
         );
-    }
+    };
     if request.method() != Method::POST {
         let mut response = text(
             StatusCode::METHOD_NOT_ALLOWED,
-            format!("only POST is supported on {CONVERT_PATH}\n"),
+            format!("only POST is supported on {path}\n"),
         );
         response
             .headers_mut()
@@ -319,14 +340,23 @@ async fn handle(
             );
         }
     };
-    let answer = match review(&body, convert) {
-        Ok(answer) => answer,
-        Err(error) => {
-            tracing::debug!(%error, "refused a malformed conversion request");
-            return text(StatusCode::BAD_REQUEST, format!("{error}\n"));
-        }
+    let encoded = match endpoint {
+        Endpoint::Convert => match review(&body, convert) {
+            Ok(answer) => serde_json::to_vec(&answer),
+            Err(error) => {
+                tracing::debug!(%error, "refused a malformed conversion request");
+                return text(StatusCode::BAD_REQUEST, format!("{error}\n"));
+            }
+        },
+        Endpoint::Validate(kind) => match admission::review(kind, &body) {
+            Ok(answer) => serde_json::to_vec(&answer),
+            Err(error) => {
+                tracing::debug!(%error, kind, "refused a malformed admission request");
+                return text(StatusCode::BAD_REQUEST, format!("{error}\n"));
+            }
+        },
     };
-    match serde_json::to_vec(&answer) {
+    match encoded {
         Ok(json) => {
             let mut response = Response::new(Full::new(Bytes::from(json)));
             response.headers_mut().insert(
@@ -337,7 +367,7 @@ async fn handle(
         }
         Err(error) => text(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot encode the ConversionReview: {error}\n"),
+            format!("cannot encode the review: {error}\n"),
         ),
     }
 }

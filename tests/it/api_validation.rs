@@ -236,6 +236,190 @@ fn zone_names_are_dns_label_like() {
     );
 }
 
+fn machine_template(spec_changes: Value) -> Value {
+    let machine = machine(spec_changes);
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+        "kind": "ProxmoxMachineTemplate",
+        "metadata": {"name": "t", "namespace": "default"},
+        "spec": {"template": {"spec": machine["spec"]}}
+    })
+}
+
+/// Violations of an update from `old` to `new`, transition rules included.
+fn update_violations(kind: &str, old: &Value, new: &Value) -> Vec<String> {
+    match capmox_testkit::schema::validate_object(&schema_for(kind), new, Some(old)) {
+        Ok(_) => Vec::new(),
+        Err(found) => found.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn nics(names: &[&str]) -> Value {
+    let devices: Vec<Value> = names
+        .iter()
+        .map(|name| json!({"name": name, "bridge": "vmbr0"}))
+        .collect();
+    json!({"network": {"networkDevices": devices}})
+}
+
+#[test]
+fn nic_names_are_consecutive_from_net0_compared_as_numbers() {
+    let names: Vec<String> = (0..12).map(|i| format!("net{i}")).collect();
+    let twelve: Vec<&str> = names.iter().map(String::as_str).collect();
+    // Sorted as strings net10 comes before net2: the Go provider refused this.
+    assert_eq!(
+        violations("ProxmoxMachine", &machine(nics(&twelve))),
+        Vec::<String>::new()
+    );
+    let unordered = ["net2", "net0", "net1"];
+    assert!(violations("ProxmoxMachine", &machine(nics(&unordered))).is_empty());
+    let all: Vec<String> = (0..32).map(|i| format!("net{i}")).collect();
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    assert!(violations("ProxmoxMachine", &machine(nics(&all))).is_empty());
+
+    let message = "network device names must be net0, net1, ... without gaps";
+    assert_rejected("ProxmoxMachine", machine(nics(&["net1"])), message);
+    assert_rejected("ProxmoxMachine", machine(nics(&["net0", "net2"])), message);
+    assert_rejected("ProxmoxMachine", machine(nics(&["net0", "net01"])), message);
+    let mut gap = twelve.clone();
+    gap.remove(5);
+    assert_rejected("ProxmoxMachine", machine(nics(&gap)), message);
+    // Proxmox has net0 to net31.
+    let too_many: Vec<String> = (0..33).map(|i| format!("net{i}")).collect();
+    let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(nics(&too_many)),
+        ".spec.network.networkDevices: must have at most 32 items",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        machine(nics(&["net0", "net100"])),
+        ".spec.network.networkDevices[1].name",
+    );
+    // Templates are checked as the Go provider checked them: not for this.
+    assert!(violations("ProxmoxMachineTemplate", &machine_template(nics(&["net1"]))).is_empty());
+}
+
+#[test]
+fn at_most_one_nic_takes_each_default_pool() {
+    let devices = |v4: [Option<bool>; 2], v6: [Option<bool>; 2]| {
+        let device = |i: usize| {
+            let mut d = json!({"name": format!("net{i}"), "bridge": "vmbr0"});
+            if let Some(v) = v4[i] {
+                d["defaultIPv4"] = json!(v);
+            }
+            if let Some(v) = v6[i] {
+                d["defaultIPv6"] = json!(v);
+            }
+            d
+        };
+        machine(json!({"network": {"networkDevices": [device(0), device(1)]}}))
+    };
+    assert!(
+        violations(
+            "ProxmoxMachine",
+            &devices([Some(true), Some(false)], [None, Some(true)])
+        )
+        .is_empty()
+    );
+    assert!(
+        violations(
+            "ProxmoxMachine",
+            &devices([Some(true), None], [Some(true), None])
+        )
+        .is_empty()
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        devices([Some(true), Some(true)], [None, None]),
+        "at most one network device may set defaultIPv4: true",
+    );
+    assert_rejected(
+        "ProxmoxMachine",
+        devices([None, Some(true)], [Some(true), Some(true)]),
+        "at most one network device may set defaultIPv6: true",
+    );
+}
+
+#[test]
+fn mtus_below_1280_are_refused_except_1_on_the_proxmox_side() {
+    let with = |field: &str, mtu: i64| {
+        let mut device = json!({"name": "net0", "bridge": "vmbr0"});
+        device[field] = json!(mtu);
+        machine(json!({"network": {"networkDevices": [device]}}))
+    };
+    for ok in [1, 1280, 1500, 9000] {
+        assert!(
+            violations("ProxmoxMachine", &with("mtu", ok)).is_empty(),
+            "mtu {ok}"
+        );
+    }
+    assert_rejected(
+        "ProxmoxMachine",
+        with("mtu", 1279),
+        "mtu must be 1 (inherit the bridge's MTU) or at least 1280",
+    );
+    assert_rejected("ProxmoxMachine", with("mtu", 576), "at least 1280");
+    for ok in [1280, 1500, 9000] {
+        assert!(
+            violations("ProxmoxMachine", &with("linkMtu", ok)).is_empty(),
+            "linkMtu {ok}"
+        );
+    }
+    for bad in [1, 576, 1279] {
+        assert_rejected(
+            "ProxmoxMachine",
+            with("linkMtu", bad),
+            "linkMtu must be at least 1280",
+        );
+    }
+}
+
+#[test]
+fn tags_are_immutable() {
+    let tagged = machine(json!({"tags": ["a", "b"]}));
+    let untagged = machine(json!({}));
+    let message = "tags are immutable";
+    for (old, new) in [
+        (&tagged, machine(json!({"tags": ["a", "c"]}))),
+        (&tagged, machine(json!({"tags": ["a", "b", "c"]}))),
+        (&tagged, untagged.clone()),
+        (&untagged, tagged.clone()),
+    ] {
+        let found = update_violations("ProxmoxMachine", old, &new);
+        assert!(
+            found.iter().any(|v| v.contains(message)),
+            "{old} -> {new}: {found:#?}"
+        );
+    }
+    // Other changes leave them be; creating with tags is fine.
+    let resized = machine(json!({"tags": ["a", "b"], "memoryMiB": 4096}));
+    assert_eq!(
+        update_violations("ProxmoxMachine", &tagged, &resized),
+        Vec::<String>::new()
+    );
+    let resized = machine(json!({"memoryMiB": 4096}));
+    assert_eq!(
+        update_violations("ProxmoxMachine", &untagged, &resized),
+        Vec::<String>::new()
+    );
+    assert!(violations("ProxmoxMachine", &tagged).is_empty());
+}
+
+#[test]
+fn a_machine_template_names_no_provider_id() {
+    let id = "proxmox://8a7c6f4e-0c1f-4a55-9f3a-2a4b1c3d5e6f";
+    assert_rejected(
+        "ProxmoxMachineTemplate",
+        machine_template(json!({"providerID": id})),
+        "providerID cannot be set in templates",
+    );
+    assert!(violations("ProxmoxMachineTemplate", &machine_template(json!({}))).is_empty());
+    // A machine has one, written by the controller.
+    assert!(violations("ProxmoxMachine", &machine(json!({"providerID": id}))).is_empty());
+}
+
 #[test]
 fn mtu_must_be_1_or_576_to_65520() {
     let with_mtu = |mtu: i64| {

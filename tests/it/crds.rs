@@ -155,6 +155,49 @@ const INTENDED: &[(&str, &str, &str)] = &[
     ("ProxmoxCluster", ".spec", "x-kubernetes-validations"),
     // capmox only ever writes these three values.
     ("ProxmoxMachine", ".status.vmStatus", "enum"),
+    // The Go provider's ProxmoxMachine webhook checks, as CEL: tags are immutable (a transition
+    // rule on the spec, so adding or removing them counts too) ...
+    ("ProxmoxMachine", ".spec", "x-kubernetes-validations"),
+    // ... NIC names net0, net1, ... without gaps, and at most one defaultIPv4/defaultIPv6 NIC;
+    // Proxmox has net0 to net31, which bounds the list and the names (and the rules' CEL cost).
+    (
+        "ProxmoxMachine",
+        ".spec.network.networkDevices",
+        "x-kubernetes-validations",
+    ),
+    ("ProxmoxMachine", ".spec.network.networkDevices", "maxItems"),
+    (
+        "ProxmoxMachine",
+        ".spec.network.networkDevices[].name",
+        "maxLength",
+    ),
+    (
+        "ProxmoxMachineTemplate",
+        ".spec.template.spec.network.networkDevices",
+        "maxItems",
+    ),
+    (
+        "ProxmoxMachineTemplate",
+        ".spec.template.spec.network.networkDevices[].name",
+        "maxLength",
+    ),
+    // ... and MTUs of at least 1280 (1 still inherits the bridge's on the Proxmox side).
+    (
+        "ProxmoxMachine",
+        ".spec.network.networkDevices[].mtu",
+        "x-kubernetes-validations",
+    ),
+    (
+        "ProxmoxMachine",
+        ".spec.network.networkDevices[].linkMtu",
+        "x-kubernetes-validations",
+    ),
+    // The Go provider's ProxmoxMachineTemplate webhook: a template names no providerID.
+    (
+        "ProxmoxMachineTemplate",
+        ".spec.template.spec",
+        "x-kubernetes-validations",
+    ),
 ];
 
 /// Differences in the v1alpha1 schemas that accept and reject the same objects, or that only

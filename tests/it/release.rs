@@ -355,6 +355,126 @@ fn the_conversion_webhook_is_wired_to_its_service_and_certificate() {
     );
 }
 
+/// The validating webhook reaches the same Service and trusts the same Certificate as the CRDs'
+/// conversion, on the Go provider's paths, for each kind on create and update.
+#[test]
+fn the_validating_webhook_is_wired_to_its_service_and_certificate() {
+    let objects = components();
+    let configurations: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "ValidatingWebhookConfiguration")
+        .collect();
+    assert_eq!(configurations.len(), 1);
+    let configuration = configurations[0];
+    assert_eq!(
+        configuration["apiVersion"],
+        "admissionregistration.k8s.io/v1"
+    );
+    let crds: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .collect();
+    let crd_service = &crds[0]["spec"]["conversion"]["webhook"]["clientConfig"]["service"];
+    let crd_inject = &crds[0]["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
+    let inject = configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        .as_str()
+        .expect("cert-manager.io/inject-ca-from");
+    assert_eq!(inject, crd_inject, "the CRDs' Certificate");
+    let (namespace, certificate) = inject.split_once('/').expect("namespace/name");
+    find(&objects, "Certificate", namespace, certificate);
+
+    let webhooks = configuration["webhooks"].as_array().expect("webhooks");
+    let mut kinds = Vec::new();
+    for webhook in webhooks {
+        let name = webhook["name"].as_str().expect("a name");
+        assert_eq!(webhook["failurePolicy"], "Fail", "{name}");
+        assert_eq!(webhook["sideEffects"], "None", "{name}");
+        assert_eq!(webhook["matchPolicy"], "Equivalent", "{name}");
+        assert_eq!(
+            webhook["admissionReviewVersions"],
+            serde_json::json!(["v1"]),
+            "{name}"
+        );
+        let service = &webhook["clientConfig"]["service"];
+        assert_eq!(service["namespace"], crd_service["namespace"], "{name}");
+        assert_eq!(service["name"], crd_service["name"], "{name}");
+        assert_eq!(service["port"].as_u64().unwrap_or(443), 443, "{name}");
+        find(
+            &objects,
+            "Service",
+            service["namespace"].as_str().expect("a namespace"),
+            service["name"].as_str().expect("a name"),
+        );
+        let path = service["path"].as_str().expect("a path");
+        let kind = capmox::webhook::admission::kind_of_path(path)
+            .unwrap_or_else(|| panic!("{name}: capmox does not serve {path}"));
+        assert_eq!(
+            name,
+            format!(
+                "validation.{}.infrastructure.cluster.x-k8s.io",
+                kind.to_ascii_lowercase()
+            ),
+            "the Go provider's webhook name"
+        );
+        let plural = crds
+            .iter()
+            .find(|c| c["spec"]["names"]["kind"] == kind)
+            .map(|c| c["spec"]["names"]["plural"].clone())
+            .unwrap_or_else(|| panic!("no CRD of {kind}"));
+        assert_eq!(
+            webhook["rules"],
+            serde_json::json!([{
+                "apiGroups": [capmox::api::GROUP],
+                "apiVersions": [capmox::api::VERSION],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": [plural],
+            }]),
+            "{name}"
+        );
+        kinds.push(kind);
+    }
+    kinds.sort_unstable();
+    assert_eq!(kinds, capmox::webhook::admission::VALIDATED_KINDS);
+}
+
+/// What the release's templates create passes the validating webhook too.
+#[test]
+fn template_objects_pass_the_validating_webhook() {
+    use capmox::api::validation;
+    let mut checked = 0;
+    for template in TEMPLATES.iter().chain(CLUSTER_CLASSES) {
+        for object in rendered(template) {
+            let errors = match object["kind"].as_str() {
+                Some("ProxmoxCluster") => {
+                    let typed: capmox::api::ProxmoxCluster =
+                        serde_json::from_value(object.clone()).expect("a ProxmoxCluster");
+                    validation::cluster_spec(&typed.spec, "spec")
+                }
+                Some("ProxmoxClusterTemplate") => {
+                    let typed: capmox::api::ProxmoxClusterTemplate =
+                        serde_json::from_value(object.clone()).expect("a ProxmoxClusterTemplate");
+                    validation::cluster_spec(&typed.spec.template.spec, "spec.template.spec")
+                }
+                Some("ProxmoxMachineTemplate") => {
+                    let typed: capmox::api::ProxmoxMachineTemplate =
+                        serde_json::from_value(object.clone()).expect("a ProxmoxMachineTemplate");
+                    // What its ProxmoxMachines get checked for.
+                    validation::machine_spec(&typed.spec.template.spec, "spec")
+                }
+                _ => continue,
+            };
+            assert!(
+                errors.is_empty(),
+                "{template}: {} {}: {errors:#?}",
+                object["kind"],
+                object["metadata"]["name"]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} objects checked");
+}
+
 /// A rolling update of the shipped Deployment (one replica, leader election, the default
 /// RollingUpdate strategy) completes: the new pod reports ready through `/readyz` while the old
 /// one still holds the Lease, so Kubernetes can stop the old one and the new one takes over.

@@ -1,5 +1,5 @@
-//! The conversion webhook over real HTTPS: ConversionReviews in and out, HTTP errors for what is
-//! not one, certificate rotation without a restart, and every replica (a follower too) serving.
+//! The conversion and validating webhooks over real HTTPS: ConversionReviews and AdmissionReviews
+//! in and out, HTTP errors for what is not one, certificate rotation without a restart, and every replica (a follower too) serving.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -326,6 +326,227 @@ async fn what_is_not_a_review_gets_an_http_error() {
     assert_eq!(status, 413, "{body}");
 
     // The server still answers after all that.
+    let (status, _) = post(&running, &review("after", V1ALPHA1, &[])).await;
+    assert_eq!(status, 200);
+}
+
+fn admission_review(operation: &str, object: &Value, old: Option<&Value>, dry_run: bool) -> Value {
+    // A DELETE carries the old object only.
+    let named = if object.is_null() {
+        old.expect("an old object")
+    } else {
+        object
+    };
+    let kind = named["kind"].as_str().expect("a kind");
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("uid-{operation}-{kind}"),
+            "kind": {"group": "infrastructure.cluster.x-k8s.io", "version": "v1alpha2", "kind": kind},
+            "resource": {"group": "infrastructure.cluster.x-k8s.io", "version": "v1alpha2",
+                         "resource": format!("{}s", kind.to_ascii_lowercase())},
+            "requestKind": {"group": "infrastructure.cluster.x-k8s.io", "version": "v1alpha1", "kind": kind},
+            "name": named["metadata"]["name"],
+            "namespace": "tenant-a",
+            "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:capi-system:capi-manager",
+                         "groups": ["system:serviceaccounts"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": dry_run,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    })
+}
+
+async fn validate(running: &Running, kind: &str, body: &Value) -> Value {
+    let path = capmox::webhook::admission::validate_path(kind);
+    let response = https()
+        .post(running.url(&path))
+        .json(body)
+        .send()
+        .await
+        .expect("the webhook answers");
+    assert_eq!(response.status().as_u16(), 200, "{path}");
+    let answer: Value = response.json().await.expect("a JSON answer");
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(answer["response"]["uid"], body["request"]["uid"]);
+    answer["response"].clone()
+}
+
+fn proxmox_machine(network: Value) -> Value {
+    json!({"apiVersion": V1ALPHA2, "kind": "ProxmoxMachine",
+           "metadata": {"name": "m", "namespace": "tenant-a"},
+           "spec": {"sourceNode": "pve1", "templateID": 100, "full": true, "network": network}})
+}
+
+#[tokio::test]
+async fn admission_reviews_are_validated_over_https() {
+    let dir = CertDir::new("validate");
+    dir.write_leaf();
+    let running = Running::start(&dir.0, relabel()).await;
+
+    // ProxmoxMachine: routing checks CEL cannot afford.
+    let nics: Vec<Value> = (0..12)
+        .map(|i| json!({"name": format!("net{i}"), "bridge": "vmbr0"}))
+        .collect();
+    let good = proxmox_machine(json!({"networkDevices": nics}));
+    let response = validate(
+        &running,
+        "ProxmoxMachine",
+        &admission_review("CREATE", &good, None, false),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let bad = proxmox_machine(json!({"networkDevices": [
+        {"name": "net0", "bridge": "vmbr0",
+         "routes": [{"to": "default"}],
+         "routingPolicy": [{"to": "10.1.0.0/16"}]}
+    ]}));
+    let response = validate(
+        &running,
+        "ProxmoxMachine",
+        &admission_review("UPDATE", &bad, Some(&good), false),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 422);
+    assert_eq!(response["status"]["reason"], "Invalid");
+    let fields: Vec<&str> = response["status"]["details"]["causes"]
+        .as_array()
+        .expect("causes")
+        .iter()
+        .filter_map(|c| c["field"].as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.network.networkDevices[0].routingPolicy[0].table",
+            "spec.network.networkDevices[0].routes[0].is6"
+        ]
+    );
+    let message = response["status"]["message"].as_str().expect("a message");
+    assert!(
+        message.contains("ProxmoxMachine.infrastructure.cluster.x-k8s.io \"m\" is invalid"),
+        "{message}"
+    );
+    assert!(message.contains("needs a table"), "{message}");
+    let response = validate(
+        &running,
+        "ProxmoxMachine",
+        &admission_review("DELETE", &Value::Null, Some(&bad), false),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // ProxmoxClusterTemplate: the endpoint lies in a zone's pool.
+    let template = json!({"apiVersion": V1ALPHA2, "kind": "ProxmoxClusterTemplate",
+    "metadata": {"name": "ct", "namespace": "tenant-a"},
+    "spec": {"template": {"spec": {
+        "controlPlaneEndpoint": {"host": "10.0.5.7", "port": 6443},
+        "dnsServers": ["10.0.0.2"],
+        "ipv4Config": {"addresses": ["10.0.0.10-10.0.0.20"], "prefix": 24, "gateway": "10.0.0.1"},
+        "zoneConfig": [{"zone": "a", "ipv4Config": {"addresses": ["10.0.5.0/24"], "prefix": 24, "gateway": "10.0.5.1"}}]
+    }}}});
+    let response = validate(
+        &running,
+        "ProxmoxClusterTemplate",
+        &admission_review("CREATE", &template, None, false),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(
+        response["status"]["details"]["causes"][0]["field"],
+        "spec.template.spec.zoneConfig[0].ipv4Config.addresses[0]"
+    );
+    let mut fqdn = template.clone();
+    fqdn["spec"]["template"]["spec"]["controlPlaneEndpoint"]["host"] = json!("api.example.com");
+    let response = validate(
+        &running,
+        "ProxmoxClusterTemplate",
+        &admission_review("CREATE", &fqdn, None, false),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // ProxmoxMachineTemplate: immutable, except in Cluster API's topology dry-runs.
+    let machine_template = |memory: u32, annotated: bool| {
+        let mut t = json!({"apiVersion": V1ALPHA2, "kind": "ProxmoxMachineTemplate",
+            "metadata": {"name": "mt", "namespace": "tenant-a"},
+            "spec": {"template": {"spec": {"sourceNode": "pve1", "templateID": 100, "memoryMiB": memory,
+                "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0"}]}}}}});
+        if annotated {
+            t["metadata"]["annotations"] = json!({"topology.cluster.x-k8s.io/dry-run": ""});
+        }
+        t
+    };
+    let (old, new) = (machine_template(2048, false), machine_template(4096, false));
+    let response = validate(
+        &running,
+        "ProxmoxMachineTemplate",
+        &admission_review("UPDATE", &new, Some(&old), false),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec: Forbidden: ProxmoxMachineTemplate is immutable")),
+        "{response}"
+    );
+    let dry = machine_template(4096, true);
+    let response = validate(
+        &running,
+        "ProxmoxMachineTemplate",
+        &admission_review("UPDATE", &dry, Some(&old), true),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    // kubectl's dry-run (no annotation) is checked like the real thing.
+    let response = validate(
+        &running,
+        "ProxmoxMachineTemplate",
+        &admission_review("UPDATE", &new, Some(&old), true),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let response = validate(
+        &running,
+        "ProxmoxMachineTemplate",
+        &admission_review("UPDATE", &old, Some(&old), false),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // What is not an AdmissionReview, or not on a validation path, is an HTTP error.
+    let http = https();
+    let path = capmox::webhook::admission::validate_path("ProxmoxCluster");
+    let response = http
+        .post(running.url(&path))
+        .body("{")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status().as_u16(), 400);
+    let response = http
+        .post(running.url(&path))
+        .json(&review("u", V1ALPHA1, &[]))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status().as_u16(), 400);
+    let response = http
+        .post(running.url("/validate-infrastructure-cluster-x-k8s-io-v1alpha2-pod"))
+        .json(&admission_review("CREATE", &good, None, false))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status().as_u16(), 404);
+    let response = http.get(running.url(&path)).send().await.expect("answers");
+    assert_eq!(response.status().as_u16(), 405);
+    // And conversion still works next to it.
     let (status, _) = post(&running, &review("after", V1ALPHA1, &[])).await;
     assert_eq!(status, 200);
 }
