@@ -35,6 +35,8 @@ pub enum LocalWebhookError {
 pub struct LocalWebhook {
     /// `https://127.0.0.1:<port>/convert`.
     pub url: String,
+    /// `https://127.0.0.1:<port>`, where the validating webhook's paths are served too.
+    pub base_url: String,
     /// PEM of the CA that signed the serving certificate.
     pub ca_pem: Vec<u8>,
     cert_dir: PathBuf,
@@ -75,11 +77,36 @@ impl LocalWebhook {
         let server = WebhookServer::bind(&config, capmox_converter()).await?;
         let port = server.local_addr().map(|a| a.port()).unwrap_or_default();
         tokio::spawn(server.serve(stop));
+        let base_url = format!("https://127.0.0.1:{port}");
         Ok(Self {
-            url: format!("https://127.0.0.1:{port}{}", capmox::webhook::CONVERT_PATH),
+            url: format!("{base_url}{}", capmox::webhook::CONVERT_PATH),
+            base_url,
             ca_pem,
             cert_dir,
         })
+    }
+
+    /// Points the release manifests' ValidatingWebhookConfiguration (as JSON) at this webhook:
+    /// each webhook's `clientConfig` becomes this server's URL with its path, and this CA.
+    pub fn validate_through(&self, configuration: &mut serde_json::Value) {
+        let ca_bundle = ByteString(self.ca_pem.clone());
+        for webhook in configuration["webhooks"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            let path = webhook["clientConfig"]["service"]["path"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            webhook["clientConfig"] = serde_json::json!({
+                "url": format!("{}{path}", self.base_url),
+                "caBundle": ca_bundle,
+            });
+        }
+        if let Some(annotations) = configuration["metadata"]["annotations"].as_object_mut() {
+            annotations.remove("cert-manager.io/inject-ca-from");
+        }
     }
 
     /// Points a CRD's conversion at this webhook, as the release manifests point it at the

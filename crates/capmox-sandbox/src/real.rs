@@ -213,13 +213,26 @@ pub fn shipped_rbac(manifests: &str) -> Result<(Vec<Value>, ServiceAccountRef), 
     Ok((objects, account))
 }
 
-/// The API resource of one of the RBAC kinds [`shipped_rbac`] returns.
+/// The release manifests' ValidatingWebhookConfiguration.
+fn shipped_validation(manifests: &str) -> Result<Value, String> {
+    for document in serde_yaml::Deserializer::from_str(manifests) {
+        let object: Value = serde::Deserialize::deserialize(document).map_err(|e| e.to_string())?;
+        if object["kind"] == "ValidatingWebhookConfiguration" {
+            return Ok(object);
+        }
+    }
+    Err("no ValidatingWebhookConfiguration in the manifests".into())
+}
+
+/// The API resource of one of the RBAC kinds [`shipped_rbac`] returns (or of the
+/// ValidatingWebhookConfiguration).
 fn rbac_resource(kind: &str) -> Option<(ApiResource, bool)> {
     let (group, namespaced) = match kind {
         "Namespace" => ("", false),
         "ServiceAccount" => ("", true),
         "ClusterRole" | "ClusterRoleBinding" => ("rbac.authorization.k8s.io", false),
         "Role" | "RoleBinding" => ("rbac.authorization.k8s.io", true),
+        "ValidatingWebhookConfiguration" => ("admissionregistration.k8s.io", false),
         _ => return None,
     };
     let gvk = GroupVersionKind::gvk(group, "v1", kind);
@@ -575,6 +588,20 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
     let mut created = Vec::new();
     let outcome = async {
         install_rbac(&admin, &rbac, options.timeout, &mut created).await?;
+        // The shipped validating webhook, served by the same local webhook server.
+        let mut validation =
+            shipped_validation(&manifests).map_err(|message| RealError::Manifest {
+                path: options.manifests.clone(),
+                message,
+            })?;
+        webhook.validate_through(&mut validation);
+        install_rbac(
+            &admin,
+            std::slice::from_ref(&validation),
+            options.timeout,
+            &mut created,
+        )
+        .await?;
         println!(
             "capmox runs as:          {} (shipped RBAC applied)",
             account.user()
@@ -667,7 +694,9 @@ async fn scenario(
                 "two machines recorded one VMID: {vmids:?}"
             )));
         }
-        let converted = check_v1alpha1(admin, &options.namespace).await?;
+        let mut converted = check_v1alpha1(admin, &options.namespace).await?;
+        converted.push_str("; ");
+        converted.push_str(&check_validation(admin, &options.namespace).await?);
         Ok((rows, converted))
     }
     .await;
@@ -867,6 +896,82 @@ async fn check_v1alpha1(admin: &Client, namespace: &str) -> Result<String, RealE
         "v1alpha1: read, labelled (zones kept) and applied through capmox's conversion webhook"
             .to_owned(),
     )
+}
+
+/// What the API server refuses through capmox's validation: a CEL rule of the CRD (a machine's
+/// tags are immutable), and the validating webhook (an endpoint inside the node addresses; a
+/// template edit).
+async fn check_validation(admin: &Client, namespace: &str) -> Result<String, RealError> {
+    async fn refused<T: std::fmt::Debug>(
+        what: &str,
+        outcome: Result<T, kube::Error>,
+        expected: &str,
+    ) -> Result<(), RealError> {
+        match outcome {
+            Err(kube::Error::Api(status)) if status.message.contains(expected) => Ok(()),
+            other => Err(RealError::Check(format!(
+                "{what}: expected a refusal saying {expected:?}, got {other:?}"
+            ))),
+        }
+    }
+    let machines = Api::<ProxmoxMachine>::namespaced(admin.clone(), namespace);
+    let machine = machines
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .ok_or_else(|| RealError::Check("no ProxmoxMachine to edit".into()))?;
+    let retag = json!({"spec": {"tags": ["edited"]}});
+    refused(
+        "changing a machine's tags",
+        machines
+            .patch(
+                &machine.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&retag),
+            )
+            .await,
+        "tags are immutable",
+    )
+    .await?;
+    let mut spec = serde_json::to_value(
+        Api::<ProxmoxCluster>::namespaced(admin.clone(), namespace)
+            .get("demo")
+            .await?
+            .spec,
+    )
+    .map_err(|e| RealError::Check(e.to_string()))?;
+    spec["controlPlaneEndpoint"] = json!({"host": "10.0.0.120", "port": 6443});
+    let inside: ProxmoxCluster = serde_json::from_value(json!({
+        "apiVersion": format!("{}/{}", capmox::api::GROUP, capmox::api::VERSION),
+        "kind": "ProxmoxCluster",
+        "metadata": {"name": "endpoint-in-range", "namespace": namespace},
+        "spec": spec,
+    }))
+    .map_err(|e| RealError::Check(e.to_string()))?;
+    refused(
+        "a cluster whose endpoint is one of its node addresses",
+        Api::<ProxmoxCluster>::namespaced(admin.clone(), namespace)
+            .create(&PostParams::default(), &inside)
+            .await,
+        "may not contain the endpoint IP",
+    )
+    .await?;
+    let resize = json!({"spec": {"template": {"spec": {"numCores": 4}}}});
+    refused(
+        "editing a ProxmoxMachineTemplate",
+        Api::<capmox::api::ProxmoxMachineTemplate>::namespaced(admin.clone(), namespace)
+            .patch(
+                "legacy-workers",
+                &PatchParams::default(),
+                &Patch::Merge(&resize),
+            )
+            .await,
+        "ProxmoxMachineTemplate is immutable",
+    )
+    .await?;
+    Ok("validation: tags edit (CEL), endpoint in the node range and template edit (webhook) refused".to_owned())
 }
 
 /// Removes what this run created: the namespaces (waiting until they are gone, so the next

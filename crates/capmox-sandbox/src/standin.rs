@@ -1224,7 +1224,9 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
         }
         json!({
             "apiVersion": INFRA_API_VERSION, "kind": "ProxmoxMachineTemplate",
-            "metadata": {"name": template_name, "namespace": ns},
+            // As capmox's cluster templates label them, so their capacity is published.
+            "metadata": {"name": template_name, "namespace": ns,
+                         "labels": {labels::CLUSTER_NAME: name}},
             "spec": {"template": template},
         })
     };
