@@ -108,29 +108,45 @@ impl Caches {
         K: 'static,
     {
         let synced = self.synced.clone();
-        reflector::reflector(
-            writer,
-            // Nothing reads managed fields from the cache; leaving them out keeps it small.
-            watcher(api, watcher::Config::default())
-                .modify(|object| {
-                    object.managed_fields_mut().clear();
-                })
-                // Each watch backs off on its own errors: the controller's triggers share one
-                // back-off, and every watch ending at once (an API server restart, an expired
-                // resourceVersion) would otherwise pause them all, once per watch, for longer
-                // each time.
-                .default_backoff(),
-        )
-        .inspect(move |event| {
-            if let Ok(watcher::Event::InitDone) = event
-                && let Some(flag) = synced.get(slot)
-            {
+        reflected(api, writer, move || {
+            if let Some(flag) = synced.get(slot) {
                 flag.store(true, Ordering::Release);
             }
         })
-        .touched_objects()
-        .filter_map(without_errors::<K>)
     }
+}
+
+/// The watch of `api` that keeps `writer`'s store, as a stream of the objects it touched for a
+/// controller's triggers; `listed` runs each time the watch has listed the whole kind.
+pub fn reflected<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    listed: impl Fn() + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
+    K: 'static,
+{
+    reflector::reflector(
+        writer,
+        // Nothing reads managed fields from the cache; leaving them out keeps it small.
+        watcher(api, watcher::Config::default())
+            .modify(|object| {
+                object.managed_fields_mut().clear();
+            })
+            // Each watch backs off on its own errors: the controller's triggers share one
+            // back-off, and every watch ending at once (an API server restart, an expired
+            // resourceVersion) would otherwise pause them all, once per watch, for longer
+            // each time.
+            .default_backoff(),
+    )
+    .inspect(move |event| {
+        if let Ok(watcher::Event::InitDone) = event {
+            listed();
+        }
+    })
+    .touched_objects()
+    .filter_map(without_errors::<K>)
 }
 
 /// A watch of `api` for a controller's triggers (no store), backing off on its own errors

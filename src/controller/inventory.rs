@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, VmConfig};
+use crate::placement::TemplateInfo;
+use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, ResourceType, VmConfig};
 
 /// How long a snapshot serves before it is fetched again, even without writes of this process.
 pub const MAX_AGE: Duration = Duration::from_secs(2);
@@ -181,4 +182,20 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The VM templates in a `/cluster/resources` listing, as template selection sees them.
+pub fn templates(resources: &[ClusterResource]) -> Vec<TemplateInfo> {
+    resources
+        .iter()
+        .filter(|r| r.kind == ResourceType::Qemu && r.template)
+        .filter_map(|r| {
+            Some(TemplateInfo {
+                node: r.node.clone()?,
+                vmid: r.vmid?,
+                name: r.name.clone().unwrap_or_default(),
+                tags: r.tags.clone(),
+            })
+        })
+        .collect()
 }

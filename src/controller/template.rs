@@ -29,7 +29,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -46,10 +46,8 @@ use crate::api::{
     ProxmoxMachineTemplateStatus, TemplateNodeInfo, labels,
 };
 use crate::capi;
-use crate::placement::{self, TagSelector, TemplateInfo};
-use crate::proxmox::{
-    ProxmoxClient, ProxmoxError, ResourceType, VmConfig, types::parse_property_string,
-};
+use crate::placement::{self, TagSelector};
+use crate::proxmox::{ProxmoxClient, ProxmoxError, VmConfig, types::parse_property_string};
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "capmox-proxmoxmachinetemplate";
@@ -167,9 +165,6 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         .await;
 }
 
-/// A watch that keeps `writer`'s store and sets `synced[slot]` after its first list, as a
-/// stream of the objects it touched; it backs off on its own errors (see
-/// [`super::caches::Caches::watch`]).
 fn cached_watch<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
@@ -180,21 +175,11 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
     K: 'static,
 {
-    reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .modify(|object| object.managed_fields_mut().clear())
-            .default_backoff(),
-    )
-    .inspect(move |event| {
-        if let Ok(watcher::Event::InitDone) = event
-            && let Some(flag) = synced.get(slot)
-        {
+    super::caches::reflected(api, writer, move || {
+        if let Some(flag) = synced.get(slot) {
             flag.store(true, Ordering::Release);
         }
     })
-    .touched_objects()
-    .filter(|touched| futures::future::ready(touched.is_ok()))
 }
 
 /// The templates in `namespace` labelled with one of `names`.
@@ -438,18 +423,7 @@ async fn template_config(
                 .resources(proxmox)
                 .await
                 .map_err(|e| ("listing the Proxmox templates".to_owned(), e))?;
-            let templates: Vec<TemplateInfo> = resources
-                .iter()
-                .filter(|r| r.kind == ResourceType::Qemu && r.template)
-                .filter_map(|r| {
-                    Some(TemplateInfo {
-                        node: r.node.clone()?,
-                        vmid: r.vmid?,
-                        name: r.name.clone().unwrap_or_default(),
-                        tags: r.tags.clone(),
-                    })
-                })
-                .collect();
+            let templates = super::inventory::templates(&resources);
             match placement::select_template(&TagSelector::new(selector), &templates) {
                 // Copies on several nodes carry the same name and tags: any one will do.
                 Ok(copies) => match copies.into_iter().next() {

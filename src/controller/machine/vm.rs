@@ -251,18 +251,7 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
     ) -> Result<Result<(TemplateChoice, String), Step>, MachineError> {
-        let templates: Vec<TemplateInfo> = resources
-            .iter()
-            .filter(|r| r.kind == ResourceType::Qemu && r.template)
-            .filter_map(|r| {
-                Some(TemplateInfo {
-                    node: r.node.clone()?,
-                    vmid: r.vmid?,
-                    name: r.name.clone().unwrap_or_default(),
-                    tags: r.tags.clone(),
-                })
-            })
-            .collect();
+        let templates = crate::controller::inventory::templates(resources);
         let copies = match placement.template() {
             TemplateSource::Id { vmid, node } => {
                 let vmid = u32::try_from(*vmid).unwrap_or_default();
