@@ -559,6 +559,7 @@ fn resolve_networks(
     let implicit_v4 = devices.iter().all(|d| d.default_ipv4.is_none());
     let implicit_v6 = devices.iter().all(|d| d.default_ipv6.is_none());
     let mut nics = Vec::with_capacity(devices.len());
+    let mut unavailable = None;
     for (position, device) in devices.iter().enumerate() {
         let mut refs: Vec<(PoolRef, bool, Option<IpFamily>, Option<String>)> = Vec::new();
         for (wanted, implicit, family) in [
@@ -569,15 +570,19 @@ fn resolve_networks(
             if wanted != Some(true) && !implied {
                 continue;
             }
-            let found = default_pool(&pools, zone_name, family);
-            if found.is_none() && implied {
+            let Some(pool) = default_pool(&pools, zone_name, family) else {
+                // An explicit `true` without a pool of that family claims nothing, as in the
+                // Go provider, whose defaulting webhook set both families on every machine it
+                // stored; only a machine left without any address is refused (below).
+                if !implied && unavailable.is_none() {
+                    unavailable = Some(PlacementError::NoDefaultPool {
+                        device: device.name.clone(),
+                        family,
+                        zone: zone_name.map(str::to_owned),
+                    });
+                }
                 continue;
-            }
-            let pool = found.ok_or_else(|| PlacementError::NoDefaultPool {
-                device: device.name.clone(),
-                family,
-                zone: zone_name.map(str::to_owned),
-            })?;
+            };
             refs.push((
                 PoolRef::in_cluster(pool.name.clone()),
                 true,
@@ -635,7 +640,10 @@ fn resolve_networks(
                 .unwrap_or_else(|| inherited_dns.clone()),
         });
     }
-    Ok(nics)
+    match unavailable {
+        Some(error) if nics.iter().all(|nic| nic.pools.is_empty()) => Err(error),
+        _ => Ok(nics),
+    }
 }
 
 fn resolve_template(machine: &ProxmoxMachine) -> Result<TemplateSource, PlacementError> {
@@ -1035,8 +1043,29 @@ mod tests {
     }
 
     #[test]
-    fn missing_default_pool_is_an_error() {
+    fn a_default_family_without_a_pool_claims_nothing_when_others_give_addresses() {
+        // What the Go provider's defaulting webhook stored on every machine of an IPv4 cluster.
         let mut m = machine("m1", &[], None);
+        m.spec.network.network_devices[0].default_ipv4 = Some(true);
+        m.spec.network.network_devices[0].default_ipv6 = Some(true);
+        let placement = Placement::resolve(
+            &racks(),
+            &m,
+            &capi_machine("m1", Some("rack-b"), false, None),
+        )
+        .expect("the IPv4 pool is enough");
+        let families: Vec<Option<IpFamily>> = placement.network_devices()[0]
+            .pools
+            .iter()
+            .map(|p| p.family)
+            .collect();
+        assert_eq!(families, [Some(IpFamily::V4)]);
+    }
+
+    #[test]
+    fn a_machine_left_without_any_pool_is_an_error() {
+        let mut m = machine("m1", &[], None);
+        m.spec.network.network_devices[0].default_ipv4 = Some(false);
         m.spec.network.network_devices[0].default_ipv6 = Some(true);
         let err = Placement::resolve(
             &racks(),

@@ -458,8 +458,8 @@ fn the_go_providers_conversion_test_template_converts_as_documented() {
             .cloned()
             .unwrap_or_else(|| panic!("the Go template has {kind} {}", object["metadata"]["name"]));
         // The Go converter marks net0 `defaultIPv4: true, defaultIPv6: true`; capmox leaves both
-        // unset, which gives net0 the default pool of each family the cluster has (an IPv4-only
-        // cluster has no IPv6 pool to claim from).
+        // unset, which gives net0 the default pool of each family the cluster has (the same
+        // addresses) and keeps the object as it was written.
         if let Some(devices) = expected
             .pointer_mut("/spec/template/spec/network/networkDevices")
             .and_then(Value::as_array_mut)
