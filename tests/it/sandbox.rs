@@ -363,7 +363,12 @@ async fn the_ha_sandbox_shows_resources_rules_and_a_failover_within_the_zone() {
         "{report}"
     );
     let failover = sandbox.ha_failover(&rows);
-    let zone = rows[0].failure_domain.as_str();
+    let zone = failover
+        .split("(zone ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_default();
+    assert!(failover.contains(" -> "), "{failover}");
     for line in failover.lines().filter(|l| l.contains(" -> ")) {
         let to = line
             .split(" -> ")

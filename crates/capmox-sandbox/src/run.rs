@@ -384,10 +384,11 @@ impl Sandbox {
         lines.join("\n")
     }
 
-    /// Fails the node the first machine in `rows` runs on and describes where HA recovered
-    /// its VMs; the node comes back afterwards.
+    /// Fails the node a worker (else the first machine) in `rows` runs on and describes where
+    /// HA recovered its VMs; the node comes back afterwards.
     pub fn ha_failover(&self, rows: &[MachineRow]) -> String {
-        let Some(row) = rows.first() else {
+        let worker = rows.iter().find(|r| r.machine.contains("worker"));
+        let Some(row) = worker.or(rows.first()) else {
             return "  no machine to fail over".to_owned();
         };
         let node = row.node.clone();
