@@ -97,6 +97,53 @@ pub struct ProxmoxClusterSpec {
     /// Secret with this cluster's Proxmox credentials; overrides the controller's global credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_ref: Option<SecretReference>,
+    /// Proxmox HA for the cluster's VMs, the default for every zone (a zone's `ha` overrides
+    /// it field by field); off when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ha: Option<HaSpec>,
+}
+
+/// Proxmox High Availability for machines: each VM becomes an HA resource once capmox has
+/// started it, kept on its zone's nodes (PVE 9: a strict `node-affinity` rule per zone,
+/// PVE 8: a restricted HA group per zone); on PVE 9 the control-plane VMs of a cluster are
+/// also kept on different nodes by a negative `resource-affinity` rule. Machines without a
+/// zone, or in a zone without nodes, get the HA resource only (HA may then move them to any
+/// node). capmox names its rules and groups `capmox-<hash of namespace/cluster>-<zone>` and
+/// only changes or removes those whose comment names the cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HaSpec {
+    /// Register the VMs as HA resources; unset inherits (the cluster's setting for a zone, off
+    /// for the cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How often HA restarts a failed VM on its node (Proxmox `max_restart`, default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10))]
+    pub max_restart: Option<i32>,
+    /// How often HA relocates a failed VM to another node (Proxmox `max_relocate`, default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10))]
+    pub max_relocate: Option<i32>,
+}
+
+impl HaSpec {
+    /// `zone` over `cluster`, field by field.
+    pub fn merged(cluster: Option<&HaSpec>, zone: Option<&HaSpec>) -> HaSpec {
+        let pick = |f: fn(&HaSpec) -> Option<i32>| zone.and_then(f).or_else(|| cluster.and_then(f));
+        HaSpec {
+            enabled: zone
+                .and_then(|z| z.enabled)
+                .or_else(|| cluster.and_then(|c| c.enabled)),
+            max_restart: pick(|h| h.max_restart),
+            max_relocate: pick(|h| h.max_relocate),
+        }
+    }
+
+    /// Whether HA is on.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled == Some(true)
+    }
 }
 
 /// Knobs of the node scheduler.
@@ -141,6 +188,9 @@ pub struct ZoneConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "set"))]
     pub dns_servers: Option<Vec<String>>,
+    /// Proxmox HA of this zone's machines, over the cluster's `ha`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ha: Option<HaSpec>,
 }
 
 /// Observed state of the cluster: readiness, pools, failure domains.

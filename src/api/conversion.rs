@@ -295,6 +295,7 @@ impl Part for ClusterSpec {
             dns_servers: s.dns_servers.clone(),
             zone_config: earlier.map(|e| e.zone_config.clone()).unwrap_or_default(),
             credentials_ref: s.credentials_ref.clone(),
+            ha: earlier.and_then(|e| e.ha.clone()),
         }
     }
 

@@ -306,6 +306,13 @@ async fn reconcile_inner(
                 proxmox_failed = true;
             }
         }
+        if !proxmox_failed
+            && zone_problem.is_none()
+            && unknown_nodes.is_empty()
+            && crate::controller::ha::enabled_anywhere(&cluster.spec)
+        {
+            sync_ha_zones(context, &proxmox, cluster, &namespace, &name).await;
+        }
     }
 
     decided.push(match (&zone_problem, unknown_nodes.is_empty()) {
@@ -585,6 +592,43 @@ fn belongs_to(meta: &ObjectMeta, capi_cluster: &str, owners: &BTreeSet<String>) 
                     .starts_with(&format!("{}/", capi::CLUSTER_API_GROUP))
                 && owners.contains(&o.name)
         }),
+    }
+}
+
+/// Keeps the nodes of the cluster's HA zone rules (PVE 9) or groups (PVE 8) equal to its
+/// zones' nodes after zone edits; failures and refusals are logged and retried next pass.
+async fn sync_ha_zones(
+    context: &Context,
+    proxmox: &ProxmoxClient,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+    name: &str,
+) {
+    let names = crate::controller::ha::HaNames::new(namespace, name);
+    let synced = match context.inventory.pve_major(proxmox).await {
+        Ok(major) => {
+            crate::controller::ha::sync_zone_nodes(proxmox, major, &names, &cluster.spec).await
+        }
+        Err(error) => Err(error),
+    };
+    match synced {
+        Ok(refused) => {
+            for warning in refused {
+                tracing::warn!(cluster = %name, "Proxmox refused the zone's nodes for {warning}");
+                failures::publish_event(
+                    &context.client,
+                    FIELD_MANAGER,
+                    &cluster.object_ref(&()),
+                    EventType::Warning,
+                    "HAConfigurationRefused",
+                    &format!("Proxmox refused the zone's nodes for {warning}; check the zone's nodes and the HA rules in Proxmox"),
+                )
+                .await;
+            }
+        }
+        Err(error) => {
+            tracing::warn!(cluster = %name, %error, "updating the nodes of the zones' HA rules or groups failed; retrying on the next pass");
+        }
     }
 }
 

@@ -43,6 +43,11 @@ struct Endpoint {
     /// The lowest VMID Proxmox offered (`/cluster/nextid`), where the search for a free one
     /// starts.
     lowest_free_vmid: Mutex<Option<(Instant, u32)>>,
+    /// The major Proxmox VE release (`GET /version`).
+    pve_major: Mutex<Option<(Instant, u32)>>,
+    /// VMIDs whose HA registration (resource, zone rule or group, control-plane rule) this
+    /// process completed; a restarted process checks each HA-managed machine once more.
+    ha_registered: Mutex<std::collections::HashSet<u32>>,
 }
 
 /// Whether a lookup came from Proxmox in this call or from what an earlier one kept.
@@ -168,6 +173,38 @@ impl Inventory {
         let vmid = proxmox.next_id(None).await?;
         *lock(&endpoint.lowest_free_vmid) = Some((Instant::now(), vmid));
         Ok((vmid, Freshness::JustAsked))
+    }
+
+    /// The major Proxmox VE release (`8`, `9`, ...), as `GET /version` answered within
+    /// [`LOOKUP_MAX_AGE`]; a release that does not parse counts as 9.
+    pub async fn pve_major(&self, proxmox: &ProxmoxClient) -> Result<u32, ProxmoxError> {
+        let endpoint = self.endpoint(proxmox);
+        if let Some(major) = recent(lock(&endpoint.pve_major).as_ref()) {
+            return Ok(major);
+        }
+        let major = proxmox
+            .version()
+            .await?
+            .major_minor()
+            .map_or(9, |(major, _)| major);
+        *lock(&endpoint.pve_major) = Some((Instant::now(), major));
+        Ok(major)
+    }
+
+    /// Whether this process completed VM `vmid`'s HA registration.
+    pub fn ha_registered(&self, proxmox: &ProxmoxClient, vmid: u32) -> bool {
+        lock(&self.endpoint(proxmox).ha_registered).contains(&vmid)
+    }
+
+    /// Records (`true`) or forgets VM `vmid`'s completed HA registration.
+    pub fn set_ha_registered(&self, proxmox: &ProxmoxClient, vmid: u32, registered: bool) {
+        let endpoint = self.endpoint(proxmox);
+        let mut set = lock(&endpoint.ha_registered);
+        if registered {
+            set.insert(vmid);
+        } else {
+            set.remove(&vmid);
+        }
     }
 
     fn endpoint(&self, proxmox: &ProxmoxClient) -> Arc<Endpoint> {

@@ -7,6 +7,7 @@ pub mod conditions;
 pub mod credentials;
 pub mod failures;
 pub mod guarded;
+pub mod ha;
 pub mod http;
 pub mod inventory;
 pub mod leader;

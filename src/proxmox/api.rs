@@ -120,6 +120,66 @@ pub const CLIENT_ENDPOINTS: &[(&str, &str, &[&str])] = &[
         "/pools",
         &["poolid:string", "vms:string", "delete:boolean"],
     ),
+    (
+        "POST",
+        "/cluster/ha/resources",
+        &[
+            "sid:string",
+            "state:string",
+            "comment:string",
+            "max_restart:integer",
+            "max_relocate:integer",
+            "group:string",
+        ],
+    ),
+    ("GET", "/cluster/ha/resources", &[]),
+    ("DELETE", "/cluster/ha/resources/{sid}", &[]),
+    ("GET", "/cluster/ha/groups", &[]),
+    (
+        "POST",
+        "/cluster/ha/groups",
+        &[
+            "group:string",
+            "nodes:string",
+            "restricted:boolean",
+            "comment:string",
+        ],
+    ),
+    (
+        "PUT",
+        "/cluster/ha/groups/{group}",
+        &["nodes:string", "digest:string"],
+    ),
+    ("DELETE", "/cluster/ha/groups/{group}", &[]),
+];
+
+/// Endpoints capmox calls only on PVE 9 and later (HA rules); PVE 8 has HA groups instead.
+pub const CLIENT_ENDPOINTS_PVE9: &[(&str, &str, &[&str])] = &[
+    ("GET", "/cluster/ha/rules", &[]),
+    (
+        "POST",
+        "/cluster/ha/rules",
+        &[
+            "rule:string",
+            "type:string",
+            "resources:string",
+            "nodes:string",
+            "strict:boolean",
+            "affinity:string",
+            "comment:string",
+        ],
+    ),
+    (
+        "PUT",
+        "/cluster/ha/rules/{rule}",
+        &[
+            "type:string",
+            "resources:string",
+            "nodes:string",
+            "digest:string",
+        ],
+    ),
+    ("DELETE", "/cluster/ha/rules/{rule}", &[]),
 ];
 
 /// Config options capmox sends in `POST`/`PUT .../config` (indexed ones with their index).
@@ -690,6 +750,209 @@ impl ProxmoxClient {
         }
         let _: Value = self
             .send(Request::new(Method::PUT, "PUT /pools", "/pools".into()).form(form))
+            .await?;
+        Ok(())
+    }
+
+    /// `POST /cluster/ha/resources`: makes a guest an HA resource.
+    pub async fn create_ha_resource(&self, resource: &NewHaResource) -> Result<()> {
+        let mut form = vec![
+            ("sid".to_string(), resource.sid.clone()),
+            ("state".to_string(), resource.state.clone()),
+        ];
+        let mut opt = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                form.push((k.to_string(), v));
+            }
+        };
+        opt("comment", resource.comment.clone());
+        opt("max_restart", resource.max_restart.map(|v| v.to_string()));
+        opt("max_relocate", resource.max_relocate.map(|v| v.to_string()));
+        opt("group", resource.group.clone());
+        let _: Value = self
+            .send(
+                Request::new(
+                    Method::POST,
+                    "POST /cluster/ha/resources",
+                    "/cluster/ha/resources".into(),
+                )
+                .form(form),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `GET /cluster/ha/resources`: every HA resource.
+    pub async fn ha_resources(&self) -> Result<Vec<HaResourceEntry>> {
+        self.send(Request::get(
+            "GET /cluster/ha/resources",
+            "/cluster/ha/resources".into(),
+        ))
+        .await
+    }
+
+    /// `DELETE /cluster/ha/resources/{sid}`: the guest is no longer HA-managed (PVE 9 also
+    /// removes it from every HA rule, its default `purge`).
+    pub async fn delete_ha_resource(&self, sid: &str) -> Result<()> {
+        let _: Value = self
+            .send(Request::new(
+                Method::DELETE,
+                "DELETE /cluster/ha/resources/{sid}",
+                format!("/cluster/ha/resources/{}", seg(sid)),
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// `GET /cluster/ha/rules` (PVE 9).
+    pub async fn ha_rules(&self) -> Result<Vec<HaRuleEntry>> {
+        self.send(Request::get(
+            "GET /cluster/ha/rules",
+            "/cluster/ha/rules".into(),
+        ))
+        .await
+    }
+
+    /// `POST /cluster/ha/rules` (PVE 9).
+    pub async fn create_ha_rule(&self, rule: &HaRuleEntry) -> Result<()> {
+        let mut form = vec![
+            ("rule".to_string(), rule.rule.clone()),
+            ("type".to_string(), rule.kind.clone()),
+            ("resources".to_string(), rule.resources.clone()),
+        ];
+        if let Some(nodes) = &rule.nodes {
+            form.push(("nodes".to_string(), nodes.clone()));
+            form.push(("strict".to_string(), b01(rule.strict).to_string()));
+        }
+        if let Some(affinity) = &rule.affinity {
+            form.push(("affinity".to_string(), affinity.clone()));
+        }
+        if let Some(comment) = &rule.comment {
+            form.push(("comment".to_string(), comment.clone()));
+        }
+        let _: Value = self
+            .send(
+                Request::new(
+                    Method::POST,
+                    "POST /cluster/ha/rules",
+                    "/cluster/ha/rules".into(),
+                )
+                .form(form),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `PUT /cluster/ha/rules/{rule}` (PVE 9): new resources and/or nodes, refused when the
+    /// rules changed since `digest` was read.
+    pub async fn update_ha_rule(
+        &self,
+        rule: &str,
+        kind: &str,
+        resources: Option<&str>,
+        nodes: Option<&str>,
+        digest: Option<&str>,
+    ) -> Result<()> {
+        let mut form = vec![("type".to_string(), kind.to_string())];
+        for (k, v) in [
+            ("resources", resources),
+            ("nodes", nodes),
+            ("digest", digest),
+        ] {
+            if let Some(v) = v {
+                form.push((k.to_string(), v.to_string()));
+            }
+        }
+        let _: Value = self
+            .send(
+                Request::new(
+                    Method::PUT,
+                    "PUT /cluster/ha/rules/{rule}",
+                    format!("/cluster/ha/rules/{}", seg(rule)),
+                )
+                .form(form),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `DELETE /cluster/ha/rules/{rule}` (PVE 9).
+    pub async fn delete_ha_rule(&self, rule: &str) -> Result<()> {
+        let _: Value = self
+            .send(Request::new(
+                Method::DELETE,
+                "DELETE /cluster/ha/rules/{rule}",
+                format!("/cluster/ha/rules/{}", seg(rule)),
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// `GET /cluster/ha/groups` (PVE 8; PVE 9 migrated groups to rules).
+    pub async fn ha_groups(&self) -> Result<Vec<HaGroupEntry>> {
+        self.send(Request::get(
+            "GET /cluster/ha/groups",
+            "/cluster/ha/groups".into(),
+        ))
+        .await
+    }
+
+    /// `POST /cluster/ha/groups` (PVE 8).
+    pub async fn create_ha_group(&self, group: &HaGroupEntry) -> Result<()> {
+        let mut form = vec![
+            ("group".to_string(), group.group.clone()),
+            ("nodes".to_string(), group.nodes.clone()),
+            ("restricted".to_string(), b01(group.restricted).to_string()),
+        ];
+        if let Some(comment) = &group.comment {
+            form.push(("comment".to_string(), comment.clone()));
+        }
+        let _: Value = self
+            .send(
+                Request::new(
+                    Method::POST,
+                    "POST /cluster/ha/groups",
+                    "/cluster/ha/groups".into(),
+                )
+                .form(form),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `PUT /cluster/ha/groups/{group}` (PVE 8): new nodes, refused when the groups changed
+    /// since `digest` was read.
+    pub async fn update_ha_group_nodes(
+        &self,
+        group: &str,
+        nodes: &str,
+        digest: Option<&str>,
+    ) -> Result<()> {
+        let mut form = vec![("nodes".to_string(), nodes.to_string())];
+        if let Some(d) = digest {
+            form.push(("digest".to_string(), d.to_string()));
+        }
+        let _: Value = self
+            .send(
+                Request::new(
+                    Method::PUT,
+                    "PUT /cluster/ha/groups/{group}",
+                    format!("/cluster/ha/groups/{}", seg(group)),
+                )
+                .form(form),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `DELETE /cluster/ha/groups/{group}` (PVE 8; refused while a resource uses it).
+    pub async fn delete_ha_group(&self, group: &str) -> Result<()> {
+        let _: Value = self
+            .send(Request::new(
+                Method::DELETE,
+                "DELETE /cluster/ha/groups/{group}",
+                format!("/cluster/ha/groups/{}", seg(group)),
+            ))
             .await?;
         Ok(())
     }

@@ -31,7 +31,7 @@ pub mod tls;
 pub mod types;
 pub mod upid;
 
-pub use api::{CLIENT_ENDPOINTS, CloudInitStatus, ResourceFilter};
+pub use api::{CLIENT_ENDPOINTS, CLIENT_ENDPOINTS_PVE9, CloudInitStatus, ResourceFilter};
 pub use client::{EndpointStats, Fence, MAX_RESPONSE_BODY, ProxmoxClient, error_from_parts};
 pub use config::{ApiToken, ClientConfig, RetryPolicy, Secret, TlsOptions};
 pub use error::{ProxmoxError, Result};

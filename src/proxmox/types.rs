@@ -85,6 +85,125 @@ impl VersionInfo {
     }
 }
 
+/// A new HA resource (`POST /cluster/ha/resources`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewHaResource {
+    /// `vm:<vmid>`.
+    pub sid: String,
+    /// Requested state (`started`).
+    pub state: String,
+    /// Description.
+    pub comment: Option<String>,
+    /// Restarts on the same node before relocating.
+    pub max_restart: Option<u32>,
+    /// Relocations to other nodes.
+    pub max_relocate: Option<u32>,
+    /// HA group (PVE 8 only).
+    pub group: Option<String>,
+}
+
+/// One HA resource (`GET /cluster/ha/resources`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HaResourceEntry {
+    /// `vm:<vmid>`.
+    pub sid: String,
+    /// Requested state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// HA group (PVE 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+/// One HA rule (`GET /cluster/ha/rules`, PVE 9).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HaRuleEntry {
+    /// Rule id.
+    pub rule: String,
+    /// `node-affinity` or `resource-affinity`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Comma-separated HA resource ids.
+    #[serde(default)]
+    pub resources: String,
+    /// Node-affinity: `node[:priority]`, comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<String>,
+    /// Node-affinity: only these nodes.
+    #[serde(default, deserialize_with = "de::bool_lenient")]
+    pub strict: bool,
+    /// Resource-affinity: `positive` or `negative`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<String>,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    /// Digest of the whole rules file, for updates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Why Proxmox does not apply the rule (infeasible), when it says so.
+    #[serde(default, skip_serializing)]
+    pub errors: Option<serde_json::Value>,
+}
+
+impl HaRuleEntry {
+    /// The resource ids.
+    pub fn resource_ids(&self) -> std::collections::BTreeSet<String> {
+        split_ids(&self.resources)
+    }
+
+    /// The node names (priorities dropped).
+    pub fn node_names(&self) -> std::collections::BTreeSet<String> {
+        split_nodes(self.nodes.as_deref().unwrap_or_default())
+    }
+}
+
+/// One HA group (`GET /cluster/ha/groups`, PVE 8).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HaGroupEntry {
+    /// Group id.
+    pub group: String,
+    /// `node[:priority]`, comma-separated.
+    #[serde(default)]
+    pub nodes: String,
+    /// Resources may only run on the group's nodes.
+    #[serde(default, deserialize_with = "de::bool_lenient")]
+    pub restricted: bool,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    /// Digest of the whole groups file, for updates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+impl HaGroupEntry {
+    /// The node names (priorities dropped).
+    pub fn node_names(&self) -> std::collections::BTreeSet<String> {
+        split_nodes(&self.nodes)
+    }
+}
+
+/// `a, b;c` → {a, b, c}.
+fn split_ids(list: &str) -> std::collections::BTreeSet<String> {
+    list.split([',', ';', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `a,b:1` → {a, b} (node names without their priority).
+fn split_nodes(list: &str) -> std::collections::BTreeSet<String> {
+    split_ids(list)
+        .into_iter()
+        .map(|n| n.split(':').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
 /// One entry of `GET /nodes`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct NodeEntry {

@@ -16,6 +16,7 @@ mod conformance;
 mod conversion;
 mod crds;
 mod dependencies;
+mod ha;
 mod ignition;
 mod leader_election;
 mod log_capture;

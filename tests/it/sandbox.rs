@@ -321,3 +321,60 @@ async fn kubectl_applies_a_v1alpha1_manifest_through_the_conversion_webhook() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `capmox-sandbox --ha`: every VM of the example is an HA resource, each zone has its rule,
+/// the control plane is kept apart, and a failed node's VMs stay in its zone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ha_sandbox_shows_resources_rules_and_a_failover_within_the_zone() {
+    let options = SandboxOptions {
+        ha: true,
+        ..options()
+    };
+    let sandbox = Sandbox::start(&options, false)
+        .await
+        .expect("sandbox starts");
+    sandbox
+        .apply_example(&options)
+        .await
+        .expect("example applied");
+    let rows = sandbox
+        .wait_ready(5, options.timeout, false)
+        .await
+        .expect("5 machines ready");
+    // the last registrations may still be retried after a concurrent rule change
+    let deadline = tokio::time::Instant::now() + options.timeout;
+    while sandbox
+        .sim
+        .ha_rules()
+        .iter()
+        .map(|r| r.resources.len())
+        .sum::<usize>()
+        < 5 + 3
+    {
+        assert!(tokio::time::Instant::now() < deadline, "HA rules settle");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = sandbox.ha_report();
+    assert_eq!(report.matches("  resource vm:").count(), 5, "{report}");
+    assert_eq!(report.matches("node-affinity").count(), 2, "{report}");
+    assert_eq!(
+        report.matches("resource-affinity negative").count(),
+        1,
+        "{report}"
+    );
+    let failover = sandbox.ha_failover(&rows);
+    let zone = failover
+        .split("(zone ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_default();
+    assert!(failover.contains(" -> "), "{failover}");
+    for line in failover.lines().filter(|l| l.contains(" -> ")) {
+        let to = line
+            .split(" -> ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_default();
+        assert!(to == "nowhere," || rack_of(to) == zone, "{failover}");
+    }
+}

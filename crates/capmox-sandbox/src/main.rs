@@ -27,6 +27,10 @@ struct Args {
     /// Proxmox topology file (nodes pve1..pve4 in racks rack-a/rack-b are expected).
     #[arg(long)]
     topology: Option<std::path::PathBuf>,
+    /// Proxmox HA for the example cluster: show HA resources and rules, fail a node and show
+    /// where its VMs went.
+    #[arg(long)]
+    ha: bool,
     /// Where to write the kubeconfig of the in-process Kubernetes API.
     #[arg(long)]
     kubeconfig: Option<std::path::PathBuf>,
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
             Os::Ubuntu => GuestOs::Ubuntu,
             Os::Flatcar => GuestOs::Flatcar,
         },
+        ha: args.ha,
         ..Default::default()
     };
     if let Some(path) = args.kubeconfig {

@@ -75,6 +75,10 @@ pub struct SandboxOptions {
     pub verbose: bool,
     /// The guest OS of the example machines, which decides their bootstrap data format.
     pub os: GuestOs,
+    /// Proxmox HA on for the example cluster (`spec.ha.enabled`): after provisioning, show
+    /// the HA resources and rules (PVE 9) or groups (PVE 8), fail a node and show where its
+    /// VMs went.
+    pub ha: bool,
 }
 
 /// The guest OS the example machines are built for.
@@ -100,6 +104,7 @@ impl Default for SandboxOptions {
             timeout: Duration::from_secs(300),
             verbose: true,
             os: GuestOs::default(),
+            ha: false,
         }
     }
 }
@@ -314,14 +319,100 @@ impl Sandbox {
             // Flatcar has no cloud-init to wait for.
             machine_spec["checks"] = json!({"skipCloudInitStatus": true});
         }
-        let mut example =
-            ExampleCluster::new("default", "demo", example_cluster_spec(), machine_spec);
+        let mut cluster_spec = example_cluster_spec();
+        if options.ha {
+            cluster_spec["ha"] = json!({"enabled": true});
+        }
+        let mut example = ExampleCluster::new("default", "demo", cluster_spec, machine_spec);
         example.bootstrap_format = flatcar.then(|| "ignition".to_owned());
         example.control_plane_replicas = options.control_plane;
         example.worker_replicas = options.workers;
         example.worker_failure_domain = Some(options.worker_failure_domain.clone());
         create_example_cluster(&self.client(), &example).await?;
         Ok(example)
+    }
+
+    /// The simulator's HA configuration: one line per HA resource, rule (PVE 9) and group
+    /// (PVE 8).
+    pub fn ha_report(&self) -> String {
+        let mut lines = Vec::new();
+        for r in self.sim.ha_resources() {
+            let node = r
+                .vmid()
+                .and_then(|vmid| self.sim.with_cluster(|c| c.vm_node(vmid)))
+                .unwrap_or_default();
+            lines.push(format!(
+                "  resource {:<8} on {node:<5} state {:<8} {}{}",
+                r.sid,
+                r.requested_state(),
+                r.group
+                    .as_deref()
+                    .map(|g| format!("group {g}; "))
+                    .unwrap_or_default(),
+                r.comment.as_deref().unwrap_or_default()
+            ));
+        }
+        for rule in self.sim.ha_rules() {
+            let what = match &rule.kind {
+                capmox_sim::HaRuleKind::NodeAffinity { nodes, strict } => format!(
+                    "node-affinity nodes {}{}",
+                    nodes.keys().cloned().collect::<Vec<_>>().join(","),
+                    if *strict { " (strict)" } else { "" }
+                ),
+                capmox_sim::HaRuleKind::ResourceAffinity { affinity } => {
+                    format!("resource-affinity {}", affinity.as_str())
+                }
+            };
+            lines.push(format!(
+                "  rule {} {what}: {}",
+                rule.rule,
+                rule.resources.iter().cloned().collect::<Vec<_>>().join(",")
+            ));
+        }
+        for group in self.sim.ha_groups() {
+            lines.push(format!(
+                "  group {} nodes {}{}",
+                group.group,
+                group.nodes.keys().cloned().collect::<Vec<_>>().join(","),
+                if group.restricted {
+                    " (restricted)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        lines.join("\n")
+    }
+
+    /// Fails the node a worker (else the first machine) in `rows` runs on and describes where
+    /// HA recovered its VMs; the node comes back afterwards.
+    pub fn ha_failover(&self, rows: &[MachineRow]) -> String {
+        let worker = rows.iter().find(|r| r.machine.contains("worker"));
+        let Some(row) = worker.or(rows.first()) else {
+            return "  no machine to fail over".to_owned();
+        };
+        let node = row.node.clone();
+        let relocations = self.sim.fail_node(&node);
+        let mut lines = vec![format!(
+            "  node {node} (zone {}) failed:",
+            row.failure_domain
+        )];
+        for r in &relocations {
+            let machine = rows
+                .iter()
+                .find(|m| m.vmid == r.vmid.to_string())
+                .map_or("?", |m| m.machine.as_str());
+            lines.push(format!(
+                "    {} ({machine}) {} -> {} ({})",
+                r.sid,
+                r.from,
+                r.to.as_deref()
+                    .unwrap_or("nowhere, waits for a node of its zone"),
+                r.state
+            ));
+        }
+        self.sim.revive_node(&node);
+        lines.join("\n")
     }
 
     /// How many of the VMs in `rows` booted each guest OS (`ubuntu`, `flatcar`), as the
@@ -555,6 +646,10 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
             .collect::<Vec<_>>()
             .join(", "),
     );
+    if options.ha {
+        println!("\nProxmox HA:\n{}", sandbox.ha_report());
+        println!("\nFailover:\n{}", sandbox.ha_failover(&rows));
+    }
     if keep_running {
         println!(
             "\nStill running; try: kubectl --kubeconfig {0} get proxmoxmachines,proxmoxclusters\n\

@@ -229,17 +229,18 @@ impl Reconcile<'_> {
             )));
         }
         let stopping = || format!("stopping VM {vmid} on {node}");
-        // After this deletion's stop, the VM is known to be stopped.
-        if finished.as_deref() != Some("qmstop")
-            && proxmox
-                .vm_status(&node, vmid)
-                .await
-                .during(stopping)?
-                .is_running()
-        {
-            let started = proxmox.power(&node, vmid, PowerAction::Stop).await;
-            if let Some(step) = self.submitted(scope, proxmox, started, stopping)? {
-                return Ok(Some(step));
+        // After this deletion's stop, the VM is known to be stopped (and no longer HA-managed:
+        // its HA resource goes first, or HA would start it again).
+        if finished.as_deref() != Some("qmstop") {
+            let status = proxmox.vm_status(&node, vmid).await.during(stopping)?;
+            if status.ha.managed {
+                self.unregister_ha(scope, proxmox, vmid).await?;
+            }
+            if status.is_running() {
+                let started = proxmox.power(&node, vmid, PowerAction::Stop).await;
+                if let Some(step) = self.submitted(scope, proxmox, started, stopping)? {
+                    return Ok(Some(step));
+                }
             }
         }
         // The seed ISO (it holds the bootstrap token) is a separate volume: the attached one,
@@ -274,6 +275,35 @@ impl Reconcile<'_> {
         self.deletion_submitted(scope, proxmox, started, || {
             format!("deleting VM {vmid} on {node}")
         })
+    }
+
+    /// Removes VM `vmid`'s HA resource, and the cluster's HA rules or the zone's group it
+    /// leaves without purpose ([`crate::controller::ha::unregister`]).
+    async fn unregister_ha(
+        &self,
+        scope: &Scope,
+        proxmox: &ProxmoxClient,
+        vmid: u32,
+    ) -> Result<(), MachineError> {
+        let names = crate::controller::ha::HaNames::new(
+            &scope.namespace,
+            &scope.proxmox_cluster.name_any(),
+        );
+        let major = self
+            .context
+            .inventory
+            .pve_major(proxmox)
+            .await
+            .during(|| "reading the Proxmox VE version".to_owned())?;
+        let zone = scope.current.failure_domain.as_deref();
+        crate::controller::ha::unregister(proxmox, major, &names, vmid, zone)
+            .await
+            .during(|| format!("removing VM {vmid} from Proxmox HA"))?;
+        self.context
+            .inventory
+            .set_ha_registered(proxmox, vmid, false);
+        self.context.inventory.changed(proxmox);
+        Ok(())
     }
 
     /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on

@@ -160,6 +160,10 @@ impl Reconcile<'_> {
         let running = vm.status.as_deref() == Some("running");
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
         let machine_key = claim_key(self.machine);
+        let ha = crate::controller::ha::for_machine(&scope.proxmox_cluster.spec, placement.zone());
+        let ha_managed = vm.hastate.is_some();
+        let ha_pending =
+            ha.is_some() && !(ha_managed && self.context.inventory.ha_registered(&proxmox, vmid));
         let seen = Seen {
             running,
             retag: running && self.retagged(&vm.tags).is_some(),
@@ -184,6 +188,7 @@ impl Reconcile<'_> {
                 .is_some(),
             seed_iso_removed: self.context.seed_isos_removed.contains(&machine_key, vmid),
             seed_iso_deleted: seed_iso_deleted(scope, &node),
+            ha_pending,
         };
         // The config is read when a phase needs it, at most once per pass: a running VM waiting
         // for its guest needs none, nor does a VM whose seed ISO this pass saw uploaded.
@@ -276,6 +281,27 @@ impl Reconcile<'_> {
                         format!("starting VM {vmid} on {node}")
                     })? {
                         return Ok(step);
+                    }
+                }
+                Phase::RegisterHa => {
+                    if let Some(ha) = &ha
+                        && !self
+                            .register_ha(scope, &proxmox, vmid, ha, ha_managed)
+                            .await?
+                    {
+                        // Another machine changed the HA rules meanwhile: soon again.
+                        let step = waiting(
+                            "WaitingForHA",
+                            format!(
+                                "VM {vmid} is HA-managed; its HA rules changed concurrently and are updated again"
+                            ),
+                            Action::requeue(Duration::from_secs(1)),
+                        );
+                        return Ok(if already_provisioned {
+                            step.still_provisioned()
+                        } else {
+                            step
+                        });
                     }
                 }
                 Phase::AwaitBoot => {
@@ -391,5 +417,60 @@ impl Reconcile<'_> {
             }
         }
         Ok(Step::Continue)
+    }
+
+    /// Registers the running VM `vmid` with Proxmox HA ([`crate::controller::ha`]): what
+    /// Proxmox refuses is reported by a Warning event and does not stop provisioning;
+    /// concurrent changes are retried on the next pass. Whether the registration is complete.
+    async fn register_ha(
+        &self,
+        scope: &Scope,
+        proxmox: &ProxmoxClient,
+        vmid: u32,
+        ha: &crate::controller::ha::MachineHa,
+        managed: bool,
+    ) -> Result<bool, MachineError> {
+        let names = crate::controller::ha::HaNames::new(
+            &scope.namespace,
+            &scope.proxmox_cluster.name_any(),
+        );
+        let control_plane = crate::placement::machine_role(&scope.capi_machine)
+            == crate::placement::MachineRole::ControlPlane;
+        let major = self
+            .context
+            .inventory
+            .pve_major(proxmox)
+            .await
+            .during(|| "reading the Proxmox VE version".to_owned())?;
+        let registered = crate::controller::ha::register(
+            proxmox,
+            major,
+            &names,
+            &scope.name,
+            control_plane,
+            vmid,
+            ha,
+            managed,
+        )
+        .await
+        .during(|| format!("registering VM {vmid} with Proxmox HA"))?;
+        if !managed {
+            self.context.inventory.changed(proxmox);
+        }
+        for warning in &registered.warnings {
+            self.event(
+                scope,
+                EventType::Warning,
+                "HAConfigurationRefused",
+                &format!("VM {vmid} is HA-managed, but {warning}; fix the HA configuration in Proxmox or the zone's nodes"),
+            )
+            .await;
+        }
+        if registered.complete {
+            self.context
+                .inventory
+                .set_ha_registered(proxmox, vmid, true);
+        }
+        Ok(registered.complete)
     }
 }

@@ -34,6 +34,8 @@ pub(super) struct Seen {
     pub seed_iso_removed: bool,
     /// This pass saw the seed ISO's deletion end: only its detachment is left.
     pub seed_iso_deleted: bool,
+    /// HA is on for the machine and its registration is not known to be complete.
+    pub ha_pending: bool,
 }
 
 /// One phase of a provisioning pass.
@@ -48,6 +50,9 @@ pub(super) enum Phase {
     Bootstrap,
     /// Start the VM (a task).
     Start,
+    /// Make the running VM an HA resource in its zone's rule or group (Proxmox HA); only
+    /// after capmox started it, so HA never starts a VM without its seed ISO.
+    RegisterHa,
     /// Wait until the guest is up.
     CheckGuest(GuestCheck),
     /// Wait until guests usually are done booting, without looking (the VM just started).
@@ -70,8 +75,13 @@ pub(super) fn plan(seen: Seen) -> Vec<Phase> {
             phases.push(Phase::Configure);
         }
         phases.extend([Phase::Bootstrap, Phase::Start]);
-    } else if seen.retag {
-        phases.push(Phase::Retag);
+    } else {
+        if seen.retag {
+            phases.push(Phase::Retag);
+        }
+        if seen.ha_pending {
+            phases.push(Phase::RegisterHa);
+        }
     }
     // Once provisioned, the boot checks are history: later passes only observe the VM.
     if !seen.provisioned && seen.guest_check != GuestCheck::None {
@@ -107,7 +117,34 @@ mod tests {
             node_joined: false,
             seed_iso_removed: false,
             seed_iso_deleted: false,
+            ha_pending: false,
         }
+    }
+
+    #[test]
+    fn ha_registration_waits_until_the_vm_runs() {
+        let stopped = Seen {
+            ha_pending: true,
+            ..new_vm()
+        };
+        assert!(!plan(stopped).contains(&Phase::RegisterHa));
+        let running = Seen {
+            running: true,
+            ..stopped
+        };
+        assert_eq!(
+            plan(running),
+            [
+                Phase::RegisterHa,
+                Phase::CheckGuest(GuestCheck::CloudInit),
+                Phase::Provisioned
+            ]
+        );
+        let registered = Seen {
+            ha_pending: false,
+            ..running
+        };
+        assert!(!plan(registered).contains(&Phase::RegisterHa));
     }
 
     #[test]
