@@ -309,7 +309,7 @@ async fn reconcile_inner(
         if !proxmox_failed
             && zone_problem.is_none()
             && unknown_nodes.is_empty()
-            && crate::controller::ha::enabled_anywhere(&cluster.spec)
+            && crate::placement::ha_enabled_anywhere(&cluster.spec)
         {
             sync_ha_zones(context, &proxmox, cluster, &namespace, &name).await;
         }

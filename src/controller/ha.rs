@@ -26,7 +26,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::api::{HaSpec, ProxmoxClusterSpec};
+use crate::api::ProxmoxClusterSpec;
+use crate::placement::MachineHa;
 use crate::proxmox::{HaRuleEntry, NewHaResource, ProxmoxClient, ProxmoxError};
 
 /// Prefix of every HA rule and group id capmox creates.
@@ -120,36 +121,6 @@ impl HaNames {
                 && c.ends_with(" (control plane)")
         })
     }
-}
-
-/// What HA a machine gets.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MachineHa {
-    /// The effective settings (cluster's, overridden by the zone's).
-    pub settings: HaSpec,
-    /// The zone and its nodes, when the machine has a zone with nodes.
-    pub zone: Option<(String, Vec<String>)>,
-}
-
-/// The HA a machine in `zone` gets, `None` when HA is off for it.
-pub fn for_machine(spec: &ProxmoxClusterSpec, zone: Option<&str>) -> Option<MachineHa> {
-    let zone_config = zone.and_then(|z| spec.zone_config.iter().find(|c| c.zone == z));
-    let settings = HaSpec::merged(spec.ha.as_ref(), zone_config.and_then(|z| z.ha.as_ref()));
-    settings.is_enabled().then(|| MachineHa {
-        settings,
-        zone: zone_config
-            .filter(|z| !z.nodes.is_empty())
-            .map(|z| (z.zone.clone(), z.nodes.clone())),
-    })
-}
-
-/// Whether any machine of the cluster may get HA (the cluster or one of its zones has it on).
-pub fn enabled_anywhere(spec: &ProxmoxClusterSpec) -> bool {
-    spec.ha.as_ref().is_some_and(HaSpec::is_enabled)
-        || spec
-            .zone_config
-            .iter()
-            .any(|z| HaSpec::merged(spec.ha.as_ref(), z.ha.as_ref()).is_enabled())
 }
 
 /// How a registration ended.
@@ -475,17 +446,8 @@ pub async fn sync_zone_nodes(
     spec: &ProxmoxClusterSpec,
 ) -> Result<Vec<String>, ProxmoxError> {
     let mut out = Registered::default();
-    let zones: Vec<(String, &str, BTreeSet<String>)> = spec
-        .zone_config
-        .iter()
-        .filter(|z| !z.nodes.is_empty())
-        .map(|z| {
-            (
-                names.zone_id(&z.zone),
-                z.zone.as_str(),
-                z.nodes.iter().cloned().collect(),
-            )
-        })
+    let zones: Vec<(String, &str, BTreeSet<String>)> = crate::placement::ha_zones(spec)
+        .map(|(zone, nodes)| (names.zone_id(zone), zone, nodes.iter().cloned().collect()))
         .collect();
     if major < 9 {
         for group in proxmox.ha_groups().await? {
@@ -524,7 +486,6 @@ pub async fn sync_zone_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ZoneConfigSpec;
 
     #[test]
     fn ids_are_per_cluster_and_zone_and_valid_config_ids() {
@@ -552,45 +513,5 @@ mod tests {
         assert!(!a.owns("other", Some(&a.zone_comment("z"))));
         assert!(a.is_control_plane_resource(Some(&a.resource_comment("m", true))));
         assert!(!a.is_control_plane_resource(Some(&a.resource_comment("m", false))));
-    }
-
-    #[test]
-    fn zone_settings_override_the_cluster_ones() {
-        let on = |e: bool| HaSpec {
-            enabled: Some(e),
-            ..HaSpec::default()
-        };
-        let spec = ProxmoxClusterSpec {
-            ha: Some(HaSpec {
-                max_restart: Some(2),
-                ..on(true)
-            }),
-            zone_config: vec![
-                ZoneConfigSpec {
-                    zone: "a".into(),
-                    nodes: vec!["n1".into()],
-                    ..ZoneConfigSpec::default()
-                },
-                ZoneConfigSpec {
-                    zone: "b".into(),
-                    nodes: vec!["n2".into()],
-                    ha: Some(on(false)),
-                    ..ZoneConfigSpec::default()
-                },
-                ZoneConfigSpec {
-                    zone: "net".into(),
-                    ..ZoneConfigSpec::default()
-                },
-            ],
-            ..ProxmoxClusterSpec::default()
-        };
-        let a = for_machine(&spec, Some("a")).expect("on in a");
-        assert_eq!(a.settings.max_restart, Some(2));
-        assert_eq!(a.zone, Some(("a".into(), vec!["n1".into()])));
-        assert_eq!(for_machine(&spec, Some("b")), None);
-        assert_eq!(for_machine(&spec, Some("net")).expect("on").zone, None);
-        assert!(for_machine(&spec, None).is_some());
-        assert!(!enabled_anywhere(&ProxmoxClusterSpec::default()));
-        assert!(enabled_anywhere(&spec));
     }
 }

@@ -37,6 +37,7 @@
 //! - Claims reference pools with the bare API group `ipam.cluster.x-k8s.io`, never a group/version.
 
 mod failure_domains;
+mod ha;
 mod pools;
 mod resolve;
 mod scheduler;
@@ -51,6 +52,7 @@ mod tests;
 pub use failure_domains::{
     MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, failure_domains, zone_nodes,
 };
+pub use ha::{MachineHa, ha_enabled_anywhere, ha_for_machine, ha_zones};
 pub use pools::{
     ClusterPool, IN_CLUSTER_IP_POOL_KIND, IpFamily, PoolRef, address_family, claim_name,
     cluster_pools, pool_name,

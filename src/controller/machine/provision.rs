@@ -160,7 +160,7 @@ impl Reconcile<'_> {
         let running = vm.status.as_deref() == Some("running");
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
         let machine_key = claim_key(self.machine);
-        let ha = crate::controller::ha::for_machine(&scope.proxmox_cluster.spec, placement.zone());
+        let ha = crate::placement::ha_for_machine(&scope.proxmox_cluster.spec, placement.zone());
         let ha_managed = vm.hastate.is_some();
         let ha_pending =
             ha.is_some() && !(ha_managed && self.context.inventory.ha_registered(&proxmox, vmid));
@@ -427,7 +427,7 @@ impl Reconcile<'_> {
         scope: &Scope,
         proxmox: &ProxmoxClient,
         vmid: u32,
-        ha: &crate::controller::ha::MachineHa,
+        ha: &crate::placement::MachineHa,
         managed: bool,
     ) -> Result<bool, MachineError> {
         let names = crate::controller::ha::HaNames::new(
