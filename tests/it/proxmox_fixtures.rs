@@ -162,6 +162,7 @@ async fn call(
             format!("{:?}", client.task_log(&upid()?, 0, 50).await?)
         }
         ("GET", "/pools") => format!("{:?}", client.list_pools().await?),
+        ("GET", "/cluster/ha/resources") => format!("{:?}", client.ha_resources().await?),
         ("POST", "/pools") => format!("{:?}", client.create_pool("pool1", None).await?),
         other => panic!("no call mapped for {other:?}"),
     })
