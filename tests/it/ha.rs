@@ -254,9 +254,37 @@ async fn pve9_zone_rules_keep_vms_in_their_zone_and_deletion_leaves_nothing() {
     }
     env.sim.revive_node(node);
 
+    let before = env.sim.request_log().len();
     delete_all(&env).await;
     assert_eq!(env.sim.ha_resources(), [], "no HA resource left");
     assert_eq!(env.sim.ha_rules(), [], "no HA rule left");
+    // The deletion budget grows only by the HA calls: each VM's resource once, at most one look
+    // at the rules per machine, and each of the cluster's three rules deleted at most once
+    // (the simulator's purge already drops a rule left without resources; capmox deletes the
+    // ones that remain and no longer hold what they need).
+    let ha_calls: Vec<String> = env.sim.request_log()[before..]
+        .iter()
+        .filter(|r| r.endpoint.contains("/cluster/ha/"))
+        .map(|r| r.endpoint.clone())
+        .collect();
+    let count = |endpoint: &str| ha_calls.iter().filter(|e| *e == endpoint).count();
+    assert_eq!(
+        count("DELETE /cluster/ha/resources/{sid}"),
+        vms.len(),
+        "{ha_calls:#?}"
+    );
+    assert!(count("GET /cluster/ha/rules") <= vms.len(), "{ha_calls:#?}");
+    assert!(
+        count("DELETE /cluster/ha/rules/{rule}") <= 3,
+        "{ha_calls:#?}"
+    );
+    assert_eq!(
+        ha_calls.len(),
+        count("DELETE /cluster/ha/resources/{sid}")
+            + count("GET /cluster/ha/rules")
+            + count("DELETE /cluster/ha/rules/{rule}"),
+        "no other HA call while deleting: {ha_calls:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
