@@ -169,8 +169,9 @@ pub struct RunArgs {
     /// Only watch this namespace (all namespaces when unset, as clusterctl installs providers).
     #[arg(long)]
     pub namespace: Option<String>,
-    /// Only reconcile ProxmoxClusters, ProxmoxMachines and ProxmoxMachineTemplates labelled
-    /// `cluster.x-k8s.io/watch-filter=<value>` (one manager per shard).
+    /// Only watch and reconcile the objects (ProxmoxClusters, ProxmoxMachines, their templates,
+    /// and the CAPI Clusters and Machines) labelled `cluster.x-k8s.io/watch-filter=<value>`
+    /// (one manager per shard).
     #[arg(long, value_parser = parse_label_value)]
     pub watch_filter: Option<String>,
     /// Proxmox VE URL for clusters without a credentialsRef, e.g. `https://pve1:8006`.

@@ -101,6 +101,7 @@ impl Caches {
         &self,
         slot: usize,
         api: Api<K>,
+        config: watcher::Config,
         writer: Writer<K>,
     ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
     where
@@ -108,7 +109,7 @@ impl Caches {
         K: 'static,
     {
         let synced = self.synced.clone();
-        reflected(api, writer, move || {
+        reflected(api, config, writer, move || {
             if let Some(flag) = synced.get(slot) {
                 flag.store(true, Ordering::Release);
             }
@@ -120,6 +121,7 @@ impl Caches {
 /// controller's triggers; `listed` runs each time the watch has listed the whole kind.
 pub fn reflected<K>(
     api: Api<K>,
+    config: watcher::Config,
     writer: Writer<K>,
     listed: impl Fn() + Send + 'static,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
@@ -130,7 +132,7 @@ where
     reflector::reflector(
         writer,
         // Nothing reads managed fields from the cache; leaving them out keeps it small.
-        watcher(api, watcher::Config::default())
+        watcher(api, config)
             .modify(|object| {
                 object.managed_fields_mut().clear();
             })
@@ -153,12 +155,13 @@ where
 /// rather than pausing every trigger of the controller; see [`Caches::watch`].
 pub fn trigger_watch<K>(
     api: Api<K>,
+    config: watcher::Config,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
     K: 'static,
 {
-    watcher(api, watcher::Config::default())
+    watcher(api, config)
         .default_backoff()
         .touched_objects()
         .filter_map(without_errors::<K>)

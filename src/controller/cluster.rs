@@ -19,6 +19,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -94,17 +95,17 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         ),
     };
     let config = ControllerConfig::default().concurrency(context.config.cluster_concurrency);
-    let controller = Controller::new(clusters, context.config.reconciled_watch());
+    let controller = Controller::new(clusters, context.config.shard_watch());
     super::report_cache_sync(controller.store(), context.readiness.clone(), CONTROLLER);
     let queue = context.metrics.work_queue(CONTROLLER);
     queue.observe(controller.store());
     let (pool_queue, cluster_queue) = (queue.clone(), queue);
     controller
         // Owned pools wake their ProxmoxCluster (as `owns` would), noted on the work queue.
-        .watches_stream(super::caches::trigger_watch(pools), move |pool| {
+        .watches_stream(super::caches::trigger_watch(pools, watcher::Config::default()), move |pool| {
             pool_queue.wake(super::owners::<ProxmoxCluster>(&pool))
         })
-        .watches_stream(super::caches::trigger_watch(capi_clusters), move |cluster| {
+        .watches_stream(super::caches::trigger_watch(capi_clusters, context.config.shard_watch()), move |cluster| {
             let reference = cluster.spec.infrastructure_ref.as_ref();
             cluster_queue.wake(reference.filter(|r| r.kind == "ProxmoxCluster" && r.api_group == api::GROUP).map(|reference| {
                 ObjectRef::new(&reference.name).within(cluster.namespace().as_deref().unwrap_or_default())

@@ -57,8 +57,8 @@ pub struct ManagerConfig {
     pub leader_election: Option<LeaderElectionConfig>,
     /// Namespace to watch, or `None` for all namespaces.
     pub watch_namespace: Option<String>,
-    /// Only reconcile ProxmoxClusters, ProxmoxMachines and ProxmoxMachineTemplates whose
-    /// `cluster.x-k8s.io/watch-filter` label has this value (`None`: all of them).
+    /// Only watch and reconcile objects whose `cluster.x-k8s.io/watch-filter` label has this
+    /// value (`None`: all of them); see [`ManagerConfig::shard_watch`].
     pub watch_filter: Option<String>,
     /// Reconciles of ProxmoxClusters that may run at once.
     pub cluster_concurrency: u16,
@@ -70,11 +70,11 @@ pub struct ManagerConfig {
 }
 
 impl ManagerConfig {
-    /// How the controllers watch the kinds they reconcile: only this manager's shard when a
-    /// watch filter is set. The objects they only read or map from (CAPI Machines and
-    /// Clusters, claims, addresses, pools) are watched whole, so a shard's machine never misses
-    /// a Machine or an address that lacks the label.
-    pub fn reconciled_watch(&self) -> kube::runtime::watcher::Config {
+    /// How the controllers watch this manager's shard when a watch filter is set: the kinds
+    /// they reconcile and the Cluster API Clusters and Machines they map from, as
+    /// controller-runtime providers filter them. (IP claims, addresses and pools, which capmox
+    /// and the IPAM provider create without the label, are watched whole.)
+    pub fn shard_watch(&self) -> kube::runtime::watcher::Config {
         let config = kube::runtime::watcher::Config::default();
         match &self.watch_filter {
             Some(value) => config.labels(&format!("{}={value}", crate::api::labels::WATCH_FILTER)),

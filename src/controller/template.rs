@@ -110,7 +110,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let namespace = context.config.watch_namespace.clone();
     let namespace = namespace.as_deref();
     let templates: Api<ProxmoxMachineTemplate> = api(&client, namespace);
-    let controller = Controller::new(templates, context.config.reconciled_watch());
+    let controller = Controller::new(templates, context.config.shard_watch());
     let store = controller.store();
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let (clusters, clusters_writer) = reflector::store();
@@ -122,12 +122,14 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     };
     let cluster_events = cached_watch(
         api::<ProxmoxCluster>(&client, namespace),
+        context.config.shard_watch(),
         clusters_writer,
         reads.synced.clone(),
         0,
     );
     let capi_cluster_events = cached_watch(
         api::<capi::Cluster>(&client, namespace),
+        context.config.shard_watch(),
         capi_clusters_writer,
         reads.synced.clone(),
         1,
@@ -167,6 +169,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
 
 fn cached_watch<K>(
     api: Api<K>,
+    config: watcher::Config,
     writer: reflector::store::Writer<K>,
     synced: Arc<[AtomicBool; 2]>,
     slot: usize,
@@ -175,7 +178,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
     K: 'static,
 {
-    super::caches::reflected(api, writer, move || {
+    super::caches::reflected(api, config, writer, move || {
         if let Some(flag) = synced.get(slot) {
             flag.store(true, Ordering::Release);
         }

@@ -12,7 +12,7 @@ use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -120,20 +120,12 @@ async fn two_managers_with_different_watch_filters_each_reconcile_only_their_sha
         );
         example.worker_replicas = 1;
         example.worker_failure_domain = Some("rack-b".into());
-        example
-            .machine_template_labels
-            .insert(WATCH_FILTER.into(), shard.into());
+        // As a user shards a cluster: the label on every object of the cluster and in the
+        // machine templates of its control plane and deployment, so it reaches every machine.
+        example.labels.insert(WATCH_FILTER.into(), shard.into());
         create_example_cluster(&env.client(), &example)
             .await
             .expect("example cluster");
-        Api::<ProxmoxCluster>::namespaced(env.client(), "default")
-            .patch(
-                cluster,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {WATCH_FILTER: shard}}})),
-            )
-            .await
-            .expect("label the ProxmoxCluster");
     }
 
     // Shard A alone: alpha is provisioned, beta is not even looked at.

@@ -1160,6 +1160,9 @@ pub struct ExampleCluster {
     pub version: String,
     /// `spec.template.metadata.labels` of both ProxmoxMachineTemplates.
     pub machine_template_labels: BTreeMap<String, String>,
+    /// Labels of every object of the cluster and of every machine made for it (e.g.
+    /// `cluster.x-k8s.io/watch-filter`, which must reach them all).
+    pub labels: BTreeMap<String, String>,
     /// Bootstrap data format (`ignition` for Flatcar): the KCP's `kubeadmConfigSpec.format` and
     /// that of a KubeadmConfigTemplate for the workers. `None`: cloud-config, and no template.
     pub bootstrap_format: Option<String>,
@@ -1184,6 +1187,7 @@ impl ExampleCluster {
             worker_failure_domain: None,
             version: "v1.33.0".into(),
             machine_template_labels: BTreeMap::new(),
+            labels: BTreeMap::new(),
             bootstrap_format: None,
         }
     }
@@ -1288,7 +1292,24 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
         });
         objects.insert(0, (kubeadm_config_template_resource(), template));
     }
-    for (resource, object) in objects {
+    for (resource, mut object) in objects {
+        // The cluster's labels go on each object and on the templates machines are made from.
+        for holder in ["", "/spec/template", "/spec/machineTemplate"] {
+            if example.labels.is_empty() {
+                break;
+            }
+            let Some(holder) = object.pointer_mut(holder).and_then(Value::as_object_mut) else {
+                continue;
+            };
+            let metadata = holder.entry("metadata").or_insert_with(|| json!({}));
+            if let Some(metadata) = metadata.as_object_mut()
+                && let Value::Object(labels) = metadata.entry("labels").or_insert_with(|| json!({}))
+            {
+                for (key, value) in &example.labels {
+                    labels.insert(key.clone(), json!(value));
+                }
+            }
+        }
         let object: DynamicObject = serde_json::from_value(object)?;
         Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource)
             .create(&post_params(), &object)

@@ -237,24 +237,45 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     }
     let namespace = namespace.as_deref();
     let machines: Api<ProxmoxMachine> = api(&client, namespace);
-    let controller = Controller::new(machines, context.config.reconciled_watch());
+    let controller = Controller::new(machines, context.config.shard_watch());
     let store = controller.store();
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let (caches, writers) = Caches::new(store.clone());
-    let claims = caches.watch(slot::CLAIMS, api(&client, namespace), writers.claims);
-    let addresses = caches.watch(slot::ADDRESSES, api(&client, namespace), writers.addresses);
+    // This manager's shard: the CAPI objects it maps from carry the label too; the IPAM
+    // objects (made by capmox and the IPAM provider) are watched whole.
+    let whole = kube::runtime::watcher::Config::default;
+    let shard = || context.config.shard_watch();
+    let claims = caches.watch(
+        slot::CLAIMS,
+        api(&client, namespace),
+        whole(),
+        writers.claims,
+    );
+    let addresses = caches.watch(
+        slot::ADDRESSES,
+        api(&client, namespace),
+        whole(),
+        writers.addresses,
+    );
     let capi_machines = caches.watch(
         slot::CAPI_MACHINES,
         api(&client, namespace),
+        shard(),
         writers.capi_machines,
     );
-    let clusters = caches.watch(slot::CLUSTERS, api(&client, namespace), writers.clusters);
+    let clusters = caches.watch(
+        slot::CLUSTERS,
+        api(&client, namespace),
+        shard(),
+        writers.clusters,
+    );
     let capi_clusters = caches.watch(
         slot::CAPI_CLUSTERS,
         api(&client, namespace),
+        shard(),
         writers.capi_clusters,
     );
-    let pools = caches.watch(slot::POOLS, api(&client, namespace), writers.pools);
+    let pools = caches.watch(slot::POOLS, api(&client, namespace), whole(), writers.pools);
     let claim_store = caches.claims.clone();
     let context = Arc::new(Context {
         caches: Some(caches),
