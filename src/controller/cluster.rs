@@ -382,7 +382,7 @@ async fn reconcile_inner(
 }
 
 /// Name of the owning CAPI Cluster, from the owner references CAPI sets.
-fn owner_cluster_name(cluster: &ProxmoxCluster) -> Option<String> {
+pub(super) fn owner_cluster_name(cluster: &ProxmoxCluster) -> Option<String> {
     cluster
         .owner_references()
         .iter()

@@ -143,7 +143,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         .watches_stream(cluster_events, move |cluster| {
             let names = [
                 cluster.labels().get(labels::CLUSTER_NAME).cloned(),
-                owner_cluster_name(&cluster),
+                super::cluster::owner_cluster_name(&cluster),
             ];
             cluster_queue.wake(templates_of(&cluster_store, cluster.namespace(), &names))
         })
@@ -638,17 +638,4 @@ fn bytes_quantity(bytes: u64) -> Quantity {
         }
     }
     Quantity(bytes.to_string())
-}
-
-/// Name of a ProxmoxCluster's owning CAPI Cluster.
-fn owner_cluster_name(cluster: &ProxmoxCluster) -> Option<String> {
-    cluster
-        .owner_references()
-        .iter()
-        .find(|o| {
-            o.kind == "Cluster"
-                && o.api_version
-                    .starts_with(&format!("{}/", capi::CLUSTER_API_GROUP))
-        })
-        .map(|o| o.name.clone())
 }
