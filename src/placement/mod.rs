@@ -52,7 +52,7 @@ mod tests;
 pub use failure_domains::{
     MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, failure_domains, zone_nodes,
 };
-pub use ha::{MachineHa, ha_enabled_anywhere, ha_for_machine, ha_zones};
+pub use ha::{MachineHa, ha_enabled_anywhere, ha_zones};
 pub use pools::{
     ClusterPool, IN_CLUSTER_IP_POOL_KIND, IpFamily, PoolRef, address_family, claim_name,
     cluster_pools, pool_name,

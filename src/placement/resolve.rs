@@ -286,6 +286,7 @@ pub struct Placement {
     requested_memory_bytes: Option<u64>,
     owner: Option<MachineOwner>,
     role: MachineRole,
+    ha: Option<super::MachineHa>,
 }
 
 /// Keeps the first occurrence of each name.
@@ -332,6 +333,7 @@ impl Placement {
             .memory_mib
             .map(|m| u64::from(m.max(0).unsigned_abs()) * MIB);
 
+        let zone_for_ha = zone.clone();
         Ok(Self {
             machine: name,
             zone,
@@ -344,6 +346,7 @@ impl Placement {
             requested_memory_bytes,
             owner: machine_owner(capi_machine),
             role: machine_role(capi_machine),
+            ha: super::ha::ha_for_machine(&cluster.spec, zone_for_ha.as_deref()),
         })
     }
 
@@ -432,6 +435,12 @@ impl Placement {
     /// Control plane or worker.
     pub fn role(&self) -> MachineRole {
         self.role
+    }
+
+    /// The Proxmox HA the machine's VM gets (its zone's settings over the cluster's), `None`
+    /// when HA is off for it.
+    pub fn ha(&self) -> Option<&super::MachineHa> {
+        self.ha.as_ref()
     }
 }
 

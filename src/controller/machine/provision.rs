@@ -160,7 +160,7 @@ impl Reconcile<'_> {
         let running = vm.status.as_deref() == Some("running");
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
         let machine_key = claim_key(self.machine);
-        let ha = crate::placement::ha_for_machine(&scope.proxmox_cluster.spec, placement.zone());
+        let ha = placement.ha();
         let ha_managed = vm.hastate.is_some();
         let ha_pending =
             ha.is_some() && !(ha_managed && self.context.inventory.ha_registered(&proxmox, vmid));
