@@ -285,16 +285,8 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         vmid: u32,
     ) -> Result<(), MachineError> {
-        let names = crate::controller::ha::HaNames::new(
-            &scope.namespace,
-            &scope.proxmox_cluster.name_any(),
-        );
-        let major = self
-            .context
-            .inventory
-            .pve_major(proxmox)
-            .await
-            .during(|| "reading the Proxmox VE version".to_owned())?;
+        let names = scope.ha_names();
+        let major = self.pve_major(proxmox).await?;
         let zone = scope.current.failure_domain.as_deref();
         crate::controller::ha::unregister(proxmox, major, &names, vmid, zone)
             .await
@@ -387,5 +379,23 @@ async fn config_if_present(
         Ok(config) => Ok(Some(config)),
         Err(error) if error.is_not_found() => Ok(None),
         Err(error) => Err(error).during(|| format!("reading the config of VM {vmid} on {node}")),
+    }
+}
+
+impl Scope {
+    /// The ids and comments of this machine's cluster's HA objects in Proxmox.
+    pub(super) fn ha_names(&self) -> crate::controller::ha::HaNames {
+        crate::controller::ha::HaNames::new(&self.namespace, &self.proxmox_cluster.name_any())
+    }
+}
+
+impl Reconcile<'_> {
+    /// The Proxmox VE major version behind `proxmox` (which HA objects it offers).
+    pub(super) async fn pve_major(&self, proxmox: &ProxmoxClient) -> Result<u32, MachineError> {
+        self.context
+            .inventory
+            .pve_major(proxmox)
+            .await
+            .during(|| "reading the Proxmox VE version".to_owned())
     }
 }

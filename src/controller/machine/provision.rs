@@ -286,7 +286,7 @@ impl Reconcile<'_> {
                 Phase::RegisterHa => {
                     if let Some(ha) = &ha
                         && !self
-                            .register_ha(scope, &proxmox, vmid, ha, ha_managed)
+                            .register_ha(scope, &proxmox, vmid, ha, placement.role(), ha_managed)
                             .await?
                     {
                         // Another machine changed the HA rules meanwhile: soon again.
@@ -428,20 +428,12 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         vmid: u32,
         ha: &crate::placement::MachineHa,
+        role: crate::placement::MachineRole,
         managed: bool,
     ) -> Result<bool, MachineError> {
-        let names = crate::controller::ha::HaNames::new(
-            &scope.namespace,
-            &scope.proxmox_cluster.name_any(),
-        );
-        let control_plane = crate::placement::machine_role(&scope.capi_machine)
-            == crate::placement::MachineRole::ControlPlane;
-        let major = self
-            .context
-            .inventory
-            .pve_major(proxmox)
-            .await
-            .during(|| "reading the Proxmox VE version".to_owned())?;
+        let names = scope.ha_names();
+        let control_plane = role == crate::placement::MachineRole::ControlPlane;
+        let major = self.pve_major(proxmox).await?;
         let registered = crate::controller::ha::register(
             proxmox,
             major,
