@@ -191,6 +191,11 @@ pub struct ZoneConfigSpec {
     /// Proxmox HA of this zone's machines, over the cluster's `ha`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ha: Option<HaSpec>,
+    /// Secret with the credentials of the Proxmox cluster this zone's nodes belong to, when it
+    /// is not the one the ProxmoxCluster's credentials reach (a second site); same keys and
+    /// namespace rules as `spec.credentialsRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_ref: Option<SecretReference>,
 }
 
 /// Observed state of the cluster: readiness, pools, failure domains.

@@ -915,6 +915,10 @@ impl Part for MachineStatus {
                 .collect(),
             virtual_machine_id: earlier.and_then(|e| e.virtual_machine_id),
             proxmox_node: s.proxmox_node.clone(),
+            // The endpoint belongs to the VM: kept while v1alpha1 names the same node.
+            proxmox_endpoint: earlier
+                .filter(|e| e.proxmox_node == s.proxmox_node)
+                .and_then(|e| e.proxmox_endpoint.clone()),
             failure_domain: earlier.and_then(|e| e.failure_domain.clone()),
             task_ref: s.task_ref.clone(),
             task_purpose: earlier

@@ -578,6 +578,10 @@ pub struct ProxmoxMachineStatus {
     /// Proxmox node the VM runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxmox_node: Option<String>,
+    /// The Proxmox API (`scheme://host:port`) the VM was created on: the machine finds and
+    /// deletes its VM there only, whatever its zone's credentials say later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxmox_endpoint: Option<String>,
     /// Failure domain (zone) the VM was placed in; CAPI copies it to the Machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(ZONE_PATTERN))]

@@ -166,6 +166,7 @@ impl Simulator {
             opts,
             log: Mutex::new(VecDeque::new()),
             counters: Mutex::new(BTreeMap::new()),
+            offline: Default::default(),
         });
         let tls_on = acceptor.is_some();
         let s = shared.clone();
@@ -205,6 +206,15 @@ impl Simulator {
             shared,
             task,
         })
+    }
+
+    /// Takes the whole simulated cluster off the network (`true`: every request, on new and
+    /// kept-alive connections alike, is dropped without an answer, as when a site's link or
+    /// corosync ring is down) or brings it back; its state is kept either way.
+    pub fn set_offline(&self, offline: bool) {
+        self.shared
+            .offline
+            .store(offline, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The bound address.

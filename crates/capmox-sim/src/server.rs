@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub rng: Mutex<Rng>,
     pub log: Mutex<VecDeque<LoggedRequest>>,
     pub counters: Mutex<BTreeMap<String, SimCounters>>,
+    /// Set while the simulated cluster is unreachable: every request is dropped unanswered.
+    pub offline: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -118,6 +120,9 @@ pub(crate) async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Dropped> {
+    if shared.offline.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(Dropped);
+    }
     let method = req.method().clone();
     let raw_path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
