@@ -51,7 +51,9 @@ pub struct ApiEndpoint {
 }
 
 /// Reference to a Secret, optionally in another namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
 pub struct SecretReference {

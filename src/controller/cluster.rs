@@ -34,7 +34,7 @@ use crate::api::{
     ProxmoxClusterStatus, ProxmoxMachine, annotations, finalizers, labels,
 };
 use crate::capi::{self, InClusterIPPool, PoolAddresses};
-use crate::placement::{self, ClusterPool, IpFamily};
+use crate::placement::{self, ClusterPool, IpFamily, ZonesByCredentials};
 use crate::proxmox::ProxmoxClient;
 
 /// Field manager of everything this controller writes.
@@ -214,107 +214,137 @@ async fn reconcile_inner(
     reconcile_pools(context, cluster, &namespace, &desired_pools).await?;
     record_pools(&mut status, &desired_pools);
 
-    // Credentials and Proxmox reachability.
+    // Credentials and reachability of every Proxmox the zones use (one unless zones name
+    // credentials of their own): each is checked against the nodes of its own zones.
+    let groups = placement::zones_by_credentials(cluster);
+    let several = groups.len() > 1;
     let mut requeue = RESYNC;
-    let mut proxmox_failed = false;
-    let proxmox = match client_config(context, cluster, &namespace).await? {
-        Ok(config) => match context.proxmox.get(&config) {
-            Ok(client) => Some((client, config.url)),
-            Err(error) => {
-                decided.push(Decided::failed(
-                    api::conditions::PROXMOX_AVAILABLE,
-                    failures::reason(&error),
-                    error.to_string(),
-                ));
-                None
-            }
-        },
-        Err(error) => {
-            decided.push(Decided::failed(
-                api::conditions::PROXMOX_AVAILABLE,
-                error.reason(),
-                error.to_string(),
-            ));
-            requeue = Duration::from_secs(30);
-            None
-        }
-    };
-    let mut unknown_nodes = Vec::new();
-    if let Some((proxmox, url)) = proxmox {
-        match check_proxmox(&proxmox, cluster).await {
-            Ok(unknown) if url.starts_with("http://") => {
-                // Reachable, but the token travels in clear: say so where users look, once.
-                let message = format!(
-                    "Proxmox at {url} is reached over plain HTTP, so the API token is sent unencrypted; use an https:// URL"
-                );
-                let already_said = current.conditions.iter().any(|c| {
-                    c.type_ == api::conditions::PROXMOX_AVAILABLE && c.reason == PLAIN_HTTP
-                });
-                if !already_said {
-                    tracing::warn!(cluster = %name, %url, "Proxmox is reached over plain HTTP; the API token is sent unencrypted");
-                    failures::publish_event(
-                        &context.client,
-                        FIELD_MANAGER,
-                        &cluster.object_ref(&()),
-                        EventType::Warning,
-                        PLAIN_HTTP,
-                        &message,
-                    )
-                    .await;
-                }
-                decided.push(Decided::ok(
-                    api::conditions::PROXMOX_AVAILABLE,
-                    PLAIN_HTTP,
-                    message,
-                ));
-                unknown_nodes = unknown;
-            }
-            Ok(unknown) => {
-                decided.push(Decided::ok(
-                    api::conditions::PROXMOX_AVAILABLE,
-                    "Available",
-                    "",
-                ));
-                unknown_nodes = unknown;
-            }
-            Err(error) => {
-                let described = failures::describe(&format!("checking Proxmox at {url}"), &error);
-                let retry = context.retries.failed(
-                    &failures::key(cluster),
-                    &failures::PROXMOX_BACKOFF,
-                    Some(described.reason),
-                );
-                requeue = retry.delay.max(described.retry_after.unwrap_or_default());
-                if retry.news {
-                    tracing::warn!(cluster = %name, reason = described.reason, "{}", described.message);
-                    failures::publish_event(
-                        &context.client,
-                        FIELD_MANAGER,
-                        &cluster.object_ref(&()),
-                        EventType::Warning,
-                        described.reason,
-                        &described.message,
-                    )
-                    .await;
-                } else {
-                    tracing::warn!(cluster = %name, reason = described.reason, failures = retry.failures, retry_in_ms = failures::millis(requeue), %error, "Proxmox check failed again; backing off");
-                }
-                decided.push(Decided::failed(
-                    api::conditions::PROXMOX_AVAILABLE,
-                    described.reason,
-                    described.message,
-                ));
-                proxmox_failed = true;
-            }
-        }
-        if !proxmox_failed
+    let mut reports = Vec::with_capacity(groups.len());
+    for group in &groups {
+        let report = check_endpoint(context, cluster, &namespace, group).await?;
+        if let EndpointState::Available { proxmox, .. } = &report.state
             && zone_problem.is_none()
-            && unknown_nodes.is_empty()
+            && report.unknown_nodes().is_empty()
             && crate::placement::ha_enabled_anywhere(&cluster.spec)
         {
-            sync_ha_zones(context, &proxmox, cluster, &namespace, &name).await;
+            sync_ha_zones(context, proxmox, cluster, group, &namespace, &name).await;
+        }
+        reports.push(report);
+    }
+    let unknown_nodes: Vec<(String, String)> = reports
+        .iter()
+        .flat_map(|r| r.unknown_nodes().iter().cloned())
+        .collect();
+    let failed: Vec<&EndpointReport> = reports.iter().filter(|r| !r.available()).collect();
+    let proxmox_failed = failed.iter().any(|r| r.backs_off());
+    if let Some(first) = failed.first() {
+        let mut message = failed
+            .iter()
+            .map(|r| r.failure_message(several))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let reachable: Vec<&str> = reports
+            .iter()
+            .filter(|r| r.available())
+            .flat_map(|r| r.group.zones.iter().map(String::as_str))
+            .collect();
+        if several && !reachable.is_empty() {
+            message.push_str(&format!(
+                "; zones {} are reachable and keep working",
+                reachable.join(", ")
+            ));
+        }
+        if first.backs_off() {
+            let retry = context.retries.failed(
+                &failures::key(cluster),
+                &failures::PROXMOX_BACKOFF,
+                Some(first.reason()),
+            );
+            requeue = retry.delay.max(first.retry_after());
+            if retry.news {
+                tracing::warn!(cluster = %name, reason = first.reason(), "{message}");
+                failures::publish_event(
+                    &context.client,
+                    FIELD_MANAGER,
+                    &cluster.object_ref(&()),
+                    EventType::Warning,
+                    first.reason(),
+                    &message,
+                )
+                .await;
+            } else {
+                tracing::warn!(cluster = %name, reason = first.reason(), failures = retry.failures, retry_in_ms = failures::millis(requeue), "Proxmox check failed again; backing off: {message}");
+            }
+        } else if failed
+            .iter()
+            .any(|r| matches!(r.state, EndpointState::NoCredentials(_)))
+        {
+            requeue = Duration::from_secs(30);
+        }
+        decided.push(Decided::failed(
+            api::conditions::PROXMOX_AVAILABLE,
+            first.reason(),
+            message,
+        ));
+    } else {
+        let plain: Vec<&str> = reports
+            .iter()
+            .filter_map(|r| r.url.as_deref())
+            .filter(|url| url.starts_with("http://"))
+            .collect();
+        if plain.is_empty() {
+            decided.push(Decided::ok(
+                api::conditions::PROXMOX_AVAILABLE,
+                "Available",
+                "",
+            ));
+        } else {
+            // Reachable, but the token travels in clear: say so where users look, once.
+            let message = plain
+                .iter()
+                .map(|url| format!("Proxmox at {url} is reached over plain HTTP, so the API token is sent unencrypted; use an https:// URL"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let already_said = current
+                .conditions
+                .iter()
+                .any(|c| c.type_ == api::conditions::PROXMOX_AVAILABLE && c.reason == PLAIN_HTTP);
+            if !already_said {
+                tracing::warn!(cluster = %name, urls = ?plain, "Proxmox is reached over plain HTTP; the API token is sent unencrypted");
+                failures::publish_event(
+                    &context.client,
+                    FIELD_MANAGER,
+                    &cluster.object_ref(&()),
+                    EventType::Warning,
+                    PLAIN_HTTP,
+                    &message,
+                )
+                .await;
+            }
+            decided.push(Decided::ok(
+                api::conditions::PROXMOX_AVAILABLE,
+                PLAIN_HTTP,
+                message,
+            ));
         }
     }
+    // The failure domains of a Proxmox that does not answer while others do: still published
+    // (their machines are not orphans, and KCP does not move the control plane for an outage),
+    // but marked here.
+    let lost: Vec<String> = failed
+        .iter()
+        .filter(|r| r.backs_off())
+        .flat_map(|r| {
+            r.group
+                .zone_nodes
+                .iter()
+                .map(|(zone, _)| zone.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .map(move |zone| format!("{zone} ({})", r.endpoint_name()))
+        })
+        .collect();
+    let partial = several && failed.len() < reports.len();
 
     decided.push(match (&zone_problem, unknown_nodes.is_empty()) {
         (Some(problem), _) => Decided::failed(
@@ -332,6 +362,14 @@ async fn reconcile_inner(
                     .map(|(zone, node)| format!("node {node:?} of zone {zone:?}"))
                     .collect::<Vec<_>>()
                     .join(", ")
+            ),
+        ),
+        (None, true) if partial && !lost.is_empty() => Decided::failed(
+            api::conditions::FAILURE_DOMAINS_READY,
+            "ProxmoxUnavailable",
+            format!(
+                "the Proxmox of failure domains {} does not answer: their machines wait until it does, and the other failure domains keep working; set controlPlaneEligible: false on a lost zone to keep new control-plane machines out of it",
+                lost.join(", ")
             ),
         ),
         (None, true) => Decided::ok(api::conditions::FAILURE_DOMAINS_READY, "Ready", ""),
@@ -522,9 +560,11 @@ async fn reconcile_delete(
         apply_status_if_changed(&api, name, &current, status).await?;
         return Ok(Action::requeue(SHORT_RETRY));
     }
-    if let Some(reference) = &cluster.spec.credentials_ref
-        && let Some(secret_name) = &reference.name
-    {
+    // The cluster's credentials Secret and those of its zones.
+    for reference in placement::credentials_secrets(cluster) {
+        let Some(secret_name) = &reference.name else {
+            continue;
+        };
         let secret_namespace = reference.namespace.as_deref().unwrap_or(namespace);
         let secrets: Api<Secret> = Api::namespaced(context.client.clone(), secret_namespace);
         if let Some(secret) = secrets.get_opt(secret_name).await? {
@@ -602,14 +642,15 @@ async fn sync_ha_zones(
     context: &Context,
     proxmox: &ProxmoxClient,
     cluster: &ProxmoxCluster,
+    group: &ZonesByCredentials,
     namespace: &str,
     name: &str,
 ) {
     let names = crate::controller::ha::HaNames::new(namespace, name);
+    // This Proxmox holds the rules of its own zones only.
+    let spec = group.restrict(&cluster.spec);
     let synced = match context.inventory.pve_major(proxmox).await {
-        Ok(major) => {
-            crate::controller::ha::sync_zone_nodes(proxmox, major, &names, &cluster.spec).await
-        }
+        Ok(major) => crate::controller::ha::sync_zone_nodes(proxmox, major, &names, &spec).await,
         Err(error) => Err(error),
     };
     match synced {
@@ -633,20 +674,157 @@ async fn sync_ha_zones(
     }
 }
 
+/// What one Proxmox (one set of credentials of the cluster) looked like in this pass.
+struct EndpointReport<'a> {
+    group: &'a ZonesByCredentials,
+    /// The URL the credentials name, once they resolved.
+    url: Option<String>,
+    state: EndpointState,
+}
+
+enum EndpointState {
+    /// Reachable; the zone nodes it does not know.
+    Available {
+        proxmox: ProxmoxClient,
+        unknown_nodes: Vec<(String, String)>,
+    },
+    /// No usable credentials.
+    NoCredentials(super::credentials::CredentialsError),
+    /// No client could be built from the credentials.
+    Unusable(crate::proxmox::ProxmoxError),
+    /// Proxmox did not answer, or refused.
+    Unreachable(failures::Described),
+}
+
+impl EndpointReport<'_> {
+    fn available(&self) -> bool {
+        matches!(self.state, EndpointState::Available { .. })
+    }
+
+    /// Whether the failure is Proxmox's (retried with back-off) rather than the configuration's.
+    fn backs_off(&self) -> bool {
+        matches!(self.state, EndpointState::Unreachable(_))
+    }
+
+    fn unknown_nodes(&self) -> &[(String, String)] {
+        match &self.state {
+            EndpointState::Available { unknown_nodes, .. } => unknown_nodes,
+            _ => &[],
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match &self.state {
+            EndpointState::Available { .. } => "Available",
+            EndpointState::NoCredentials(error) => error.reason(),
+            EndpointState::Unusable(error) => failures::reason(error),
+            EndpointState::Unreachable(described) => described.reason,
+        }
+    }
+
+    fn retry_after(&self) -> Duration {
+        match &self.state {
+            EndpointState::Unreachable(described) => described.retry_after.unwrap_or_default(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Which Proxmox this is, for messages: its URL, else the Secret that should name it.
+    fn endpoint_name(&self) -> String {
+        match (&self.url, &self.group.credentials_ref) {
+            (Some(url), _) => url.clone(),
+            (None, Some(reference)) => format!(
+                "credentials Secret {}",
+                reference.name.as_deref().unwrap_or_default()
+            ),
+            (None, None) => "the cluster's credentials".to_owned(),
+        }
+    }
+
+    /// What failed; with several Proxmox clusters, prefixed with the zones it serves.
+    fn failure_message(&self, several: bool) -> String {
+        let message = match &self.state {
+            EndpointState::Available { .. } => String::new(),
+            EndpointState::NoCredentials(error) => error.to_string(),
+            EndpointState::Unusable(error) => error.to_string(),
+            EndpointState::Unreachable(described) => described.message.clone(),
+        };
+        if !several {
+            return message;
+        }
+        let zones = if self.group.zones.is_empty() {
+            "machines outside the zones".to_owned()
+        } else {
+            format!("zones {}", self.group.zones.join(", "))
+        };
+        format!("{zones}: {message}")
+    }
+}
+
+/// Resolves one group's credentials (adopting their Secret) and checks its Proxmox answers and
+/// knows the group's zone nodes.
+async fn check_endpoint<'a>(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+    group: &'a ZonesByCredentials,
+) -> Result<EndpointReport<'a>, ClusterError> {
+    let config = match client_config(
+        context,
+        cluster,
+        namespace,
+        group.credentials_ref.as_ref(),
+        true,
+    )
+    .await?
+    {
+        Ok(config) => config,
+        Err(error) => {
+            return Ok(EndpointReport {
+                group,
+                url: None,
+                state: EndpointState::NoCredentials(error),
+            });
+        }
+    };
+    let url = Some(config.url.clone());
+    let proxmox = match context.proxmox.get(&config) {
+        Ok(proxmox) => proxmox,
+        Err(error) => {
+            return Ok(EndpointReport {
+                group,
+                url,
+                state: EndpointState::Unusable(error),
+            });
+        }
+    };
+    let state = match check_proxmox(&proxmox, &group.zone_nodes).await {
+        Ok(unknown_nodes) => EndpointState::Available {
+            proxmox,
+            unknown_nodes,
+        },
+        Err(error) => EndpointState::Unreachable(failures::describe(
+            &format!("checking Proxmox at {}", config.url),
+            &error,
+        )),
+    };
+    Ok(EndpointReport { group, url, state })
+}
+
 /// Proxmox answers `/version`; returns the zone nodes Proxmox does not know.
 async fn check_proxmox(
     proxmox: &ProxmoxClient,
-    cluster: &ProxmoxCluster,
+    zone_nodes: &[(String, String)],
 ) -> Result<Vec<(String, String)>, crate::proxmox::ProxmoxError> {
     proxmox.version().await?;
-    let zone_nodes = placement::zone_nodes(cluster);
     if zone_nodes.is_empty() {
         return Ok(Vec::new());
     }
     let known: Vec<String> = proxmox.nodes().await?.into_iter().map(|n| n.node).collect();
     Ok(zone_nodes
-        .into_iter()
+        .iter()
         .filter(|(_, node)| !known.contains(node))
+        .cloned()
         .collect())
 }
 

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use super::Context;
 use super::guarded::{WriteError, cluster_owner_reference, guarded_write_error};
-use crate::api::{ProxmoxCluster, finalizers};
+use crate::api::{ProxmoxCluster, SecretReference, finalizers};
 use crate::proxmox::{ApiToken, ClientConfig, Secret, TlsOptions};
 
 /// How long a machine reconcile reuses credentials it resolved from a cluster's Secret: a
@@ -37,6 +37,18 @@ pub struct CredentialsMemo {
 
 /// (cluster namespace, Secret namespace, Secret name).
 type MemoKey = (String, String, String);
+
+/// Where a credentials Secret referenced from a ProxmoxCluster in `namespace` is kept.
+fn memo_key(namespace: &str, reference: &SecretReference) -> MemoKey {
+    (
+        namespace.to_owned(),
+        reference
+            .namespace
+            .clone()
+            .unwrap_or_else(|| namespace.to_owned()),
+        reference.name.clone().unwrap_or_default(),
+    )
+}
 
 impl CredentialsMemo {
     /// The credentials resolved for `key` less than [`CREDENTIALS_REUSE`] ago.
@@ -59,17 +71,13 @@ impl CredentialsMemo {
         }
     }
 
-    /// Forgets what `cluster` (in `namespace`) resolved, so its next pass reads the Secret
-    /// again (Proxmox refused the credentials: they may have been rotated).
+    /// Forgets what `cluster` (in `namespace`) resolved, its zones' credentials included, so
+    /// its next pass reads the Secrets again (Proxmox refused the credentials: they may have
+    /// been rotated).
     pub fn forget(&self, cluster: &crate::api::ProxmoxCluster, namespace: &str) {
-        if let Some(reference) = &cluster.spec.credentials_ref {
-            let secret_namespace = reference.namespace.as_deref().unwrap_or(namespace);
-            let key = (
-                namespace.to_owned(),
-                secret_namespace.to_owned(),
-                reference.name.clone().unwrap_or_default(),
-            );
-            self.lock().remove(&key);
+        let mut resolved = self.lock();
+        for reference in crate::placement::credentials_secrets(cluster) {
+            resolved.remove(&memo_key(namespace, reference));
         }
     }
 
@@ -240,15 +248,17 @@ pub fn from_secret_data(
 
 // Resolving a cluster's credentials, for both controllers.
 
-/// The client configuration for this cluster: its `credentialsRef` if set (adopting the Secret
-/// with an owner reference and finalizer when `adopt`), else the controller's global credentials.
+/// The client configuration `reference` names for `cluster` (adopting the Secret with an owner
+/// reference and finalizer when `adopt`); without a reference, the controller's global
+/// credentials.
 async fn credentials(
     context: &Context,
     cluster: &ProxmoxCluster,
     namespace: &str,
+    reference: Option<&SecretReference>,
     adopt: bool,
 ) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
-    let Some(reference) = &cluster.spec.credentials_ref else {
+    let Some(reference) = reference else {
         return Ok(match context.global_credentials.client_config() {
             Some(Ok(config)) => Ok(config),
             Some(Err(problem)) => Err(CredentialsError::Invalid {
@@ -264,11 +274,7 @@ async fn credentials(
         .clone()
         .unwrap_or_else(|| namespace.to_owned());
     let secret_name = reference.name.clone().unwrap_or_default();
-    let memo_key = (
-        namespace.to_owned(),
-        secret_namespace.clone(),
-        secret_name.clone(),
-    );
+    let memo_key = memo_key(namespace, reference);
     if !adopt && let Some(config) = context.credentials.recent(&memo_key) {
         return Ok(Ok(config));
     }
@@ -305,23 +311,28 @@ async fn credentials(
     Ok(config)
 }
 
-/// The client configuration for this cluster, adopting its credentials Secret.
+/// The client configuration of the credentials `reference` names for `cluster` (`None`: the
+/// cluster's own credentials: its `credentialsRef`, else the global ones), adopting a Secret it reads when
+/// `adopt` (the cluster controller does; machines and templates only read).
 pub(crate) async fn client_config(
     context: &Context,
     cluster: &ProxmoxCluster,
     namespace: &str,
+    reference: Option<&SecretReference>,
+    adopt: bool,
 ) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
-    credentials(context, cluster, namespace, true).await
+    let reference = reference.or(cluster.spec.credentials_ref.as_ref());
+    credentials(context, cluster, namespace, reference, adopt).await
 }
 
-/// The client configuration for a cluster without touching the Secret (for the machine
-/// controller; the cluster controller adopts the Secret).
+/// The client configuration for a cluster's own credentials, without touching the Secret
+/// (the cluster controller adopts it).
 pub(crate) async fn client_config_for(
     context: &Context,
     cluster: &ProxmoxCluster,
     namespace: &str,
 ) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
-    credentials(context, cluster, namespace, false).await
+    client_config(context, cluster, namespace, None, false).await
 }
 
 /// Finalizer on the credentials Secret, so it outlives the cluster's machines, and, when the

@@ -213,6 +213,35 @@ impl Inventory {
     }
 }
 
+/// Memory promised to machines whose VMs are still being created, per Proxmox endpoint
+/// (`scheme://host:port`): node names are unique within one Proxmox cluster only, so `pve1` of
+/// one site never shares a reservation with `pve1` of another.
+#[derive(Debug, Default)]
+pub struct EndpointReservations {
+    by_endpoint: HashMap<String, crate::placement::Reservations>,
+}
+
+impl EndpointReservations {
+    /// The reservations on the nodes of `endpoint`.
+    pub fn of(&mut self, endpoint: &str) -> &mut crate::placement::Reservations {
+        self.by_endpoint.entry(endpoint.to_owned()).or_default()
+    }
+
+    /// Gives back what `machine` reserved, wherever it did.
+    pub fn release(&mut self, machine: &str) {
+        for reservations in self.by_endpoint.values_mut() {
+            reservations.release(machine);
+        }
+    }
+
+    /// Notes the VMID of `machine`'s reservation, wherever it reserved.
+    pub fn set_vmid(&mut self, machine: &str, vmid: u32) {
+        for reservations in self.by_endpoint.values_mut() {
+            reservations.set_vmid(machine, vmid);
+        }
+    }
+}
+
 /// Every update under these locks is a single assignment, so a poisoned lock still holds a
 /// consistent value and is used as it is.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -100,7 +100,7 @@ pub struct Context {
     pub credentials: credentials::CredentialsMemo,
     /// Memory promised to machines whose VMs are still being created, so parallel reconciles
     /// never both take the last slot on a node.
-    pub reservations: Arc<tokio::sync::Mutex<crate::placement::Reservations>>,
+    pub reservations: Arc<tokio::sync::Mutex<inventory::EndpointReservations>>,
     /// VMIDs held by the machines that chose them (until those are deleted), so parallel
     /// reconciles never pick the same one and a VMID freed by a failed clone is not handed on.
     pub vmid_claims: vmid::VmidClaims,

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::api::{FailureDomain, ProxmoxCluster};
+use crate::api::{FailureDomain, ProxmoxCluster, ProxmoxClusterSpec, SecretReference};
 
 /// CAPI accepts at most this many failure domains on a cluster.
 pub const MAX_FAILURE_DOMAINS: usize = 100;
@@ -106,6 +106,109 @@ pub fn zone_nodes(cluster: &ProxmoxCluster) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The zones reached with one set of credentials: one Proxmox cluster as far as capmox can tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZonesByCredentials {
+    /// The zones' own `credentialsRef`; `None` for the cluster's own credentials, which also
+    /// reach the nodes of `allowedNodes` and the machines outside any zone.
+    pub credentials_ref: Option<SecretReference>,
+    /// The zones, in spec order.
+    pub zones: Vec<String>,
+    /// Every (zone, node) pair of those zones, in spec order, to check against that Proxmox.
+    pub zone_nodes: Vec<(String, String)>,
+}
+
+/// The cluster's zones grouped by the credentials that reach them: the cluster's own first
+/// (always present), then one group per Secret zones name, in spec order. Each group is checked,
+/// reported and synchronised (HA) against its own Proxmox.
+pub fn zones_by_credentials(cluster: &ProxmoxCluster) -> Vec<ZonesByCredentials> {
+    let mut groups = vec![ZonesByCredentials {
+        credentials_ref: None,
+        zones: Vec::new(),
+        zone_nodes: Vec::new(),
+    }];
+    for zone in &cluster.spec.zone_config {
+        let index = match groups
+            .iter()
+            .position(|g| g.credentials_ref.as_ref() == zone.credentials_ref.as_ref())
+        {
+            Some(index) => index,
+            None => {
+                groups.push(ZonesByCredentials {
+                    credentials_ref: zone.credentials_ref.clone(),
+                    zones: Vec::new(),
+                    zone_nodes: Vec::new(),
+                });
+                groups.len() - 1
+            }
+        };
+        let group = &mut groups[index];
+        if !group.zones.contains(&zone.zone) {
+            group.zones.push(zone.zone.clone());
+        }
+        group.zone_nodes.extend(
+            zone.nodes
+                .iter()
+                .map(|node| (zone.zone.clone(), node.clone())),
+        );
+    }
+    groups
+}
+
+impl ZonesByCredentials {
+    /// `spec` with this group's zones only: what the Proxmox these credentials reach holds of
+    /// the cluster (its zones' HA rules, for instance).
+    pub fn restrict(&self, spec: &ProxmoxClusterSpec) -> ProxmoxClusterSpec {
+        let mut spec = spec.clone();
+        spec.zone_config
+            .retain(|zone| zone.credentials_ref == self.credentials_ref);
+        spec
+    }
+}
+
+/// Every Secret a cluster's credentials come from (its own `credentialsRef`, then its zones'),
+/// each once: what the cluster holds on to and lets go of on deletion.
+pub fn credentials_secrets(cluster: &ProxmoxCluster) -> Vec<&SecretReference> {
+    let mut secrets: Vec<&SecretReference> = cluster.spec.credentials_ref.iter().collect();
+    for reference in zone_credentials(cluster) {
+        if !secrets.contains(&reference) {
+            secrets.push(reference);
+        }
+    }
+    secrets
+}
+
+/// The credentials zones name of their own (`zoneConfig[].credentialsRef`), each once, in spec
+/// order.
+pub fn zone_credentials(cluster: &ProxmoxCluster) -> Vec<&SecretReference> {
+    let mut secrets: Vec<&SecretReference> = Vec::new();
+    for reference in cluster
+        .spec
+        .zone_config
+        .iter()
+        .filter_map(|z| z.credentials_ref.as_ref())
+    {
+        if !secrets.contains(&reference) {
+            secrets.push(reference);
+        }
+    }
+    secrets
+}
+
+/// The credentials of the zone named `zone`: its own, or `None` for the cluster's (also for a
+/// zone the cluster no longer has).
+pub fn credentials_of_zone<'a>(
+    cluster: &'a ProxmoxCluster,
+    zone: &str,
+) -> Option<&'a SecretReference> {
+    cluster
+        .spec
+        .zone_config
+        .iter()
+        .find(|z| z.zone == zone)
+        .and_then(|z| z.credentials_ref.as_ref())
+}
+
 /// Computes the CAPI failure domains of a cluster: one per zone with nodes, sorted by name, with
 /// `controlPlane` always explicit, or every configuration problem found.
 pub fn failure_domains(cluster: &ProxmoxCluster) -> Result<Vec<FailureDomain>, ZoneConfigError> {
@@ -123,17 +226,20 @@ pub fn failure_domains(cluster: &ProxmoxCluster) -> Result<Vec<FailureDomain>, Z
         }
     }
 
-    // Node -> zones listing it (a zone listing the same node twice counts once).
-    let mut zones_of_node: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    // Node -> zones listing it (a zone listing the same node twice counts once). Node names are
+    // unique within one Proxmox cluster only: zones reached with other credentials (another
+    // site) may name the same node.
+    let mut zones_of_node: BTreeMap<(Option<&SecretReference>, &str), BTreeSet<&str>> =
+        BTreeMap::new();
     for zone in &spec.zone_config {
         for node in &zone.nodes {
             zones_of_node
-                .entry(node.as_str())
+                .entry((zone.credentials_ref.as_ref(), node.as_str()))
                 .or_default()
                 .insert(zone.zone.as_str());
         }
     }
-    for (node, zones) in &zones_of_node {
+    for ((_, node), zones) in &zones_of_node {
         if zones.len() > 1 {
             problems.push(ZoneProblem::NodeInSeveralZones {
                 node: (*node).to_owned(),
@@ -142,9 +248,14 @@ pub fn failure_domains(cluster: &ProxmoxCluster) -> Result<Vec<FailureDomain>, Z
         }
     }
 
+    // `allowedNodes` names nodes of the Proxmox cluster the cluster's own credentials reach.
     if !spec.allowed_nodes.is_empty() {
         let mut reported = BTreeSet::new();
-        for zone in &spec.zone_config {
+        for zone in spec
+            .zone_config
+            .iter()
+            .filter(|z| z.credentials_ref.is_none())
+        {
             for node in &zone.nodes {
                 if !spec.allowed_nodes.contains(node)
                     && reported.insert((zone.zone.as_str(), node.as_str()))
@@ -391,5 +502,106 @@ mod tests {
                 },
             ]
         );
+    }
+}
+
+#[cfg(test)]
+mod site_tests {
+    use super::*;
+    use crate::api::{ProxmoxClusterSpec, ZoneConfigSpec};
+
+    fn secret(name: &str) -> Option<SecretReference> {
+        Some(SecretReference {
+            name: Some(name.to_owned()),
+            namespace: None,
+        })
+    }
+
+    fn zone(name: &str, nodes: &[&str], credentials: Option<SecretReference>) -> ZoneConfigSpec {
+        ZoneConfigSpec {
+            zone: name.to_owned(),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            credentials_ref: credentials,
+            ..Default::default()
+        }
+    }
+
+    fn two_sites(allowed: &[&str]) -> ProxmoxCluster {
+        ProxmoxCluster::new(
+            "c1",
+            ProxmoxClusterSpec {
+                allowed_nodes: allowed.iter().map(|n| (*n).to_owned()).collect(),
+                zone_config: vec![
+                    zone("site-a-1", &["pve1"], None),
+                    zone("site-a-2", &["pve2"], None),
+                    zone("site-b", &["pve1", "pve2"], secret("site-b")),
+                ],
+                dns_servers: vec!["8.8.8.8".to_owned()],
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn zones_on_another_proxmox_may_reuse_node_names() {
+        let domains = failure_domains(&two_sites(&[])).expect("pve1 of two sites is two nodes");
+        let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["site-a-1", "site-a-2", "site-b"]);
+
+        // Within one Proxmox (same credentials) a node still belongs to one zone only.
+        let mut cluster = two_sites(&[]);
+        cluster
+            .spec
+            .zone_config
+            .push(zone("site-b-2", &["pve2"], secret("site-b")));
+        let error = failure_domains(&cluster).expect_err("pve2 twice in site b");
+        assert_eq!(
+            error.problems,
+            [ZoneProblem::NodeInSeveralZones {
+                node: "pve2".into(),
+                zones: vec!["site-b".into(), "site-b-2".into()],
+            }]
+        );
+    }
+
+    #[test]
+    fn allowed_nodes_name_nodes_of_the_clusters_own_proxmox() {
+        // pve1 and pve2 of site b are not checked against the cluster's allowedNodes.
+        assert!(failure_domains(&two_sites(&["pve1", "pve2"])).is_ok());
+        let error = failure_domains(&two_sites(&["pve1"])).expect_err("pve2 of site a");
+        assert_eq!(
+            error.problems,
+            [ZoneProblem::NodeNotAllowed {
+                zone: "site-a-2".into(),
+                node: "pve2".into(),
+            }]
+        );
+    }
+
+    #[test]
+    fn zones_are_grouped_by_the_credentials_that_reach_them() {
+        let groups = zones_by_credentials(&two_sites(&[]));
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].credentials_ref, None);
+        assert_eq!(groups[0].zones, ["site-a-1", "site-a-2"]);
+        assert_eq!(
+            groups[0].zone_nodes,
+            [
+                ("site-a-1".to_owned(), "pve1".to_owned()),
+                ("site-a-2".to_owned(), "pve2".to_owned())
+            ]
+        );
+        assert_eq!(groups[1].credentials_ref, secret("site-b"));
+        assert_eq!(groups[1].zones, ["site-b"]);
+        assert_eq!(groups[1].zone_nodes.len(), 2);
+
+        // Without zones of their own credentials, one group: the cluster's.
+        let mut single = two_sites(&[]);
+        single.spec.zone_config.truncate(2);
+        assert_eq!(zones_by_credentials(&single).len(), 1);
+        single.spec.zone_config.clear();
+        let groups = zones_by_credentials(&single);
+        assert_eq!(groups.len(), 1);
+        assert!(groups[0].zones.is_empty());
     }
 }

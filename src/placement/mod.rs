@@ -50,7 +50,8 @@ mod fixtures;
 mod tests;
 
 pub use failure_domains::{
-    MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, failure_domains, zone_nodes,
+    MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, ZonesByCredentials, credentials_of_zone,
+    credentials_secrets, failure_domains, zone_credentials, zone_nodes, zones_by_credentials,
 };
 pub use ha::{MachineHa, ha_enabled_anywhere, ha_zones};
 pub use pools::{

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use crate::api::{
     DEFAULT_ZONE, NetworkModel, ProxmoxCluster, ProxmoxMachine, RouteSpec, RoutingPolicySpec,
-    VrfDevice, ZoneConfigSpec, labels,
+    SecretReference, VrfDevice, ZoneConfigSpec, labels,
 };
 use crate::capi::{IPAM_GROUP, Machine};
 
@@ -287,6 +287,7 @@ pub struct Placement {
     owner: Option<MachineOwner>,
     role: MachineRole,
     ha: Option<super::MachineHa>,
+    credentials: Option<SecretReference>,
 }
 
 /// Keeps the first occurrence of each name.
@@ -347,7 +348,14 @@ impl Placement {
             owner: machine_owner(capi_machine),
             role: machine_role(capi_machine),
             ha: super::ha::ha_for_machine(&cluster.spec, zone_for_ha.as_deref()),
+            credentials: zone_config.and_then(|z| z.credentials_ref.clone()),
         })
+    }
+
+    /// The credentials of the Proxmox cluster the machine's zone lives in, when the zone names
+    /// its own (`zoneConfig[].credentialsRef`); `None`: the cluster's credentials reach it.
+    pub fn credentials_ref(&self) -> Option<&SecretReference> {
+        self.credentials.as_ref()
     }
 
     /// Name of the ProxmoxMachine this placement is for.
@@ -517,8 +525,15 @@ fn resolve_candidates(
     machine: &ProxmoxMachine,
     zone: Option<&ZoneConfigSpec>,
 ) -> Result<NodeCandidates, PlacementError> {
+    // The cluster's `allowedNodes` names nodes of the Proxmox cluster its own credentials
+    // reach; a zone with credentials of its own is another Proxmox cluster.
+    let own_endpoint = zone.is_some_and(|z| z.credentials_ref.is_some());
     let (allowed, allowed_from) = if machine.spec.allowed_nodes.is_empty() {
-        (dedup(&cluster.spec.allowed_nodes), "ProxmoxCluster")
+        if own_endpoint {
+            (Vec::new(), "ProxmoxCluster")
+        } else {
+            (dedup(&cluster.spec.allowed_nodes), "ProxmoxCluster")
+        }
     } else {
         (dedup(&machine.spec.allowed_nodes), "ProxmoxMachine")
     };
@@ -906,6 +921,36 @@ mod tests {
             );
             assert_eq!(p.candidates(), &want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_zone_with_its_own_credentials_resolves_them_and_ignores_the_clusters_allowed_nodes() {
+        let mut c = racks();
+        c.spec.allowed_nodes = strings(&["pve1", "pve2", "pve3", "pve4"]);
+        let site_b = crate::api::SecretReference {
+            name: Some("site-b".into()),
+            namespace: None,
+        };
+        let mut remote = zone("site-b", &["pve1", "pve9"]);
+        remote.credentials_ref = Some(site_b.clone());
+        c.spec.zone_config.push(remote);
+        publish(&mut c);
+        let p = Placement::resolve(
+            &c,
+            &machine("m1", &[], None),
+            &capi_machine("m1", Some("site-b"), false, None),
+        )
+        .expect("site-b is a failure domain");
+        assert_eq!(p.credentials_ref(), Some(&site_b));
+        assert_eq!(p.candidates(), &nodes(&["pve1", "pve9"]));
+
+        let p = Placement::resolve(
+            &c,
+            &machine("m1", &[], None),
+            &capi_machine("m1", Some("rack-a"), false, None),
+        )
+        .expect("rack-a is a failure domain");
+        assert_eq!(p.credentials_ref(), None, "the cluster's own credentials");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use super::config::{ClientConfig, RetryPolicy};
+use super::config::{ClientConfig, RetryPolicy, endpoint_of};
 use super::error::{ProxmoxError, Result};
 use super::tls;
 
@@ -132,6 +132,8 @@ pub(crate) fn seg(s: &str) -> String {
 struct Inner {
     http: reqwest::Client,
     base: String,
+    /// `scheme://host:port` of the API (see [`endpoint_of`]).
+    endpoint: String,
     token_id: String,
     auth: HeaderValue,
     retry: RetryPolicy,
@@ -229,6 +231,7 @@ impl ProxmoxClient {
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
+                endpoint: endpoint_of(url).unwrap_or_else(|| url.to_owned()),
                 base,
                 token_id: config.token.token_id.clone(),
                 auth,
@@ -241,6 +244,11 @@ impl ProxmoxClient {
                 fence,
             }),
         })
+    }
+
+    /// The Proxmox API this client talks to, as `scheme://host:port` (see [`endpoint_of`]).
+    pub fn endpoint(&self) -> &str {
+        &self.inner.endpoint
     }
 
     /// The API base URL (`.../api2/json`).

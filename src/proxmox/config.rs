@@ -234,3 +234,49 @@ mod tests {
         assert!(error.to_string().contains("secret apart"), "{error}");
     }
 }
+
+/// The Proxmox API a URL reaches, as `scheme://host:port` (the port spelled out, any path or
+/// trailing slash dropped): two URLs of one endpoint compare equal, and it is what a machine
+/// records as the endpoint its VM lives on. `None` for a URL that does not parse.
+pub fn endpoint_of(url: &str) -> Option<String> {
+    let parsed = reqwest::Url::parse(url.trim()).ok()?;
+    let host = parsed.host_str()?;
+    let port = parsed.port_or_known_default()?;
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_ascii_lowercase()
+    };
+    Some(format!("{}://{host}:{port}", parsed.scheme()))
+}
+
+#[cfg(test)]
+mod endpoint_tests {
+    use super::endpoint_of;
+
+    #[test]
+    fn urls_of_one_endpoint_compare_equal() {
+        let expected = Some("https://pve1.example:8006".to_owned());
+        assert_eq!(endpoint_of("https://pve1.example:8006"), expected);
+        assert_eq!(endpoint_of("https://PVE1.example:8006/"), expected);
+        assert_eq!(endpoint_of("https://pve1.example:8006/api2/json"), expected);
+        assert_eq!(
+            endpoint_of("https://pve1.example").as_deref(),
+            Some("https://pve1.example:443")
+        );
+        assert_eq!(
+            endpoint_of("http://127.0.0.1:41234").as_deref(),
+            Some("http://127.0.0.1:41234")
+        );
+        assert_eq!(
+            endpoint_of("https://[fd00::1]:8006").as_deref(),
+            Some("https://[fd00::1]:8006")
+        );
+        assert_ne!(
+            endpoint_of("https://pve2.example:8006"),
+            expected,
+            "another node's URL is another endpoint"
+        );
+        assert_eq!(endpoint_of("not a url"), None);
+    }
+}

@@ -33,7 +33,7 @@ pub mod upid;
 
 pub use api::{CLIENT_ENDPOINTS, CLIENT_ENDPOINTS_PVE9, CloudInitStatus, ResourceFilter};
 pub use client::{EndpointStats, Fence, MAX_RESPONSE_BODY, ProxmoxClient, error_from_parts};
-pub use config::{ApiToken, ClientConfig, RetryPolicy, Secret, TlsOptions};
+pub use config::{ApiToken, ClientConfig, RetryPolicy, Secret, TlsOptions, endpoint_of};
 pub use error::{ProxmoxError, Result};
 pub use registry::ClientRegistry;
 pub use tasks::WaitOptions;

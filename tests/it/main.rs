@@ -28,6 +28,7 @@ mod machine_errors;
 mod machine_events;
 mod machine_move;
 mod manager_endpoints;
+mod multi_site;
 mod no_zones;
 mod proxmox_fixtures;
 mod proxmox_tls;

@@ -16,7 +16,27 @@ impl Reconcile<'_> {
         // Nothing recorded means no clone was ever requested: the VMID is recorded first.
         let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
         let proxmox = match self.deletion_client(scope, cluster_found).await? {
-            Ok(client) => client,
+            Ok(MachineProxmox {
+                proxmox,
+                moved_from: Some(recorded),
+            }) => {
+                // Deleted only where the VM is: a Proxmox that does not have it is not trusted
+                // to say it is gone.
+                let resources = proxmox
+                    .cluster_resources(None)
+                    .await
+                    .during(|| "looking for the machine's VM in Proxmox".to_owned())?;
+                if !self.vm_is_on(scope, &proxmox, &resources).await? {
+                    let message = self.endpoint_moved_message(scope, &recorded, proxmox.endpoint());
+                    tracing::warn!(machine = %scope.name, reason = ENDPOINT_CHANGED, "{message}");
+                    self.warn_once(scope, ENDPOINT_CHANGED, &message).await;
+                    self.deleting_status(scope, ENDPOINT_CHANGED, message)
+                        .await?;
+                    return Ok(Action::requeue(Duration::from_secs(60)));
+                }
+                proxmox
+            }
+            Ok(MachineProxmox { proxmox, .. }) => proxmox,
             Err(blocked) if may_have_vm => {
                 tracing::warn!(machine = %scope.name, reason = blocked.reason, "{}", blocked.message);
                 self.warn_once(scope, blocked.reason, &blocked.message)
@@ -89,7 +109,7 @@ impl Reconcile<'_> {
         &self,
         scope: &Scope,
         cluster_found: bool,
-    ) -> Result<Result<ProxmoxClient, Blocked>, MachineError> {
+    ) -> Result<Result<MachineProxmox, Blocked>, MachineError> {
         let unavailable = |message: String| Blocked {
             reason: "ProxmoxUnavailable",
             message: format!(
@@ -99,14 +119,36 @@ impl Reconcile<'_> {
             requeue: Duration::from_secs(30),
         };
         if cluster_found {
-            return Ok(self.proxmox_client(scope).await?.map_err(unavailable));
+            // The zone the machine was placed in, for a machine that has not recorded where
+            // its VM is.
+            let zone_credentials = scope
+                .current
+                .failure_domain
+                .as_deref()
+                .and_then(|zone| placement::credentials_of_zone(&scope.proxmox_cluster, zone));
+            return Ok(self
+                .proxmox_client(scope, zone_credentials)
+                .await?
+                .map_err(unavailable));
         }
         let cluster = format!("{}/{}", scope.namespace, scope.proxmox_cluster.name_any());
+        let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
         Ok(match self.context.global_credentials.client_config() {
             Some(Ok(config)) => self
                 .context
                 .proxmox
                 .get(&config)
+                .map(|proxmox| {
+                    let moved_from = scope
+                        .current
+                        .proxmox_endpoint
+                        .clone()
+                        .filter(|recorded| may_have_vm && recorded != proxmox.endpoint());
+                    MachineProxmox {
+                        proxmox,
+                        moved_from,
+                    }
+                })
                 .map_err(|error| unavailable(error.to_string())),
             Some(Err(problem)) => Err(unavailable(format!(
                 "the ProxmoxCluster {cluster} is gone and capmox's global credentials are unusable ({problem})"

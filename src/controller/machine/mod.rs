@@ -542,15 +542,64 @@ impl<'a> Reconcile<'a> {
         (described, Action::requeue(delay))
     }
 
-    /// The Proxmox client for the machine's cluster (credentials resolved as the cluster controller does).
+    /// The Proxmox the machine works with: the one its VM was recorded on while some
+    /// credentials of its cluster still reach it, else its zone's (`zone_credentials`: the
+    /// zone's own `credentialsRef`, `None` for the cluster's credentials). `Err`: why there is
+    /// none.
     async fn proxmox_client(
         &self,
         scope: &Scope,
+        zone_credentials: Option<&api::SecretReference>,
+    ) -> Result<Result<MachineProxmox, String>, MachineError> {
+        let zone = self.client_for(scope, zone_credentials).await?;
+        // Where the VM was created matters only while the machine may have one.
+        let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
+        let Some(recorded) = scope
+            .current
+            .proxmox_endpoint
+            .as_deref()
+            .filter(|_| may_have_vm)
+        else {
+            return Ok(zone.map(MachineProxmox::as_resolved));
+        };
+        if let Ok(proxmox) = &zone
+            && proxmox.endpoint() == recorded
+        {
+            return Ok(Ok(MachineProxmox::as_resolved(proxmox.clone())));
+        }
+        // The zone's credentials changed since: another of the cluster's may still reach the
+        // Proxmox the VM lives on.
+        let mut others: Vec<Option<&api::SecretReference>> = vec![None];
+        others.extend(
+            placement::zone_credentials(&scope.proxmox_cluster)
+                .into_iter()
+                .map(Some),
+        );
+        for reference in others.into_iter().filter(|r| *r != zone_credentials) {
+            if let Ok(proxmox) = self.client_for(scope, reference).await?
+                && proxmox.endpoint() == recorded
+            {
+                return Ok(Ok(MachineProxmox::as_resolved(proxmox)));
+            }
+        }
+        Ok(zone.map(|proxmox| MachineProxmox {
+            proxmox,
+            moved_from: Some(recorded.to_owned()),
+        }))
+    }
+
+    /// The client for the cluster's credentials `reference` names (`None`: its own).
+    async fn client_for(
+        &self,
+        scope: &Scope,
+        reference: Option<&api::SecretReference>,
     ) -> Result<Result<ProxmoxClient, String>, MachineError> {
-        let config = super::credentials::client_config_for(
+        let config = super::credentials::client_config(
             self.context,
             &scope.proxmox_cluster,
             &scope.namespace,
+            reference,
+            false,
         )
         .await?;
         Ok(match config {
@@ -558,7 +607,64 @@ impl<'a> Reconcile<'a> {
             Err(error) => Err(error.to_string()),
         })
     }
+
+    /// Whether the machine's VM is on `proxmox`: its tag is listed there, or the VM with its
+    /// recorded VMID (or spec's SMBIOS UUID) is shown to be its own by its config. Decides
+    /// whether a Proxmox other than the recorded one may be trusted with the machine.
+    async fn vm_is_on(
+        &self,
+        scope: &Scope,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Result<bool, MachineError> {
+        let identity = Identity::of(self.machine, &scope.name);
+        if let Some(vmid) = scope.recorded_vmid
+            && let Some(vm) = vm::vms(resources).find(|r| r.vmid == Some(vmid))
+            && identity
+                .owned_listed(proxmox, &self.configs, vm)
+                .await?
+                .is_some()
+        {
+            return Ok(true);
+        }
+        Ok(identity
+            .search(proxmox, &self.configs, resources, scope.recorded_vmid)
+            .await?
+            .is_some())
+    }
+
+    /// The machine's VM was recorded on a Proxmox none of its cluster's credentials reach now,
+    /// and the one they do reach does not have it: nothing is created, adopted or released
+    /// until the credentials reach the VM's Proxmox again.
+    fn endpoint_moved_message(&self, scope: &Scope, recorded: &str, now: &str) -> String {
+        format!(
+            "{} was created on the Proxmox at {recorded}, but no credentials of ProxmoxCluster {} reach it now (its zone's reach {now}, which does not have the VM); give the zone credentials for {recorded} again. capmox neither creates a second VM nor releases this machine meanwhile",
+            self.recorded_vm(scope),
+            scope.proxmox_cluster.name_any()
+        )
+    }
 }
+
+/// The Proxmox a pass works with.
+struct MachineProxmox {
+    proxmox: ProxmoxClient,
+    /// Set when the VM was recorded on another Proxmox (this URL) that none of the cluster's
+    /// credentials reach any more: the pass may go on only once it finds the VM here.
+    moved_from: Option<String>,
+}
+
+impl MachineProxmox {
+    fn as_resolved(proxmox: ProxmoxClient) -> Self {
+        Self {
+            proxmox,
+            moved_from: None,
+        }
+    }
+}
+
+/// Reason of `VirtualMachineProvisioned` (and of the deletion's wait) while the machine's VM
+/// is on a Proxmox its cluster's credentials no longer reach.
+const ENDPOINT_CHANGED: &str = "ProxmoxEndpointChanged";
 
 #[cfg(test)]
 mod tests {

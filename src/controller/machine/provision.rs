@@ -74,7 +74,13 @@ impl Reconcile<'_> {
                     ));
                 }
             };
-        let proxmox = match self.proxmox_client(scope).await? {
+        let MachineProxmox {
+            proxmox,
+            moved_from,
+        } = match self
+            .proxmox_client(scope, placement.credentials_ref())
+            .await?
+        {
             Ok(client) => client,
             Err(message) => {
                 return Ok(waiting(
@@ -84,6 +90,27 @@ impl Reconcile<'_> {
                 ));
             }
         };
+        // Recorded on a Proxmox the cluster's credentials no longer reach: this one is trusted
+        // with the machine only once it shows the machine's VM (the same Proxmox cluster under
+        // another URL); otherwise nothing happens, least of all a second VM.
+        if let Some(recorded) = &moved_from {
+            let resources = self
+                .context
+                .inventory
+                .resources(&proxmox)
+                .await
+                .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
+            if !self.vm_is_on(scope, &proxmox, &resources).await? {
+                let message = self.endpoint_moved_message(scope, recorded, proxmox.endpoint());
+                self.warn_once(scope, ENDPOINT_CHANGED, &message).await;
+                return Ok(waiting(
+                    ENDPOINT_CHANGED,
+                    message,
+                    Action::requeue(Duration::from_secs(60)),
+                ));
+            }
+            tracing::info!(machine = %scope.name, from = %recorded, to = %proxmox.endpoint(), "the machine's VM is reached through another URL of its Proxmox now");
+        }
 
         // A task in flight (recorded by an earlier pass, perhaps before a restart), or the
         // back-off after a failed one: nothing else happens until it is over.
@@ -146,6 +173,7 @@ impl Reconcile<'_> {
             .await;
         }
         scope.status.proxmox_node = Some(node.clone());
+        scope.status.proxmox_endpoint = Some(proxmox.endpoint().to_owned());
         scope.status.virtual_machine_id = Some(i64::from(vmid));
         scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
         if vm.lock.as_deref() == Some("clone") {

@@ -150,6 +150,7 @@ impl Reconcile<'_> {
         scope.recorded_vmid = Some(vmid);
         scope.status.virtual_machine_id = Some(i64::from(vmid));
         scope.status.proxmox_node = Some(target.clone());
+        scope.status.proxmox_endpoint = Some(proxmox.endpoint().to_owned());
         scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
         scope.status.vm_status = Some(VirtualMachineState::Pending);
         let mut checkpoint = scope.status.clone();
@@ -324,9 +325,10 @@ impl Reconcile<'_> {
                 Ok(narrowed) => narrowed,
                 Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
             };
-            let inventory = self.inventory(scope, resources).await?;
+            let inventory = self.inventory(scope, proxmox, resources).await?;
             let request = ScheduleRequest::new(&narrowed, template_memory);
-            let mut reservations = self.context.reservations.lock().await;
+            let mut by_endpoint = self.context.reservations.lock().await;
+            let reservations = by_endpoint.of(proxmox.endpoint());
             reservations.release_visible(&inventory);
             match reservations.schedule_and_reserve(&narrowed, &inventory, &request) {
                 Ok(choice) => Some(choice.node),
@@ -436,6 +438,7 @@ impl Reconcile<'_> {
     pub(super) async fn inventory(
         &self,
         scope: &Scope,
+        proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
     ) -> Result<NodeInventory, MachineError> {
         let reads = self.reads();
@@ -454,7 +457,16 @@ impl Reconcile<'_> {
             machines
                 .iter()
                 .filter(|m| m.metadata.name.as_deref() != Some(scope.name.as_str()))
-                .filter(|m| m.status.as_ref().and_then(|s| s.proxmox_node.as_deref()) == Some(node))
+                .filter(|m| {
+                    // On this node of this Proxmox (a machine that has not recorded its
+                    // endpoint yet counts wherever its node name matches).
+                    m.status.as_ref().is_some_and(|s| {
+                        s.proxmox_node.as_deref() == Some(node)
+                            && s.proxmox_endpoint
+                                .as_deref()
+                                .is_none_or(|endpoint| endpoint == proxmox.endpoint())
+                    })
+                })
                 .filter_map(|m| {
                     let owner = m.owner_references().iter().find(|o| o.kind == "Machine")?;
                     let capi_machine = capi_machines.get(owner.name.as_str())?;
