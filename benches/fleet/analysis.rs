@@ -90,8 +90,94 @@ pub struct MachineTimes {
     pub vmid: Option<u32>,
     pub node: Option<String>,
     pub zone: Option<String>,
+    /// `status.proxmoxEndpoint`: the Proxmox API the VM was created on.
+    pub endpoint: Option<String>,
+    /// Index of the site the machine's VM is on, once [`Sites::of_machine`] has said.
+    pub site: usize,
     pub delete_seen: Option<Instant>,
     pub gone: Option<Instant>,
+}
+
+/// Zones `0..zones` split over `sites` sites in order, as evenly as possible, the first sites
+/// taking one more when they do not divide (3 zones on 2 sites: zones 0 and 1, then zone 2).
+pub fn split_zones(zones: u32, sites: u32) -> Vec<Vec<u32>> {
+    let sites = sites.max(1);
+    let mut next = 0;
+    (0..sites)
+        .map(|site| {
+            let count = zones / sites + u32::from(site < zones % sites);
+            let these = (next..next + count).collect();
+            next += count;
+            these
+        })
+        .collect()
+}
+
+/// A VM by site index and VMID: VMIDs (and node names) are only unique within one Proxmox
+/// cluster.
+pub type VmKey = (usize, u32);
+
+/// The Proxmox clusters of a run (`--sites`), by index: names, endpoints and which zones each
+/// holds.
+#[derive(Clone, Debug, Default)]
+pub struct Sites {
+    /// Site names (`site-1`, ...), the keys of `by_site` in the report.
+    pub names: Vec<String>,
+    /// Each site's Proxmox API (`scheme://host:port`).
+    pub urls: Vec<String>,
+    /// The site of each zone.
+    pub zone_site: BTreeMap<String, usize>,
+}
+
+impl Sites {
+    /// The site a machine's VM is on: where its recorded endpoint says, which must be its
+    /// zone's site; its zone's site while it records none; the only site if there is one.
+    pub fn of_machine(&self, name: &str, m: &MachineTimes) -> Result<usize, String> {
+        let by_endpoint = match m.endpoint.as_deref() {
+            Some(endpoint) => Some(
+                self.urls
+                    .iter()
+                    .position(|u| u.trim_end_matches('/') == endpoint.trim_end_matches('/'))
+                    .ok_or_else(|| {
+                        format!("machine {name} records endpoint {endpoint}, none of the sites'")
+                    })?,
+            ),
+            None => None,
+        };
+        let by_zone = m
+            .zone
+            .as_deref()
+            .and_then(|z| self.zone_site.get(z).copied());
+        match (by_endpoint, by_zone) {
+            (Some(e), Some(z)) if e != z => Err(format!(
+                "machine {name} is in zone {} of {} but its VM was created on {}'s endpoint {}",
+                m.zone.as_deref().unwrap_or_default(),
+                self.name(z),
+                self.name(e),
+                self.urls.get(e).map_or("?", String::as_str)
+            )),
+            (Some(site), _) | (None, Some(site)) => Ok(site),
+            (None, None) if self.names.len() <= 1 => Ok(0),
+            (None, None) => Err(format!(
+                "machine {name} records neither an endpoint nor a zone of a site"
+            )),
+        }
+    }
+
+    /// The name of site `index`.
+    pub fn name(&self, index: usize) -> &str {
+        self.names.get(index).map_or("?", String::as_str)
+    }
+
+    /// How a node is named in the report: by itself with one site, as `site/node` with more
+    /// (node names repeat over sites).
+    pub fn node_label(&self, site: usize, node: &str) -> String {
+        if self.names.len() <= 1 {
+            node.to_string()
+        } else {
+            format!("{}/{node}", self.name(site))
+        }
+    }
 }
 
 /// (comm, utime + stime ticks) from a `stat` file; comm may contain spaces and parentheses.
@@ -210,16 +296,18 @@ pub fn service_time(tasks: &[&TaskRecord], include_clone: bool) -> Duration {
 /// cannot end before ceil(n / s) × (shortest clone there), and its machine then still needs
 /// its remaining tasks and boot (the shortest such tail among those machines). KubeadmControl
 /// Plane creates control-plane machines one after another, so their whole paths add up. The
-/// bound is the largest of these.
+/// bound is the largest of these. A node is one of a site (node names repeat over sites), and
+/// each machine's tasks are those of its VM on its site (`MachineTimes::site`).
 pub fn lower_bound(
     machines: &BTreeMap<String, MachineTimes>,
-    tasks_of: &HashMap<u32, Vec<&TaskRecord>>,
+    tasks_of: &HashMap<VmKey, Vec<&TaskRecord>>,
     slots: usize,
+    sites: &Sites,
 ) -> (Duration, Value) {
-    let mut per_node: BTreeMap<String, (usize, Duration, Duration)> = BTreeMap::new();
+    let mut per_node: BTreeMap<(usize, String), (usize, Duration, Duration)> = BTreeMap::new();
     let mut control_plane = Duration::ZERO;
     for m in machines.values() {
-        let Some(tasks) = m.vmid.and_then(|v| tasks_of.get(&v)) else {
+        let Some(tasks) = m.vmid.and_then(|v| tasks_of.get(&(m.site, v))) else {
             continue;
         };
         let Some(clone) = tasks.iter().find(|t| t.kind == "qmclone") else {
@@ -238,7 +326,7 @@ pub fn lower_bound(
         }
         for node in slot_nodes {
             let entry = per_node
-                .entry(node)
+                .entry((m.site, node))
                 .or_insert((0, Duration::MAX, Duration::MAX));
             entry.0 += 1;
             entry.1 = entry.1.min(clone_run);
@@ -247,12 +335,12 @@ pub fn lower_bound(
     }
     let mut nodes = serde_json::Map::new();
     let mut bound = control_plane;
-    for (node, (n, clone, tail)) in &per_node {
+    for ((site, node), (n, clone, tail)) in &per_node {
         let waves = if slots == 0 { 1 } else { n.div_ceil(slots) } as u32;
         let node_bound = *clone * waves + *tail;
         bound = bound.max(node_bound);
         nodes.insert(
-            node.clone(),
+            sites.node_label(*site, node),
             json!({"clones": n, "waves": waves, "shortest_clone_s": round3(clone.as_secs_f64()),
                    "shortest_tail_s": round3(tail.as_secs_f64()), "bound_s": round3(node_bound.as_secs_f64())}),
         );
@@ -267,36 +355,67 @@ pub fn lower_bound(
     )
 }
 
-/// Proxmox requests of a phase: by endpoint (total, mean and max per machine) and per machine.
-pub fn proxmox_calls(
-    log: &[LoggedRequest],
-    machines: usize,
-    templates: &BTreeSet<u32>,
-    upid_vmid: &HashMap<String, u32>,
-) -> Value {
-    let mut by_endpoint: BTreeMap<&str, (u64, u64, BTreeMap<u32, u64>)> = BTreeMap::new();
+/// One site's part of a phase's Proxmox requests.
+pub struct SiteCalls<'a> {
+    /// The site's name (its key in `by_site`).
+    pub name: &'a str,
+    /// The site simulator's requests of the phase.
+    pub log: &'a [LoggedRequest],
+    /// Machines whose VM is on this site.
+    pub machines: usize,
+    /// The site's templates (requests naming them are no machine's).
+    pub templates: &'a BTreeSet<u32>,
+    /// The VMID of each of the site's tasks, by UPID.
+    pub upid_vmid: &'a HashMap<String, u32>,
+}
+
+/// Proxmox requests of a phase over every site: by endpoint (total, mean and max per
+/// machine, a machine being a VM of one site) and per machine over all sites, and `by_site`:
+/// each site's calls, the machines placed there and its calls per machine, split into those
+/// that name one of its machines' VMs and the rest (its inventory: cluster and node reads).
+pub fn proxmox_calls(sites: &[SiteCalls], machines: usize) -> Value {
+    let mut by_endpoint: BTreeMap<&str, (u64, u64, BTreeMap<VmKey, u64>)> = BTreeMap::new();
     let mut errors: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut per_machine: BTreeMap<u32, u64> = BTreeMap::new();
-    for entry in log {
-        let segs: Vec<&str> = entry.path.trim_matches('/').split('/').collect();
-        let vmid = match segs.as_slice() {
-            ["nodes", _, "qemu", id, ..] => id.parse().ok().filter(|v| !templates.contains(v)),
-            ["nodes", _, "tasks", upid, ..] => upid_vmid.get(*upid).copied(),
-            ["nodes", _, "storage", _, "content", volume @ ..] => iso_vmid(&volume.join("/")),
-            _ => None,
-        };
-        if !(200..300).contains(&entry.status) {
-            *errors.entry(entry.endpoint.as_str()).or_default() += 1;
-        }
-        let e = by_endpoint.entry(entry.endpoint.as_str()).or_default();
-        e.0 += 1;
-        match vmid {
-            Some(v) => {
-                *e.2.entry(v).or_default() += 1;
-                *per_machine.entry(v).or_default() += 1;
+    let mut per_machine: BTreeMap<VmKey, u64> = BTreeMap::new();
+    let mut by_site = serde_json::Map::new();
+    for (index, site) in sites.iter().enumerate() {
+        let mut site_attributed = 0u64;
+        for entry in site.log {
+            let segs: Vec<&str> = entry.path.trim_matches('/').split('/').collect();
+            let vmid = match segs.as_slice() {
+                ["nodes", _, "qemu", id, ..] => {
+                    id.parse().ok().filter(|v| !site.templates.contains(v))
+                }
+                ["nodes", _, "tasks", upid, ..] => site.upid_vmid.get(*upid).copied(),
+                ["nodes", _, "storage", _, "content", volume @ ..] => iso_vmid(&volume.join("/")),
+                _ => None,
+            };
+            if !(200..300).contains(&entry.status) {
+                *errors.entry(entry.endpoint.as_str()).or_default() += 1;
             }
-            None => e.1 += 1,
+            let e = by_endpoint.entry(entry.endpoint.as_str()).or_default();
+            e.0 += 1;
+            match vmid {
+                Some(v) => {
+                    *e.2.entry((index, v)).or_default() += 1;
+                    *per_machine.entry((index, v)).or_default() += 1;
+                    site_attributed += 1;
+                }
+                None => e.1 += 1,
+            }
         }
+        let total = site.log.len() as u64;
+        let n = site.machines.max(1) as f64;
+        by_site.insert(
+            site.name.to_string(),
+            json!({
+                "machines": site.machines,
+                "total": total,
+                "per_machine_mean": round3(total as f64 / n),
+                "attributed_per_machine_mean": round3(site_attributed as f64 / n),
+                "not_attributable": total - site_attributed,
+            }),
+        );
     }
     let n = machines.max(1) as f64;
     let endpoints: serde_json::Map<String, Value> = by_endpoint
@@ -310,7 +429,7 @@ pub fn proxmox_calls(
             )
         })
         .collect();
-    let total = log.len() as u64;
+    let total: u64 = sites.iter().map(|s| s.log.len() as u64).sum();
     let attributed: u64 = per_machine.values().sum();
     json!({
         "total": total,
@@ -318,5 +437,6 @@ pub fn proxmox_calls(
         "per_machine_max_attributed": per_machine.values().copied().max().unwrap_or(0),
         "not_attributable": total - attributed,
         "by_endpoint": endpoints,
+        "by_site": by_site,
     })
 }

@@ -10,7 +10,10 @@
 //! from measurements only: watch timestamps, the simulator's task records and request log, the
 //! API server's request counters for capmox's client (named by its User-Agent), capmox's
 //! `/metrics`, and `/proc/<pid>` of both processes. Output: a table on stdout and
-//! `out/bench.json`. `cargo test --all-targets` runs this binary without `--bench`; it then
+//! `out/bench.json`. With `--sites N` the zones are split over N simulated Proxmox clusters
+//! (the node names and template VMIDs of each repeat those of the others), the first reached
+//! with capmox's global credentials, every other through `credentialsRef` Secrets on its zones;
+//! Proxmox calls are then also reported per site (`proxmox_calls.by_site`). `cargo test --all-targets` runs this binary without `--bench`; it then
 //! exits at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -40,8 +43,9 @@ use capmox_testkit::{ApiServer, RequestCounts};
 mod analysis;
 mod capmox_process;
 use analysis::{
-    MachineTimes, covered, kube_requests, lower_bound, proxmox_calls, proxmox_spans,
-    reconcile_counts, round3, service_time, spread, status_kib, task_vmid,
+    MachineTimes, SiteCalls, Sites, VmKey, covered, kube_requests, lower_bound, proxmox_calls,
+    proxmox_spans, reconcile_counts, round3, service_time, split_zones, spread, status_kib,
+    task_vmid,
 };
 use capmox_process::{CapmoxProcess, Kubeconfig, Launch, ProcSample, reset_peak, sample};
 
@@ -63,6 +67,12 @@ struct Args {
     /// Zones (failure domains), each with its own nodes and IP pool.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
     zones: u32,
+    /// Proxmox clusters (sites, one simulator each) the zones are split over, the first sites
+    /// taking one zone more when they do not divide evenly; the first is reached with capmox's
+    /// global credentials, the others through a credentialsRef Secret on each of their zones.
+    /// Node names and template VMIDs repeat on every site.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    sites: u32,
     /// Proxmox nodes per zone; every node holds a copy of the template on local storage.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=50))]
     nodes_per_zone: u32,
@@ -175,6 +185,8 @@ enum BenchError {
     },
     #[error("{0}")]
     Inconsistent(String),
+    #[error("{0}")]
+    Usage(String),
 }
 
 fn main() -> std::process::ExitCode {
@@ -225,7 +237,9 @@ fn run(args: Args) -> Result<(), BenchError> {
 
 // ------------------------------------------------------------------ environment
 
-fn sim_options(args: &Args, machines: u32) -> SimOptions {
+/// The simulator options of site `site`: every site but the first has a token secret of its
+/// own, so a zone reached with another site's credentials fails instead of working by accident.
+fn sim_options(args: &Args, machines: u32, site: u32) -> SimOptions {
     let ms = Duration::from_millis;
     SimOptions {
         clone_duration: ms(args.clone_ms),
@@ -245,8 +259,47 @@ fn sim_options(args: &Args, machines: u32) -> SimOptions {
         boot_delay: ms(args.boot_ms),
         // Every request is kept for per-machine attribution (about 150 per machine).
         request_log_capacity: 100_000 + 1_000 * machines as usize,
+        token_secret: if site == 0 {
+            SimOptions::default().token_secret
+        } else {
+            format!("00000000-0000-4000-8000-{site:012x}")
+        },
         ..SimOptions::default()
     }
+}
+
+/// The global zone indices of each site ([`split_zones`]).
+fn site_zones(args: &Args) -> Vec<Vec<u32>> {
+    split_zones(args.zones, args.sites)
+}
+
+/// The site of global zone `zone` and its index among the site's zones.
+fn zone_place(args: &Args, zone: u32) -> (u32, u32) {
+    for (site, zones) in (0..).zip(site_zones(args)) {
+        if let Some(local) = zones.iter().position(|z| *z == zone) {
+            return (site, local as u32);
+        }
+    }
+    (0, zone)
+}
+
+/// The name of site `site` (`site-1`, ...), its key in `proxmox_calls.by_site`.
+fn site_name(site: u32) -> String {
+    format!("site-{}", site + 1)
+}
+
+/// The credentials Secret of site `site` (all but the first).
+fn site_secret(site: u32) -> String {
+    format!("{CLUSTER}-{}-proxmox-credentials", site_name(site))
+}
+
+/// The node names of global zone `zone`: named by the zone's place within its site, so
+/// every site has a `pve-a1` (with one site, the names are as they always were).
+fn zone_nodes(args: &Args, zone: u32) -> Vec<String> {
+    let (_, local) = zone_place(args, zone);
+    (0..args.nodes_per_zone)
+        .map(|n| node_name(local, n))
+        .collect()
 }
 
 fn zone_name(zone: u32) -> String {
@@ -257,18 +310,23 @@ fn node_name(zone: u32, node: u32) -> String {
     format!("pve-{}{}", (b'a' + zone as u8) as char, node + 1)
 }
 
-/// Nodes with room for the whole fleet, local storage with a copy of the template on every node
-/// (same name and tags: copies of one template).
-fn topology(args: &Args) -> Result<Topology, BenchError> {
+/// Site `site`'s nodes (those of its zones) with room for the whole fleet, local storage with
+/// a copy of the template on every node (same name and tags: copies of one template; VMIDs
+/// from 9000 on every site).
+fn topology(args: &Args, site: u32) -> Result<Topology, BenchError> {
     let nodes = args.zones * args.nodes_per_zone;
     let per_node = args.machines.div_ceil(nodes) as u64 + 2;
     let memory_mib = (per_node * 2048 * 2).max(65536);
     let mut node_specs = Vec::new();
     let mut templates = Vec::new();
-    for zone in 0..args.zones {
+    let zones = site_zones(args)
+        .into_iter()
+        .nth(site as usize)
+        .unwrap_or_default();
+    for local in 0..zones.len() as u32 {
         for node in 0..args.nodes_per_zone {
-            let name = node_name(zone, node);
-            let index = zone * args.nodes_per_zone + node;
+            let name = node_name(local, node);
+            let index = local * args.nodes_per_zone + node;
             node_specs.push(json!({"name": name, "memory_mib": memory_mib, "cores": 64}));
             templates.push(json!({
                 "vmid": 9000 + index, "name": "ubuntu-2404-kube", "node": name,
@@ -278,7 +336,7 @@ fn topology(args: &Args) -> Result<Topology, BenchError> {
         }
     }
     let topology = json!({
-        "cluster_name": "bench",
+        "cluster_name": if args.sites == 1 { "bench".to_string() } else { format!("bench-{}", site_name(site)) },
         "nodes": node_specs,
         "storages": [
             {"name": "local", "type": "dir", "content": ["iso", "vztmpl", "snippets"], "size_gib": 4096},
@@ -293,18 +351,27 @@ fn topology(args: &Args) -> Result<Topology, BenchError> {
 }
 
 fn cluster_spec(args: &Args) -> Value {
-    let all: Vec<String> = (0..args.zones)
-        .flat_map(|z| (0..args.nodes_per_zone).map(move |n| node_name(z, n)))
-        .collect();
+    // Node names repeat over sites; each is allowed once.
+    let mut all: Vec<String> = Vec::new();
+    for node in (0..args.zones).flat_map(|z| zone_nodes(args, z)) {
+        if !all.contains(&node) {
+            all.push(node);
+        }
+    }
     let zones: Vec<Value> = (0..args.zones)
         .map(|z| {
             let octet = z + 1;
-            json!({
+            let mut zone = json!({
                 "zone": zone_name(z),
-                "nodes": (0..args.nodes_per_zone).map(|n| node_name(z, n)).collect::<Vec<_>>(),
+                "nodes": zone_nodes(args, z),
                 "dnsServers": [format!("10.{octet}.0.2")],
                 "ipv4Config": {"addresses": [format!("10.{octet}.1.1-10.{octet}.15.250")], "prefix": 16, "gateway": format!("10.{octet}.0.1")}
-            })
+            });
+            let (site, _) = zone_place(args, z);
+            if site > 0 {
+                zone["credentialsRef"] = json!({"name": site_secret(site)});
+            }
+            zone
         })
         .collect();
     let mut spec = json!({
@@ -433,6 +500,7 @@ async fn follow_proxmox_machines(client: Client, shared: Shared) {
                 }
                 entry.node = status.proxmox_node.or(entry.node.take());
                 entry.zone = status.failure_domain.or(entry.zone.take());
+                entry.endpoint = status.proxmox_endpoint.or(entry.endpoint.take());
                 if pm.metadata.deletion_timestamp.is_some() {
                     entry.delete_seen.get_or_insert(now);
                 }
@@ -567,9 +635,13 @@ fn machine_host() -> Value {
 /// What the phases measure with, besides the capmox process.
 struct Rig<'a> {
     args: &'a Args,
-    sim: &'a Simulator,
+    /// One simulator per site, first site first.
+    sims: &'a [Simulator],
+    /// The sites' names, endpoints and zones.
+    sites: &'a Sites,
     server: &'a ApiServer,
-    templates: &'a BTreeSet<u32>,
+    /// Each site's template VMIDs.
+    templates: &'a [BTreeSet<u32>],
     shared: &'a Shared,
     ticks: f64,
     /// The name capmox's requests are counted under in the API server.
@@ -579,7 +651,8 @@ struct Rig<'a> {
 /// The counters at the start of a phase.
 struct Phase {
     start: Instant,
-    log_from: usize,
+    /// Each site's request log length at the start.
+    log_from: Vec<usize>,
     kube: RequestCounts,
     capmox: ProcSample,
     capmox_peak_reset: bool,
@@ -602,7 +675,7 @@ impl Rig<'_> {
         }
         Ok(Phase {
             start,
-            log_from: self.sim.request_log().len(),
+            log_from: self.sims.iter().map(|s| s.request_log().len()).collect(),
             kube: self.server.request_counts_of(self.client),
             reconciles: reconcile_counts(&capmox.metrics().await?),
             capmox: sample(&pid, self.ticks)?,
@@ -645,7 +718,32 @@ impl Rig<'_> {
     }
 }
 
+/// Creates the credentials Secret `name` for `sim`.
+async fn create_credentials(
+    client: &Client,
+    name: &str,
+    sim: &Simulator,
+) -> Result<(), BenchError> {
+    let token = sim.token();
+    let (token_id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
+    let credentials: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "stringData": {"url": sim.url(), "token": token_id, "secret": secret}
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &credentials)
+        .await?;
+    Ok(())
+}
+
 async fn bench(args: &Args) -> Result<Value, BenchError> {
+    if args.sites > args.zones {
+        return Err(BenchError::Usage(format!(
+            "--sites {} needs at least as many zones (--zones {}): every site holds a zone",
+            args.sites, args.zones
+        )));
+    }
     let ticks = clock_ticks()?;
     let machines = args.machines as usize;
     let timeout = Duration::from_secs(args.timeout_seconds);
@@ -668,9 +766,27 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
         .await
         .map_err(|e| BenchError::Testkit(e.to_string()))?;
     let kubeconfig = Kubeconfig::write(&http.kubeconfig())?;
-    let topology = topology(args)?;
-    let templates: BTreeSet<u32> = topology.templates.iter().map(|t| t.vmid).collect();
-    let sim = Simulator::start(topology, sim_options(args, args.machines)).await?;
+    let mut sims = Vec::new();
+    let mut templates = Vec::new();
+    for site in 0..args.sites {
+        let topology = topology(args, site)?;
+        templates.push(
+            topology
+                .templates
+                .iter()
+                .map(|t| t.vmid)
+                .collect::<BTreeSet<u32>>(),
+        );
+        sims.push(Simulator::start(topology, sim_options(args, args.machines, site)).await?);
+    }
+    let sites = Sites {
+        names: (0..args.sites).map(site_name).collect(),
+        urls: sims.iter().map(Simulator::url).collect(),
+        zone_site: (0..args.zones)
+            .map(|z| (zone_name(z), zone_place(args, z).0 as usize))
+            .collect(),
+    };
+    let sim = &sims[0];
     let token = sim.token();
     let (token_id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
 
@@ -707,18 +823,15 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     tokio::spawn(follow_proxmox_machines(server.client(), shared.clone()));
 
     if args.credentials_ref {
-        let credentials: Secret = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": CREDENTIALS_SECRET, "namespace": NAMESPACE},
-            "stringData": {"url": sim.url(), "token": token_id, "secret": secret}
-        }))?;
-        Api::<Secret>::namespaced(server.client(), NAMESPACE)
-            .create(&PostParams::default(), &credentials)
-            .await?;
+        create_credentials(&server.client(), CREDENTIALS_SECRET, sim).await?;
+    }
+    for (site, other) in (1..).zip(&sims[1..]) {
+        create_credentials(&server.client(), &site_secret(site), other).await?;
     }
     let rig = Rig {
         args,
-        sim: &sim,
+        sims: &sims,
+        sites: &sites,
         server: &server,
         templates: &templates,
         shared: &shared,
@@ -730,8 +843,9 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     let zones: Vec<String> = (0..args.zones).map(zone_name).collect();
     let per_zone = workers_per_zone(args);
     eprintln!(
-        "fleet: provisioning {machines} machines (3 control plane, workers per zone {per_zone:?}) on {} nodes",
-        args.zones * args.nodes_per_zone
+        "fleet: provisioning {machines} machines (3 control plane, workers per zone {per_zone:?}) on {} nodes of {} site(s)",
+        args.zones * args.nodes_per_zone,
+        args.sites
     );
     let provision = rig.begin(&mut capmox).await?;
     let mut example = ExampleCluster::new(NAMESPACE, CLUSTER, cluster_spec(args), machine_spec());
@@ -764,11 +878,19 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     // The idle window is what is measured, not a wait for something to happen.
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
     let idle_costs = rig.costs(&mut capmox, &idle, machines).await?;
+    let idle_calls: Vec<usize> = sims
+        .iter()
+        .zip(&idle.log_from)
+        .map(|(s, from)| s.request_log().len().saturating_sub(*from))
+        .collect();
     let steady = json!({
         "idle_seconds": args.idle_seconds,
         "capmox_process": idle_costs["capmox_process"],
         "environment_process": idle_costs["environment_process"],
-        "proxmox_calls": sim.request_log().len() - idle.log_from,
+        "proxmox_calls": idle_calls.iter().sum::<usize>(),
+        "proxmox_calls_by_site": sites.names.iter().zip(&idle_calls)
+            .map(|(name, n)| (name.clone(), json!(n)))
+            .collect::<serde_json::Map<_, _>>(),
         "kubernetes_requests": idle_costs["kubernetes"]["by_request"],
         "reconciles": idle_costs["reconciles"],
     });
@@ -791,11 +913,14 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     let deleted = rig
         .end_phase(&mut capmox, &deletion, gone_at, machines, true)
         .await?;
-    let leaked = sim.with_cluster(|c| c.vm_count()) - templates.len();
-    if leaked != 0 {
-        return Err(BenchError::Inconsistent(format!(
-            "{leaked} VMs are left after every ProxmoxMachine is gone"
-        )));
+    for ((site, sim), templates) in (0..).zip(&sims).zip(&templates) {
+        let leaked = sim.with_cluster(|c| c.vm_count()) - templates.len();
+        if leaked != 0 {
+            return Err(BenchError::Inconsistent(format!(
+                "{leaked} VMs are left on {} after every ProxmoxMachine is gone",
+                site_name(site)
+            )));
+        }
     }
     eprintln!(
         "fleet: {machines} machines deleted in {:.1}s",
@@ -805,7 +930,11 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     drop(capmox);
 
     Ok(json!({
-        "command": format!("make bench BENCH_ARGS=\"--machines {}\"", args.machines),
+        "command": if args.sites == 1 {
+            format!("make bench BENCH_ARGS=\"--machines {}\"", args.machines)
+        } else {
+            format!("make bench BENCH_ARGS=\"--machines {} --sites {}\"", args.machines, args.sites)
+        },
         "host": machine_host(),
         "processes": {
             "capmox_process": format!("`{} run` in a child process (global Proxmox credentials, no leader election, --proxmoxmachine-concurrency {}), measured through /proc/<pid> (utime + stime; VmRSS; VmHWM, reset at each phase's start through clear_refs) and its /metrics; its Kubernetes requests are counted by the API server under the User-Agent product token {client:?}", binary.display(), args.machine_concurrency),
@@ -815,6 +944,10 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
             "machines": args.machines, "zones": args.zones, "nodes_per_zone": args.nodes_per_zone,
             "clone_slots_per_node": args.clone_slots, "machine_concurrency": args.machine_concurrency,
             "credentials": if args.credentials_ref { "credentialsRef Secret" } else { "global (capmox run --proxmox-url/--proxmox-token, PROXMOX_SECRET)" },
+            "sites": args.sites,
+            "site_zones": sites.names.iter().zip(site_zones(args))
+                .map(|(name, zones)| (name.clone(), json!(zones.into_iter().map(zone_name).collect::<Vec<_>>())))
+                .collect::<serde_json::Map<_, _>>(),
             "task_ms": {"qmclone": args.clone_ms, "qmconfig": args.config_ms, "resize": args.resize_ms,
                         "imgcopy": args.upload_ms, "qmstart": args.start_ms, "boot": args.boot_ms,
                         "qmstop": args.stop_ms, "qmdestroy": args.destroy_ms, "other": args.other_ms},
@@ -844,39 +977,56 @@ impl Rig<'_> {
                 capmox::cli::USER_AGENT
             )));
         }
-        let (sim, args, templates, shared) = (self.sim, self.args, self.templates, self.shared);
-        let log = sim.request_log();
-        // A full log has dropped its oldest entries (the counters may run a request ahead of the
-        // log while one is being recorded, so they are no test).
-        if log.len() >= sim_options(args, args.machines).request_log_capacity {
-            return Err(BenchError::LogOverflow {
-                logged: log.len(),
-                counted: sim.counters().values().map(|c| c.calls).sum(),
-            });
+        let (args, shared, sites) = (self.args, self.shared, self.sites);
+        let capacity = sim_options(args, args.machines, 0).request_log_capacity;
+        let mut logs = Vec::new();
+        let mut records = Vec::new();
+        for sim in self.sims {
+            let log = sim.request_log();
+            // A full log has dropped its oldest entries (the counters may run a request ahead of
+            // the log while one is being recorded, so they are no test).
+            if log.len() >= capacity {
+                return Err(BenchError::LogOverflow {
+                    logged: log.len(),
+                    counted: sim.counters().values().map(|c| c.calls).sum(),
+                });
+            }
+            logs.push(log);
+            records.push(sim.task_records());
         }
-        let records = sim.task_records();
-        let phase_tasks: Vec<&TaskRecord> = records
-            .iter()
-            .filter(|t| t.created >= phase.start && t.created <= end)
-            .collect();
-        let mut tasks_of: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
-        let mut upid_vmid = HashMap::new();
-        for task in &records {
-            if let Some(vmid) = task_vmid(task) {
-                upid_vmid.insert(task.upid.clone(), vmid);
+        let mut phase_tasks: Vec<&TaskRecord> = Vec::new();
+        let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
+        let mut upid_vmid: Vec<HashMap<String, u32>> = vec![HashMap::new(); self.sims.len()];
+        for (site, site_records) in records.iter().enumerate() {
+            for task in site_records {
+                if let Some(vmid) = task_vmid(task) {
+                    upid_vmid[site].insert(task.upid.clone(), vmid);
+                }
+                if task.created >= phase.start && task.created <= end {
+                    phase_tasks.push(task);
+                    if let Some(vmid) = task_vmid(task) {
+                        tasks_of.entry((site, vmid)).or_default().push(task);
+                    }
+                }
             }
         }
-        for task in &phase_tasks {
-            if let Some(vmid) = task_vmid(task) {
-                tasks_of.entry(vmid).or_default().push(task);
-            }
+        // Each machine's site: its recorded endpoint, which must be its zone's site.
+        let mut timeline_machines = shared
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .machines
+            .clone();
+        for (name, m) in &mut timeline_machines {
+            m.site = sites
+                .of_machine(name, m)
+                .map_err(BenchError::Inconsistent)?;
         }
-        let timeline = shared.0.lock().unwrap_or_else(|p| p.into_inner());
         let mut total = Vec::new();
         let mut proxmox = Vec::new();
         let mut controller = Vec::new();
-        let mut path_tasks: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
-        for m in timeline.machines.values() {
+        let mut path_tasks: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
+        for (name, m) in &timeline_machines {
             let (from, to) = if deleting {
                 (m.delete_seen, m.gone)
             } else {
@@ -888,14 +1038,21 @@ impl Rig<'_> {
             // The tasks on this machine's path: requested and ended within its window (the ISO
             // removal after the Machine has a node, for one, is not).
             let tasks: Vec<&TaskRecord> = tasks_of
-                .get(&vmid)
+                .get(&(m.site, vmid))
                 .into_iter()
                 .flatten()
                 .filter(|t| t.created >= from && t.ended.is_some_and(|e| e <= to))
                 .copied()
                 .collect();
+            if !deleting && !tasks.iter().any(|t| t.kind == "qmclone") {
+                return Err(BenchError::Inconsistent(format!(
+                    "machine {name} (zone {}) is ready, but {} ran no clone of its VM {vmid}: was it created through another site's endpoint?",
+                    m.zone.as_deref().unwrap_or("-"),
+                    sites.name(m.site)
+                )));
+            }
             let on_path = covered(proxmox_spans(&tasks), from, to);
-            path_tasks.insert(vmid, tasks);
+            path_tasks.insert((m.site, vmid), tasks);
             let elapsed = to - from;
             total.push(elapsed.as_secs_f64());
             proxmox.push(on_path.as_secs_f64());
@@ -909,10 +1066,9 @@ impl Rig<'_> {
         }
         let wall = end - phase.start;
         let (bound, bound_detail) = if deleting {
-            let longest = timeline
-                .machines
+            let longest = timeline_machines
                 .values()
-                .filter_map(|m| path_tasks.get(&m.vmid?))
+                .filter_map(|m| path_tasks.get(&(m.site, m.vmid?)))
                 .map(|tasks| service_time(tasks, true))
                 .max()
                 .unwrap_or_default();
@@ -921,24 +1077,42 @@ impl Rig<'_> {
                 json!({"formula": "longest deletion path (run times of its stop, destroy and ISO removal tasks) of any machine; deletions do not queue"}),
             )
         } else {
-            lower_bound(&timeline.machines, &path_tasks, args.clone_slots)
+            lower_bound(&timeline_machines, &path_tasks, args.clone_slots, sites)
         };
         let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
         let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-        for m in timeline.machines.values() {
+        let mut per_site: Vec<usize> = vec![0; self.sims.len()];
+        for m in timeline_machines.values() {
             *per_zone
                 .entry(m.zone.clone().unwrap_or_default())
                 .or_default() += 1;
             *per_node
-                .entry(m.node.clone().unwrap_or_default())
+                .entry(sites.node_label(m.site, m.node.as_deref().unwrap_or_default()))
                 .or_default() += 1;
+            if let Some(count) = per_site.get_mut(m.site) {
+                *count += 1;
+            }
         }
-        drop(timeline);
         let mut task_kinds: BTreeMap<String, u64> = BTreeMap::new();
         for task in &phase_tasks {
             *task_kinds.entry(task.kind.clone()).or_default() += 1;
         }
-        let slice = &log[phase.log_from.min(log.len())..];
+        let site_calls: Vec<SiteCalls> = logs
+            .iter()
+            .enumerate()
+            .map(|(site, log)| SiteCalls {
+                name: sites.name(site),
+                log: &log[phase
+                    .log_from
+                    .get(site)
+                    .copied()
+                    .unwrap_or(0)
+                    .min(log.len())..],
+                machines: per_site[site],
+                templates: &self.templates[site],
+                upid_vmid: &upid_vmid[site],
+            })
+            .collect();
         Ok(json!({
             "machines": machines,
             "wall_s": round3(wall.as_secs_f64()),
@@ -950,9 +1124,13 @@ impl Rig<'_> {
                 "proxmox_on_path": spread(&proxmox),
                 "controller_added": spread(&controller),
             },
-            "placement": {"zones": per_zone, "nodes": per_node},
+            "placement": {
+                "zones": per_zone,
+                "nodes": per_node,
+                "sites": sites.names.iter().cloned().zip(per_site.iter().copied()).collect::<BTreeMap<_, _>>(),
+            },
             "proxmox_tasks": task_kinds,
-            "proxmox_calls": proxmox_calls(slice, machines, templates, &upid_vmid),
+            "proxmox_calls": proxmox_calls(&site_calls, machines),
             "kubernetes": costs["kubernetes"],
             "reconciles": costs["reconciles"],
             "reconciles_per_machine": costs["reconciles_per_machine"],
@@ -1027,6 +1205,29 @@ fn render(report: &Value) -> String {
             num(&d["proxmox_calls"]["per_machine_max_attributed"])
         ),
     );
+    // Per site (with more than one): the calls naming its machines' VMs per machine, and the
+    // rest (its inventory: cluster and node reads), which a second endpoint adds once.
+    if let Some(by_site) = p["proxmox_calls"]["by_site"]
+        .as_object()
+        .filter(|sites| sites.len() > 1)
+    {
+        let site = |v: &Value| {
+            format!(
+                "{} / {} / {} ({} machines)",
+                num(&v["per_machine_mean"]),
+                num(&v["attributed_per_machine_mean"]),
+                num(&v["not_attributable"]),
+                num(&v["machines"])
+            )
+        };
+        for (name, v) in by_site {
+            row(
+                &format!("  {name}: Proxmox calls per machine / on its VMs / inventory total"),
+                site(v),
+                site(&d["proxmox_calls"]["by_site"][name]),
+            );
+        }
+    }
     let k = |v: &Value| {
         format!(
             "{} / {} / {}",

@@ -125,13 +125,14 @@ fn lower_bound_counts_clone_waves_per_node_and_the_control_plane_chain() {
         task("qmclone", "pve1", 101, t0, [0, 2000, 4000]),
         task("qmstart", "pve1", 101, t0, [4000, 4000, 5000]),
     ];
-    let mut tasks_of: HashMap<u32, Vec<&TaskRecord>> = HashMap::new();
+    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
     for t in &tasks {
         tasks_of
-            .entry(t.vmid.unwrap_or_default())
+            .entry((0, t.vmid.unwrap_or_default()))
             .or_default()
             .push(t);
     }
+    let one_site = Sites::default();
     let machine = |vmid: u32, control_plane: bool| MachineTimes {
         control_plane,
         vmid: Some(vmid),
@@ -144,12 +145,12 @@ fn lower_bound_counts_clone_waves_per_node_and_the_control_plane_chain() {
     ]
     .into();
     // 2 waves of 2 s clones, then 1 s start and 3 s boot.
-    let (bound, detail) = lower_bound(&machines, &tasks_of, 1);
+    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &one_site);
     assert_eq!(bound, Duration::from_secs(8));
     assert_eq!(detail["per_node"]["pve1"]["waves"], 2);
     // Unlimited slots: one wave.
     assert_eq!(
-        lower_bound(&machines, &tasks_of, 0).0,
+        lower_bound(&machines, &tasks_of, 0, &one_site).0,
         Duration::from_secs(6)
     );
     // As control-plane machines (created one after another) the two paths add up.
@@ -158,9 +159,12 @@ fn lower_bound_counts_clone_waves_per_node_and_the_control_plane_chain() {
         ("c2".to_string(), machine(101, true)),
     ]
     .into();
-    assert_eq!(lower_bound(&cp, &tasks_of, 0).0, Duration::from_secs(12));
+    assert_eq!(
+        lower_bound(&cp, &tasks_of, 0, &one_site).0,
+        Duration::from_secs(12)
+    );
     // Proxmox time on a path includes the queueing for a clone slot and the boot.
-    let w2 = &tasks_of[&101];
+    let w2 = &tasks_of[&(0, 101)];
     assert_eq!(
         covered(proxmox_spans(w2), t0, t0 + Duration::from_secs(60)),
         Duration::from_secs(8)
@@ -209,7 +213,14 @@ fn proxmox_calls_are_attributed_to_machines_where_the_request_names_them() {
         ),
     ];
     let templates: BTreeSet<u32> = [9000].into();
-    let calls = proxmox_calls(&log, 2, &templates, &upids);
+    let site = SiteCalls {
+        name: "site-1",
+        log: &log,
+        machines: 2,
+        templates: &templates,
+        upid_vmid: &upids,
+    };
+    let calls = proxmox_calls(&[site], 2);
     assert_eq!(calls["total"], 6);
     assert_eq!(calls["per_machine_mean"], 3.0);
     assert_eq!(
@@ -223,6 +234,165 @@ fn proxmox_calls_are_attributed_to_machines_where_the_request_names_them() {
         json!({"total": 2, "mean": 1.0, "max": 1, "errors": 0})
     );
     assert_eq!(by["GET /cluster/resources"]["max"], json!(null));
+    assert_eq!(
+        calls["by_site"],
+        json!({"site-1": {"machines": 2, "total": 6, "per_machine_mean": 3.0,
+                          "attributed_per_machine_mean": 2.0, "not_attributable": 2}})
+    );
     assert_eq!(iso_vmid("local:iso/user-data-101.iso"), Some(101));
     assert_eq!(iso_vmid("local:iso/ubuntu.iso"), None);
+}
+
+fn two_sites() -> Sites {
+    Sites {
+        names: vec!["site-1".into(), "site-2".into()],
+        urls: vec![
+            "http://127.0.0.1:1000".into(),
+            "http://127.0.0.1:2000".into(),
+        ],
+        zone_site: [("zone-a".to_string(), 0), ("zone-c".to_string(), 1)].into(),
+    }
+}
+
+#[test]
+fn a_machine_is_on_the_site_its_endpoint_names_which_must_be_its_zones() {
+    let sites = two_sites();
+    let machine = |zone: Option<&str>, endpoint: Option<&str>| MachineTimes {
+        zone: zone.map(Into::into),
+        endpoint: endpoint.map(Into::into),
+        ..MachineTimes::default()
+    };
+    assert_eq!(
+        sites.of_machine(
+            "m",
+            &machine(Some("zone-c"), Some("http://127.0.0.1:2000/"))
+        ),
+        Ok(1)
+    );
+    assert_eq!(sites.of_machine("m", &machine(Some("zone-c"), None)), Ok(1));
+    assert_eq!(
+        sites.of_machine("m", &machine(None, Some("http://127.0.0.1:1000"))),
+        Ok(0)
+    );
+    let wrong = sites
+        .of_machine("m", &machine(Some("zone-c"), Some("http://127.0.0.1:1000")))
+        .expect_err("zone-c is on site-2");
+    assert_eq!(
+        wrong,
+        "machine m is in zone zone-c of site-2 but its VM was created on site-1's endpoint http://127.0.0.1:1000"
+    );
+    assert!(
+        sites
+            .of_machine("m", &machine(Some("zone-a"), Some("http://10.0.0.1:8006")))
+            .expect_err("unknown endpoint")
+            .contains("none of the sites'")
+    );
+    assert!(sites.of_machine("m", &machine(None, None)).is_err());
+    assert_eq!(
+        Sites::default().of_machine("m", &machine(None, None)),
+        Ok(0),
+        "with one site, every machine is on it"
+    );
+    assert_eq!(sites.node_label(1, "pve-a1"), "site-2/pve-a1");
+    assert_eq!(Sites::default().node_label(0, "pve-a1"), "pve-a1");
+}
+
+#[test]
+fn lower_bound_keys_nodes_by_site_as_node_names_repeat() {
+    let t0 = Instant::now();
+    // VM 100 on node pve-a1 of each site: one clone per node with one slot each, not two
+    // waves on one node.
+    let tasks = [
+        task("qmclone", "pve-a1", 100, t0, [0, 0, 2000]),
+        task("qmstart", "pve-a1", 100, t0, [2000, 2000, 3000]),
+        task("qmclone", "pve-a1", 100, t0, [0, 0, 2000]),
+        task("qmstart", "pve-a1", 100, t0, [2000, 2000, 3000]),
+    ];
+    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
+    for (i, t) in tasks.iter().enumerate() {
+        tasks_of.entry((i / 2, 100)).or_default().push(t);
+    }
+    let machine = |site: usize| MachineTimes {
+        vmid: Some(100),
+        node: Some("pve-a1".into()),
+        site,
+        ..MachineTimes::default()
+    };
+    let machines: BTreeMap<String, MachineTimes> = [
+        ("w1".to_string(), machine(0)),
+        ("w2".to_string(), machine(1)),
+    ]
+    .into();
+    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &two_sites());
+    assert_eq!(bound, Duration::from_secs(6), "{detail}");
+    for node in ["site-1/pve-a1", "site-2/pve-a1"] {
+        assert_eq!(detail["per_node"][node]["clones"], 1, "{detail}");
+        assert_eq!(detail["per_node"][node]["waves"], 1, "{detail}");
+    }
+}
+
+#[test]
+fn proxmox_calls_are_reported_per_site_with_clashing_vmids_kept_apart() {
+    let req = |path: &str, endpoint: &str| LoggedRequest {
+        method: "GET".into(),
+        path: path.into(),
+        endpoint: endpoint.into(),
+        params: Vec::new(),
+        status: 200,
+    };
+    let config = "GET /nodes/{node}/qemu/{vmid}/config";
+    let resources = || req("/cluster/resources", "GET /cluster/resources");
+    // Site 1: two machines (VMs 100, 101), 2 calls each, 2 inventory reads. Site 2: one
+    // machine, VM 100 as well, 2 calls and 1 inventory read.
+    let first = vec![
+        resources(),
+        resources(),
+        req("/nodes/pve-a1/qemu/100/config", config),
+        req("/nodes/pve-a1/qemu/100/config", config),
+        req("/nodes/pve-a2/qemu/101/config", config),
+        req("/nodes/pve-a2/qemu/101/config", config),
+    ];
+    let second = vec![
+        resources(),
+        req("/nodes/pve-a1/qemu/100/config", config),
+        req("/nodes/pve-a1/qemu/100/config", config),
+    ];
+    let templates: BTreeSet<u32> = [9000].into();
+    let upids = HashMap::new();
+    let site = |name, log, machines| SiteCalls {
+        name,
+        log,
+        machines,
+        templates: &templates,
+        upid_vmid: &upids,
+    };
+    let calls = proxmox_calls(&[site("site-1", &first, 2), site("site-2", &second, 1)], 3);
+    assert_eq!(calls["total"], 9);
+    assert_eq!(calls["per_machine_mean"], 3.0);
+    assert_eq!(calls["not_attributable"], 3);
+    assert_eq!(
+        calls["per_machine_max_attributed"], 2,
+        "VM 100 of site-1 and VM 100 of site-2 are two machines"
+    );
+    assert_eq!(
+        calls["by_endpoint"][config],
+        json!({"total": 6, "mean": 2.0, "max": 2, "errors": 0})
+    );
+    assert_eq!(
+        calls["by_site"],
+        json!({
+            "site-1": {"machines": 2, "total": 6, "per_machine_mean": 3.0,
+                       "attributed_per_machine_mean": 2.0, "not_attributable": 2},
+            "site-2": {"machines": 1, "total": 3, "per_machine_mean": 3.0,
+                       "attributed_per_machine_mean": 2.0, "not_attributable": 1},
+        })
+    );
+}
+
+#[test]
+fn zones_are_split_over_sites_in_order_the_first_taking_the_remainder() {
+    assert_eq!(split_zones(3, 1), [vec![0, 1, 2]]);
+    assert_eq!(split_zones(3, 2), [vec![0, 1], vec![2]]);
+    assert_eq!(split_zones(5, 3), [vec![0, 1], vec![2, 3], vec![4]]);
+    assert_eq!(split_zones(2, 2), [vec![0], vec![1]]);
 }

@@ -1,5 +1,6 @@
 //! End to end: the sandbox's example cluster (3 control-plane machines spread over the failure
-//! domains, 2 workers pinned to rack-b), scaling, and deleting the whole cluster.
+//! domains, 2 workers pinned to rack-b), scaling, and deleting the whole cluster; and the
+//! two-site sandbox (examples/sandbox-two-sites.yaml), one simulator per site.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -376,5 +377,266 @@ async fn the_ha_sandbox_shows_resources_rules_and_a_failover_within_the_zone() {
             .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_default();
         assert!(to == "nowhere," || rack_of(to) == zone, "{failover}");
+    }
+}
+
+/// `make sandbox SANDBOX_ARGS="--topology examples/sandbox-two-sites.yaml"`, with the workers on
+/// the second site.
+fn two_sites() -> SandboxOptions {
+    SandboxOptions {
+        topology: Some(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/sandbox-two-sites.yaml"
+            )
+            .into(),
+        ),
+        control_plane: 3,
+        workers: 2,
+        worker_failure_domain: "rack-c".into(),
+        ..options()
+    }
+}
+
+/// The value of `key` in a Secret's `data`.
+fn secret_value(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .unwrap_or_default()
+}
+
+/// The multi-site file gives each site a simulator of its own (the same node and template names
+/// on both), and the example cluster reaches the second site's zone through that site's
+/// Secret: its `credentialsRef` names a Secret with the second simulator's URL and token, the
+/// first site's zones use the cluster's credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_two_site_sandbox_wires_each_sites_zones_to_its_own_simulator() {
+    let options = two_sites();
+    let sandbox = Sandbox::start(&options, false)
+        .await
+        .expect("sandbox starts");
+    let sites = sandbox.sites.as_ref().expect("a multi-site sandbox");
+    let names: Vec<&str> = sites.sites.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["site-a", "site-b"]);
+    let simulators = sandbox.simulators();
+    assert_eq!(simulators.len(), 2);
+    let (site_a, site_b) = (simulators[0].1, simulators[1].1);
+    assert_ne!(site_a.url(), site_b.url(), "one simulator per site");
+    assert_ne!(site_a.token(), site_b.token(), "one token per site");
+    for sim in [site_a, site_b] {
+        assert_eq!(
+            sim.with_cluster(|c| c.vm_node(9000)).as_deref(),
+            Some("pve1"),
+            "both sites have template 9000 on a node called pve1"
+        );
+    }
+    assert_eq!(sandbox.site_of_endpoint(&site_b.url()), Some("site-b"));
+    assert_eq!(sandbox.site_of_zone("rack-c"), Some("site-b"));
+
+    // A worker zone of no site is refused before anything is created.
+    let wrong = SandboxOptions {
+        worker_failure_domain: "rack-z".into(),
+        ..two_sites()
+    };
+    let err = sandbox
+        .apply_example(&wrong)
+        .await
+        .expect_err("rack-z is no zone");
+    assert!(
+        err.to_string().contains(
+            "'rack-z' is not a zone of the topology file (its zones: rack-a, rack-b, rack-c)"
+        ),
+        "{err}"
+    );
+
+    sandbox
+        .apply_example(&options)
+        .await
+        .expect("example applied");
+    let client = sandbox.client();
+    let cluster = Api::<ProxmoxCluster>::namespaced(client.clone(), "default")
+        .get("demo")
+        .await
+        .expect("ProxmoxCluster demo");
+    let cluster_secret = cluster
+        .spec
+        .credentials_ref
+        .as_ref()
+        .and_then(|r| r.name.clone())
+        .expect("the cluster's credentialsRef");
+    assert_eq!(cluster_secret, "demo-proxmox-credentials");
+    let zones: BTreeMap<&str, _> = cluster
+        .spec
+        .zone_config
+        .iter()
+        .map(|z| (z.zone.as_str(), z))
+        .collect();
+    assert_eq!(
+        zones.keys().copied().collect::<Vec<_>>(),
+        ["rack-a", "rack-b", "rack-c"]
+    );
+    for zone in ["rack-a", "rack-b"] {
+        assert_eq!(
+            zones[zone].credentials_ref, None,
+            "{zone} is on the first site"
+        );
+    }
+    let rack_c = zones["rack-c"];
+    assert_eq!(rack_c.nodes, ["pve1", "pve2"]);
+    let reference = rack_c
+        .credentials_ref
+        .as_ref()
+        .expect("rack-c credentialsRef");
+    assert_eq!(
+        reference.name.as_deref(),
+        Some("demo-site-b-proxmox-credentials")
+    );
+    assert!(
+        zones
+            .values()
+            .all(|z| z.control_plane_eligible != Some(false)),
+        "every zone takes control-plane machines"
+    );
+    for node in ["pve1", "pve2", "pve3", "pve4"] {
+        assert!(
+            cluster.spec.allowed_nodes.iter().any(|n| n == node),
+            "{node} allowed"
+        );
+    }
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client, "default");
+    let ours = secrets.get(&cluster_secret).await.expect("cluster Secret");
+    assert_eq!(secret_value(&ours, "url"), site_a.url());
+    let theirs = secrets
+        .get("demo-site-b-proxmox-credentials")
+        .await
+        .expect("site-b Secret");
+    assert_eq!(secret_value(&theirs, "url"), site_b.url());
+    assert_eq!(
+        format!(
+            "{}={}",
+            secret_value(&theirs, "token"),
+            secret_value(&theirs, "secret")
+        ),
+        site_b.token()
+    );
+    let table = sandbox.table(&[]);
+    assert!(
+        table.starts_with("MACHINE  SITE  ENDPOINT  FAILURE DOMAIN  NODE  VMID"),
+        "{table}"
+    );
+}
+
+/// Needs the controllers to use each zone's endpoint (issue #17): the control plane spreads
+/// over both sites, the workers land on the second, every VM is on the simulator of its zone's
+/// site (at the node and VMID its machine reports, though both sites have a pve1 and a VMID
+/// 9000), each machine records that site's endpoint, and deleting the cluster removes every VM
+/// from the site it is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
+    let options = two_sites();
+    let sandbox = Sandbox::start(&options, false)
+        .await
+        .expect("sandbox starts");
+    sandbox
+        .apply_example(&options)
+        .await
+        .expect("example applied");
+    let rows = sandbox
+        .wait_ready(5, options.timeout, false)
+        .await
+        .expect("5 machines ready");
+    let table = sandbox.table(&rows);
+    let mut per_site: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for row in &rows {
+        let site = sandbox
+            .site_of_zone(&row.failure_domain)
+            .unwrap_or_else(|| panic!("{} is in no zone of a site:\n{table}", row.machine));
+        assert_eq!(
+            sandbox.site_of_endpoint(&row.endpoint),
+            Some(site),
+            "{} (zone {}) records endpoint {}:\n{table}",
+            row.machine,
+            row.failure_domain,
+            row.endpoint
+        );
+        let sim = sandbox.site_simulator(site).expect("site simulator");
+        let vmid: u32 = row.vmid.parse().expect("VMID");
+        assert_eq!(
+            sim.with_cluster(|c| c.vm_node(vmid)).as_deref(),
+            Some(row.node.as_str()),
+            "{}'s VM is not on {site} at its node:\n{table}",
+            row.machine
+        );
+        let zone_nodes = &sandbox
+            .sites
+            .as_ref()
+            .expect("sites")
+            .sites
+            .iter()
+            .flat_map(|s| &s.zones)
+            .find(|z| z.zone == row.failure_domain)
+            .expect("zone")
+            .nodes;
+        assert!(zone_nodes.contains(&row.node), "{table}");
+        *per_site.entry(site.to_owned()).or_default() += 1;
+        *per_zone.entry(row.failure_domain.clone()).or_default() += 1;
+    }
+    // Three zones, three control-plane machines: one each; the two workers in rack-c.
+    assert_eq!(
+        per_zone,
+        BTreeMap::from([
+            ("rack-a".to_owned(), 1),
+            ("rack-b".to_owned(), 1),
+            ("rack-c".to_owned(), 3)
+        ]),
+        "{table}"
+    );
+    assert_eq!(
+        per_site,
+        BTreeMap::from([("site-a".to_owned(), 2), ("site-b".to_owned(), 3)])
+    );
+    for (site, sim) in sandbox.simulators() {
+        let site = site.expect("named site");
+        assert_eq!(
+            sim.with_cluster(|c| c.vm_count()),
+            per_site[site] + 1,
+            "VMs on {site} (its machines and the template):\n{table}"
+        );
+    }
+
+    let client = sandbox.client();
+    Api::<capmox::capi::Cluster>::namespaced(client.clone(), "default")
+        .delete("demo", &DeleteParams::default())
+        .await
+        .expect("cluster delete accepted");
+    let clusters = Api::<ProxmoxCluster>::namespaced(client, "default");
+    let uid = clusters
+        .get("demo")
+        .await
+        .expect("still there")
+        .metadata
+        .uid
+        .expect("uid");
+    tokio::time::timeout(
+        options.timeout,
+        kube::runtime::wait::await_condition(
+            clusters,
+            "demo",
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        ),
+    )
+    .await
+    .expect("ProxmoxCluster released in time")
+    .expect("watch");
+    for (site, sim) in sandbox.simulators() {
+        assert_eq!(
+            sim.with_cluster(|c| c.vm_count()),
+            1,
+            "only the template is left on {site:?}"
+        );
     }
 }

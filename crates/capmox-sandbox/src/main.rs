@@ -18,13 +18,18 @@ struct Args {
     /// Control-plane machines.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
     control_plane: i32,
-    /// Worker machines (all in rack-b).
+    /// Worker machines (all in `--worker-failure-domain`).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..=50))]
     workers: i32,
+    /// The zone the workers are pinned to (the MachineDeployment's failure domain).
+    #[arg(long, default_value = "rack-b")]
+    worker_failure_domain: String,
     /// Guest OS of the machines: `flatcar` gives them Ignition bootstrap data (`format: ignition`).
     #[arg(long, value_enum, default_value_t = Os::Ubuntu)]
     os: Os,
-    /// Proxmox topology file (nodes pve1..pve4 in racks rack-a/rack-b are expected).
+    /// Proxmox topology file: one simulator topology (nodes pve1..pve4 in racks rack-a/rack-b
+    /// are expected), or a multi-site file (`sites:`, one simulator per site, e.g.
+    /// examples/sandbox-two-sites.yaml); every site needs template 9000 on pve1.
     #[arg(long)]
     topology: Option<std::path::PathBuf>,
     /// Proxmox HA for the example cluster: show HA resources and rules, fail a node and show
@@ -53,6 +58,7 @@ fn main() -> ExitCode {
     let mut options = SandboxOptions {
         control_plane: args.control_plane,
         workers: args.workers,
+        worker_failure_domain: args.worker_failure_domain,
         topology: args.topology,
         os: match args.os {
             Os::Ubuntu => GuestOs::Ubuntu,

@@ -1,7 +1,9 @@
 //! `capmox-sandbox` (`make sandbox`): capmox doing its job on one machine. One process runs the
 //! in-process Kubernetes API (served on 127.0.0.1 with a kubeconfig), the Proxmox VE simulator with two
 //! zones and a spare node, capmox's real controllers, and the stand-ins for CAPI core and IPAM;
-//! it applies an example cluster and reports where every machine landed.
+//! it applies an example cluster and reports where every machine landed. With a multi-site
+//! `--topology` file ([`crate::sites`]) it runs one simulator per site, and the example
+//! cluster's zones on every site but the first name that site's credentials Secret.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,6 +19,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::conversion::LocalWebhook;
+use super::sites::{SandboxTopology, Site, SitesError};
 use super::standin::{CapiStandIn, ExampleCluster, create_example_cluster};
 use capmox::api::ProxmoxMachine;
 use capmox::controller::{Context, GlobalCredentials, ManagerConfig};
@@ -32,6 +35,31 @@ pub enum SandboxError {
     /// A topology file was unusable.
     #[error(transparent)]
     Topology(#[from] capmox_sim::topology::TopologyError),
+    /// A multi-site topology file was unusable.
+    #[error(transparent)]
+    Sites(#[from] SitesError),
+    /// A site lacks the template the example machines clone.
+    #[error(
+        "site '{site}' has no template {vmid} on node {node}, which the example machines clone"
+    )]
+    Template {
+        /// The site.
+        site: String,
+        /// The template's VMID.
+        vmid: u32,
+        /// Its node.
+        node: String,
+    },
+    /// The workers' failure domain is none of the multi-site file's zones.
+    #[error(
+        "the workers' failure domain '{domain}' is not a zone of the topology file (its zones: {zones})"
+    )]
+    WorkerFailureDomain {
+        /// `--worker-failure-domain`.
+        domain: String,
+        /// The zones there are.
+        zones: String,
+    },
     /// The in-process Kubernetes API could not be set up or served.
     #[error("in-process Kubernetes API: {0}")]
     Testkit(String),
@@ -63,7 +91,8 @@ pub struct SandboxOptions {
     pub workers: i32,
     /// Failure domain of the workers.
     pub worker_failure_domain: String,
-    /// Proxmox topology; the built-in two-rack topology when unset.
+    /// Proxmox topology: one simulator topology, or a multi-site file ([`crate::sites`]); the
+    /// built-in two-rack topology when unset.
     pub topology: Option<PathBuf>,
     /// Where to write the kubeconfig of the in-process API.
     pub kubeconfig: PathBuf,
@@ -126,12 +155,19 @@ templates:
   - {vmid: 9000, name: ubuntu-2404-kube, node: pve1, tags: [capmox, ubuntu], storage: ceph, disk_gib: 10, config: {agent: "1", net0: "virtio=BC:24:11:00:90:00,bridge=vmbr0"}}
 "#;
 
-/// A running sandbox: the API server, the simulator and the controllers.
+/// A running sandbox: the API server, the simulator(s) and the controllers.
 pub struct Sandbox {
     /// The in-process Kubernetes API.
     pub server: ApiServer,
-    /// The Proxmox VE simulator.
+    /// The Proxmox VE simulator (of the first site, in a multi-site sandbox): what the
+    /// ProxmoxCluster's own credentials reach.
     pub sim: Simulator,
+    /// The sites of a multi-site `--topology` file and the simulators of all but the first;
+    /// `None` for one Proxmox cluster.
+    pub sites: Option<SandboxSites>,
+    /// Guests (templates included) each simulator started with, first site first, so the
+    /// summary counts the VMs the machines added.
+    initial_guests: Vec<usize>,
     /// The controllers' shared context.
     pub context: Arc<Context>,
     /// Stops everything.
@@ -139,6 +175,31 @@ pub struct Sandbox {
     http: Option<capmox_testkit::HttpServer>,
     /// capmox's conversion webhook, which the API server calls for `v1alpha1` requests.
     pub webhook: LocalWebhook,
+}
+
+/// The sites of a multi-site sandbox, kept together so each simulator is known by its site.
+pub struct SandboxSites {
+    /// The sites as the file describes them; the first is served by [`Sandbox::sim`].
+    pub sites: Vec<Site>,
+    /// The simulators of `sites[1..]`, in the same order.
+    pub others: Vec<Simulator>,
+}
+
+/// The Secret with the credentials of site `site` (of every site but the first, whose zones
+/// use the cluster's own `demo-proxmox-credentials`).
+pub fn site_credentials_secret(cluster: &str, site: &str) -> String {
+    format!("{cluster}-{site}-proxmox-credentials")
+}
+
+/// The simulator options of the site at `index`: every site but the first gets a token secret
+/// of its own, so a zone reached with another site's credentials fails to authenticate instead
+/// of working by accident.
+fn site_sim_options(base: &SimOptions, index: usize) -> SimOptions {
+    let mut options = base.clone();
+    if index > 0 {
+        options.token_secret = format!("00000000-0000-4000-8000-{index:012x}");
+    }
+    options
 }
 
 impl Drop for Sandbox {
@@ -237,10 +298,44 @@ impl Sandbox {
             server.register_kind(kind);
         }
         let topology = match &options.topology {
-            Some(path) => Topology::load(path)?,
-            None => Topology::from_yaml(TOPOLOGY, "built-in sandbox topology")?,
+            Some(path) => SandboxTopology::load(path)?,
+            None => SandboxTopology::Single(Box::new(Topology::from_yaml(
+                TOPOLOGY,
+                "built-in sandbox topology",
+            )?)),
         };
-        let sim = Simulator::start(topology, options.sim.clone()).await?;
+        let guests = |t: &Topology| t.templates.len() + t.guests.len();
+        let (sim, sites, initial_guests) = match topology {
+            SandboxTopology::Single(topology) => {
+                let initial = vec![guests(&topology)];
+                (
+                    Simulator::start(*topology, options.sim.clone()).await?,
+                    None,
+                    initial,
+                )
+            }
+            SandboxTopology::Sites(sites) => {
+                let mut simulators = Vec::with_capacity(sites.len());
+                for (index, site) in sites.iter().enumerate() {
+                    simulators.push(
+                        Simulator::start(
+                            site.topology.clone(),
+                            site_sim_options(&options.sim, index),
+                        )
+                        .await?,
+                    );
+                }
+                let initial = sites.iter().map(|s| guests(&s.topology)).collect();
+                let mut simulators = simulators.into_iter();
+                let Some(first) = simulators.next() else {
+                    return Err(SandboxError::Testkit(
+                        "a multi-site file without sites".into(),
+                    ));
+                };
+                let others = simulators.collect();
+                (first, Some(SandboxSites { sites, others }), initial)
+            }
+        };
         let http = if serve_http {
             let http = server
                 .serve_http()
@@ -279,6 +374,8 @@ impl Sandbox {
         Ok(Self {
             server,
             sim,
+            sites,
+            initial_guests,
             context,
             stop,
             http,
@@ -296,30 +393,126 @@ impl Sandbox {
         self.http.as_ref().map(|h| h.url())
     }
 
-    /// Creates the credentials and the example cluster `demo`: zones rack-a and rack-b, the
-    /// control plane spread over them, the workers pinned to `worker_failure_domain`.
-    pub async fn apply_example(
-        &self,
-        options: &SandboxOptions,
-    ) -> Result<ExampleCluster, SandboxError> {
-        let token = self.sim.token();
+    /// Every simulator with its site's name (`None` in a single-site sandbox), first site first.
+    pub fn simulators(&self) -> Vec<(Option<&str>, &Simulator)> {
+        match &self.sites {
+            None => vec![(None, &self.sim)],
+            Some(sites) => sites
+                .sites
+                .iter()
+                .map(|s| Some(s.name.as_str()))
+                .zip(std::iter::once(&self.sim).chain(&sites.others))
+                .collect(),
+        }
+    }
+
+    /// The simulator of site `name`.
+    pub fn site_simulator(&self, name: &str) -> Option<&Simulator> {
+        self.simulators()
+            .into_iter()
+            .find_map(|(site, sim)| (site == Some(name)).then_some(sim))
+    }
+
+    /// The site whose simulator serves `endpoint` (a ProxmoxMachine's `status.proxmoxEndpoint`).
+    pub fn site_of_endpoint(&self, endpoint: &str) -> Option<&str> {
+        let endpoint = endpoint.trim_end_matches('/');
+        self.simulators()
+            .into_iter()
+            .find_map(|(site, sim)| (sim.url() == endpoint).then_some(site).flatten())
+    }
+
+    /// The site zone `zone` belongs to, in a multi-site sandbox.
+    pub fn site_of_zone(&self, zone: &str) -> Option<&str> {
+        self.sites.as_ref()?.sites.iter().find_map(|s| {
+            s.zones
+                .iter()
+                .any(|z| z.zone == zone)
+                .then_some(s.name.as_str())
+        })
+    }
+
+    /// The simulator a row's VM is on: the one its recorded endpoint names, else the first.
+    fn simulator_of(&self, row: &MachineRow) -> &Simulator {
+        self.simulators()
+            .into_iter()
+            .find(|(_, sim)| sim.url() == row.endpoint.trim_end_matches('/'))
+            .map_or(&self.sim, |(_, sim)| sim)
+    }
+
+    /// Creates a credentials Secret in `default` for `sim`.
+    async fn create_credentials(&self, name: &str, sim: &Simulator) -> Result<(), SandboxError> {
+        let token = sim.token();
         let (id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
         let credentials: Secret = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "demo-proxmox-credentials", "namespace": "default"},
-            "stringData": {"url": self.sim.url(), "token": id, "secret": secret}
+            "metadata": {"name": name, "namespace": "default"},
+            "stringData": {"url": sim.url(), "token": id, "secret": secret}
         }))
         .map_err(|e| SandboxError::Testkit(e.to_string()))?;
         Api::<Secret>::namespaced(self.client(), "default")
             .create(&PostParams::default(), &credentials)
             .await?;
+        Ok(())
+    }
+
+    /// Creates the credentials and the example cluster `demo`: zones rack-a and rack-b (in a
+    /// multi-site sandbox: the file's zones, those of every site but the first with that
+    /// site's credentials Secret), the control plane spread over them, the workers pinned to
+    /// `worker_failure_domain`.
+    pub async fn apply_example(
+        &self,
+        options: &SandboxOptions,
+    ) -> Result<ExampleCluster, SandboxError> {
+        if let Some(sites) = &self.sites {
+            let zones: Vec<&str> = sites
+                .sites
+                .iter()
+                .flat_map(|s| s.zones.iter().map(|z| z.zone.as_str()))
+                .collect();
+            if !zones.contains(&options.worker_failure_domain.as_str()) {
+                return Err(SandboxError::WorkerFailureDomain {
+                    domain: options.worker_failure_domain.clone(),
+                    zones: zones.join(", "),
+                });
+            }
+            let spec = example_machine_spec();
+            let (vmid, node) = (
+                spec["templateID"].as_u64().unwrap_or_default(),
+                spec["sourceNode"].as_str().unwrap_or_default(),
+            );
+            for site in &sites.sites {
+                let has = site
+                    .topology
+                    .templates
+                    .iter()
+                    .any(|t| u64::from(t.vmid) == vmid && t.node == node);
+                if !has {
+                    return Err(SandboxError::Template {
+                        site: site.name.clone(),
+                        vmid: u32::try_from(vmid).unwrap_or_default(),
+                        node: node.to_owned(),
+                    });
+                }
+            }
+        }
+        self.create_credentials("demo-proxmox-credentials", &self.sim)
+            .await?;
+        if let Some(sites) = &self.sites {
+            for (site, sim) in sites.sites.iter().skip(1).zip(&sites.others) {
+                self.create_credentials(&site_credentials_secret("demo", &site.name), sim)
+                    .await?;
+            }
+        }
         let flatcar = options.os == GuestOs::Flatcar;
         let mut machine_spec = example_machine_spec();
         if flatcar {
             // Flatcar has no cloud-init to wait for.
             machine_spec["checks"] = json!({"skipCloudInitStatus": true});
         }
-        let mut cluster_spec = example_cluster_spec();
+        let mut cluster_spec = match &self.sites {
+            None => example_cluster_spec(),
+            Some(sites) => sites_cluster_spec("demo", &sites.sites),
+        };
         if options.ha {
             cluster_spec["ha"] = json!({"enabled": true});
         }
@@ -332,14 +525,27 @@ impl Sandbox {
         Ok(example)
     }
 
-    /// The simulator's HA configuration: one line per HA resource, rule (PVE 9) and group
-    /// (PVE 8).
+    /// The simulators' HA configuration: one line per HA resource, rule (PVE 9) and group
+    /// (PVE 8), under a line naming the site in a multi-site sandbox.
     pub fn ha_report(&self) -> String {
         let mut lines = Vec::new();
-        for r in self.sim.ha_resources() {
+        for (site, sim) in self.simulators() {
+            if let Some(site) = site {
+                lines.push(format!("  site {site} ({}):", sim.url()));
+            }
+            lines.push(Self::ha_report_of(sim));
+        }
+        lines.retain(|l| !l.is_empty());
+        lines.join("\n")
+    }
+
+    /// One simulator's part of [`Self::ha_report`].
+    fn ha_report_of(sim: &Simulator) -> String {
+        let mut lines = Vec::new();
+        for r in sim.ha_resources() {
             let node = r
                 .vmid()
-                .and_then(|vmid| self.sim.with_cluster(|c| c.vm_node(vmid)))
+                .and_then(|vmid| sim.with_cluster(|c| c.vm_node(vmid)))
                 .unwrap_or_default();
             lines.push(format!(
                 "  resource {:<8} on {node:<5} state {:<8} {}{}",
@@ -352,7 +558,7 @@ impl Sandbox {
                 r.comment.as_deref().unwrap_or_default()
             ));
         }
-        for rule in self.sim.ha_rules() {
+        for rule in sim.ha_rules() {
             let what = match &rule.kind {
                 capmox_sim::HaRuleKind::NodeAffinity { nodes, strict } => format!(
                     "node-affinity nodes {}{}",
@@ -369,7 +575,7 @@ impl Sandbox {
                 rule.resources.iter().cloned().collect::<Vec<_>>().join(",")
             ));
         }
-        for group in self.sim.ha_groups() {
+        for group in sim.ha_groups() {
             lines.push(format!(
                 "  group {} nodes {}{}",
                 group.group,
@@ -392,7 +598,8 @@ impl Sandbox {
             return "  no machine to fail over".to_owned();
         };
         let node = row.node.clone();
-        let relocations = self.sim.fail_node(&node);
+        let sim = self.simulator_of(row);
+        let relocations = sim.fail_node(&node);
         let mut lines = vec![format!(
             "  node {node} (zone {}) failed:",
             row.failure_domain
@@ -400,7 +607,7 @@ impl Sandbox {
         for r in &relocations {
             let machine = rows
                 .iter()
-                .find(|m| m.vmid == r.vmid.to_string())
+                .find(|m| m.vmid == r.vmid.to_string() && m.endpoint == row.endpoint)
                 .map_or("?", |m| m.machine.as_str());
             lines.push(format!(
                 "    {} ({machine}) {} -> {} ({})",
@@ -411,25 +618,117 @@ impl Sandbox {
                 r.state
             ));
         }
-        self.sim.revive_node(&node);
+        sim.revive_node(&node);
         lines.join("\n")
     }
 
     /// How many of the VMs in `rows` booted each guest OS (`ubuntu`, `flatcar`), as the
     /// simulator decided from the seed image each one started with.
     pub fn booted(&self, rows: &[MachineRow]) -> BTreeMap<&'static str, usize> {
-        let vmids: Vec<u32> = rows.iter().filter_map(|r| r.vmid.parse().ok()).collect();
         let mut count = BTreeMap::new();
-        self.sim.with_cluster(|c| {
-            for os in vmids.iter().filter_map(|v| c.booted_os(*v)) {
+        for row in rows {
+            let Ok(vmid) = row.vmid.parse() else {
+                continue;
+            };
+            if let Some(os) = self.simulator_of(row).with_cluster(|c| c.booted_os(vmid)) {
                 let name = match os {
                     capmox_sim::guest::GuestOs::Ubuntu => "ubuntu",
                     capmox_sim::guest::GuestOs::Flatcar => "flatcar",
                 };
                 *count.entry(name).or_default() += 1;
             }
-        });
+        }
         count
+    }
+
+    /// Per site of a multi-site sandbox: its endpoint, the machines whose VM was created there
+    /// (by `status.proxmoxEndpoint`) and the VMs it has beyond its initial ones; `None` for
+    /// one site.
+    pub fn site_summary(&self, rows: &[MachineRow]) -> Option<String> {
+        self.sites.as_ref()?;
+        let mut lines = vec!["Sites (by each machine's status.proxmoxEndpoint):".to_owned()];
+        for ((site, sim), initial) in self.simulators().into_iter().zip(&self.initial_guests) {
+            let machines = rows
+                .iter()
+                .filter(|r| r.endpoint.trim_end_matches('/') == sim.url())
+                .count();
+            let zones = self
+                .sites
+                .as_ref()
+                .and_then(|s| s.sites.iter().find(|s| Some(s.name.as_str()) == site))
+                .map(|s| {
+                    s.zones
+                        .iter()
+                        .map(|z| z.zone.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default();
+            lines.push(format!(
+                "  {} {} (zones {zones}): {machines} machines, {} VMs",
+                site.unwrap_or_default(),
+                sim.url(),
+                sim.with_cluster(|c| c.vm_count()).saturating_sub(*initial)
+            ));
+        }
+        let unplaced = rows
+            .iter()
+            .filter(|r| self.site_of_endpoint(&r.endpoint).is_none())
+            .count();
+        if unplaced > 0 {
+            lines.push(format!(
+                "  {unplaced} machines record no endpoint of these sites"
+            ));
+        }
+        Some(lines.join("\n"))
+    }
+
+    /// VMs the machines added, over every simulator (what each had at start not counted).
+    pub fn machine_vm_count(&self) -> usize {
+        self.simulators()
+            .into_iter()
+            .zip(&self.initial_guests)
+            .map(|((_, sim), initial)| sim.with_cluster(|c| c.vm_count()).saturating_sub(*initial))
+            .sum()
+    }
+
+    /// The rows as a table: [`render`], with each machine's site and Proxmox endpoint in a
+    /// multi-site sandbox.
+    pub fn table(&self, rows: &[MachineRow]) -> String {
+        if self.sites.is_none() {
+            return render(rows);
+        }
+        let site = |r: &MachineRow| {
+            self.site_of_endpoint(&r.endpoint)
+                .map(str::to_owned)
+                .unwrap_or_else(|| if r.endpoint == "-" { "-" } else { "?" }.to_owned())
+        };
+        render_table(
+            &[
+                "MACHINE",
+                "SITE",
+                "ENDPOINT",
+                "FAILURE DOMAIN",
+                "NODE",
+                "VMID",
+                "IPS",
+                "PHASE",
+            ],
+            rows.iter()
+                .map(|r| {
+                    vec![
+                        r.machine.clone(),
+                        site(r),
+                        r.endpoint.clone(),
+                        r.failure_domain.clone(),
+                        r.node.clone(),
+                        r.vmid.clone(),
+                        r.ips.clone(),
+                        r.phase.clone(),
+                    ]
+                })
+                .collect(),
+        )
     }
 
     /// Waits (event-driven) until `expected` ProxmoxMachines are ready, printing the table when
@@ -447,7 +746,7 @@ impl Sandbox {
         let mut last = String::new();
         loop {
             let rows = rows(&api.list(&Default::default()).await?.items);
-            let table = render(&rows);
+            let table = self.table(&rows);
             if verbose && table != last {
                 println!("{table}");
                 last = table;
@@ -477,6 +776,8 @@ pub struct MachineRow {
     pub failure_domain: String,
     /// Proxmox node.
     pub node: String,
+    /// The Proxmox API the VM was created on (`status.proxmoxEndpoint`), `-` until known.
+    pub endpoint: String,
     /// VMID.
     pub vmid: String,
     /// Static addresses.
@@ -506,6 +807,7 @@ pub fn rows(machines: &[ProxmoxMachine]) -> Vec<MachineRow> {
                 machine: m.name_any(),
                 failure_domain: status.failure_domain.unwrap_or_else(|| "-".into()),
                 node: status.proxmox_node.unwrap_or_else(|| "-".into()),
+                endpoint: status.proxmox_endpoint.unwrap_or_else(|| "-".into()),
                 vmid: status
                     .virtual_machine_id
                     .map(|v| v.to_string())
@@ -534,10 +836,10 @@ pub fn rows(machines: &[ProxmoxMachine]) -> Vec<MachineRow> {
 /// The rows as an aligned text table.
 pub fn render(rows: &[MachineRow]) -> String {
     let header = ["MACHINE", "FAILURE DOMAIN", "NODE", "VMID", "IPS", "PHASE"];
-    let cells: Vec<[String; 6]> = rows
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            [
+            vec![
                 r.machine.clone(),
                 r.failure_domain.clone(),
                 r.node.clone(),
@@ -547,7 +849,12 @@ pub fn render(rows: &[MachineRow]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
+    render_table(&header, cells)
+}
+
+/// `header` and `cells` as columns aligned with two spaces between them.
+fn render_table(header: &[&str], cells: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &cells {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.len());
@@ -556,8 +863,8 @@ pub fn render(rows: &[MachineRow]) -> String {
     let line = |cells: Vec<&str>| -> String {
         cells
             .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
+            .zip(&widths)
+            .map(|(cell, &width)| format!("{cell:<width$}"))
             .collect::<Vec<_>>()
             .join("  ")
             .trim_end()
@@ -590,6 +897,41 @@ pub fn example_cluster_spec() -> Value {
     })
 }
 
+/// The example ProxmoxCluster of a multi-site sandbox: one zone per zone of the file, each with
+/// its own pool and DNS (zone N of all: `10.0.N.0/24`), the zones of every site but the first
+/// reaching their Proxmox cluster through `credentialsRef` to that site's Secret. Node names
+/// may repeat over sites; `allowedNodes` names each once.
+pub fn sites_cluster_spec(cluster: &str, sites: &[Site]) -> Value {
+    let mut allowed = std::collections::BTreeSet::new();
+    let mut zones = Vec::new();
+    let all = sites
+        .iter()
+        .enumerate()
+        .flat_map(|(index, site)| site.zones.iter().map(move |zone| (index, site, zone)));
+    for (n, (index, site, zone)) in (1..).zip(all) {
+        allowed.extend(zone.nodes.iter().cloned());
+        let mut spec = json!({
+            "zone": zone.zone, "nodes": zone.nodes, "dnsServers": [format!("10.0.{n}.2")],
+            "ipv4Config": {"addresses": [format!("10.0.{n}.10-10.0.{n}.50")], "prefix": 24, "gateway": format!("10.0.{n}.1")}
+        });
+        if let Some(eligible) = zone.control_plane_eligible {
+            spec["controlPlaneEligible"] = json!(eligible);
+        }
+        if index > 0 {
+            spec["credentialsRef"] = json!({"name": site_credentials_secret(cluster, &site.name)});
+        }
+        zones.push(spec);
+    }
+    json!({
+        "controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
+        "allowedNodes": allowed,
+        "dnsServers": ["10.0.0.2"],
+        "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
+        "credentialsRef": {"name": format!("{cluster}-proxmox-credentials")},
+        "zoneConfig": zones,
+    })
+}
+
 /// The example machines: the shared template, 2 GiB, one NIC on the zone's default pool.
 pub fn example_machine_spec() -> Value {
     json!({
@@ -605,7 +947,12 @@ pub fn example_machine_spec() -> Value {
 pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), SandboxError> {
     let started = Instant::now();
     let sandbox = Sandbox::start(&options, true).await?;
-    println!("Proxmox VE simulator:   {}", sandbox.sim.url());
+    for (site, sim) in sandbox.simulators() {
+        match site {
+            None => println!("Proxmox VE simulator:   {}", sim.url()),
+            Some(site) => println!("{:<24}{}", format!("Proxmox VE {site}:"), sim.url()),
+        }
+    }
     if let Some(url) = sandbox.api_url() {
         println!("Kubernetes API:         {url}");
         println!("kubeconfig:             {}", options.kubeconfig.display());
@@ -628,7 +975,7 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
     for row in &rows {
         *per_domain.entry(row.failure_domain.as_str()).or_default() += 1;
     }
-    println!("\nSummary:\n{}", render(&rows));
+    println!("\nSummary:\n{}", sandbox.table(&rows));
     let booted = sandbox.booted(&rows);
     println!(
         "\n{} machines ready in {:.1}s ({}); Proxmox VMs: {} ({})",
@@ -639,13 +986,16 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
             .map(|(d, n)| format!("{d}: {n}"))
             .collect::<Vec<_>>()
             .join(", "),
-        sandbox.sim.with_cluster(|c| c.vm_count()).saturating_sub(1),
+        sandbox.machine_vm_count(),
         booted
             .iter()
             .map(|(os, n)| format!("{n} booted {os}"))
             .collect::<Vec<_>>()
             .join(", "),
     );
+    if let Some(sites) = sandbox.site_summary(&rows) {
+        println!("{sites}");
+    }
     if options.ha {
         println!("\nProxmox HA:\n{}", sandbox.ha_report());
         println!("\nFailover:\n{}", sandbox.ha_failover(&rows));

@@ -34,3 +34,33 @@ fn sandbox_provisions_the_example_cluster_and_exits_zero() {
     );
     let _ = std::fs::remove_file(kubeconfig);
 }
+
+/// A multi-site file whose zone names a node its site lacks stops the sandbox before anything
+/// starts, saying which zone, node and site.
+#[test]
+fn a_multi_site_file_with_an_unknown_zone_node_is_refused_with_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("capmox-sandbox-sites-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("sites.yaml");
+    std::fs::write(
+        &file,
+        "sites:\n\
+         - name: site-a\n  zones: [{zone: rack-a, nodes: [pve1]}]\n  topology: {nodes: [{name: pve1}]}\n\
+         - name: site-b\n  zones: [{zone: rack-c, nodes: [pve7]}]\n  topology: {nodes: [{name: pve1}]}\n",
+    )
+    .expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_capmox-sandbox"))
+        .arg("--topology")
+        .arg(&file)
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .output()
+        .expect("capmox-sandbox runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("zone 'rack-c' names node 'pve7', which site 'site-b' does not have"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
