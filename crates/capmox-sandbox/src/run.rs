@@ -664,11 +664,14 @@ impl Sandbox {
                         .join(", ")
                 })
                 .unwrap_or_default();
+            let vms = sim.with_cluster(|c| c.vm_count()).saturating_sub(*initial);
+            let plural = |n: usize| if n == 1 { "" } else { "s" };
             lines.push(format!(
-                "  {} {} (zones {zones}): {machines} machines, {} VMs",
+                "  {} {} (zones {zones}): {machines} machine{}, {vms} VM{}",
                 site.unwrap_or_default(),
                 sim.url(),
-                sim.with_cluster(|c| c.vm_count()).saturating_sub(*initial)
+                plural(machines),
+                plural(vms)
             ));
         }
         let unplaced = rows
