@@ -285,6 +285,49 @@ async fn machines_land_in_their_zones_proxmox_and_deletion_cleans_both_sites() {
         assert_eq!(copies(&sites, name).await, (0, 0), "{name}'s VM is gone");
     }
     site_b_guests_untouched(&sites).await;
+
+    // The cluster held on to both sites' credentials until it was gone.
+    let secrets = Api::<Secret>::namespaced(env.client(), "default");
+    let held = |secret: &Secret| {
+        secret
+            .finalizers()
+            .iter()
+            .any(|f| f == capmox::api::finalizers::CLUSTER_SECRET)
+    };
+    for name in ["site-a-credentials", "site-b-credentials"] {
+        assert!(
+            held(&secrets.get(name).await.expect("secret")),
+            "{name} is held"
+        );
+    }
+    let clusters = Api::<capmox::api::ProxmoxCluster>::namespaced(env.client(), "default");
+    let uid = clusters
+        .get("demo")
+        .await
+        .expect("cluster")
+        .uid()
+        .expect("uid");
+    clusters
+        .delete("demo", &DeleteParams::default())
+        .await
+        .expect("delete cluster");
+    tokio::time::timeout(
+        ENV_WAIT,
+        kube::runtime::wait::await_condition(
+            clusters,
+            "demo",
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        ),
+    )
+    .await
+    .expect("cluster deleted in time")
+    .expect("watch");
+    for name in ["site-a-credentials", "site-b-credentials"] {
+        assert!(
+            !held(&secrets.get(name).await.expect("secret")),
+            "{name} is let go"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,4 +502,49 @@ async fn a_zone_whose_credentials_now_reach_another_proxmox_neither_clones_nor_r
     wait_deleted(env, "demo-w-1", &uid).await;
     assert_eq!(copies(&sites, "demo-w-1").await, (0, 0));
     site_b_guests_untouched(&sites).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zones_that_all_name_their_credentials_need_none_of_the_clusters() {
+    let topology = Topology::from_yaml(TOPOLOGY, "site A").expect("topology");
+    let env = Env::start_with_topology(topology, sim()).await;
+    let site_b = Simulator::start(
+        Topology::from_yaml(SITE_B, "site B").expect("site B topology"),
+        sim(),
+    )
+    .await
+    .expect("site B starts");
+    create_secret(&env, "site-a-credentials", &env.sim).await;
+    create_secret(&env, "site-b-credentials", &site_b).await;
+    // Neither spec.credentialsRef nor global credentials: every zone brings its own.
+    let mut spec = cluster_spec();
+    spec.as_object_mut()
+        .expect("spec object")
+        .remove("credentialsRef");
+    for zone in [0, 1] {
+        spec["zoneConfig"][zone]["credentialsRef"] = json!({"name": "site-a-credentials"});
+    }
+    let uid = env.create_capi_cluster("demo").await;
+    env.create_proxmox_cluster("demo", &uid, spec).await;
+    env.run_controllers();
+    let ready = env
+        .wait_cluster("demo", "Ready=True", |c| {
+            condition(c, "Ready").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    env.mark_cluster_provisioned("demo", &ready).await;
+    env.create_machine("demo", "demo-cp-1", Some("site-b"), true, machine_spec())
+        .await;
+    let machine = env
+        .wait_machine("demo-cp-1", "provisioned", ProxmoxMachine::is_provisioned)
+        .await;
+    assert_eq!(recorded(&machine).0, endpoint(&site_b));
+    assert_eq!(
+        vms(&site_b)
+            .await
+            .values()
+            .filter(|vm| vm.name.as_deref() == Some("demo-cp-1"))
+            .count(),
+        1
+    );
 }
