@@ -325,16 +325,6 @@ pub(crate) async fn client_config(
     credentials(context, cluster, namespace, reference, adopt).await
 }
 
-/// The client configuration for a cluster's own credentials, without touching the Secret
-/// (the cluster controller adopts it).
-pub(crate) async fn client_config_for(
-    context: &Context,
-    cluster: &ProxmoxCluster,
-    namespace: &str,
-) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
-    client_config(context, cluster, namespace, None, false).await
-}
-
 /// Finalizer on the credentials Secret, so it outlives the cluster's machines, and, when the
 /// Secret is in the cluster's namespace, an owner reference (garbage collection treats an owner
 /// in another namespace as absent and would delete the Secret).

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use super::conditions::{self, Decided};
-use super::credentials::client_config_for;
+use super::credentials::{CredentialsError, client_config};
 use super::failures::{self, Pass};
 use super::guarded::WriteError;
 use crate::api::{
@@ -238,6 +238,22 @@ struct Unread {
     message: String,
 }
 
+/// Where a template's Proxmox config is read: the cluster's own credentials, else (a cluster
+/// whose zones all name their own Proxmox) its first zone's.
+async fn template_credentials(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+) -> Result<Result<crate::proxmox::ClientConfig, CredentialsError>, WriteError> {
+    let own = cluster.spec.credentials_ref.is_some()
+        || context.global_credentials.client_config().is_some();
+    let zone = crate::placement::zone_credentials(cluster)
+        .first()
+        .copied()
+        .filter(|_| !own);
+    client_config(context, cluster, namespace, zone, false).await
+}
+
 async fn reconcile_inner(
     template: &ProxmoxMachineTemplate,
     context: &Context,
@@ -255,7 +271,7 @@ async fn reconcile_inner(
 
     let config = match find_cluster(template, &namespace, reads) {
         Err(unread) => Err(unread),
-        Ok(cluster) => match client_config_for(context, &cluster, &namespace).await? {
+        Ok(cluster) => match template_credentials(context, &cluster, &namespace).await? {
             Err(error) => {
                 requeue = CREDENTIALS_RETRY;
                 Err(Unread {

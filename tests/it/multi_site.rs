@@ -547,4 +547,40 @@ async fn zones_that_all_name_their_credentials_need_none_of_the_clusters() {
             .count(),
         1
     );
+
+    // A machine template's capacity is read through a zone's credentials.
+    let template: capmox::api::ProxmoxMachineTemplate = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxMachineTemplate",
+        "metadata": {"name": "workers", "namespace": "default",
+                     "labels": {"cluster.x-k8s.io/cluster-name": "demo"}},
+        "spec": {"template": {"spec": machine_spec()}}
+    }))
+    .expect("template");
+    Api::<capmox::api::ProxmoxMachineTemplate>::namespaced(env.client(), "default")
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("template created");
+    let resolved = |t: &serde_json::Value| {
+        t["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "CapacityResolved" && c["status"] == "True")
+    };
+    let found = env
+        .server
+        .wait_for(
+            "proxmoxmachinetemplates",
+            "default",
+            "workers",
+            ENV_WAIT,
+            |t| t.is_some_and(resolved),
+        )
+        .await;
+    assert!(
+        matches!(found, Ok(Some(_))),
+        "capacity resolved: {:#?}",
+        env.server
+            .object("proxmoxmachinetemplates", "default", "workers")
+    );
 }
