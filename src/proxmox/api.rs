@@ -997,20 +997,8 @@ impl ProxmoxClient {
         let mut interval = std::time::Duration::from_millis(100);
         loop {
             let st = self.agent_exec_status(node, vmid, pid).await?;
-            if st.exited {
-                let out = st.out_data.clone().unwrap_or_default();
-                return Ok(match st.exitcode {
-                    Some(0) if out.contains("running") => CloudInitStatus::Running,
-                    Some(0) if out.contains("done") => CloudInitStatus::Done,
-                    Some(0) => CloudInitStatus::Running,
-                    Some(2) => CloudInitStatus::Degraded(out.trim().to_string()),
-                    code => CloudInitStatus::Error {
-                        exitcode: code,
-                        output: format!("{}{}", out, st.err_data.clone().unwrap_or_default())
-                            .trim()
-                            .to_string(),
-                    },
-                });
+            if let Some(status) = CloudInitStatus::of(&st) {
+                return Ok(status);
             }
             if start.elapsed() >= deadline {
                 return Err(ProxmoxError::Transient {
@@ -1024,6 +1012,29 @@ impl ProxmoxClient {
             tokio::time::sleep(interval).await;
             interval = (interval * 2).min(std::time::Duration::from_secs(1));
         }
+    }
+}
+
+impl CloudInitStatus {
+    /// What an exited `cloud-init status` (run through `agent/exec`) says; `None` while the
+    /// command still runs.
+    pub fn of(exec: &AgentExecStatus) -> Option<Self> {
+        if !exec.exited {
+            return None;
+        }
+        let out = exec.out_data.clone().unwrap_or_default();
+        Some(match exec.exitcode {
+            Some(0) if out.contains("running") => Self::Running,
+            Some(0) if out.contains("done") => Self::Done,
+            Some(0) => Self::Running,
+            Some(2) => Self::Degraded(out.trim().to_string()),
+            code => Self::Error {
+                exitcode: code,
+                output: format!("{}{}", out, exec.err_data.clone().unwrap_or_default())
+                    .trim()
+                    .to_string(),
+            },
+        })
     }
 }
 

@@ -947,12 +947,18 @@ async fn timeouts_deadlines_offline_nodes_and_cloud_init_failure() {
         .agent_exec_status("pve1", 300, pid)
         .await
         .expect("status");
-    assert!(!first.exited, "first poll: still running");
-    let done = client2
-        .agent_exec_status("pve1", 300, pid)
-        .await
-        .expect("status");
-    assert!(done.exited);
+    assert!(
+        !first.exited,
+        "right after the exec: still running (the command takes a while)"
+    );
+    let done = eventually("the command exits", Duration::from_secs(5), || async {
+        let status = client2
+            .agent_exec_status("pve1", 300, pid)
+            .await
+            .expect("status");
+        status.exited.then_some(status)
+    })
+    .await;
     assert_eq!(done.exitcode, Some(1));
     assert_eq!(done.out_data.as_deref(), Some("status: error\n"));
     assert!(

@@ -286,7 +286,8 @@ pub struct TaskRecord {
 
 #[derive(Debug, Clone)]
 struct Exec {
-    polls: u32,
+    /// When `exec-status` first reports the command exited.
+    exits_at: Instant,
     exitcode: i64,
     out: String,
     err: String,
@@ -1934,19 +1935,20 @@ impl Cluster {
             ));
         }
         let pid = 2000 + self.next_counter();
+        let exits_at = now + self.opts.guest_command_duration;
         let is_ci_status = !flatcar
             && command.first().is_some_and(|c| c.ends_with("cloud-init"))
             && command.get(1).is_some_and(|c| c == "status");
         let exec = if is_ci_status {
             match &self.opts.cloud_init_failure {
                 None => Exec {
-                    polls: 0,
+                    exits_at,
                     exitcode: 0,
                     out: "status: done\n".into(),
                     err: String::new(),
                 },
                 Some(e) => Exec {
-                    polls: 0,
+                    exits_at,
                     exitcode: 1,
                     out: "status: error\n".into(),
                     err: format!("{e}\n"),
@@ -1954,7 +1956,7 @@ impl Cluster {
             }
         } else {
             Exec {
-                polls: 0,
+                exits_at,
                 exitcode: 127,
                 out: String::new(),
                 err: format!("{}: command not found\n", command[0]),
@@ -1964,7 +1966,8 @@ impl Cluster {
         Ok(json!({"pid": pid}))
     }
 
-    /// `GET .../agent/exec-status?pid=`: first poll says still running, then the result.
+    /// `GET .../agent/exec-status?pid=`: still running until the command's duration
+    /// (`SimOptions::guest_command_duration`) is over, then the result.
     pub fn agent_exec_status(
         &mut self,
         now: Instant,
@@ -1978,10 +1981,9 @@ impl Cluster {
             .ok_or_else(|| SimError::param("pid", "property is missing and it is not optional"))?;
         let exec = self
             .execs
-            .get_mut(&(vmid, pid))
+            .get(&(vmid, pid))
             .ok_or_else(|| SimError::e500("Agent error: Invalid parameter 'pid'"))?;
-        exec.polls += 1;
-        if exec.polls == 1 {
+        if now < exec.exits_at {
             return Ok(json!({"exited": 0}));
         }
         let mut r = json!({"exited": 1, "exitcode": exec.exitcode});

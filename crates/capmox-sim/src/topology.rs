@@ -372,6 +372,9 @@ pub struct SimOptions {
     pub clone_slots_per_node: usize,
     /// Time from start until the guest agent answers.
     pub boot_delay: Duration,
+    /// How long a command run through the guest agent (`agent/exec`) takes before
+    /// `exec-status` reports it exited (`cloud-init status` starts a Python interpreter).
+    pub guest_command_duration: Duration,
     /// How long `/cluster/resources` shows a changed guest as `unknown` without name/template.
     pub resources_lag: Duration,
     /// `cloud-init status` result: `None` = done, `Some(text)` = error with that text.
@@ -424,6 +427,7 @@ impl Default for SimOptions {
             task_durations: BTreeMap::new(),
             clone_slots_per_node: 0,
             boot_delay: Duration::from_millis(300),
+            guest_command_duration: Duration::from_millis(200),
             cloud_init_failure: None,
             error_message_field: true,
             version: "9.1.4".to_string(),

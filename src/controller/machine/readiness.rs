@@ -31,12 +31,17 @@ impl Reconcile<'_> {
             } else {
                 None
             }),
-            GuestCheck::CloudInit => match proxmox
-                .cloud_init_status(node, vmid, Duration::from_secs(5))
+            GuestCheck::CloudInit => match self
+                .cloud_init_status(proxmox, node, vmid, &machine_key)
                 .await
             {
-                Ok(crate::proxmox::CloudInitStatus::Done) => Ok(None),
-                Ok(crate::proxmox::CloudInitStatus::Degraded(text)) => {
+                Ok(None) => Ok(Some(waiting(
+                    "WaitingForCloudInit",
+                    CLOUD_INIT_RUNNING,
+                    Action::requeue(boot_clock.command_wait(&machine_key)),
+                ))),
+                Ok(Some(crate::proxmox::CloudInitStatus::Done)) => Ok(None),
+                Ok(Some(crate::proxmox::CloudInitStatus::Degraded(text))) => {
                     self.event(
                         scope,
                         EventType::Warning,
@@ -46,12 +51,12 @@ impl Reconcile<'_> {
                     .await;
                     Ok(None)
                 }
-                Ok(crate::proxmox::CloudInitStatus::Running) => Ok(Some(waiting(
+                Ok(Some(crate::proxmox::CloudInitStatus::Running)) => Ok(Some(waiting(
                     "WaitingForCloudInit",
-                    "cloud-init is still running",
+                    CLOUD_INIT_RUNNING,
                     booting(),
                 ))),
-                Ok(crate::proxmox::CloudInitStatus::Error { exitcode, output }) => {
+                Ok(Some(crate::proxmox::CloudInitStatus::Error { exitcode, output })) => {
                     let exit = exitcode.map_or_else(|| "unknown".to_owned(), |c| c.to_string());
                     let message = format!(
                         "cloud-init failed in VM {vmid} (exit code {exit}): {output}; check the bootstrap data and the guest's /var/log/cloud-init.log"
@@ -72,4 +77,43 @@ impl Reconcile<'_> {
             },
         }
     }
+
+    /// `cloud-init status` in the guest without waiting for it: the first look starts the
+    /// command and returns `None` (its result is read by a later pass, when the clock says),
+    /// a later look reads the result (`None` while it still runs).
+    async fn cloud_init_status(
+        &self,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        machine_key: &str,
+    ) -> Result<Option<crate::proxmox::CloudInitStatus>, ProxmoxError> {
+        let clock = &self.context.task_clock;
+        let Some(pid) = clock.command_pending(machine_key, vmid) else {
+            let pid = proxmox
+                .agent_exec(node, vmid, &["cloud-init", "status"], None)
+                .await?;
+            clock.command_started(machine_key, node, vmid, pid);
+            return Ok(None);
+        };
+        match proxmox.agent_exec_status(node, vmid, pid).await {
+            Ok(exec) => {
+                let status = crate::proxmox::CloudInitStatus::of(&exec);
+                if status.is_some() {
+                    clock.command_ended(machine_key);
+                } else {
+                    clock.command_running(machine_key);
+                }
+                Ok(status)
+            }
+            Err(error) => {
+                // The guest or its agent restarted, or the command is unknown: start it anew.
+                clock.command_ended(machine_key);
+                Err(error)
+            }
+        }
+    }
 }
+
+/// What a machine waiting for cloud-init reports, while it runs and while its status is asked.
+const CLOUD_INIT_RUNNING: &str = "cloud-init is still running";

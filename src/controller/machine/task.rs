@@ -35,6 +35,9 @@ const DEFAULT_TASK: Duration = Duration::from_millis(500);
 /// Expected time from a VM's start to its guest being done with cloud-init, before any was
 /// seen on the node.
 const DEFAULT_BOOT: Duration = Duration::from_secs(2);
+/// How soon after `cloud-init status` is started in a guest its result is read: the command
+/// starts a Python interpreter, which takes a few hundred milliseconds.
+const COMMAND_FIRST_LOOK: Duration = Duration::from_millis(300);
 /// Shortest requeue while a task runs, so a task past its expected end is not polled in a
 /// tight loop.
 const MIN_RECHECK: Duration = Duration::from_millis(200);
@@ -85,6 +88,12 @@ struct Booting {
     last_seen_silent: Duration,
     /// When to look again.
     due: Instant,
+    /// The `cloud-init status` this process started in the guest, as (VMID, pid), until its
+    /// result is read.
+    command: Option<(u32, u64)>,
+    /// How long after the start the latest command was started: when its result says done,
+    /// the guest was done by then.
+    command_issued: Option<Duration>,
 }
 
 struct InFlight {
@@ -210,6 +219,8 @@ impl TaskClock {
                 started: now,
                 last_seen_silent: Duration::ZERO,
                 due: now + expected,
+                command: None,
+                command_issued: None,
             },
         );
     }
@@ -250,6 +261,51 @@ impl TaskClock {
         wait
     }
 
+    /// Notes that `cloud-init status` was started as `pid` in `machine`'s guest (VM `vmid` on
+    /// `node`): its result is worth reading after [`COMMAND_FIRST_LOOK`].
+    pub fn command_started(&self, machine: &str, node: &str, vmid: u32, pid: u64) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let entry = state.booting_entry(machine, node, now, now);
+        entry.command = Some((vmid, pid));
+        entry.command_issued = Some(now - entry.started);
+        entry.due = now + COMMAND_FIRST_LOOK;
+    }
+
+    /// The pid of the `cloud-init status` this process started in VM `vmid` for `machine`
+    /// and has not read the result of.
+    pub fn command_pending(&self, machine: &str, vmid: u32) -> Option<u64> {
+        let state = self.lock();
+        let (command_vmid, pid) = state.booting.get(machine)?.command?;
+        (command_vmid == vmid).then_some(pid)
+    }
+
+    /// Notes that the machine's command still runs: looked at again shortly.
+    pub fn command_running(&self, machine: &str) {
+        let now = Instant::now();
+        if let Some(entry) = self.lock().booting.get_mut(machine) {
+            entry.due = now + MIN_RECHECK;
+        }
+    }
+
+    /// How long until the result of the machine's command is worth reading.
+    pub fn command_wait(&self, machine: &str) -> Duration {
+        let now = Instant::now();
+        self.lock()
+            .booting
+            .get(machine)
+            .map_or(MIN_RECHECK, |entry| {
+                entry.due.saturating_duration_since(now).max(MIN_RECHECK)
+            })
+    }
+
+    /// Forgets the machine's command (its result was read, or it cannot be).
+    pub fn command_ended(&self, machine: &str) {
+        if let Some(entry) = self.lock().booting.get_mut(machine) {
+            entry.command = None;
+        }
+    }
+
     /// Notes that `machine`'s guest is done booting, and learns how long that took if this
     /// process started it.
     pub fn boot_answered(&self, machine: &str) {
@@ -259,7 +315,8 @@ impl TaskClock {
             return;
         };
         let samples = state.boots_learned.entry(boot.node).or_default();
-        learn(samples, boot.last_seen_silent, now - boot.started);
+        let up = boot.command_issued.unwrap_or(now - boot.started);
+        learn(samples, boot.last_seen_silent, up);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ClockState> {
@@ -288,6 +345,8 @@ impl ClockState {
                 started: now,
                 last_seen_silent: Duration::ZERO,
                 due,
+                command: None,
+                command_issued: None,
             })
     }
 
@@ -663,6 +722,41 @@ mod tests {
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
+    }
+
+    #[test]
+    fn a_guest_command_is_read_by_a_later_look_and_only_for_its_vm() {
+        let clock = TaskClock::default();
+        assert_eq!(clock.command_pending("m1", 101), None);
+        clock.command_started("m1", "pve1", 101, 4242);
+        assert_eq!(clock.command_pending("m1", 101), Some(4242));
+        assert_eq!(
+            clock.command_pending("m1", 102),
+            None,
+            "another VM of the machine (re-created) starts its own"
+        );
+        let wait = clock.boot_not_due("m1").expect("not read right away");
+        assert!(
+            wait <= COMMAND_FIRST_LOOK && wait > COMMAND_FIRST_LOOK / 2,
+            "{wait:?}"
+        );
+        let left = clock.command_wait("m1");
+        assert!(left <= wait && left > MIN_RECHECK, "{left:?}");
+        clock.command_running("m1");
+        assert!(clock.command_wait("m1") <= MIN_RECHECK);
+        assert_eq!(
+            clock.command_pending("m1", 101),
+            Some(4242),
+            "still to be read"
+        );
+        clock.command_ended("m1");
+        assert_eq!(clock.command_pending("m1", 101), None);
+        // The boot is learned up to when the command that said done was started, not when
+        // its result was read.
+        clock.command_started("m1", "pve1", 101, 4243);
+        clock.boot_answered("m1");
+        clock.boot_started("m2", "pve1");
+        assert!(clock.boot_not_due("m2").is_none_or(|d| d <= MIN_RECHECK));
     }
 
     #[test]
