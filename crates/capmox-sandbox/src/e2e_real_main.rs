@@ -88,6 +88,10 @@ pub struct E2eRealArgs {
     /// Leave the namespace and the RBAC in place afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// Simulator topology file, or a multi-site file with one simulator per site (e.g.
+    /// examples/sandbox-two-sites.yaml); the built-in one when unset. Not with PROXMOX_URL.
+    #[arg(long)]
+    pub topology: Option<std::path::PathBuf>,
 }
 
 fn parse_zone(value: &str) -> Result<(String, Vec<String>), String> {
@@ -123,6 +127,13 @@ impl E2eRealArgs {
             }
             _ => None,
         };
+        if proxmox.is_some() && self.topology.is_some() {
+            return Err(Usage(
+                "--topology describes simulated Proxmox clusters; with PROXMOX_URL set, give the \
+                 zones with --zone"
+                    .into(),
+            ));
+        }
         Ok(capmox_sandbox::real::RealOptions {
             namespace: self.namespace,
             control_plane: self.control_plane,
@@ -136,6 +147,7 @@ impl E2eRealArgs {
             template_id: self.template_id,
             source_node: self.source_node,
             keep: self.keep,
+            topology: self.topology,
         })
     }
 }

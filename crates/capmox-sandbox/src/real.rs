@@ -6,7 +6,9 @@
 //! that nothing is left and removes what it installed.
 //!
 //! Proxmox is simulated unless `PROXMOX_URL`, `PROXMOX_TOKEN` and `PROXMOX_SECRET` name a real
-//! one; then the zones' nodes and the template come from the options.
+//! one; then the zones' nodes and the template come from the options. A multi-site `--topology`
+//! file ([`crate::sites`]) runs one simulator per site, as the sandbox does, and checks that
+//! every VM is on its zone's site and that the sites' Secrets are held while the cluster lives.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -25,12 +27,12 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::conversion::LocalWebhook;
-use super::run::{MachineRow, TOPOLOGY, example_cluster_spec, example_machine_spec, render};
+use super::run::{MachineRow, SandboxError, SiteSimulators, example_machine_spec, render};
 use super::standin::{CapiStandIn, ExampleCluster, create_example_cluster};
 use capmox::api::{ProxmoxCluster, ProxmoxMachine};
 use capmox::capi::{IPAddressClaim, InClusterIPPool};
 use capmox::controller::{GlobalCredentials, ManagerConfig};
-use capmox_sim::{SimOptions, Simulator, Topology};
+use capmox_sim::SimOptions;
 
 /// Field manager of everything this run applies.
 const FIELD_MANAGER: &str = "capmox-e2e-real";
@@ -54,9 +56,9 @@ pub enum RealError {
         /// What is wrong with it.
         message: String,
     },
-    /// The simulator did not start.
-    #[error("Proxmox simulator: {0}")]
-    Simulator(#[from] capmox_sim::SimStartError),
+    /// The simulator(s) did not start, or the topology file does not fit the example.
+    #[error("{0}")]
+    Sandbox(#[from] SandboxError),
     /// The example cluster could not be created.
     #[error("example cluster: {0}")]
     Example(#[from] super::standin::StandInError),
@@ -130,6 +132,9 @@ pub struct RealOptions {
     pub source_node: Option<String>,
     /// Leave the CRDs, RBAC and namespace in place afterwards.
     pub keep: bool,
+    /// Simulator topology, or a multi-site file ([`crate::sites`]); the sandbox's built-in
+    /// one when unset. Only with the simulator.
+    pub topology: Option<PathBuf>,
 }
 
 /// The shipped ServiceAccount capmox runs as, found in the release manifests.
@@ -402,13 +407,22 @@ async fn impersonating(account: &ServiceAccountRef) -> Result<Client, RealError>
     Client::try_from(config).map_err(RealError::Kube)
 }
 
-/// The ProxmoxCluster and machine specs for this run.
-fn specs(options: &RealOptions) -> Result<(Value, Value), RealError> {
-    let mut cluster = example_cluster_spec();
-    let mut machine = example_machine_spec();
-    if options.proxmox.is_none() {
-        return Ok((cluster, machine));
+/// The ProxmoxCluster and machine specs for this run: the simulators' example (`sims`), or the
+/// example on the real Proxmox's zones.
+fn specs(
+    options: &RealOptions,
+    sims: Option<&SiteSimulators>,
+) -> Result<(Value, Value), RealError> {
+    let machine = example_machine_spec();
+    if let Some(sims) = sims {
+        return Ok((sims.cluster_spec("demo"), machine));
     }
+    real_specs(options, machine)
+}
+
+/// The example on the zones, nodes and template of a real Proxmox.
+fn real_specs(options: &RealOptions, mut machine: Value) -> Result<(Value, Value), RealError> {
+    let mut cluster = super::run::example_cluster_spec();
     if options.zones.is_empty() || options.template_id.is_none() || options.source_node.is_none() {
         return Err(RealError::Option(
             "with PROXMOX_URL set, give the zones' nodes (--zone rack-a=pve1,pve2 --zone \
@@ -437,32 +451,57 @@ fn specs(options: &RealOptions) -> Result<(Value, Value), RealError> {
     Ok((cluster, machine))
 }
 
-/// The Proxmox the run uses: its URL and credentials, and the simulator when it is one.
-async fn proxmox(options: &RealOptions) -> Result<(Option<Simulator>, Value), RealError> {
-    match &options.proxmox {
-        Some(real) => Ok((
-            None,
-            json!({"url": real.url, "token": real.token, "secret": real.secret,
-                   "insecure": if real.insecure { "true" } else { "false" }}),
+/// The simulators the run uses (one per site of a multi-site `--topology`), or none for a
+/// real Proxmox.
+async fn simulators_for(options: &RealOptions) -> Result<Option<SiteSimulators>, RealError> {
+    match (&options.proxmox, &options.topology) {
+        (Some(_), Some(_)) => Err(RealError::Option(
+            "--topology describes simulated Proxmox clusters; with PROXMOX_URL set, give the \
+             zones with --zone"
+                .into(),
         )),
-        None => {
-            let topology = Topology::from_yaml(TOPOLOGY, "built-in sandbox topology")
-                .map_err(|e| RealError::Option(e.to_string()))?;
-            let sim = Simulator::start(topology, SimOptions::default()).await?;
-            let token = sim.token();
-            let (id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
-            let data = json!({"url": sim.url(), "token": id, "secret": secret});
-            Ok((Some(sim), data))
-        }
+        (Some(_), None) => Ok(None),
+        (None, topology) => Ok(Some(
+            SiteSimulators::start(topology.as_deref(), &SimOptions::default()).await?,
+        )),
     }
 }
 
-/// Waits until `expected` ProxmoxMachines of `namespace` are ready, printing changes.
+/// Creates the credentials Secret(s) of cluster `demo` in `namespace`: one per simulator
+/// ([`SiteSimulators::create_credentials`]), or the real Proxmox's; returns their names.
+async fn create_credentials(
+    admin: &Client,
+    namespace: &str,
+    sims: Option<&SiteSimulators>,
+    real: Option<&RealProxmox>,
+) -> Result<Vec<String>, RealError> {
+    if let Some(sims) = sims {
+        return Ok(sims.create_credentials(admin, namespace, "demo").await?);
+    }
+    let real =
+        real.ok_or_else(|| RealError::Option("neither a simulator nor PROXMOX_URL".into()))?;
+    let name = "demo-proxmox-credentials";
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "stringData": {"url": real.url, "token": real.token, "secret": real.secret,
+                       "insecure": if real.insecure { "true" } else { "false" }},
+    }))
+    .map_err(|e| RealError::Option(e.to_string()))?;
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    Ok(vec![name.to_owned()])
+}
+
+/// Waits until `expected` ProxmoxMachines of `namespace` are ready, printing changes as `table`
+/// renders them.
 async fn wait_ready(
     client: &Client,
     namespace: &str,
     expected: usize,
     timeout: Duration,
+    table: &dyn Fn(&[MachineRow]) -> String,
 ) -> Result<Vec<MachineRow>, RealError> {
     let api: Api<ProxmoxMachine> = Api::namespaced(client.clone(), namespace);
     let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
@@ -470,7 +509,7 @@ async fn wait_ready(
     let mut last = String::new();
     loop {
         let rows = super::run::rows(&api.list(&ListParams::default()).await?.items);
-        let table = render(&rows);
+        let table = table(&rows);
         if table != last {
             println!("{table}\n");
             last = table;
@@ -640,8 +679,26 @@ async fn scenario(
     account: &ServiceAccountRef,
     options: &RealOptions,
 ) -> Result<String, RealError> {
-    let (sim, credentials) = proxmox(options).await?;
-    let (cluster_spec, machine_spec) = specs(options)?;
+    let sims = simulators_for(options).await?;
+    let (cluster_spec, machine_spec) = specs(options, sims.as_ref())?;
+    // The sites of a multi-site topology, checked machine by machine; `None` for one Proxmox.
+    let multi = sims.as_ref().filter(|s| s.sites.is_some());
+    if let Some(sims) = &sims {
+        sims.check_example(&options.worker_failure_domain)?;
+    }
+    if let Some(multi) = multi {
+        for (site, sim) in multi.simulators() {
+            println!(
+                "{:<25}{}",
+                format!("Proxmox VE {}:", site.unwrap_or_default()),
+                sim.url()
+            );
+        }
+    }
+    let table = |rows: &[MachineRow]| {
+        sims.as_ref()
+            .map_or_else(|| render(rows), |s| s.table(rows))
+    };
     let stop = CancellationToken::new();
     let _stop_all = stop.clone().drop_guard();
 
@@ -665,15 +722,13 @@ async fn scenario(
     tokio::spawn(super::ipam::run(admin.clone(), stop.clone()));
     CapiStandIn::spawn(admin.clone(), &options.namespace, stop.clone());
 
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "demo-proxmox-credentials", "namespace": options.namespace},
-        "stringData": credentials,
-    }))
-    .map_err(|e| RealError::Option(e.to_string()))?;
-    Api::<Secret>::namespaced(admin.clone(), &options.namespace)
-        .create(&PostParams::default(), &secret)
-        .await?;
+    let secrets = create_credentials(
+        admin,
+        &options.namespace,
+        sims.as_ref(),
+        options.proxmox.as_ref(),
+    )
+    .await?;
     let mut example = ExampleCluster::new(&options.namespace, "demo", cluster_spec, machine_spec);
     example.control_plane_replicas = options.control_plane;
     example.worker_replicas = options.workers;
@@ -683,24 +738,35 @@ async fn scenario(
     let provisioning = Instant::now();
     let provisioned = async {
         let rows = tokio::select! {
-            rows = wait_ready(admin, &options.namespace, expected, options.timeout) => rows?,
+            rows = wait_ready(admin, &options.namespace, expected, options.timeout, &table) => rows?,
             ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
         };
         check_spread(&rows, &options.worker_failure_domain, options.control_plane)?;
+        // VMIDs are unique within one Proxmox cluster; sites may repeat them.
         let vmids: Vec<&String> = rows.iter().map(|r| &r.vmid).collect();
-        let unique: BTreeSet<&&String> = vmids.iter().collect();
+        let unique: BTreeSet<(&String, &String)> =
+            rows.iter().map(|r| (&r.endpoint, &r.vmid)).collect();
         if unique.len() != vmids.len() {
             return Err(RealError::Check(format!(
                 "two machines recorded one VMID: {vmids:?}"
             )));
         }
-        let mut converted = check_v1alpha1(admin, &options.namespace).await?;
-        converted.push_str("; ");
-        converted.push_str(&check_validation(admin, &options.namespace).await?);
-        Ok((rows, converted))
+        // What was checked: the sites (several), then v1alpha1 and validation.
+        let mut checks = String::new();
+        if let Some(multi) = multi {
+            checks.push_str(&check_sites(&rows, multi, options.control_plane)?);
+            checks.push_str("; ");
+            checks.push_str(&check_secrets_held(admin, &options.namespace, &secrets).await?);
+            checks.push_str("; ");
+        }
+        checks.push_str(&check_v1alpha1(admin, &options.namespace).await?);
+        checks.push_str("; ");
+        checks.push_str(&check_validation(admin, &options.namespace).await?);
+        let sites = multi.and_then(|m| m.site_summary(&rows));
+        Ok((rows, checks, sites))
     }
     .await;
-    let (rows, converted) = match provisioned {
+    let (rows, checks, sites) = match provisioned {
         Ok(found) => found,
         Err(error) => {
             // Delete what was made while capmox and the stand-ins still run, so the
@@ -746,10 +812,24 @@ async fn scenario(
         ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
     }
     let deleted_after = deleting.elapsed();
-    let left = match &sim {
-        Some(sim) => {
+    let left = match &sims {
+        Some(sims) if sims.sites.is_some() => {
+            // On every site only what it started with (its templates) stays, and no seed ISO.
+            for (site, vms, isos) in sims.leftovers() {
+                if vms != 0 || isos != 0 {
+                    return Err(RealError::Check(format!(
+                        "after deletion site {} holds {vms} VMs besides its templates and \
+                         {isos} seed ISOs",
+                        site.unwrap_or_default()
+                    )));
+                }
+            }
+            let released = check_secrets_released(admin, &options.namespace, &secrets).await?;
+            format!("simulators: only their templates left on every site, no seed ISO; {released}")
+        }
+        Some(sims) => {
             // Only the template stays, and no seed ISO.
-            let (vms, isos) = sim.with_cluster(|c| (c.vm_count(), c.iso_count()));
+            let (vms, isos) = sims.sim.with_cluster(|c| (c.vm_count(), c.iso_count()));
             if vms != 1 || isos != 0 {
                 return Err(RealError::Check(format!(
                     "after deletion the simulator holds {vms} VMs (1 expected: the template) \
@@ -770,9 +850,10 @@ async fn scenario(
         .map_err(|e| RealError::Manager(e.to_string()))?
         .map_err(|e| RealError::Manager(e.to_string()))?;
     Ok(format!(
-        "\n{}\n\n{} machines ready after {:.1}s ({}); VMIDs unique; {converted}; deleted \
+        "\n{}\n\n{}{} machines ready after {:.1}s ({}); VMIDs unique{}; {checks}; deleted \
          after {:.1}s; {left}; nothing left in namespace {}",
-        render(&rows),
+        table(&rows),
+        sites.map(|s| format!("{s}\n\n")).unwrap_or_default(),
         rows.len(),
         ready_after.as_secs_f64(),
         per_domain
@@ -780,8 +861,192 @@ async fn scenario(
             .map(|(d, n)| format!("{d}: {n}"))
             .collect::<Vec<_>>()
             .join(", "),
+        if multi.is_some() { " per site" } else { "" },
         deleted_after.as_secs_f64(),
         options.namespace,
+    ))
+}
+
+/// Where each machine of a multi-site run is: its zone's site recorded as its
+/// `status.proxmoxEndpoint`, its VM on that site's simulator at the node and VMID it reports
+/// and on no other site; the control plane on every site when it has a machine for every
+/// eligible zone.
+fn check_sites(
+    rows: &[MachineRow],
+    sims: &SiteSimulators,
+    control_plane: i32,
+) -> Result<String, RealError> {
+    let Some(sites) = &sims.sites else {
+        return Ok(String::new());
+    };
+    let check = |message: String| Err(RealError::Check(message));
+    let vm_name = |sim: &capmox_sim::Simulator, node: &str, vmid: u32| {
+        sim.with_cluster(|c| c.vm_config(node, vmid).ok())
+            .and_then(|config| config["name"].as_str().map(str::to_owned))
+    };
+    let mut per_site: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut control_plane_sites = BTreeSet::new();
+    for row in rows {
+        let Some(site) = sims.site_of_zone(&row.failure_domain) else {
+            return check(format!(
+                "{} is in failure domain {}, a zone of no site",
+                row.machine, row.failure_domain
+            ));
+        };
+        let Some(sim) = sims.site_simulator(site) else {
+            return check(format!("site {site} has no simulator"));
+        };
+        if sims.site_of_endpoint(&row.endpoint) != Some(site) {
+            return check(format!(
+                "{} (zone {}, site {site}) records status.proxmoxEndpoint {}, not {site}'s {}",
+                row.machine,
+                row.failure_domain,
+                row.endpoint,
+                sim.url()
+            ));
+        }
+        let Ok(vmid) = row.vmid.parse::<u32>() else {
+            return check(format!("{} records VMID {}", row.machine, row.vmid));
+        };
+        let found = vm_name(sim, &row.node, vmid);
+        if found.as_deref() != Some(row.machine.as_str()) {
+            return check(format!(
+                "{}'s VM {vmid} is not on node {} of site {site} (there: {found:?})",
+                row.machine, row.node
+            ));
+        }
+        for other in sites.sites.iter().filter(|s| s.name != site) {
+            let Some(other_sim) = sims.site_simulator(&other.name) else {
+                return check(format!("site {} has no simulator", other.name));
+            };
+            let elsewhere: Vec<&str> = other
+                .topology
+                .nodes
+                .iter()
+                .filter(|node| {
+                    other_sim
+                        .with_cluster(|c| c.list_vms(&node.name).ok())
+                        .and_then(|vms| vms.as_array().cloned())
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|vm| vm["name"] == row.machine.as_str())
+                })
+                .map(|node| node.name.as_str())
+                .collect();
+            if !elsewhere.is_empty() {
+                return check(format!(
+                    "{} (site {site}) has a VM on site {} too (node {})",
+                    row.machine,
+                    other.name,
+                    elsewhere.join(", ")
+                ));
+            }
+        }
+        *per_site.entry(site).or_default() += 1;
+        if !row.machine.contains("-workers-") {
+            control_plane_sites.insert(site);
+        }
+    }
+    let eligible: Vec<(&str, &str)> = sites
+        .sites
+        .iter()
+        .flat_map(|s| {
+            s.zones
+                .iter()
+                .filter(|z| z.control_plane_eligible != Some(false))
+                .map(move |z| (s.name.as_str(), z.zone.as_str()))
+        })
+        .collect();
+    let eligible_sites: BTreeSet<&str> = eligible.iter().map(|(site, _)| *site).collect();
+    if usize::try_from(control_plane).unwrap_or(0) >= eligible.len()
+        && control_plane_sites != eligible_sites
+    {
+        return check(format!(
+            "{control_plane} control-plane machines for {} eligible zones, but only on sites \
+             {control_plane_sites:?} of {eligible_sites:?}",
+            eligible.len()
+        ));
+    }
+    Ok(format!(
+        "every VM on its zone's site at its node and VMID, on no other ({}); control plane on {}",
+        per_site
+            .iter()
+            .map(|(site, n)| format!("{site}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        control_plane_sites
+            .iter()
+            .copied()
+            .collect::<Vec<_>>()
+            .join(" and ")
+    ))
+}
+
+/// The sites' credentials Secrets while the cluster exists: each carries capmox's finalizer
+/// and an owner reference to the ProxmoxCluster, so none goes while a zone still needs it.
+async fn check_secrets_held(
+    admin: &Client,
+    namespace: &str,
+    secrets: &[String],
+) -> Result<String, RealError> {
+    let cluster = Api::<ProxmoxCluster>::namespaced(admin.clone(), namespace)
+        .get("demo")
+        .await?;
+    let uid = cluster.metadata.uid.unwrap_or_default();
+    let api = Api::<Secret>::namespaced(admin.clone(), namespace);
+    for name in secrets {
+        let secret = api.get(name).await?;
+        let held = secret
+            .finalizers()
+            .iter()
+            .any(|f| f == capmox::api::finalizers::CLUSTER_SECRET);
+        let owned = secret
+            .owner_references()
+            .iter()
+            .any(|o| o.uid == uid && o.kind == "ProxmoxCluster");
+        if !held || !owned {
+            return Err(RealError::Check(format!(
+                "Secret {name} is not adopted by ProxmoxCluster demo (finalizers {:?}, owners {:?})",
+                secret.finalizers(),
+                secret
+                    .owner_references()
+                    .iter()
+                    .map(|o| format!("{}/{}", o.kind, o.name))
+                    .collect::<Vec<_>>()
+            )));
+        }
+    }
+    Ok(format!(
+        "Secrets {} held ({} and owner ProxmoxCluster demo)",
+        secrets.join(", "),
+        capmox::api::finalizers::CLUSTER_SECRET
+    ))
+}
+
+/// The sites' credentials Secrets once the cluster is gone: capmox's finalizer is off each
+/// (the Secrets themselves stay, they are the user's).
+async fn check_secrets_released(
+    admin: &Client,
+    namespace: &str,
+    secrets: &[String],
+) -> Result<String, RealError> {
+    let api = Api::<Secret>::namespaced(admin.clone(), namespace);
+    for name in secrets {
+        if let Some(secret) = api.get_opt(name).await?
+            && secret
+                .finalizers()
+                .iter()
+                .any(|f| f == capmox::api::finalizers::CLUSTER_SECRET)
+        {
+            return Err(RealError::Check(format!(
+                "Secret {name} still carries {} after the cluster is gone",
+                capmox::api::finalizers::CLUSTER_SECRET
+            )));
+        }
+    }
+    Ok(format!(
+        "Secrets {} released (finalizer gone)",
+        secrets.join(", ")
     ))
 }
 
@@ -1004,6 +1269,7 @@ async fn cleanup(admin: &Client, options: &RealOptions, created: Vec<Created>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const MANIFESTS: &str = r#"
 apiVersion: v1
@@ -1070,8 +1336,9 @@ spec:
             template_id: None,
             source_node: None,
             keep: false,
+            topology: None,
         };
-        assert!(matches!(specs(&options), Err(RealError::Option(_))));
+        assert!(matches!(specs(&options, None), Err(RealError::Option(_))));
         assert!(!format!("{:?}", options.proxmox).contains("s3cr3t"));
         let options = RealOptions {
             zones: BTreeMap::from([
@@ -1082,9 +1349,71 @@ spec:
             source_node: Some("n1".into()),
             ..options
         };
-        let (cluster, machine) = specs(&options).expect("complete");
+        let (cluster, machine) = specs(&options, None).expect("complete");
         assert_eq!(cluster["zoneConfig"][1]["nodes"], json!(["n2", "n3"]));
         assert_eq!(cluster["allowedNodes"], json!(["n1", "n2", "n3"]));
         assert_eq!(machine["templateID"], json!(100));
+    }
+
+    /// A machine whose endpoint or VM is not its zone's site's fails the two-site check; a
+    /// topology file with a real Proxmox is refused.
+    #[tokio::test]
+    async fn a_machine_off_its_zones_site_fails_the_site_check() {
+        let file =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sandbox-two-sites.yaml");
+        let sims = SiteSimulators::start(Some(&file), &SimOptions::default())
+            .await
+            .expect("two simulators");
+        let simulators = sims.simulators();
+        let (site_a, site_b) = (simulators[0].1.url(), simulators[1].1.url());
+        let row = |zone: &str, endpoint: &str, vmid: &str| MachineRow {
+            machine: "demo-control-plane-x".into(),
+            failure_domain: zone.into(),
+            node: "pve1".into(),
+            endpoint: endpoint.into(),
+            vmid: vmid.into(),
+            ips: "-".into(),
+            phase: "Ready".into(),
+        };
+        let error =
+            check_sites(&[row("rack-c", &site_a, "100")], &sims, 1).expect_err("wrong site");
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("not site-b's {site_b}")),
+            "{error}"
+        );
+        // VMID 9000 on pve1 is the template, not the machine's VM.
+        let error = check_sites(&[row("rack-a", &site_a, "9000")], &sims, 1).expect_err("no VM");
+        assert!(
+            error
+                .to_string()
+                .contains("VM 9000 is not on node pve1 of site site-a"),
+            "{error}"
+        );
+        let options = RealOptions {
+            namespace: "e2e".into(),
+            control_plane: 3,
+            workers: 2,
+            worker_failure_domain: "rack-b".into(),
+            manifests: PathBuf::new(),
+            upstream_crds: PathBuf::new(),
+            timeout: Duration::from_secs(1),
+            proxmox: Some(RealProxmox {
+                url: "https://pve.example:8006".into(),
+                token: "capmox@pve!e2e".into(),
+                secret: "s3cr3t".into(),
+                insecure: false,
+            }),
+            zones: BTreeMap::new(),
+            template_id: None,
+            source_node: None,
+            keep: false,
+            topology: Some(file),
+        };
+        assert!(matches!(
+            simulators_for(&options).await,
+            Err(RealError::Option(_))
+        ));
     }
 }

@@ -6,7 +6,7 @@
 //! cluster's zones on every site but the first name that site's credentials Secret.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -159,15 +159,8 @@ templates:
 pub struct Sandbox {
     /// The in-process Kubernetes API.
     pub server: ApiServer,
-    /// The Proxmox VE simulator (of the first site, in a multi-site sandbox): what the
-    /// ProxmoxCluster's own credentials reach.
-    pub sim: Simulator,
-    /// The sites of a multi-site `--topology` file and the simulators of all but the first;
-    /// `None` for one Proxmox cluster.
-    pub sites: Option<SandboxSites>,
-    /// Guests (templates included) each simulator started with, first site first, so the
-    /// summary counts the VMs the machines added.
-    initial_guests: Vec<usize>,
+    /// The simulator(s), one per site; the sandbox derefs to them.
+    pub proxmox: SiteSimulators,
     /// The controllers' shared context.
     pub context: Arc<Context>,
     /// Stops everything.
@@ -177,9 +170,23 @@ pub struct Sandbox {
     pub webhook: LocalWebhook,
 }
 
+/// The Proxmox side of a sandbox, one simulator per site: shared by the in-process sandbox and
+/// `e2e-real`, so both wire and check the sites the same way.
+pub struct SiteSimulators {
+    /// The Proxmox VE simulator (of the first site, in a multi-site sandbox): what the
+    /// ProxmoxCluster's own credentials reach.
+    pub sim: Simulator,
+    /// The sites of a multi-site `--topology` file and the simulators of all but the first;
+    /// `None` for one Proxmox cluster.
+    pub sites: Option<SandboxSites>,
+    /// Guests (templates included) each simulator started with, first site first, so the
+    /// summary counts the VMs the machines added.
+    initial_guests: Vec<usize>,
+}
+
 /// The sites of a multi-site sandbox, kept together so each simulator is known by its site.
 pub struct SandboxSites {
-    /// The sites as the file describes them; the first is served by [`Sandbox::sim`].
+    /// The sites as the file describes them; the first is served by [`SiteSimulators::sim`].
     pub sites: Vec<Site>,
     /// The simulators of `sites[1..]`, in the same order.
     pub others: Vec<Simulator>,
@@ -200,6 +207,15 @@ fn site_sim_options(base: &SimOptions, index: usize) -> SimOptions {
         options.token_secret = format!("00000000-0000-4000-8000-{index:012x}");
     }
     options
+}
+
+/// The sandbox's Proxmox questions (sites, endpoints, the table) are its simulators' to answer.
+impl std::ops::Deref for Sandbox {
+    type Target = SiteSimulators;
+
+    fn deref(&self) -> &SiteSimulators {
+        &self.proxmox
+    }
 }
 
 impl Drop for Sandbox {
@@ -297,45 +313,7 @@ impl Sandbox {
         for kind in capi_kinds() {
             server.register_kind(kind);
         }
-        let topology = match &options.topology {
-            Some(path) => SandboxTopology::load(path)?,
-            None => SandboxTopology::Single(Box::new(Topology::from_yaml(
-                TOPOLOGY,
-                "built-in sandbox topology",
-            )?)),
-        };
-        let guests = |t: &Topology| t.templates.len() + t.guests.len();
-        let (sim, sites, initial_guests) = match topology {
-            SandboxTopology::Single(topology) => {
-                let initial = vec![guests(&topology)];
-                (
-                    Simulator::start(*topology, options.sim.clone()).await?,
-                    None,
-                    initial,
-                )
-            }
-            SandboxTopology::Sites(sites) => {
-                let mut simulators = Vec::with_capacity(sites.len());
-                for (index, site) in sites.iter().enumerate() {
-                    simulators.push(
-                        Simulator::start(
-                            site.topology.clone(),
-                            site_sim_options(&options.sim, index),
-                        )
-                        .await?,
-                    );
-                }
-                let initial = sites.iter().map(|s| guests(&s.topology)).collect();
-                let mut simulators = simulators.into_iter();
-                let Some(first) = simulators.next() else {
-                    return Err(SandboxError::Testkit(
-                        "a multi-site file without sites".into(),
-                    ));
-                };
-                let others = simulators.collect();
-                (first, Some(SandboxSites { sites, others }), initial)
-            }
-        };
+        let proxmox = SiteSimulators::start(options.topology.as_deref(), &options.sim).await?;
         let http = if serve_http {
             let http = server
                 .serve_http()
@@ -373,9 +351,7 @@ impl Sandbox {
         CapiStandIn::spawn(server.client(), "default", stop.clone());
         Ok(Self {
             server,
-            sim,
-            sites,
-            initial_guests,
+            proxmox,
             context,
             stop,
             http,
@@ -391,6 +367,55 @@ impl Sandbox {
     /// Where `kubectl` can reach the API, when served.
     pub fn api_url(&self) -> Option<String> {
         self.http.as_ref().map(|h| h.url())
+    }
+}
+
+impl SiteSimulators {
+    /// Starts one simulator for a simulator topology file (the built-in topology when
+    /// `topology` is `None`), or one per site of a multi-site file, each site with a token of
+    /// its own.
+    pub async fn start(topology: Option<&Path>, sim: &SimOptions) -> Result<Self, SandboxError> {
+        let topology = match topology {
+            Some(path) => SandboxTopology::load(path)?,
+            None => SandboxTopology::Single(Box::new(Topology::from_yaml(
+                TOPOLOGY,
+                "built-in sandbox topology",
+            )?)),
+        };
+        let guests = |t: &Topology| t.templates.len() + t.guests.len();
+        let (first, sites, initial_guests) = match topology {
+            SandboxTopology::Single(topology) => {
+                let initial = vec![guests(&topology)];
+                (
+                    Simulator::start(*topology, sim.clone()).await?,
+                    None,
+                    initial,
+                )
+            }
+            SandboxTopology::Sites(sites) => {
+                let mut simulators = Vec::with_capacity(sites.len());
+                for (index, site) in sites.iter().enumerate() {
+                    simulators.push(
+                        Simulator::start(site.topology.clone(), site_sim_options(sim, index))
+                            .await?,
+                    );
+                }
+                let initial = sites.iter().map(|s| guests(&s.topology)).collect();
+                let mut simulators = simulators.into_iter();
+                let Some(first) = simulators.next() else {
+                    return Err(SandboxError::Testkit(
+                        "a multi-site file without sites".into(),
+                    ));
+                };
+                let others = simulators.collect();
+                (first, Some(SandboxSites { sites, others }), initial)
+            }
+        };
+        Ok(Self {
+            sim: first,
+            sites,
+            initial_guests,
+        })
     }
 
     /// Every simulator with its site's name (`None` in a single-site sandbox), first site first.
@@ -439,22 +464,100 @@ impl Sandbox {
             .map_or(&self.sim, |(_, sim)| sim)
     }
 
-    /// Creates a credentials Secret in `default` for `sim`.
-    async fn create_credentials(&self, name: &str, sim: &Simulator) -> Result<(), SandboxError> {
-        let token = sim.token();
-        let (id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
-        let credentials: Secret = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": name, "namespace": "default"},
-            "stringData": {"url": sim.url(), "token": id, "secret": secret}
-        }))
-        .map_err(|e| SandboxError::Testkit(e.to_string()))?;
-        Api::<Secret>::namespaced(self.client(), "default")
-            .create(&PostParams::default(), &credentials)
-            .await?;
+    /// Refuses an example cluster the sites cannot hold, before anything is created: the
+    /// workers' failure domain must be a zone of the file, and every site needs the template
+    /// the example machines clone.
+    pub fn check_example(&self, worker_failure_domain: &str) -> Result<(), SandboxError> {
+        let Some(sites) = &self.sites else {
+            return Ok(());
+        };
+        let zones: Vec<&str> = sites
+            .sites
+            .iter()
+            .flat_map(|s| s.zones.iter().map(|z| z.zone.as_str()))
+            .collect();
+        if !zones.contains(&worker_failure_domain) {
+            return Err(SandboxError::WorkerFailureDomain {
+                domain: worker_failure_domain.to_owned(),
+                zones: zones.join(", "),
+            });
+        }
+        let spec = example_machine_spec();
+        let (vmid, node) = (
+            spec["templateID"].as_u64().unwrap_or_default(),
+            spec["sourceNode"].as_str().unwrap_or_default(),
+        );
+        for site in &sites.sites {
+            let has = site
+                .topology
+                .templates
+                .iter()
+                .any(|t| u64::from(t.vmid) == vmid && t.node == node);
+            if !has {
+                return Err(SandboxError::Template {
+                    site: site.name.clone(),
+                    vmid: u32::try_from(vmid).unwrap_or_default(),
+                    node: node.to_owned(),
+                });
+            }
+        }
         Ok(())
     }
 
+    /// Creates the credentials Secrets of cluster `cluster` in `namespace`:
+    /// `<cluster>-proxmox-credentials` for the first simulator and
+    /// [`site_credentials_secret`] for every other site's; returns their names, first first.
+    pub async fn create_credentials(
+        &self,
+        client: &Client,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<Vec<String>, SandboxError> {
+        let mut secrets = vec![(format!("{cluster}-proxmox-credentials"), &self.sim)];
+        if let Some(sites) = &self.sites {
+            for (site, sim) in sites.sites.iter().skip(1).zip(&sites.others) {
+                secrets.push((site_credentials_secret(cluster, &site.name), sim));
+            }
+        }
+        let api = Api::<Secret>::namespaced(client.clone(), namespace);
+        for (name, sim) in &secrets {
+            let token = sim.token();
+            let (id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
+            let credentials: Secret = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name, "namespace": namespace},
+                "stringData": {"url": sim.url(), "token": id, "secret": secret}
+            }))
+            .map_err(|e| SandboxError::Testkit(e.to_string()))?;
+            api.create(&PostParams::default(), &credentials).await?;
+        }
+        Ok(secrets.into_iter().map(|(name, _)| name).collect())
+    }
+
+    /// The example ProxmoxCluster spec for these simulators: [`example_cluster_spec`] for one,
+    /// [`sites_cluster_spec`] for several sites.
+    pub fn cluster_spec(&self, cluster: &str) -> Value {
+        match &self.sites {
+            None => example_cluster_spec(),
+            Some(sites) => sites_cluster_spec(cluster, &sites.sites),
+        }
+    }
+
+    /// Per simulator, first site first: its site, the VMs it holds beyond those it started
+    /// with, and its ISO images, so a run can check that deleting left nothing behind.
+    pub fn leftovers(&self) -> Vec<(Option<&str>, usize, usize)> {
+        self.simulators()
+            .into_iter()
+            .zip(&self.initial_guests)
+            .map(|((site, sim), initial)| {
+                let (vms, isos) = sim.with_cluster(|c| (c.vm_count(), c.iso_count()));
+                (site, vms.saturating_sub(*initial), isos)
+            })
+            .collect()
+    }
+}
+
+impl Sandbox {
     /// Creates the credentials and the example cluster `demo`: zones rack-a and rack-b (in a
     /// multi-site sandbox: the file's zones, those of every site but the first with that
     /// site's credentials Secret), the control plane spread over them, the workers pinned to
@@ -463,56 +566,16 @@ impl Sandbox {
         &self,
         options: &SandboxOptions,
     ) -> Result<ExampleCluster, SandboxError> {
-        if let Some(sites) = &self.sites {
-            let zones: Vec<&str> = sites
-                .sites
-                .iter()
-                .flat_map(|s| s.zones.iter().map(|z| z.zone.as_str()))
-                .collect();
-            if !zones.contains(&options.worker_failure_domain.as_str()) {
-                return Err(SandboxError::WorkerFailureDomain {
-                    domain: options.worker_failure_domain.clone(),
-                    zones: zones.join(", "),
-                });
-            }
-            let spec = example_machine_spec();
-            let (vmid, node) = (
-                spec["templateID"].as_u64().unwrap_or_default(),
-                spec["sourceNode"].as_str().unwrap_or_default(),
-            );
-            for site in &sites.sites {
-                let has = site
-                    .topology
-                    .templates
-                    .iter()
-                    .any(|t| u64::from(t.vmid) == vmid && t.node == node);
-                if !has {
-                    return Err(SandboxError::Template {
-                        site: site.name.clone(),
-                        vmid: u32::try_from(vmid).unwrap_or_default(),
-                        node: node.to_owned(),
-                    });
-                }
-            }
-        }
-        self.create_credentials("demo-proxmox-credentials", &self.sim)
+        self.check_example(&options.worker_failure_domain)?;
+        self.create_credentials(&self.client(), "default", "demo")
             .await?;
-        if let Some(sites) = &self.sites {
-            for (site, sim) in sites.sites.iter().skip(1).zip(&sites.others) {
-                self.create_credentials(&site_credentials_secret("demo", &site.name), sim)
-                    .await?;
-            }
-        }
         let flatcar = options.os == GuestOs::Flatcar;
         let mut machine_spec = example_machine_spec();
         if flatcar {
             // Flatcar has no cloud-init to wait for.
             machine_spec["checks"] = json!({"skipCloudInitStatus": true});
         }
-        let mut cluster_spec = match &self.sites {
-            None => example_cluster_spec(),
-            Some(sites) => sites_cluster_spec("demo", &sites.sites),
-        };
+        let mut cluster_spec = self.cluster_spec("demo");
         if options.ha {
             cluster_spec["ha"] = json!({"enabled": true});
         }
@@ -640,7 +703,9 @@ impl Sandbox {
         }
         count
     }
+}
 
+impl SiteSimulators {
     /// Per site of a multi-site sandbox: its endpoint, the machines whose VM was created there
     /// (by `status.proxmoxEndpoint`) and the VMs it has beyond its initial ones; `None` for
     /// one site.
@@ -733,7 +798,9 @@ impl Sandbox {
                 .collect(),
         )
     }
+}
 
+impl Sandbox {
     /// Waits (event-driven) until `expected` ProxmoxMachines are ready, printing the table when
     /// something changes if `verbose`.
     pub async fn wait_ready(
