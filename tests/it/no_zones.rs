@@ -46,12 +46,12 @@ async fn a_cluster_without_zones_uses_allowed_nodes_and_the_default_pool() {
         .await
         .expect("sandbox starts");
     let client = sandbox.client();
-    let token = sandbox.sim.token();
+    let token = sandbox.proxmox.sim.token();
     let (id, secret) = token.split_once('=').expect("token id=secret");
     let credentials: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "plain-proxmox-credentials", "namespace": "default"},
-        "stringData": {"url": sandbox.sim.url(), "token": id, "secret": secret}
+        "stringData": {"url": sandbox.proxmox.sim.url(), "token": id, "secret": secret}
     }))
     .expect("secret");
     Api::<Secret>::namespaced(client.clone(), "default")
@@ -136,6 +136,7 @@ async fn a_cluster_without_zones_uses_allowed_nodes_and_the_default_pool() {
         );
         let vmid = status.virtual_machine_id.expect("VMID");
         let node = sandbox
+            .proxmox
             .sim
             .with_cluster(|c| c.vm_node(u32::try_from(vmid).expect("VMID fits")))
             .unwrap_or_else(|| panic!("{name}'s VM {vmid} does not exist"));
@@ -211,13 +212,13 @@ async fn a_cluster_without_zones_uses_allowed_nodes_and_the_default_pool() {
         .await
         .expect("ProxmoxCluster released in time");
     assert_eq!(
-        sandbox.sim.with_cluster(|c| c.vm_count()),
+        sandbox.proxmox.sim.with_cluster(|c| c.vm_count()),
         1,
         "only the template is left"
     );
     let config = capmox::proxmox::ClientConfig::new(
-        sandbox.sim.url(),
-        capmox::proxmox::ApiToken::parse(&sandbox.sim.token()).expect("token"),
+        sandbox.proxmox.sim.url(),
+        capmox::proxmox::ApiToken::parse(&sandbox.proxmox.sim.token()).expect("token"),
     );
     let proxmox = capmox::proxmox::ProxmoxClient::new(&config).expect("client");
     for node in ["pve1", "pve2", "pve3", "pve4", "pve5"] {

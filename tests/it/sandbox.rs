@@ -49,7 +49,7 @@ async fn assert_one_vm_per_machine(sandbox: &Sandbox) {
     let before = vmids.len();
     vmids.dedup();
     assert_eq!(before, vmids.len(), "two machines share a VMID");
-    let vm_count = sandbox.sim.with_cluster(|c| c.vm_count()) - 1;
+    let vm_count = sandbox.proxmox.sim.with_cluster(|c| c.vm_count()) - 1;
     assert_eq!(vm_count, machines.items.len(), "VMs in Proxmox vs machines");
 }
 
@@ -160,13 +160,13 @@ async fn the_example_cluster_spreads_scales_and_goes_away() {
     .expect("ProxmoxCluster released in time")
     .expect("watch");
     assert_eq!(
-        sandbox.sim.with_cluster(|c| c.vm_count()),
+        sandbox.proxmox.sim.with_cluster(|c| c.vm_count()),
         1,
         "only the template is left"
     );
     let config = capmox::proxmox::ClientConfig::new(
-        sandbox.sim.url(),
-        capmox::proxmox::ApiToken::parse(&sandbox.sim.token()).expect("token"),
+        sandbox.proxmox.sim.url(),
+        capmox::proxmox::ApiToken::parse(&sandbox.proxmox.sim.token()).expect("token"),
     );
     let proxmox = capmox::proxmox::ProxmoxClient::new(&config).expect("client");
     for node in ["pve1", "pve2", "pve3", "pve4", "pve5"] {
@@ -345,6 +345,7 @@ async fn the_ha_sandbox_shows_resources_rules_and_a_failover_within_the_zone() {
     // the last registrations may still be retried after a concurrent rule change
     let deadline = tokio::time::Instant::now() + options.timeout;
     while sandbox
+        .proxmox
         .sim
         .ha_rules()
         .iter()
@@ -418,10 +419,14 @@ async fn the_two_site_sandbox_wires_each_sites_zones_to_its_own_simulator() {
     let sandbox = Sandbox::start(&options, false)
         .await
         .expect("sandbox starts");
-    let sites = sandbox.sites.as_ref().expect("a multi-site sandbox");
+    let sites = sandbox
+        .proxmox
+        .sites
+        .as_ref()
+        .expect("a multi-site sandbox");
     let names: Vec<&str> = sites.sites.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["site-a", "site-b"]);
-    let simulators = sandbox.simulators();
+    let simulators = sandbox.proxmox.simulators();
     assert_eq!(simulators.len(), 2);
     let (site_a, site_b) = (simulators[0].1, simulators[1].1);
     assert_ne!(site_a.url(), site_b.url(), "one simulator per site");
@@ -433,8 +438,11 @@ async fn the_two_site_sandbox_wires_each_sites_zones_to_its_own_simulator() {
             "both sites have template 9000 on a node called pve1"
         );
     }
-    assert_eq!(sandbox.site_of_endpoint(&site_b.url()), Some("site-b"));
-    assert_eq!(sandbox.site_of_zone("rack-c"), Some("site-b"));
+    assert_eq!(
+        sandbox.proxmox.site_of_endpoint(&site_b.url()),
+        Some("site-b")
+    );
+    assert_eq!(sandbox.proxmox.site_of_zone("rack-c"), Some("site-b"));
 
     // A worker zone of no site is refused before anything is created.
     let wrong = SandboxOptions {
@@ -522,7 +530,7 @@ async fn the_two_site_sandbox_wires_each_sites_zones_to_its_own_simulator() {
         ),
         site_b.token()
     );
-    let table = sandbox.table(&[]);
+    let table = sandbox.proxmox.table(&[]);
     assert!(
         table.starts_with("MACHINE  SITE  ENDPOINT  FAILURE DOMAIN  NODE  VMID"),
         "{table}"
@@ -548,22 +556,26 @@ async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
         .wait_ready(5, options.timeout, false)
         .await
         .expect("5 machines ready");
-    let table = sandbox.table(&rows);
+    let table = sandbox.proxmox.table(&rows);
     let mut per_site: BTreeMap<String, usize> = BTreeMap::new();
     let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
     for row in &rows {
         let site = sandbox
+            .proxmox
             .site_of_zone(&row.failure_domain)
             .unwrap_or_else(|| panic!("{} is in no zone of a site:\n{table}", row.machine));
         assert_eq!(
-            sandbox.site_of_endpoint(&row.endpoint),
+            sandbox.proxmox.site_of_endpoint(&row.endpoint),
             Some(site),
             "{} (zone {}) records endpoint {}:\n{table}",
             row.machine,
             row.failure_domain,
             row.endpoint
         );
-        let sim = sandbox.site_simulator(site).expect("site simulator");
+        let sim = sandbox
+            .proxmox
+            .site_simulator(site)
+            .expect("site simulator");
         let vmid: u32 = row.vmid.parse().expect("VMID");
         assert_eq!(
             sim.with_cluster(|c| c.vm_node(vmid)).as_deref(),
@@ -572,6 +584,7 @@ async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
             row.machine
         );
         let zone_nodes = &sandbox
+            .proxmox
             .sites
             .as_ref()
             .expect("sites")
@@ -599,7 +612,7 @@ async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
         per_site,
         BTreeMap::from([("site-a".to_owned(), 2), ("site-b".to_owned(), 3)])
     );
-    for (site, sim) in sandbox.simulators() {
+    for (site, sim) in sandbox.proxmox.simulators() {
         let site = site.expect("named site");
         assert_eq!(
             sim.with_cluster(|c| c.vm_count()),
@@ -632,7 +645,7 @@ async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
     .await
     .expect("ProxmoxCluster released in time")
     .expect("watch");
-    for (site, sim) in sandbox.simulators() {
+    for (site, sim) in sandbox.proxmox.simulators() {
         assert_eq!(
             sim.with_cluster(|c| c.vm_count()),
             1,

@@ -210,14 +210,6 @@ fn site_sim_options(base: &SimOptions, index: usize) -> SimOptions {
 }
 
 /// The sandbox's Proxmox questions (sites, endpoints, the table) are its simulators' to answer.
-impl std::ops::Deref for Sandbox {
-    type Target = SiteSimulators;
-
-    fn deref(&self) -> &SiteSimulators {
-        &self.proxmox
-    }
-}
-
 impl Drop for Sandbox {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -566,8 +558,9 @@ impl Sandbox {
         &self,
         options: &SandboxOptions,
     ) -> Result<ExampleCluster, SandboxError> {
-        self.check_example(&options.worker_failure_domain)?;
-        self.create_credentials(&self.client(), "default", "demo")
+        self.proxmox.check_example(&options.worker_failure_domain)?;
+        self.proxmox
+            .create_credentials(&self.client(), "default", "demo")
             .await?;
         let flatcar = options.os == GuestOs::Flatcar;
         let mut machine_spec = example_machine_spec();
@@ -575,7 +568,7 @@ impl Sandbox {
             // Flatcar has no cloud-init to wait for.
             machine_spec["checks"] = json!({"skipCloudInitStatus": true});
         }
-        let mut cluster_spec = self.cluster_spec("demo");
+        let mut cluster_spec = self.proxmox.cluster_spec("demo");
         if options.ha {
             cluster_spec["ha"] = json!({"enabled": true});
         }
@@ -592,7 +585,7 @@ impl Sandbox {
     /// (PVE 8), under a line naming the site in a multi-site sandbox.
     pub fn ha_report(&self) -> String {
         let mut lines = Vec::new();
-        for (site, sim) in self.simulators() {
+        for (site, sim) in self.proxmox.simulators() {
             if let Some(site) = site {
                 lines.push(format!("  site {site} ({}):", sim.url()));
             }
@@ -661,7 +654,7 @@ impl Sandbox {
             return "  no machine to fail over".to_owned();
         };
         let node = row.node.clone();
-        let sim = self.simulator_of(row);
+        let sim = self.proxmox.simulator_of(row);
         let relocations = sim.fail_node(&node);
         let mut lines = vec![format!(
             "  node {node} (zone {}) failed:",
@@ -693,7 +686,11 @@ impl Sandbox {
             let Ok(vmid) = row.vmid.parse() else {
                 continue;
             };
-            if let Some(os) = self.simulator_of(row).with_cluster(|c| c.booted_os(vmid)) {
+            if let Some(os) = self
+                .proxmox
+                .simulator_of(row)
+                .with_cluster(|c| c.booted_os(vmid))
+            {
                 let name = match os {
                     capmox_sim::guest::GuestOs::Ubuntu => "ubuntu",
                     capmox_sim::guest::GuestOs::Flatcar => "flatcar",
@@ -816,7 +813,7 @@ impl Sandbox {
         let mut last = String::new();
         loop {
             let rows = rows(&api.list(&Default::default()).await?.items);
-            let table = self.table(&rows);
+            let table = self.proxmox.table(&rows);
             if verbose && table != last {
                 println!("{table}");
                 last = table;
@@ -1017,7 +1014,7 @@ pub fn example_machine_spec() -> Value {
 pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), SandboxError> {
     let started = Instant::now();
     let sandbox = Sandbox::start(&options, true).await?;
-    for (site, sim) in sandbox.simulators() {
+    for (site, sim) in sandbox.proxmox.simulators() {
         match site {
             None => println!("Proxmox VE simulator:   {}", sim.url()),
             Some(site) => println!("{:<24}{}", format!("Proxmox VE {site}:"), sim.url()),
@@ -1045,7 +1042,7 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
     for row in &rows {
         *per_domain.entry(row.failure_domain.as_str()).or_default() += 1;
     }
-    println!("\nSummary:\n{}", sandbox.table(&rows));
+    println!("\nSummary:\n{}", sandbox.proxmox.table(&rows));
     let booted = sandbox.booted(&rows);
     println!(
         "\n{} machines ready in {:.1}s ({}); Proxmox VMs: {} ({})",
@@ -1056,14 +1053,14 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
             .map(|(d, n)| format!("{d}: {n}"))
             .collect::<Vec<_>>()
             .join(", "),
-        sandbox.machine_vm_count(),
+        sandbox.proxmox.machine_vm_count(),
         booted
             .iter()
             .map(|(os, n)| format!("{n} booted {os}"))
             .collect::<Vec<_>>()
             .join(", "),
     );
-    if let Some(sites) = sandbox.site_summary(&rows) {
+    if let Some(sites) = sandbox.proxmox.site_summary(&rows) {
         println!("{sites}");
     }
     if options.ha {
