@@ -13,30 +13,18 @@ impl Reconcile<'_> {
         scope: &mut Scope,
         cluster_found: bool,
     ) -> Result<Action, MachineError> {
-        // Nothing recorded means no clone was ever requested: the VMID is recorded first.
-        let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
+        let may_have_vm = self.may_have_vm(scope);
         let proxmox = match self.deletion_client(scope, cluster_found).await? {
-            Ok(MachineProxmox {
-                proxmox,
-                moved_from: Some(recorded),
-            }) => {
-                // Deleted only where the VM is: a Proxmox that does not have it is not trusted
-                // to say it is gone.
-                let resources = proxmox
-                    .cluster_resources(None)
-                    .await
-                    .during(|| "looking for the machine's VM in Proxmox".to_owned())?;
-                if !self.vm_is_on(scope, &proxmox, &resources).await? {
-                    let message = self.endpoint_moved_message(scope, &recorded, proxmox.endpoint());
-                    tracing::warn!(machine = %scope.name, reason = ENDPOINT_CHANGED, "{message}");
-                    self.warn_once(scope, ENDPOINT_CHANGED, &message).await;
+            // Deleted only where the VM is: a Proxmox that does not have it is not trusted to
+            // say it is gone.
+            Ok(endpoint) => match self.untrusted(scope, &endpoint).await? {
+                Some(message) => {
                     self.deleting_status(scope, ENDPOINT_CHANGED, message)
                         .await?;
                     return Ok(Action::requeue(Duration::from_secs(60)));
                 }
-                proxmox
-            }
-            Ok(MachineProxmox { proxmox, .. }) => proxmox,
+                None => endpoint.proxmox,
+            },
             Err(blocked) if may_have_vm => {
                 tracing::warn!(machine = %scope.name, reason = blocked.reason, "{}", blocked.message);
                 self.warn_once(scope, blocked.reason, &blocked.message)
@@ -132,18 +120,16 @@ impl Reconcile<'_> {
                 .map_err(unavailable));
         }
         let cluster = format!("{}/{}", scope.namespace, scope.proxmox_cluster.name_any());
-        let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
         Ok(match self.context.global_credentials.client_config() {
             Some(Ok(config)) => self
                 .context
                 .proxmox
                 .get(&config)
                 .map(|proxmox| {
-                    let moved_from = scope
-                        .current
-                        .proxmox_endpoint
-                        .clone()
-                        .filter(|recorded| may_have_vm && recorded != proxmox.endpoint());
+                    let moved_from = self
+                        .recorded_endpoint(scope)
+                        .filter(|recorded| *recorded != proxmox.endpoint())
+                        .map(str::to_owned);
                     MachineProxmox {
                         proxmox,
                         moved_from,

@@ -552,14 +552,7 @@ impl<'a> Reconcile<'a> {
         zone_credentials: Option<&api::SecretReference>,
     ) -> Result<Result<MachineProxmox, String>, MachineError> {
         let zone = self.client_for(scope, zone_credentials).await?;
-        // Where the VM was created matters only while the machine may have one.
-        let may_have_vm = scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some();
-        let Some(recorded) = scope
-            .current
-            .proxmox_endpoint
-            .as_deref()
-            .filter(|_| may_have_vm)
-        else {
+        let Some(recorded) = self.recorded_endpoint(scope) else {
             return Ok(zone.map(MachineProxmox::as_resolved));
         };
         if let Ok(proxmox) = &zone
@@ -586,6 +579,53 @@ impl<'a> Reconcile<'a> {
             proxmox,
             moved_from: Some(recorded.to_owned()),
         }))
+    }
+
+    /// Whether the machine may have a VM: nothing recorded means no clone was ever requested
+    /// (the VMID is recorded first).
+    fn may_have_vm(&self, scope: &Scope) -> bool {
+        scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some()
+    }
+
+    /// The Proxmox endpoint the machine's VM was created on, while it may have one.
+    fn recorded_endpoint<'s>(&self, scope: &'s Scope) -> Option<&'s str> {
+        scope
+            .current
+            .proxmox_endpoint
+            .as_deref()
+            .filter(|_| self.may_have_vm(scope))
+    }
+
+    /// `None` when `proxmox` may be trusted with the machine: it is the Proxmox its VM was
+    /// recorded on, or it has the VM (the same Proxmox cluster under another URL). Otherwise
+    /// what the machine reports (with a Warning event once) while it waits.
+    async fn untrusted(
+        &self,
+        scope: &Scope,
+        endpoint: &MachineProxmox,
+    ) -> Result<Option<String>, MachineError> {
+        let (Some(recorded), proxmox) = (&endpoint.moved_from, &endpoint.proxmox) else {
+            return Ok(None);
+        };
+        let resources = self
+            .context
+            .inventory
+            .resources(proxmox)
+            .await
+            .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
+        if self.vm_is_on(scope, proxmox, &resources).await? {
+            tracing::info!(machine = %scope.name, from = %recorded, to = %proxmox.endpoint(), "the machine's VM is reached through another URL of its Proxmox now");
+            return Ok(None);
+        }
+        let message = format!(
+            "{} was created on the Proxmox at {recorded}, but no credentials of ProxmoxCluster {} reach it now (its zone's reach {}, which does not have the VM); give the zone credentials for {recorded} again. capmox neither creates a second VM nor releases this machine meanwhile",
+            self.recorded_vm(scope),
+            scope.proxmox_cluster.name_any(),
+            proxmox.endpoint()
+        );
+        tracing::warn!(machine = %scope.name, reason = ENDPOINT_CHANGED, "{message}");
+        self.warn_once(scope, ENDPOINT_CHANGED, &message).await;
+        Ok(Some(message))
     }
 
     /// The client for the cluster's credentials `reference` names (`None`: its own).
@@ -631,17 +671,6 @@ impl<'a> Reconcile<'a> {
             .search(proxmox, &self.configs, resources, scope.recorded_vmid)
             .await?
             .is_some())
-    }
-
-    /// The machine's VM was recorded on a Proxmox none of its cluster's credentials reach now,
-    /// and the one they do reach does not have it: nothing is created, adopted or released
-    /// until the credentials reach the VM's Proxmox again.
-    fn endpoint_moved_message(&self, scope: &Scope, recorded: &str, now: &str) -> String {
-        format!(
-            "{} was created on the Proxmox at {recorded}, but no credentials of ProxmoxCluster {} reach it now (its zone's reach {now}, which does not have the VM); give the zone credentials for {recorded} again. capmox neither creates a second VM nor releases this machine meanwhile",
-            self.recorded_vm(scope),
-            scope.proxmox_cluster.name_any()
-        )
     }
 }
 

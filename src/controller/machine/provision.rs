@@ -74,14 +74,11 @@ impl Reconcile<'_> {
                     ));
                 }
             };
-        let MachineProxmox {
-            proxmox,
-            moved_from,
-        } = match self
+        let endpoint = match self
             .proxmox_client(scope, placement.credentials_ref())
             .await?
         {
-            Ok(client) => client,
+            Ok(endpoint) => endpoint,
             Err(message) => {
                 return Ok(waiting(
                     "ProxmoxUnavailable",
@@ -90,27 +87,16 @@ impl Reconcile<'_> {
                 ));
             }
         };
-        // Recorded on a Proxmox the cluster's credentials no longer reach: this one is trusted
-        // with the machine only once it shows the machine's VM (the same Proxmox cluster under
-        // another URL); otherwise nothing happens, least of all a second VM.
-        if let Some(recorded) = &moved_from {
-            let resources = self
-                .context
-                .inventory
-                .resources(&proxmox)
-                .await
-                .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
-            if !self.vm_is_on(scope, &proxmox, &resources).await? {
-                let message = self.endpoint_moved_message(scope, recorded, proxmox.endpoint());
-                self.warn_once(scope, ENDPOINT_CHANGED, &message).await;
-                return Ok(waiting(
-                    ENDPOINT_CHANGED,
-                    message,
-                    Action::requeue(Duration::from_secs(60)),
-                ));
-            }
-            tracing::info!(machine = %scope.name, from = %recorded, to = %proxmox.endpoint(), "the machine's VM is reached through another URL of its Proxmox now");
+        // Recorded on a Proxmox the cluster's credentials no longer reach, and not found on
+        // the one they do: nothing happens, least of all a second VM.
+        if let Some(message) = self.untrusted(scope, &endpoint).await? {
+            return Ok(waiting(
+                ENDPOINT_CHANGED,
+                message,
+                Action::requeue(Duration::from_secs(60)),
+            ));
         }
+        let proxmox = endpoint.proxmox;
 
         // A task in flight (recorded by an earlier pass, perhaps before a restart), or the
         // back-off after a failed one: nothing else happens until it is over.
