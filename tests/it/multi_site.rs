@@ -136,8 +136,8 @@ async fn create_secret(env: &Env, name: &str, sim: &Simulator) {
         .expect("secret created");
 }
 
-/// Both sites up, the cluster ready and [`MACHINES`] provisioned.
-async fn provisioned() -> Sites {
+/// Site A (the environment's simulator) and site B, each with its credentials Secret.
+async fn two_sites() -> (Env, Simulator) {
     let topology = Topology::from_yaml(TOPOLOGY, "site A").expect("topology");
     let env = Env::start_with_topology(topology, sim()).await;
     let site_b = Simulator::start(
@@ -148,6 +148,12 @@ async fn provisioned() -> Sites {
     .expect("site B starts");
     create_secret(&env, "site-a-credentials", &env.sim).await;
     create_secret(&env, "site-b-credentials", &site_b).await;
+    (env, site_b)
+}
+
+/// Both sites up, the cluster ready and [`MACHINES`] provisioned.
+async fn provisioned() -> Sites {
+    let (env, site_b) = two_sites().await;
     let uid = env.create_capi_cluster("demo").await;
     env.create_proxmox_cluster("demo", &uid, cluster_spec())
         .await;
@@ -506,16 +512,7 @@ async fn a_zone_whose_credentials_now_reach_another_proxmox_neither_clones_nor_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zones_that_all_name_their_credentials_need_none_of_the_clusters() {
-    let topology = Topology::from_yaml(TOPOLOGY, "site A").expect("topology");
-    let env = Env::start_with_topology(topology, sim()).await;
-    let site_b = Simulator::start(
-        Topology::from_yaml(SITE_B, "site B").expect("site B topology"),
-        sim(),
-    )
-    .await
-    .expect("site B starts");
-    create_secret(&env, "site-a-credentials", &env.sim).await;
-    create_secret(&env, "site-b-credentials", &site_b).await;
+    let (env, site_b) = two_sites().await;
     // Neither spec.credentialsRef nor global credentials: every zone brings its own.
     let mut spec = cluster_spec();
     spec.as_object_mut()

@@ -136,29 +136,7 @@ async fn the_example_cluster_spreads_scales_and_goes_away() {
     assert_one_vm_per_machine(&sandbox).await;
 
     // Delete the cluster: every VM, ISO, claim and pool goes, and the finalizer is released.
-    Api::<capmox::capi::Cluster>::namespaced(client.clone(), "default")
-        .delete("demo", &DeleteParams::default())
-        .await
-        .expect("cluster delete accepted");
-    let clusters = Api::<ProxmoxCluster>::namespaced(client.clone(), "default");
-    let uid = clusters
-        .get("demo")
-        .await
-        .expect("still there")
-        .metadata
-        .uid
-        .expect("uid");
-    tokio::time::timeout(
-        options.timeout,
-        kube::runtime::wait::await_condition(
-            clusters,
-            "demo",
-            kube::runtime::wait::conditions::is_deleted(&uid),
-        ),
-    )
-    .await
-    .expect("ProxmoxCluster released in time")
-    .expect("watch");
+    delete_demo_cluster(&client, options.timeout).await;
     assert_eq!(
         sandbox.proxmox.sim.with_cluster(|c| c.vm_count()),
         1,
@@ -622,11 +600,23 @@ async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
     }
 
     let client = sandbox.client();
+    delete_demo_cluster(&client, options.timeout).await;
+    for (site, sim) in sandbox.proxmox.simulators() {
+        assert_eq!(
+            sim.with_cluster(|c| c.vm_count()),
+            1,
+            "only the template is left on {site:?}"
+        );
+    }
+}
+
+/// Deletes the CAPI Cluster `demo` and waits until its ProxmoxCluster is released.
+async fn delete_demo_cluster(client: &kube::Client, timeout: Duration) {
     Api::<capmox::capi::Cluster>::namespaced(client.clone(), "default")
         .delete("demo", &DeleteParams::default())
         .await
         .expect("cluster delete accepted");
-    let clusters = Api::<ProxmoxCluster>::namespaced(client, "default");
+    let clusters = Api::<ProxmoxCluster>::namespaced(client.clone(), "default");
     let uid = clusters
         .get("demo")
         .await
@@ -635,7 +625,7 @@ async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
         .uid
         .expect("uid");
     tokio::time::timeout(
-        options.timeout,
+        timeout,
         kube::runtime::wait::await_condition(
             clusters,
             "demo",
@@ -645,11 +635,4 @@ async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
     .await
     .expect("ProxmoxCluster released in time")
     .expect("watch");
-    for (site, sim) in sandbox.proxmox.simulators() {
-        assert_eq!(
-            sim.with_cluster(|c| c.vm_count()),
-            1,
-            "only the template is left on {site:?}"
-        );
-    }
 }
