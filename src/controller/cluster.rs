@@ -224,17 +224,21 @@ async fn reconcile_inner(
     }
     let several = groups.len() > 1;
     let mut requeue = RESYNC;
-    let mut reports = Vec::with_capacity(groups.len());
-    for group in &groups {
-        let report = check_endpoint(context, cluster, &namespace, group).await?;
+    // Checked side by side: a Proxmox that does not answer holds up no other's report.
+    let reports: Vec<EndpointReport> = futures::future::try_join_all(
+        groups
+            .iter()
+            .map(|group| check_endpoint(context, cluster, &namespace, group)),
+    )
+    .await?;
+    for report in &reports {
         if let EndpointState::Available { proxmox, .. } = &report.state
             && zone_problem.is_none()
             && report.unknown_nodes().is_empty()
             && crate::placement::ha_enabled_anywhere(&cluster.spec)
         {
-            sync_ha_zones(context, proxmox, cluster, group, &namespace, &name).await;
+            sync_ha_zones(context, proxmox, cluster, report.group, &namespace, &name).await;
         }
-        reports.push(report);
     }
     let unknown_nodes: Vec<(String, String)> = reports
         .iter()

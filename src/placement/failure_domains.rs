@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::api::{FailureDomain, ProxmoxCluster, ProxmoxClusterSpec, SecretReference};
+use crate::api::{
+    FailureDomain, ProxmoxCluster, ProxmoxClusterSpec, SecretReference, ZoneConfigSpec,
+};
 
 /// CAPI accepts at most this many failure domains on a cluster.
 pub const MAX_FAILURE_DOMAINS: usize = 100;
@@ -118,6 +120,17 @@ pub struct ZonesByCredentials {
     pub zone_nodes: Vec<(String, String)>,
 }
 
+/// The credentials `zone` names of its own: `None` when it names none, or names the cluster's
+/// own Secret (then it is on the cluster's Proxmox, like a zone that names none).
+pub fn own_credentials<'a>(
+    spec: &ProxmoxClusterSpec,
+    zone: &'a ZoneConfigSpec,
+) -> Option<&'a SecretReference> {
+    zone.credentials_ref
+        .as_ref()
+        .filter(|reference| spec.credentials_ref.as_ref() != Some(*reference))
+}
+
 /// The cluster's zones grouped by the credentials that reach them: the cluster's own first
 /// (always present), then one group per Secret zones name, in spec order. Each group is checked,
 /// reported and synchronised (HA) against its own Proxmox.
@@ -128,14 +141,15 @@ pub fn zones_by_credentials(cluster: &ProxmoxCluster) -> Vec<ZonesByCredentials>
         zone_nodes: Vec::new(),
     }];
     for zone in &cluster.spec.zone_config {
+        let credentials = own_credentials(&cluster.spec, zone);
         let index = match groups
             .iter()
-            .position(|g| g.credentials_ref.as_ref() == zone.credentials_ref.as_ref())
+            .position(|g| g.credentials_ref.as_ref() == credentials)
         {
             Some(index) => index,
             None => {
                 groups.push(ZonesByCredentials {
-                    credentials_ref: zone.credentials_ref.clone(),
+                    credentials_ref: credentials.cloned(),
                     zones: Vec::new(),
                     zone_nodes: Vec::new(),
                 });
@@ -159,10 +173,11 @@ impl ZonesByCredentials {
     /// `spec` with this group's zones only: what the Proxmox these credentials reach holds of
     /// the cluster (its zones' HA rules, for instance).
     pub fn restrict(&self, spec: &ProxmoxClusterSpec) -> ProxmoxClusterSpec {
-        let mut spec = spec.clone();
-        spec.zone_config
-            .retain(|zone| zone.credentials_ref == self.credentials_ref);
-        spec
+        let mut restricted = spec.clone();
+        restricted
+            .zone_config
+            .retain(|zone| own_credentials(spec, zone) == self.credentials_ref.as_ref());
+        restricted
     }
 }
 
@@ -186,7 +201,7 @@ pub fn zone_credentials(cluster: &ProxmoxCluster) -> Vec<&SecretReference> {
         .spec
         .zone_config
         .iter()
-        .filter_map(|z| z.credentials_ref.as_ref())
+        .filter_map(|z| own_credentials(&cluster.spec, z))
     {
         if !secrets.contains(&reference) {
             secrets.push(reference);
@@ -206,7 +221,7 @@ pub fn credentials_of_zone<'a>(
         .zone_config
         .iter()
         .find(|z| z.zone == zone)
-        .and_then(|z| z.credentials_ref.as_ref())
+        .and_then(|z| own_credentials(&cluster.spec, z))
 }
 
 /// Computes the CAPI failure domains of a cluster: one per zone with nodes, sorted by name, with
@@ -234,7 +249,7 @@ pub fn failure_domains(cluster: &ProxmoxCluster) -> Result<Vec<FailureDomain>, Z
     for zone in &spec.zone_config {
         for node in &zone.nodes {
             zones_of_node
-                .entry((zone.credentials_ref.as_ref(), node.as_str()))
+                .entry((own_credentials(spec, zone), node.as_str()))
                 .or_default()
                 .insert(zone.zone.as_str());
         }
@@ -254,7 +269,7 @@ pub fn failure_domains(cluster: &ProxmoxCluster) -> Result<Vec<FailureDomain>, Z
         for zone in spec
             .zone_config
             .iter()
-            .filter(|z| z.credentials_ref.is_none())
+            .filter(|z| own_credentials(spec, z).is_none())
         {
             for node in &zone.nodes {
                 if !spec.allowed_nodes.contains(node)
@@ -576,6 +591,28 @@ mod site_tests {
                 node: "pve2".into(),
             }]
         );
+    }
+
+    #[test]
+    fn a_zone_naming_the_clusters_own_secret_is_on_the_clusters_proxmox() {
+        let mut cluster = two_sites(&[]);
+        cluster.spec.credentials_ref = secret("site-a");
+        cluster.spec.zone_config[1].credentials_ref = secret("site-a");
+        let groups = zones_by_credentials(&cluster);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].zones, ["site-a-1", "site-a-2"]);
+        assert_eq!(
+            zone_credentials(&cluster),
+            [&secret("site-b").expect("set")]
+        );
+        assert_eq!(credentials_of_zone(&cluster, "site-a-2"), None);
+        // So its nodes are the cluster's nodes: pve1 twice there is refused.
+        cluster.spec.zone_config[1].nodes = vec!["pve1".into()];
+        let error = failure_domains(&cluster).expect_err("pve1 of site a twice");
+        assert!(matches!(
+            &error.problems[..],
+            [ZoneProblem::NodeInSeveralZones { node, .. }] if node == "pve1"
+        ));
     }
 
     #[test]

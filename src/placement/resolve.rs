@@ -348,7 +348,9 @@ impl Placement {
             owner: machine_owner(capi_machine),
             role: machine_role(capi_machine),
             ha: super::ha::ha_for_machine(&cluster.spec, zone_for_ha.as_deref()),
-            credentials: zone_config.and_then(|z| z.credentials_ref.clone()),
+            credentials: zone_config
+                .and_then(|z| super::failure_domains::own_credentials(&cluster.spec, z))
+                .cloned(),
         })
     }
 
@@ -527,7 +529,8 @@ fn resolve_candidates(
 ) -> Result<NodeCandidates, PlacementError> {
     // The cluster's `allowedNodes` names nodes of the Proxmox cluster its own credentials
     // reach; a zone with credentials of its own is another Proxmox cluster.
-    let own_endpoint = zone.is_some_and(|z| z.credentials_ref.is_some());
+    let own_endpoint =
+        zone.is_some_and(|z| super::failure_domains::own_credentials(&cluster.spec, z).is_some());
     let (allowed, allowed_from) = if machine.spec.allowed_nodes.is_empty() {
         if own_endpoint {
             (Vec::new(), "ProxmoxCluster")
