@@ -359,7 +359,23 @@ pub fn error_policy(
         tracing::debug!(controller = CONTROLLER, error = %stale, "pass saw a stale copy");
         return Action::requeue(guarded::STALE_RETRY);
     }
+    // The machine itself is gone (its deletion finished while a late pass ran): nothing to
+    // retry, nothing to warn about.
+    if machine_gone(&machine, error) {
+        tracing::debug!(controller = CONTROLLER, name = %machine.name_any(), "the machine is gone");
+        return Action::await_change();
+    }
     failures::after_error(&context.retries, CONTROLLER, &*machine, error)
+}
+
+/// Whether `error` says the API server no longer has `machine` itself.
+fn machine_gone(machine: &ProxmoxMachine, error: &MachineError) -> bool {
+    matches!(error, MachineError::Kube(kube::Error::Api(status))
+    if status.is_not_found()
+        && status.details.as_ref().is_some_and(|details| {
+            details.kind == "proxmoxmachines"
+                && Some(details.name.as_str()) == machine.metadata.name.as_deref()
+        }))
 }
 
 /// One reconcile, with its duration and outcome recorded in the metrics.
@@ -698,6 +714,30 @@ const ENDPOINT_CHANGED: &str = "ProxmoxEndpointChanged";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_not_found_answer_about_the_machine_itself_means_it_is_gone() {
+        let machine = ProxmoxMachine::new("m1", Default::default());
+        let not_found = |kind: &str, name: &str| {
+            MachineError::Kube(kube::Error::Api(Box::new(kube::core::Status {
+                code: 404,
+                reason: "NotFound".into(),
+                details: Some(kube::core::response::StatusDetails {
+                    name: name.into(),
+                    group: String::new(),
+                    kind: kind.into(),
+                    uid: String::new(),
+                    causes: Vec::new(),
+                    retry_after_seconds: 0,
+                }),
+                ..Default::default()
+            })))
+        };
+        assert!(machine_gone(&machine, &not_found("proxmoxmachines", "m1")));
+        assert!(!machine_gone(&machine, &not_found("proxmoxmachines", "m2")));
+        assert!(!machine_gone(&machine, &not_found("secrets", "m1")));
+        assert!(!machine_gone(&machine, &MachineError::MissingIdentity));
+    }
 
     #[test]
     fn the_machine_tag_is_stable_and_proxmox_safe() {
