@@ -1316,9 +1316,9 @@ spec:
         assert!(error.contains("capmox-controller-manager"), "{error}");
     }
 
-    #[test]
-    fn a_real_proxmox_needs_zones_and_a_template() {
-        let options = RealOptions {
+    /// Options for a real Proxmox without zones or a template, with `topology`.
+    fn real_proxmox_options(topology: Option<PathBuf>) -> RealOptions {
+        RealOptions {
             namespace: "e2e".into(),
             control_plane: 3,
             workers: 2,
@@ -1336,8 +1336,13 @@ spec:
             template_id: None,
             source_node: None,
             keep: false,
-            topology: None,
-        };
+            topology,
+        }
+    }
+
+    #[test]
+    fn a_real_proxmox_needs_zones_and_a_template() {
+        let options = real_proxmox_options(None);
         assert!(matches!(specs(&options, None), Err(RealError::Option(_))));
         assert!(!format!("{:?}", options.proxmox).contains("s3cr3t"));
         let options = RealOptions {
@@ -1391,26 +1396,7 @@ spec:
                 .contains("VM 9000 is not on node pve1 of site site-a"),
             "{error}"
         );
-        let options = RealOptions {
-            namespace: "e2e".into(),
-            control_plane: 3,
-            workers: 2,
-            worker_failure_domain: "rack-b".into(),
-            manifests: PathBuf::new(),
-            upstream_crds: PathBuf::new(),
-            timeout: Duration::from_secs(1),
-            proxmox: Some(RealProxmox {
-                url: "https://pve.example:8006".into(),
-                token: "capmox@pve!e2e".into(),
-                secret: "s3cr3t".into(),
-                insecure: false,
-            }),
-            zones: BTreeMap::new(),
-            template_id: None,
-            source_node: None,
-            keep: false,
-            topology: Some(file),
-        };
+        let options = real_proxmox_options(Some(file));
         assert!(matches!(
             simulators_for(&options).await,
             Err(RealError::Option(_))
