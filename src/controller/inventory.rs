@@ -1,8 +1,11 @@
 //! One snapshot of Proxmox's `/cluster/resources` per endpoint, shared by every machine
 //! reconcile: fetched by one caller while the others wait for that fetch (single flight),
-//! reused while younger than [`MAX_AGE`], and refetched after this process changed what it
-//! lists (a clone, a start, a stop, a deletion). Decisions that must not act on a stale view
-//! (the VMID, the VM a machine owns) confirm with Proxmox or rely on what the machine recorded.
+//! reused while younger than [`MAX_AGE`], and refetched for a machine once it changed what
+//! Proxmox lists of its own VM (a clone, a start, a stop, a deletion, its HA state). Other
+//! machines' changes do not make a snapshot stale for it: what they hold while Proxmox may not
+//! list it yet is in this process's bookkeeping (memory reservations, VMID claims). Decisions
+//! that must not act on a stale view (the VMID, the VM a machine owns) confirm with Proxmox or
+//! rely on what the machine recorded.
 //!
 //! Lookups that change only when an administrator changes Proxmox (a node's ISO storages, a
 //! template's volumes, where Proxmox starts handing out VMIDs) are kept per endpoint for
@@ -33,8 +36,13 @@ pub struct Inventory {
 struct Endpoint {
     /// Held while fetching, so concurrent readers share one fetch.
     fetching: tokio::sync::Mutex<()>,
-    /// Bumped by every write of this process that changes the listing.
-    generation: AtomicU64,
+    /// Counts the writes of this process that change the listing.
+    writes: AtomicU64,
+    /// The count after each machine's latest such write, by machine.
+    written_by: Mutex<HashMap<String, u64>>,
+    /// The count when `written_by` was last emptied (it holds at most [`WRITERS_KEPT`]): a
+    /// machine not in it may have written up to then.
+    forgotten_up_to: AtomicU64,
     latest: Mutex<Option<Snapshot>>,
     /// The ISO storage chosen per node.
     iso_storages: Mutex<HashMap<String, (Instant, Option<String>)>>,
@@ -68,53 +76,87 @@ fn recent<T: Clone>(kept: Option<&(Instant, T)>) -> Option<T> {
 #[derive(Clone)]
 struct Snapshot {
     taken: Instant,
-    /// The generation the fetch started in: a write during the fetch makes it stale.
-    generation: u64,
+    /// The write count when the fetch started: it shows the writes counted up to there.
+    writes_before: u64,
     resources: Arc<Vec<ClusterResource>>,
 }
 
+impl Snapshot {
+    /// Young enough, and fetched after the reader's own latest write (counted `written`).
+    fn fresh_for(&self, written: u64) -> bool {
+        self.writes_before >= written && self.taken.elapsed() < MAX_AGE
+    }
+}
+
+/// Most machines whose latest write is remembered per endpoint; beyond, all marks are dropped
+/// and every machine reads as if it had written then.
+const WRITERS_KEPT: usize = 100_000;
+
 impl Endpoint {
-    fn fresh(&self) -> Option<Arc<Vec<ClusterResource>>> {
+    /// The write count after `reader`'s latest write; `None` (a reader that writes nothing
+    /// itself) needs only a young snapshot.
+    fn written(&self, reader: Option<&str>) -> u64 {
+        reader.map_or(0, |reader| {
+            lock(&self.written_by)
+                .get(reader)
+                .copied()
+                .unwrap_or_else(|| self.forgotten_up_to.load(Ordering::SeqCst))
+        })
+    }
+
+    /// Counts a write of `writer` that changes the listing.
+    fn wrote(&self, writer: &str) {
+        let count = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut written_by = lock(&self.written_by);
+        if written_by.len() >= WRITERS_KEPT && !written_by.contains_key(writer) {
+            written_by.clear();
+            self.forgotten_up_to.store(count, Ordering::SeqCst);
+        }
+        written_by.insert(writer.to_owned(), count);
+    }
+
+    fn fresh(&self, written: u64) -> Option<Arc<Vec<ClusterResource>>> {
         let latest = lock(&self.latest);
         let snapshot = latest.as_ref()?;
-        (snapshot.generation == self.generation.load(Ordering::SeqCst)
-            && snapshot.taken.elapsed() < MAX_AGE)
+        snapshot
+            .fresh_for(written)
             .then(|| snapshot.resources.clone())
     }
 }
 
 impl Inventory {
-    /// What Proxmox lists (VMs, templates, nodes, storages), at most [`MAX_AGE`] old and
-    /// newer than this process's last write to that endpoint.
+    /// What Proxmox lists (VMs, templates, nodes, storages), at most [`MAX_AGE`] old and, for
+    /// a `reader` (a machine's key), fetched after its own latest change to the listing.
     pub async fn resources(
         &self,
         proxmox: &ProxmoxClient,
+        reader: Option<&str>,
     ) -> Result<Arc<Vec<ClusterResource>>, ProxmoxError> {
         let endpoint = self.endpoint(proxmox);
-        if let Some(resources) = endpoint.fresh() {
+        let written = endpoint.written(reader);
+        if let Some(resources) = endpoint.fresh(written) {
             return Ok(resources);
         }
         let _fetching = endpoint.fetching.lock().await;
         // Another reader may have fetched while this one waited.
-        if let Some(resources) = endpoint.fresh() {
+        if let Some(resources) = endpoint.fresh(written) {
             return Ok(resources);
         }
-        let generation = endpoint.generation.load(Ordering::SeqCst);
+        let writes_before = endpoint.writes.load(Ordering::SeqCst);
         let taken = Instant::now();
         let resources = Arc::new(proxmox.cluster_resources(None).await?);
         *lock(&endpoint.latest) = Some(Snapshot {
             taken,
-            generation,
+            writes_before,
             resources: resources.clone(),
         });
         Ok(resources)
     }
 
-    /// Marks the endpoint's snapshot stale after this process changed what it lists.
-    pub fn changed(&self, proxmox: &ProxmoxClient) {
-        self.endpoint(proxmox)
-            .generation
-            .fetch_add(1, Ordering::SeqCst);
+    /// Notes that `writer` (a machine's key) changed what the endpoint lists of its VM: its
+    /// next read waits for a snapshot fetched after this.
+    pub fn changed(&self, proxmox: &ProxmoxClient, writer: &str) {
+        self.endpoint(proxmox).wrote(writer);
     }
 
     /// The storage seed ISOs go to on `node`: the first (by name) with content type `iso`, or
@@ -264,4 +306,60 @@ pub fn templates(resources: &[ClusterResource]) -> Vec<TemplateInfo> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(endpoint: &Endpoint) {
+        *lock(&endpoint.latest) = Some(Snapshot {
+            taken: Instant::now(),
+            writes_before: endpoint.writes.load(Ordering::SeqCst),
+            resources: Arc::new(Vec::new()),
+        });
+    }
+
+    #[test]
+    fn a_snapshot_is_stale_only_for_the_machine_that_wrote_since() {
+        let endpoint = Endpoint::default();
+        snapshot(&endpoint);
+        let fresh_for = |reader: Option<&str>| endpoint.fresh(endpoint.written(reader)).is_some();
+        assert!(fresh_for(Some("m1")) && fresh_for(Some("m2")) && fresh_for(None));
+
+        endpoint.wrote("m1");
+        assert!(!fresh_for(Some("m1")), "m1 changed its VM since the fetch");
+        assert!(fresh_for(Some("m2")), "m1's change is not m2's business");
+        assert!(fresh_for(None));
+
+        snapshot(&endpoint);
+        assert!(fresh_for(Some("m1")), "fetched after m1's change");
+        endpoint.wrote("m2");
+        endpoint.wrote("m1");
+        assert!(!fresh_for(Some("m1")) && !fresh_for(Some("m2")));
+
+        // An old snapshot is stale for everyone.
+        lock(&endpoint.latest).as_mut().expect("snapshot").taken -= MAX_AGE;
+        assert!(!fresh_for(None));
+    }
+
+    #[test]
+    fn forgotten_writers_read_as_if_they_wrote_when_they_were_forgotten() {
+        let endpoint = Endpoint::default();
+        for n in 0..WRITERS_KEPT {
+            lock(&endpoint.written_by).insert(format!("m{n}"), 0);
+        }
+        snapshot(&endpoint);
+        endpoint.wrote("new");
+        assert_eq!(
+            lock(&endpoint.written_by).len(),
+            1,
+            "the marks were dropped"
+        );
+        let fresh_for = |reader: &str| endpoint.fresh(endpoint.written(Some(reader))).is_some();
+        assert!(!fresh_for("m7"), "m7 may have written just before");
+        assert!(!fresh_for("new"));
+        snapshot(&endpoint);
+        assert!(fresh_for("m7") && fresh_for("new"));
+    }
 }

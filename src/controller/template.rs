@@ -439,7 +439,7 @@ async fn template_config(
         (Some(selector), _, _) => {
             let resources = context
                 .inventory
-                .resources(proxmox)
+                .resources(proxmox, None)
                 .await
                 .map_err(|e| ("listing the Proxmox templates".to_owned(), e))?;
             let templates = super::inventory::templates(&resources);

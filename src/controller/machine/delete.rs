@@ -322,7 +322,9 @@ impl Reconcile<'_> {
         self.context
             .inventory
             .set_ha_registered(proxmox, vmid, false);
-        self.context.inventory.changed(proxmox);
+        self.context
+            .inventory
+            .changed(proxmox, &claim_key(self.machine));
         Ok(())
     }
 

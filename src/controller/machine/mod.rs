@@ -626,7 +626,7 @@ impl<'a> Reconcile<'a> {
         let resources = self
             .context
             .inventory
-            .resources(proxmox)
+            .resources(proxmox, Some(&claim_key(self.machine)))
             .await
             .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
         if self.vm_is_on(scope, proxmox, &resources).await? {

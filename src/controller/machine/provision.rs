@@ -127,7 +127,7 @@ impl Reconcile<'_> {
         let resources = self
             .context
             .inventory
-            .resources(&proxmox)
+            .resources(&proxmox, Some(&claim_key(self.machine)))
             .await
             .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
         let Some(vm) = self.find_vm(scope, &resources, &proxmox).await? else {
@@ -461,7 +461,9 @@ impl Reconcile<'_> {
         .await
         .during(|| format!("registering VM {vmid} with Proxmox HA"))?;
         if !managed {
-            self.context.inventory.changed(proxmox);
+            self.context
+                .inventory
+                .changed(proxmox, &claim_key(self.machine));
         }
         for warning in &registered.warnings {
             self.event(

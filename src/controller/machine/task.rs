@@ -474,7 +474,9 @@ impl Reconcile<'_> {
             return Ok(None);
         };
         if changes_listing(&upid.task_type) {
-            self.context.inventory.changed(proxmox);
+            self.context
+                .inventory
+                .changed(proxmox, &super::claim_key(self.machine));
         }
         let purpose = purpose();
         let machine = super::claim_key(self.machine);
@@ -565,7 +567,9 @@ impl Reconcile<'_> {
         }
         self.context.task_clock.finished(&upid);
         if changes_listing(&upid.task_type) {
-            self.context.inventory.changed(proxmox);
+            self.context
+                .inventory
+                .changed(proxmox, &super::claim_key(self.machine));
         }
         if status.is_success() {
             scope.status.task_failures = None;
