@@ -208,17 +208,33 @@ async fn site_b_guests_untouched(sites: &Sites) {
     }
 }
 
-async fn delete_machine(env: &Env, name: &str) -> String {
-    let api = Api::<ProxmoxMachine>::namespaced(env.client(), "default");
-    let uid = api.get(name).await.expect("machine").uid().expect("uid");
+/// Asks for the deletion of the `K` named `name`; returns its UID, to wait for it with.
+async fn delete<K>(env: &Env, name: &str) -> String
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = Api::<K>::namespaced(env.client(), "default");
+    let uid = api.get(name).await.expect("object").uid().expect("uid");
     api.delete(name, &DeleteParams::default())
         .await
         .expect("delete");
     uid
 }
 
-async fn wait_deleted(env: &Env, name: &str, uid: &str) {
-    let api = Api::<ProxmoxMachine>::namespaced(env.client(), "default");
+/// Waits until the `K` named `name` with `uid` is gone (its finalizers released).
+async fn wait_deleted<K>(env: &Env, name: &str, uid: &str)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let api = Api::<K>::namespaced(env.client(), "default");
     tokio::time::timeout(
         ENV_WAIT,
         kube::runtime::wait::await_condition(
@@ -282,10 +298,10 @@ async fn machines_land_in_their_zones_proxmox_and_deletion_cleans_both_sites() {
 
     let mut deleted = Vec::new();
     for (name, ..) in MACHINES {
-        deleted.push((name, delete_machine(env, name).await));
+        deleted.push((name, delete::<ProxmoxMachine>(env, name).await));
     }
     for (name, uid) in deleted {
-        wait_deleted(env, name, &uid).await;
+        wait_deleted::<ProxmoxMachine>(env, name, &uid).await;
     }
     for (name, ..) in MACHINES {
         assert_eq!(copies(&sites, name).await, (0, 0), "{name}'s VM is gone");
@@ -306,28 +322,8 @@ async fn machines_land_in_their_zones_proxmox_and_deletion_cleans_both_sites() {
             "{name} is held"
         );
     }
-    let clusters = Api::<capmox::api::ProxmoxCluster>::namespaced(env.client(), "default");
-    let uid = clusters
-        .get("demo")
-        .await
-        .expect("cluster")
-        .uid()
-        .expect("uid");
-    clusters
-        .delete("demo", &DeleteParams::default())
-        .await
-        .expect("delete cluster");
-    tokio::time::timeout(
-        ENV_WAIT,
-        kube::runtime::wait::await_condition(
-            clusters,
-            "demo",
-            kube::runtime::wait::conditions::is_deleted(&uid),
-        ),
-    )
-    .await
-    .expect("cluster deleted in time")
-    .expect("watch");
+    let uid = delete::<capmox::api::ProxmoxCluster>(env, "demo").await;
+    wait_deleted::<capmox::api::ProxmoxCluster>(env, "demo", &uid).await;
     for name in ["site-a-credentials", "site-b-credentials"] {
         assert!(
             !held(&secrets.get(name).await.expect("secret")),
@@ -480,7 +476,7 @@ async fn a_zone_whose_credentials_now_reach_another_proxmox_neither_clones_nor_r
     );
 
     // Deleting it meanwhile keeps the machine (and its VM in site B).
-    let uid = delete_machine(env, "demo-w-1").await;
+    let uid = delete::<ProxmoxMachine>(env, "demo-w-1").await;
     env.wait_machine("demo-w-1", "deletion blocked", |m| {
         m.metadata.deletion_timestamp.is_some()
             && m.status.as_ref().is_some_and(|s| {
@@ -505,7 +501,7 @@ async fn a_zone_whose_credentials_now_reach_another_proxmox_neither_clones_nor_r
         )
         .await
         .expect("zone credentials restored");
-    wait_deleted(env, "demo-w-1", &uid).await;
+    wait_deleted::<ProxmoxMachine>(env, "demo-w-1", &uid).await;
     assert_eq!(copies(&sites, "demo-w-1").await, (0, 0));
     site_b_guests_untouched(&sites).await;
 }

@@ -56,17 +56,7 @@ async fn assert_one_vm_per_machine(sandbox: &Sandbox) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_cluster_spreads_scales_and_goes_away() {
     let options = options();
-    let sandbox = Sandbox::start(&options, false)
-        .await
-        .expect("sandbox starts");
-    let example = sandbox
-        .apply_example(&options)
-        .await
-        .expect("example applied");
-    let rows = sandbox
-        .wait_ready(5, options.timeout, false)
-        .await
-        .expect("5 machines ready");
+    let (sandbox, example, rows) = ready(&options, 5).await;
 
     // Control plane spread: no zone has more than one machine more than another.
     let mut control_plane: BTreeMap<String, usize> = BTreeMap::new();
@@ -183,17 +173,7 @@ async fn flatcar_machines_get_ignition_bootstrap_data_and_boot_flatcar() {
         os: capmox_sandbox::run::GuestOs::Flatcar,
         ..options()
     };
-    let sandbox = Sandbox::start(&options, false)
-        .await
-        .expect("sandbox starts");
-    sandbox
-        .apply_example(&options)
-        .await
-        .expect("example applied");
-    let rows = sandbox
-        .wait_ready(2, options.timeout, false)
-        .await
-        .expect("2 machines ready");
+    let (sandbox, _, rows) = ready(&options, 2).await;
     assert_eq!(
         sandbox.booted(&rows),
         BTreeMap::from([("flatcar", 2)]),
@@ -309,17 +289,7 @@ async fn the_ha_sandbox_shows_resources_rules_and_a_failover_within_the_zone() {
         ha: true,
         ..options()
     };
-    let sandbox = Sandbox::start(&options, false)
-        .await
-        .expect("sandbox starts");
-    sandbox
-        .apply_example(&options)
-        .await
-        .expect("example applied");
-    let rows = sandbox
-        .wait_ready(5, options.timeout, false)
-        .await
-        .expect("5 machines ready");
+    let (sandbox, _, rows) = ready(&options, 5).await;
     // the last registrations may still be retried after a concurrent rule change
     let deadline = tokio::time::Instant::now() + options.timeout;
     while sandbox
@@ -523,17 +493,7 @@ async fn the_two_site_sandbox_wires_each_sites_zones_to_its_own_simulator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_of_both_sites_become_ready_on_their_own_sites_endpoint() {
     let options = two_sites();
-    let sandbox = Sandbox::start(&options, false)
-        .await
-        .expect("sandbox starts");
-    sandbox
-        .apply_example(&options)
-        .await
-        .expect("example applied");
-    let rows = sandbox
-        .wait_ready(5, options.timeout, false)
-        .await
-        .expect("5 machines ready");
+    let (sandbox, _, rows) = ready(&options, 5).await;
     let table = sandbox.proxmox.table(&rows);
     let mut per_site: BTreeMap<String, usize> = BTreeMap::new();
     let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
@@ -635,4 +595,27 @@ async fn delete_demo_cluster(client: &kube::Client, timeout: Duration) {
     .await
     .expect("ProxmoxCluster released in time")
     .expect("watch");
+}
+
+/// A sandbox started with `options`, its example cluster applied and `machines` of it ready.
+async fn ready(
+    options: &SandboxOptions,
+    machines: usize,
+) -> (
+    Sandbox,
+    capmox_sandbox::standin::ExampleCluster,
+    Vec<capmox_sandbox::run::MachineRow>,
+) {
+    let sandbox = Sandbox::start(options, false)
+        .await
+        .expect("sandbox starts");
+    let example = sandbox
+        .apply_example(options)
+        .await
+        .expect("example applied");
+    let rows = sandbox
+        .wait_ready(machines, options.timeout, false)
+        .await
+        .unwrap_or_else(|error| panic!("{machines} machines ready: {error}"));
+    (sandbox, example, rows)
 }
