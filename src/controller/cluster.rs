@@ -216,12 +216,7 @@ async fn reconcile_inner(
 
     // Credentials and reachability of every Proxmox the zones use (one unless zones name
     // credentials of their own): each is checked against the nodes of its own zones.
-    let mut groups = placement::zones_by_credentials(cluster);
-    // The cluster's own credentials are checked when something uses them: zones, machines
-    // outside zones (there are no zones of other credentials), or a Secret the cluster names.
-    if groups.len() > 1 && cluster.spec.credentials_ref.is_none() {
-        groups.retain(|group| group.credentials_ref.is_some() || !group.zones.is_empty());
-    }
+    let groups = placement::zones_by_credentials(cluster);
     let several = groups.len() > 1;
     let mut requeue = RESYNC;
     // Checked side by side: a Proxmox that does not answer holds up no other's report.

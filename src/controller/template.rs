@@ -238,20 +238,18 @@ struct Unread {
     message: String,
 }
 
-/// Where a template's Proxmox config is read: the cluster's own credentials, else (a cluster
-/// whose zones all name their own Proxmox) its first zone's.
+/// Where a template's Proxmox config is read: the first credentials the cluster uses (its
+/// own, unless every zone names its own Proxmox).
 async fn template_credentials(
     context: &Context,
     cluster: &ProxmoxCluster,
     namespace: &str,
 ) -> Result<Result<crate::proxmox::ClientConfig, CredentialsError>, WriteError> {
-    let own = cluster.spec.credentials_ref.is_some()
-        || context.global_credentials.client_config().is_some();
-    let zone = crate::placement::zone_credentials(cluster)
-        .first()
-        .copied()
-        .filter(|_| !own);
-    client_config(context, cluster, namespace, zone, false).await
+    let first = crate::placement::zones_by_credentials(cluster)
+        .into_iter()
+        .next()
+        .and_then(|group| group.credentials_ref);
+    client_config(context, cluster, namespace, first.as_ref(), false).await
 }
 
 async fn reconcile_inner(

@@ -131,9 +131,11 @@ pub fn own_credentials<'a>(
         .filter(|reference| spec.credentials_ref.as_ref() != Some(*reference))
 }
 
-/// The cluster's zones grouped by the credentials that reach them: the cluster's own first
-/// (always present), then one group per Secret zones name, in spec order. Each group is checked,
-/// reported and synchronised (HA) against its own Proxmox.
+/// The cluster's zones grouped by the credentials that reach them: the cluster's own first,
+/// then one group per Secret zones name, in spec order. Each group is checked, reported and
+/// synchronised (HA) against its own Proxmox. The cluster's own group is left out when nothing
+/// uses it: every zone names its own credentials and the cluster names no Secret (machines
+/// outside zones cannot exist then, and templates are read through the first group).
 pub fn zones_by_credentials(cluster: &ProxmoxCluster) -> Vec<ZonesByCredentials> {
     let mut groups = vec![ZonesByCredentials {
         credentials_ref: None,
@@ -165,6 +167,9 @@ pub fn zones_by_credentials(cluster: &ProxmoxCluster) -> Vec<ZonesByCredentials>
                 .iter()
                 .map(|node| (zone.zone.clone(), node.clone())),
         );
+    }
+    if groups.len() > 1 && cluster.spec.credentials_ref.is_none() && groups[0].zones.is_empty() {
+        groups.remove(0);
     }
     groups
 }
@@ -631,6 +636,23 @@ mod site_tests {
         assert_eq!(groups[1].credentials_ref, secret("site-b"));
         assert_eq!(groups[1].zones, ["site-b"]);
         assert_eq!(groups[1].zone_nodes.len(), 2);
+
+        // Every zone with credentials of its own and none for the cluster: nothing uses the
+        // cluster's own, so it is no group.
+        let mut remote = two_sites(&[]);
+        for zone in &mut remote.spec.zone_config[..2] {
+            zone.credentials_ref = secret("site-a");
+        }
+        let groups = zones_by_credentials(&remote);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].credentials_ref, secret("site-a"));
+        assert_eq!(groups[0].zones, ["site-a-1", "site-a-2"]);
+        remote.spec.credentials_ref = secret("cluster");
+        assert_eq!(
+            zones_by_credentials(&remote)[0].credentials_ref,
+            None,
+            "a Secret the cluster names is checked"
+        );
 
         // Without zones of their own credentials, one group: the cluster's.
         let mut single = two_sites(&[]);
