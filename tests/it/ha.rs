@@ -102,7 +102,9 @@ async fn until(env: &Env, what: &str, done: impl Fn(&Env) -> bool) {
     while !done(env) {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
+            "timed out waiting until {what}; HA resources {:#?}, rules {:#?}",
+            env.sim.ha_resources(),
+            env.sim.ha_rules()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
