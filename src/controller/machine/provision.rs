@@ -182,10 +182,13 @@ impl Reconcile<'_> {
             running,
             retag: running && self.retagged(&vm.tags).is_some(),
             seed_iso_uploaded: seed_iso_uploaded(scope, &node),
+            // Seen end before the guest is usually up (the start was checked early, or by a
+            // process that did not submit it).
             started: scope
                 .finished
                 .as_ref()
-                .is_some_and(|task| task.task_type == "qmstart"),
+                .is_some_and(|task| task.task_type == "qmstart")
+                && self.context.task_clock.boot_not_due(&machine_key).is_some(),
             provisioned: already_provisioned,
             guest_check: if checks.skip_qemu_guest_agent == Some(true) {
                 GuestCheck::None
@@ -291,9 +294,14 @@ impl Reconcile<'_> {
                 }
                 Phase::Start => {
                     let starting = proxmox.power(&node, vmid, PowerAction::Start).await;
-                    if let Some(step) = self.submitted(scope, &proxmox, starting, || {
-                        format!("starting VM {vmid} on {node}")
-                    })? {
+                    let look_at_guest = !seen.provisioned && seen.guest_check != GuestCheck::None;
+                    if let Some(step) = self.start_submitted(
+                        scope,
+                        &proxmox,
+                        starting,
+                        || format!("starting VM {vmid} on {node}"),
+                        look_at_guest,
+                    )? {
                         return Ok(step);
                     }
                 }

@@ -7,6 +7,11 @@
 //! middle of the interval it is known to have ended in (after the last check that saw it
 //! running, before the check that saw it stopped); the estimate is the median of the recent
 //! ones, which follows the real duration instead of the polling interval.
+//!
+//! Clones queue on their node (Proxmox's storage I/O, the simulator's clone slots): a clone
+//! submitted behind others is checked once at the usual duration of a clone, which tells
+//! whether the node runs clones side by side, and if it still runs, next when the clones ahead
+//! of it and its own are expected to be done, instead of every quarter of its age.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -45,6 +50,9 @@ const MIN_RECHECK: Duration = Duration::from_millis(200);
 const MAX_RECHECK: Duration = Duration::from_secs(5);
 /// Finished tasks remembered per (task type, node) for the median.
 const SAMPLES: usize = 15;
+/// A task in flight not checked for this long after it was due is left out of the queue on
+/// its node (its machine was deleted, or the process lost track of it).
+const STALE_IN_FLIGHT: Duration = Duration::from_secs(30);
 /// Tasks in flight remembered at most (a machine deleted mid-task never checks its task
 /// again); the oldest are forgotten first.
 const MAX_IN_FLIGHT: usize = 10_000;
@@ -97,15 +105,46 @@ struct Booting {
 }
 
 struct InFlight {
+    task_type: String,
+    node: String,
     submitted: Instant,
     /// How long after submission a check last saw it running.
     last_seen_running: Duration,
     /// When to check it next.
     due: Instant,
+    /// When it is expected to end: after the tasks of its kind queued ahead of it on its node.
+    expected_end: Instant,
+    /// Tasks of its kind that were in flight on its node when it was submitted.
+    queued_behind: usize,
+    /// Its check waits for the guest's usual boot time (a start): how long it took says
+    /// nothing about tasks like it.
+    checked_with_boot: bool,
+}
+
+impl InFlight {
+    fn new(upid: &Upid, now: Instant) -> Self {
+        InFlight {
+            task_type: upid.task_type.clone(),
+            node: upid.node.clone(),
+            submitted: now,
+            last_seen_running: Duration::ZERO,
+            due: now,
+            expected_end: now,
+            queued_behind: 0,
+            checked_with_boot: false,
+        }
+    }
+
+    /// Whether it counts in the queue of its kind on `upid`'s node at `now`.
+    fn queues_with(&self, upid: &Upid, now: Instant) -> bool {
+        self.task_type == upid.task_type
+            && self.node == upid.node
+            && self.due + STALE_IN_FLIGHT > now
+    }
 }
 
 impl TaskClock {
-    /// Notes a task just submitted for `machine`; returns the requeue until its expected end.
+    /// Notes a task just submitted for `machine`; returns the requeue until its first check.
     pub fn submitted(&self, upid: &Upid, machine: &str, purpose: &str) -> Duration {
         let now = Instant::now();
         let mut state = self.lock();
@@ -117,6 +156,16 @@ impl TaskClock {
             (upid.as_str().to_owned(), purpose.to_owned()),
         );
         let expected = state.expected(upid);
+        let (queued_behind, queue_end) = if queues_on_node(&upid.task_type) {
+            let ahead = state
+                .in_flight
+                .values()
+                .filter(|task| task.queues_with(upid, now))
+                .map(|task| task.expected_end);
+            (ahead.clone().count(), ahead.max())
+        } else {
+            (0, None)
+        };
         if state.in_flight.len() >= MAX_IN_FLIGHT
             && let Some(oldest) = state
                 .in_flight
@@ -129,12 +178,31 @@ impl TaskClock {
         state.in_flight.insert(
             upid.as_str().to_owned(),
             InFlight {
-                submitted: now,
-                last_seen_running: Duration::ZERO,
                 due: now + expected,
+                expected_end: queue_end.map_or(now, |end| end.max(now)) + expected,
+                queued_behind,
+                ..InFlight::new(upid, now)
             },
         );
         expected
+    }
+
+    /// Notes that the task `upid`, which started `machine`'s VM on its node, is checked no
+    /// earlier than when guests there usually are done booting, so one pass sees the start
+    /// end and looks at the guest; returns the requeue until then.
+    pub fn check_with_boot(&self, upid: &Upid, machine: &str) -> Duration {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let boot_due = state.booting.get(machine).map(|boot| boot.due);
+        let Some(task) = state.in_flight.get_mut(upid.as_str()) else {
+            return MIN_RECHECK;
+        };
+        if let Some(boot_due) = boot_due {
+            task.due = task.due.max(boot_due);
+            task.expected_end = task.expected_end.max(boot_due);
+            task.checked_with_boot = true;
+        }
+        task.due.saturating_duration_since(now).max(MIN_RECHECK)
     }
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.
@@ -152,21 +220,21 @@ impl TaskClock {
     }
 
     /// Notes that a check saw the task still running; returns the requeue until the next
-    /// check: a quarter of the time it has run so far, within bounds.
+    /// check: its expected end when that is still ahead (a clone queued behind others), else a
+    /// quarter of the time it has run so far, within bounds.
     pub fn still_running(&self, upid: &Upid) -> Duration {
         let now = Instant::now();
         let mut state = self.lock();
         let entry = state
             .in_flight
             .entry(upid.as_str().to_owned())
-            .or_insert(InFlight {
-                submitted: now,
-                last_seen_running: Duration::ZERO,
-                due: now,
-            });
+            .or_insert_with(|| InFlight::new(upid, now));
         let ran = now - entry.submitted;
         entry.last_seen_running = ran;
-        let wait = (ran / 4).clamp(MIN_RECHECK, MAX_RECHECK);
+        let wait = match entry.expected_end.checked_duration_since(now) {
+            Some(remaining) if remaining >= MIN_RECHECK => remaining,
+            _ => (ran / 4).clamp(MIN_RECHECK, MAX_RECHECK),
+        };
         entry.due = now + wait;
         wait
     }
@@ -182,6 +250,12 @@ impl TaskClock {
         let Some(task) = state.in_flight.remove(upid.as_str()) else {
             return;
         };
+        // A queued task seen running ran for the tasks ahead of it too; one found done at its
+        // first check took at most the time since it was submitted.
+        let queued = task.queued_behind > 0 && !task.last_seen_running.is_zero();
+        if queued || task.checked_with_boot {
+            return;
+        }
         let samples = state
             .learned
             .entry((upid.task_type.clone(), upid.node.clone()))
@@ -350,10 +424,17 @@ impl ClockState {
             })
     }
 
+    /// The usual boot time on `node`; before any was seen there, that of the other nodes'
+    /// guests (how long a guest takes depends on its image more than on its node).
     fn expected_boot(&self, node: &str) -> Duration {
-        match self.boots_learned.get(node).filter(|s| !s.is_empty()) {
-            Some(samples) => median(samples).max(MIN_RECHECK),
-            None => DEFAULT_BOOT,
+        if let Some(samples) = self.boots_learned.get(node).filter(|s| !s.is_empty()) {
+            return median(samples).max(MIN_RECHECK);
+        }
+        let pooled: VecDeque<Duration> = self.boots_learned.values().flatten().copied().collect();
+        if pooled.is_empty() {
+            DEFAULT_BOOT
+        } else {
+            median(&pooled).max(MIN_RECHECK)
         }
     }
 
@@ -395,6 +476,12 @@ fn median(samples: &VecDeque<Duration>) -> Duration {
 /// a provisioning task that failed does not hold up a deletion.
 fn is_deletion_task(task_type: &str) -> bool {
     matches!(task_type, "qmstop" | "qmshutdown" | "qmdestroy" | "imgdel")
+}
+
+/// Task types that queue behind each other on their node: clones copy disks, and a node's
+/// storage copies one disk's worth at a time however many clones share it.
+fn queues_on_node(task_type: &str) -> bool {
+    task_type == "qmclone"
 }
 
 /// Task types that change what `/cluster/resources` lists (a VM, its lock or its power
@@ -470,6 +557,30 @@ impl Reconcile<'_> {
         started: Result<TaskRef, ProxmoxError>,
         purpose: impl Fn() -> String,
     ) -> Result<Option<Step>, MachineError> {
+        self.submitted_then(scope, proxmox, started, purpose, false)
+    }
+
+    /// As [`Reconcile::submitted`] for the VM's start: with `look_at_guest`, the start is
+    /// checked when the guest is usually up, and the pass that sees it ended looks at the guest.
+    pub(super) fn start_submitted(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        started: Result<TaskRef, ProxmoxError>,
+        purpose: impl Fn() -> String,
+        look_at_guest: bool,
+    ) -> Result<Option<Step>, MachineError> {
+        self.submitted_then(scope, proxmox, started, purpose, look_at_guest)
+    }
+
+    fn submitted_then(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        started: Result<TaskRef, ProxmoxError>,
+        purpose: impl Fn() -> String,
+        look_at_guest: bool,
+    ) -> Result<Option<Step>, MachineError> {
         let Some(upid) = started.during(&purpose)? else {
             return Ok(None);
         };
@@ -480,9 +591,13 @@ impl Reconcile<'_> {
         }
         let purpose = purpose();
         let machine = super::claim_key(self.machine);
-        let wait = self.context.task_clock.submitted(&upid, &machine, &purpose);
+        let clock = &self.context.task_clock;
+        let mut wait = clock.submitted(&upid, &machine, &purpose);
         if upid.task_type == "qmstart" {
-            self.context.task_clock.boot_started(&machine, &upid.node);
+            clock.boot_started(&machine, &upid.node);
+            if look_at_guest {
+                wait = clock.check_with_boot(&upid, &machine);
+            }
         }
         scope.status.task_ref = Some(upid.to_string());
         scope.status.task_purpose = Some(purpose.clone());
@@ -783,15 +898,20 @@ mod tests {
             clock.boot_not_due("m1").is_none(),
             "answered: nothing to wait for"
         );
-        // Learned: this node's guests answered almost at once, another node keeps the default.
+        // Learned: this node's guests answered almost at once; a node that has seen no boot
+        // yet expects what the other nodes saw.
         clock.boot_started("m2", "pve1");
         assert!(clock.boot_not_due("m2").is_none_or(|d| d <= MIN_RECHECK));
         clock.boot_started("m3", "pve2");
-        assert!(
-            clock
-                .boot_not_due("m3")
-                .is_some_and(|d| d > DEFAULT_BOOT / 2)
-        );
+        assert!(clock.boot_not_due("m3").is_none_or(|d| d <= MIN_RECHECK));
+        // Once a node has boots of its own, they count, not the others'.
+        let slow = Duration::from_secs(8);
+        clock
+            .lock()
+            .boots_learned
+            .insert("pve3".into(), [slow].into());
+        assert_eq!(clock.lock().expected_boot("pve3"), slow);
+        assert!(clock.lock().expected_boot("pve1") < slow);
         // A guest this process did not start (after a restart) is looked at now, then backs off.
         assert!(clock.boot_not_due("m4").is_none());
         assert_eq!(clock.boot_silent("m4", "pve1"), MIN_RECHECK);
@@ -862,6 +982,58 @@ mod tests {
         assert_eq!(clock.expected(&upid("qmstart", "pve1", 2)), MIN_RECHECK);
         assert_eq!(clock.expected(&upid("qmstart", "pve2", 3)), DEFAULT_TASK);
         assert_eq!(clock.expected(&upid("qmclone", "pve1", 4)), DEFAULT_CLONE);
+    }
+
+    #[test]
+    fn a_clone_queued_on_its_node_is_checked_at_a_clones_duration_then_after_the_queue_ahead() {
+        let clock = TaskClock::default();
+        let first = upid("qmclone", "pve1", 1);
+        let second = upid("qmclone", "pve1", 2);
+        assert_eq!(clock.submitted(&first, "m1", "cloning"), DEFAULT_CLONE);
+        assert_eq!(
+            clock.submitted(&second, "m2", "cloning"),
+            DEFAULT_CLONE,
+            "the first check of a queued clone comes when a clone usually ends: a node that \
+             clones side by side is noticed"
+        );
+        // Seen running then: next when the clone ahead and this one are expected done.
+        let wait = clock.still_running(&second);
+        assert!(
+            wait > DEFAULT_CLONE * 3 / 2 && wait <= DEFAULT_CLONE * 2,
+            "{wait:?}"
+        );
+        // The first clone has nothing ahead: it is expected a clone's duration after it began.
+        let first_wait = clock.still_running(&first);
+        assert!(first_wait <= DEFAULT_CLONE, "{first_wait:?}");
+        assert!(wait - first_wait > DEFAULT_CLONE / 2, "{first_wait:?}");
+        // Other nodes and other task types do not queue behind these clones.
+        let elsewhere = upid("qmclone", "pve2", 3);
+        clock.submitted(&elsewhere, "m3", "cloning");
+        assert!(clock.still_running(&elsewhere) <= DEFAULT_CLONE);
+        let start = upid("qmstart", "pve1", 4);
+        clock.submitted(&start, "m4", "starting");
+        assert!(clock.still_running(&start) <= DEFAULT_TASK);
+        // Only a clone that ran on its own teaches how long a clone takes.
+        clock.finished(&second);
+        assert_eq!(clock.expected(&first), DEFAULT_CLONE, "waited in the queue");
+        clock.finished(&elsewhere);
+        assert_eq!(clock.expected(&elsewhere), MIN_RECHECK, "ran alone");
+    }
+
+    #[test]
+    fn a_start_checked_with_the_boot_is_due_when_guests_are_up_and_teaches_nothing() {
+        let clock = TaskClock::default();
+        let start = upid("qmstart", "pve1", 1);
+        clock.submitted(&start, "m1", "starting");
+        clock.boot_started("m1", "pve1");
+        let wait = clock.check_with_boot(&start, "m1");
+        assert!(
+            wait > DEFAULT_BOOT / 2 && wait <= DEFAULT_BOOT,
+            "checked with the boot, not after a start's usual duration: {wait:?}"
+        );
+        assert!(clock.not_due(&start).is_some_and(|d| d > DEFAULT_TASK));
+        clock.finished(&start);
+        assert_eq!(clock.expected(&upid("qmstart", "pve1", 2)), DEFAULT_TASK);
     }
 
     #[test]
