@@ -112,6 +112,8 @@ pub struct Context {
     pub inventory: inventory::Inventory,
     /// The VMs whose seed ISO is known to be gone.
     pub seed_isos_removed: machine::SeedIsosRemoved,
+    /// VM configs as this process last wrote them, until their seed ISO is removed.
+    pub written_configs: machine::WrittenConfigs,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
     /// The objects machine reconciles read, kept by the machine controller's watches; `None`
@@ -140,6 +142,7 @@ impl Context {
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
             seed_isos_removed: machine::SeedIsosRemoved::default(),
+            written_configs: machine::WrittenConfigs::default(),
             readiness: Readiness::default(),
             caches: None,
         }
@@ -211,6 +214,7 @@ pub async fn run(
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
             seed_isos_removed: machine::SeedIsosRemoved::default(),
+            written_configs: machine::WrittenConfigs::default(),
             readiness: readiness.clone(),
             caches: None,
         };

@@ -380,6 +380,60 @@ async fn a_failed_seed_iso_deletion_after_the_node_joined_is_retried_until_it_is
 }
 
 #[tokio::test]
+async fn a_seed_iso_attached_whose_answer_was_lost_is_still_removed_once_the_node_joined() {
+    let scenario = Scenario::start(quick_sim()).await;
+    // The attachment (the first config write after the upload) is carried out, its answer lost.
+    let uploaded = Arc::new(AtomicUsize::new(0));
+    let lost = Arc::new(AtomicUsize::new(0));
+    let (seen_upload, lost_count) = (uploaded.clone(), lost.clone());
+    scenario
+        .tap
+        .set_lose_answer(Some(Box::new(move |seen: &tap::Seen| {
+            if seen.method == "POST" && seen.path.ends_with("/upload") {
+                seen_upload.store(1, Ordering::SeqCst);
+            }
+            seen.method == "PUT"
+                && seen.path.ends_with("/config")
+                && seen_upload.load(Ordering::SeqCst) == 1
+                && lost_count
+                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+        })));
+    scenario.create("demo-md-4").await;
+    let machine = scenario.wait_ready("demo-md-4").await;
+    assert_eq!(
+        lost.load(Ordering::SeqCst),
+        1,
+        "the attachment's answer was lost"
+    );
+    let (vmid, node) = placed(&machine);
+    assert_eq!(
+        scenario.seed_isos().await.len(),
+        1,
+        "attached while booting"
+    );
+    Api::<capmox::capi::Machine>::namespaced(scenario.env.client(), "default")
+        .patch_status(
+            "demo-md-4",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"nodeRef": {"name": "demo-md-4"}}})),
+        )
+        .await
+        .expect("nodeRef set");
+    let proxmox = scenario.env.proxmox();
+    eventually("the seed ISO deleted and detached", || async {
+        scenario.seed_isos().await.is_empty()
+            && proxmox
+                .vm_config(&node, vmid)
+                .await
+                .expect("config")
+                .get("ide0")
+                .is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_failed_seed_iso_deletion_holds_the_machine_until_the_iso_is_gone() {
     let scenario = Scenario::start(quick_sim()).await;
     scenario.create("demo-md-2").await;

@@ -56,7 +56,7 @@ impl Reconcile<'_> {
         addresses: Option<&Addresses>,
     ) -> Result<Option<Step>, MachineError> {
         let iso_name = crate::cloudinit::seed_iso_name(vmid);
-        if config.get("ide0").is_some_and(|v| v.contains(&iso_name)) {
+        if seed_iso_attached(config, vmid) {
             return Ok(None);
         }
         // The upload this pass saw succeed: only the attachment is left.
@@ -97,20 +97,34 @@ impl Reconcile<'_> {
                 Action::requeue(Duration::from_secs(60)),
             )));
         };
+        let machine_key = claim_key(self.machine);
         if let Some(image) = image {
             let upload = proxmox.upload_iso(node, &storage, &iso_name, image).await;
             if let Some(step) = self.submitted(scope, proxmox, upload, || {
                 format!("uploading the seed ISO {iso_name} to {storage} on {node}")
             })? {
+                // What the pass that attaches the seed ISO leaves is what its removal reads.
+                self.context
+                    .written_configs
+                    .remember(&machine_key, vmid, config.clone());
                 return Ok(Some(step));
             }
         }
         let attach =
             ConfigUpdate::default().set("ide0", format!("{storage}:iso/{iso_name},media=cdrom"));
-        proxmox
+        let attached = proxmox
             .update_vm_config_sync(node, vmid, &attach)
             .await
-            .during(|| format!("attaching the seed ISO {iso_name} to VM {vmid}"))?;
+            .during(|| format!("attaching the seed ISO {iso_name} to VM {vmid}"));
+        if attached.is_err() {
+            // Perhaps attached all the same (a lost answer): what this process wrote no longer
+            // tells what the VM has.
+            self.context.written_configs.forget(&machine_key, vmid);
+        }
+        attached?;
+        self.context
+            .written_configs
+            .written(&machine_key, vmid, &attach);
         scope.status.bootstrap_data_provided = Some(true);
         self.event(
             scope,
@@ -302,6 +316,55 @@ impl SeedIsosRemoved {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The configs of VMs (by machine and VMID) as this process last left them, from the pass
+/// that configured them until their seed ISO is removed: the passes after the disk resize
+/// and before the seed ISO's removal need not read them again. A restarted process reads once.
+#[derive(Clone, Default)]
+pub struct WrittenConfigs(Arc<std::sync::Mutex<BTreeMap<(String, u32), VmConfig>>>);
+
+impl WrittenConfigs {
+    /// Most VMs remembered; past it, the memory starts over (each machine reads once more).
+    const MAX: usize = 10_000;
+
+    /// Remembers `config` as what the VM has after this process's writes.
+    pub(super) fn remember(&self, machine: &str, vmid: u32, config: VmConfig) {
+        let mut configs = self.lock();
+        if configs.len() >= Self::MAX {
+            configs.clear();
+        }
+        configs.insert((machine.to_owned(), vmid), config);
+    }
+
+    /// The VM's config as this process last left it, if it remembers.
+    pub(super) fn get(&self, machine: &str, vmid: u32) -> Option<VmConfig> {
+        self.lock().get(&(machine.to_owned(), vmid)).cloned()
+    }
+
+    /// Applies a write whose values Proxmox takes as sent to a remembered config.
+    pub(super) fn written(&self, machine: &str, vmid: u32, update: &ConfigUpdate) {
+        if let Some(config) = self.lock().get_mut(&(machine.to_owned(), vmid)) {
+            *config = config.updated(update);
+        }
+    }
+
+    pub(super) fn forget(&self, machine: &str, vmid: u32) {
+        self.lock().remove(&(machine.to_owned(), vmid));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u32), VmConfig>> {
+        // Every update is a single insert, change or removal: a poisoned lock holds a usable map.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Whether `config` (of VM `vmid`) has the VM's seed ISO attached.
+pub(super) fn seed_iso_attached(config: &VmConfig, vmid: u32) -> bool {
+    let iso_name = crate::cloudinit::seed_iso_name(vmid);
+    config.get("ide0").is_some_and(|v| v.contains(&iso_name))
 }
 
 /// Whether this pass saw the seed ISO's upload to `node` end.

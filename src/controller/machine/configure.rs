@@ -115,7 +115,24 @@ impl Reconcile<'_> {
                     .await;
                 let step = self.submitted(scope, proxmox, started, || {
                     format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb)
-                })?;
+                });
+                // The pass that sees the resize end works from the config as written here.
+                let written = &self.context.written_configs;
+                let machine = claim_key(self.machine);
+                let step = match step {
+                    Ok(step) => step,
+                    Err(error) => {
+                        written.forget(&machine, vmid);
+                        return Err(error);
+                    }
+                };
+                match &configured {
+                    Configured::Unchanged => written.remember(&machine, vmid, config.clone()),
+                    Configured::Changed(Some(updated)) => {
+                        written.remember(&machine, vmid, updated.clone());
+                    }
+                    _ => written.forget(&machine, vmid),
+                }
                 return Ok(step.map_or(Configured::Changed(None), Configured::Waiting));
             }
         }

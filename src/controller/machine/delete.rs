@@ -388,6 +388,11 @@ impl Reconcile<'_> {
         self.context.reservations.lock().await.release(&scope.name);
         guarded::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
         self.context.vmid_claims.release(&claim_key(self.machine));
+        if let Some(vmid) = scope.recorded_vmid {
+            self.context
+                .written_configs
+                .forget(&claim_key(self.machine), vmid);
+        }
         Ok(Action::await_change())
     }
 }

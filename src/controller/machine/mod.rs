@@ -75,8 +75,8 @@ mod vm;
 
 pub use addresses::BoundAddress;
 use addresses::{Addresses, machine_addresses, pool_metric};
-pub use bootstrap::{SeedIsosRemoved, smbios_uuid};
-use bootstrap::{detach_seed_iso, seed_iso_deleted, seed_iso_uploaded};
+pub use bootstrap::{SeedIsosRemoved, WrittenConfigs, smbios_uuid};
+use bootstrap::{detach_seed_iso, seed_iso_attached, seed_iso_deleted, seed_iso_uploaded};
 use configure::Configured;
 use status::{apply_status, apply_status_guarded, owned_status, paused_conditions};
 use vm::{Identity, PassConfigs, is_machine_tag};
@@ -371,6 +371,7 @@ pub fn error_policy(
 /// Whether `error` says the API server no longer has `machine` itself.
 fn machine_gone(machine: &ProxmoxMachine, error: &MachineError) -> bool {
     matches!(error, MachineError::Kube(kube::Error::Api(status))
+        | MachineError::Write(WriteError::Kube(kube::Error::Api(status)))
     if status.is_not_found()
         && status.details.as_ref().is_some_and(|details| {
             details.kind == "proxmoxmachines"
@@ -734,6 +735,13 @@ mod tests {
             })))
         };
         assert!(machine_gone(&machine, &not_found("proxmoxmachines", "m1")));
+        let MachineError::Kube(gone) = not_found("proxmoxmachines", "m1") else {
+            unreachable!("built as a Kubernetes error");
+        };
+        assert!(
+            machine_gone(&machine, &MachineError::Write(WriteError::Kube(gone))),
+            "a guarded write (the finalizer's release) that finds the machine gone"
+        );
         assert!(!machine_gone(&machine, &not_found("proxmoxmachines", "m2")));
         assert!(!machine_gone(&machine, &not_found("secrets", "m1")));
         assert!(!machine_gone(&machine, &MachineError::MissingIdentity));

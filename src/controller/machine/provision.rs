@@ -213,11 +213,22 @@ impl Reconcile<'_> {
         for phase in steps::plan(seen) {
             match phase {
                 Phase::Configure => {
-                    let read = self
-                        .configs
-                        .read(&proxmox, &node, vmid)
-                        .await
-                        .during(read_config)?;
+                    // After the resize this process asked for, the config is as it left it
+                    // (but the disk's size, which the resize step does not look at again).
+                    let resized = scope.finished.as_ref().is_some_and(|task| {
+                        matches!(task.task_type.as_str(), "resize" | "qmresize")
+                    });
+                    let remembered = resized
+                        .then(|| self.context.written_configs.get(&machine_key, vmid))
+                        .flatten();
+                    let read = match remembered {
+                        Some(config) => config,
+                        None => self
+                            .configs
+                            .read(&proxmox, &node, vmid)
+                            .await
+                            .during(read_config)?,
+                    };
                     // The provider ID (the VM's SMBIOS UUID) is recorded as soon as the config
                     // shows it: CAPI reads it only once the machine is provisioned, and no later
                     // pass needs to read the config for it.
@@ -404,21 +415,35 @@ impl Reconcile<'_> {
                         (_, Some(config)) => {
                             self.remove_iso(scope, &proxmox, &node, vmid, &config).await
                         }
+                        // The config as this process left it when it attached the seed ISO;
+                        // only a read tells that there is no seed ISO to remove (an attachment
+                        // whose answer was lost is not in what this process wrote).
                         (_, None) => match self
-                            .configs
-                            .read(&proxmox, &node, vmid)
-                            .await
-                            .during(read_config)
+                            .context
+                            .written_configs
+                            .get(&machine_key, vmid)
+                            .filter(|config| seed_iso_attached(config, vmid))
                         {
-                            Ok(config) => {
+                            Some(config) => {
                                 self.remove_iso(scope, &proxmox, &node, vmid, &config).await
                             }
-                            Err(error) => Err(error),
+                            None => match self
+                                .configs
+                                .read(&proxmox, &node, vmid)
+                                .await
+                                .during(read_config)
+                            {
+                                Ok(config) => {
+                                    self.remove_iso(scope, &proxmox, &node, vmid, &config).await
+                                }
+                                Err(error) => Err(error),
+                            },
                         },
                     };
                     let error = match removed {
                         Ok(None) => {
                             self.context.seed_isos_removed.insert(&machine_key, vmid);
+                            self.context.written_configs.forget(&machine_key, vmid);
                             continue;
                         }
                         Ok(Some(step)) => return Ok(step.still_provisioned()),

@@ -53,6 +53,9 @@ const SAMPLES: usize = 15;
 /// A task in flight not checked for this long after it was due is left out of the queue on
 /// its node (its machine was deleted, or the process lost track of it).
 const STALE_IN_FLIGHT: Duration = Duration::from_secs(30);
+/// How long a node seen running queued tasks one after another is taken to still do so: a
+/// queued task submitted then skips the check at a lone task's duration.
+const QUEUEING_REMEMBERED: Duration = Duration::from_secs(60);
 /// Tasks in flight remembered at most (a machine deleted mid-task never checks its task
 /// again); the oldest are forgotten first.
 const MAX_IN_FLIGHT: usize = 10_000;
@@ -87,6 +90,10 @@ struct ClockState {
     booting: HashMap<String, Booting>,
     /// Recent estimated boot durations (start request to cloud-init done) per node.
     boots_learned: HashMap<String, VecDeque<Duration>>,
+    /// Per (task type, node), when a queued task was last seen still running at its first
+    /// check, which came when such a task usually ends: the node runs them one after another.
+    /// Forgotten when a queued one is found done at that check.
+    queueing_seen: HashMap<(String, String), Instant>,
 }
 
 struct Booting {
@@ -119,6 +126,9 @@ struct InFlight {
     /// Its check waits for the guest's usual boot time (a start): how long it took says
     /// nothing about tasks like it.
     checked_with_boot: bool,
+    /// Queued behind others on a node known to run such tasks one after another, it was first
+    /// checked at its expected end, not when such a task usually ends.
+    first_check_deferred: bool,
 }
 
 impl InFlight {
@@ -132,6 +142,7 @@ impl InFlight {
             expected_end: now,
             queued_behind: 0,
             checked_with_boot: false,
+            first_check_deferred: false,
         }
     }
 
@@ -214,8 +225,19 @@ impl TaskClock {
     /// (also for a task this process did not submit, e.g. after a restart).
     pub fn not_due(&self, upid: &Upid) -> Option<Duration> {
         let now = Instant::now();
-        let state = self.lock();
-        let due = state.in_flight.get(upid.as_str())?.due;
+        let mut state = self.lock();
+        let queueing = state
+            .queueing_seen
+            .get(&(upid.task_type.clone(), upid.node.clone()))
+            .is_some_and(|seen| now.duration_since(*seen) < QUEUEING_REMEMBERED);
+        let task = state.in_flight.get_mut(upid.as_str())?;
+        // Queued on a node that is known to run such tasks one after another: the check at a
+        // lone task's duration would only find it running.
+        if queueing && task.queued_behind > 0 && task.last_seen_running.is_zero() {
+            task.first_check_deferred = true;
+            task.due = task.due.max(task.expected_end);
+        }
+        let due = task.due;
         (due > now + Duration::from_millis(20)).then(|| due - now)
     }
 
@@ -230,12 +252,19 @@ impl TaskClock {
             .entry(upid.as_str().to_owned())
             .or_insert_with(|| InFlight::new(upid, now));
         let ran = now - entry.submitted;
+        let first_check = entry.last_seen_running.is_zero() && !entry.first_check_deferred;
+        let queued = entry.queued_behind > 0;
         entry.last_seen_running = ran;
         let wait = match entry.expected_end.checked_duration_since(now) {
             Some(remaining) if remaining >= MIN_RECHECK => remaining,
             _ => (ran / 4).clamp(MIN_RECHECK, MAX_RECHECK),
         };
         entry.due = now + wait;
+        if queued && first_check {
+            state
+                .queueing_seen
+                .insert((upid.task_type.clone(), upid.node.clone()), now);
+        }
         wait
     }
 
@@ -251,9 +280,17 @@ impl TaskClock {
             return;
         };
         // A queued task seen running ran for the tasks ahead of it too; one found done at its
-        // first check took at most the time since it was submitted.
-        let queued = task.queued_behind > 0 && !task.last_seen_running.is_zero();
-        if queued || task.checked_with_boot {
+        // first check took at most the time since it was submitted, and shows that its node
+        // runs such tasks side by side.
+        let queued = task.queued_behind > 0;
+        if queued && task.last_seen_running.is_zero() && !task.first_check_deferred {
+            state
+                .queueing_seen
+                .remove(&(upid.task_type.clone(), upid.node.clone()));
+        }
+        let waited_in_queue =
+            queued && (!task.last_seen_running.is_zero() || task.first_check_deferred);
+        if waited_in_queue || task.checked_with_boot {
             return;
         }
         let samples = state
@@ -300,9 +337,19 @@ impl TaskClock {
     }
 
     /// How long until `machine`'s booting guest is worth looking at, if it is not yet.
+    /// What was learned since the guest's look was planned counts: it is not looked at before
+    /// guests on its node are now known to be up.
     pub fn boot_not_due(&self, machine: &str) -> Option<Duration> {
         let now = Instant::now();
-        let due = self.lock().booting.get(machine)?.due;
+        let mut state = self.lock();
+        let node = state.booting.get(machine)?.node.clone();
+        let expected = state.expected_boot(&node);
+        let boot = state.booting.get_mut(machine)?;
+        // A command started in the guest is read when it is done, whatever the boot.
+        if boot.command.is_none() {
+            boot.due = boot.due.max(boot.started + expected);
+        }
+        let due = boot.due;
         (due > now + Duration::from_millis(20)).then(|| due - now)
     }
 
@@ -425,17 +472,21 @@ impl ClockState {
     }
 
     /// The usual boot time on `node`; before any was seen there, that of the other nodes'
-    /// guests (how long a guest takes depends on its image more than on its node).
+    /// guests (how long a guest takes depends on its image more than on its node); before any
+    /// was seen at all, at least as long as a guest booting now was seen not done.
     fn expected_boot(&self, node: &str) -> Duration {
         if let Some(samples) = self.boots_learned.get(node).filter(|s| !s.is_empty()) {
             return median(samples).max(MIN_RECHECK);
         }
         let pooled: VecDeque<Duration> = self.boots_learned.values().flatten().copied().collect();
-        if pooled.is_empty() {
-            DEFAULT_BOOT
-        } else {
-            median(&pooled).max(MIN_RECHECK)
+        if !pooled.is_empty() {
+            return median(&pooled).max(MIN_RECHECK);
         }
+        self.booting
+            .values()
+            .map(|boot| boot.last_seen_silent)
+            .max()
+            .map_or(DEFAULT_BOOT, |silent| silent.max(DEFAULT_BOOT))
     }
 
     fn expected(&self, upid: &Upid) -> Duration {
@@ -985,6 +1036,29 @@ mod tests {
     }
 
     #[test]
+    fn before_any_boot_was_learned_a_guest_is_not_looked_at_before_others_were_seen_not_done() {
+        let clock = TaskClock::default();
+        clock.boot_started("m1", "pve1");
+        let slow = DEFAULT_BOOT * 2;
+        clock
+            .lock()
+            .booting
+            .get_mut("m1")
+            .expect("booting")
+            .last_seen_silent = slow;
+        clock.boot_started("m2", "pve2");
+        let first_look = clock.boot_not_due("m2").expect("not due at once");
+        assert!(
+            first_look > DEFAULT_BOOT && first_look <= slow,
+            "m1 was not up after {slow:?}: m2 is not looked at before that ({first_look:?})"
+        );
+        // Once a boot was learned, it counts instead.
+        clock.boot_answered("m1");
+        clock.boot_started("m3", "pve2");
+        assert!(clock.boot_not_due("m3").is_some_and(|d| d <= slow));
+    }
+
+    #[test]
     fn a_clone_queued_on_its_node_is_checked_at_a_clones_duration_then_after_the_queue_ahead() {
         let clock = TaskClock::default();
         let first = upid("qmclone", "pve1", 1);
@@ -1018,6 +1092,55 @@ mod tests {
         assert_eq!(clock.expected(&first), DEFAULT_CLONE, "waited in the queue");
         clock.finished(&elsewhere);
         assert_eq!(clock.expected(&elsewhere), MIN_RECHECK, "ran alone");
+    }
+
+    #[test]
+    fn on_a_node_seen_queueing_a_queued_clone_is_first_checked_at_its_expected_end() {
+        let clock = TaskClock::default();
+        let clones: Vec<Upid> = (1..=3).map(|n| upid("qmclone", "pve1", n)).collect();
+        for (n, clone) in clones.iter().enumerate() {
+            clock.submitted(clone, &format!("m{n}"), "cloning");
+        }
+        // The second clone, checked when a clone usually ends, still runs: pve1 queues them.
+        clock.still_running(&clones[1]);
+        let third = clock.not_due(&clones[2]).expect("not due");
+        assert!(third > DEFAULT_CLONE * 5 / 2, "{third:?}");
+        // Found done at its expected end: it waited in the queue, which teaches nothing.
+        clock.finished(&clones[2]);
+        assert_eq!(clock.expected(&clones[0]), DEFAULT_CLONE);
+
+        // A node whose queued clone is found done at that first check runs clones side by
+        // side: the next queued one is checked when a clone usually ends.
+        let side_by_side: Vec<Upid> = (4..=7).map(|n| upid("qmclone", "pve2", n)).collect();
+        for (n, clone) in side_by_side.iter().enumerate() {
+            clock.submitted(clone, &format!("p{n}"), "cloning");
+        }
+        clock.still_running(&side_by_side[1]);
+        assert!(
+            clock
+                .not_due(&side_by_side[2])
+                .is_some_and(|d| d > DEFAULT_CLONE * 2)
+        );
+        clock.finished(&side_by_side[3]);
+        let next = upid("qmclone", "pve2", 8);
+        clock.submitted(&next, "p9", "cloning");
+        assert!(
+            clock.not_due(&next).is_some_and(|d| d <= DEFAULT_CLONE),
+            "checked at a clone's duration again"
+        );
+    }
+
+    #[test]
+    fn a_guest_is_not_looked_at_before_what_was_learned_since_its_start_says() {
+        let clock = TaskClock::default();
+        clock.boot_started("m1", "pve1");
+        let slow = DEFAULT_BOOT * 4;
+        clock
+            .lock()
+            .boots_learned
+            .insert("pve1".into(), [slow].into());
+        let wait = clock.boot_not_due("m1").expect("not due");
+        assert!(wait > DEFAULT_BOOT * 3 && wait <= slow, "{wait:?}");
     }
 
     #[test]
