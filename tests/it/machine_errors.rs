@@ -343,25 +343,7 @@ async fn a_failed_seed_iso_deletion_after_the_node_joined_is_retried_until_it_is
     );
     let refused = fail_first_volume_deletion(&scenario.tap);
     // The node joined: the ISO, with the bootstrap token inside, goes.
-    Api::<capmox::capi::Machine>::namespaced(scenario.env.client(), "default")
-        .patch_status(
-            "demo-md-1",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"status": {"nodeRef": {"name": "demo-md-1"}}})),
-        )
-        .await
-        .expect("nodeRef set");
-    let proxmox = scenario.env.proxmox();
-    eventually("the seed ISO deleted and detached", || async {
-        scenario.seed_isos().await.is_empty()
-            && proxmox
-                .vm_config(&node, vmid)
-                .await
-                .expect("config")
-                .get("ide0")
-                .is_none()
-    })
-    .await;
+    join_and_wait_seed_iso_gone(&scenario, "demo-md-1", &node, vmid).await;
     assert_eq!(
         refused.load(Ordering::SeqCst),
         1,
@@ -412,11 +394,17 @@ async fn a_seed_iso_attached_whose_answer_was_lost_is_still_removed_once_the_nod
         1,
         "attached while booting"
     );
+    join_and_wait_seed_iso_gone(&scenario, "demo-md-4", &node, vmid).await;
+}
+
+/// Sets the Machine's `nodeRef`, as CAPI does once its node joined, and waits until the seed
+/// ISO (it holds the bootstrap token) is deleted and detached from VM `vmid` on `node`.
+async fn join_and_wait_seed_iso_gone(scenario: &Scenario, name: &str, node: &str, vmid: u32) {
     Api::<capmox::capi::Machine>::namespaced(scenario.env.client(), "default")
         .patch_status(
-            "demo-md-4",
+            name,
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"status": {"nodeRef": {"name": "demo-md-4"}}})),
+            &kube::api::Patch::Merge(json!({"status": {"nodeRef": {"name": name}}})),
         )
         .await
         .expect("nodeRef set");
@@ -424,7 +412,7 @@ async fn a_seed_iso_attached_whose_answer_was_lost_is_still_removed_once_the_nod
     eventually("the seed ISO deleted and detached", || async {
         scenario.seed_isos().await.is_empty()
             && proxmox
-                .vm_config(&node, vmid)
+                .vm_config(node, vmid)
                 .await
                 .expect("config")
                 .get("ide0")
