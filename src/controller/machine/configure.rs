@@ -105,11 +105,7 @@ impl Reconcile<'_> {
                 .get(&boot.disk)
                 .and_then(|v| disk_size_gb(&v))
                 .unwrap_or(0);
-            let resized = scope
-                .finished
-                .as_ref()
-                .is_some_and(|task| matches!(task.task_type.as_str(), "resize" | "qmresize"));
-            if current_gb < u64::try_from(boot.size_gb).unwrap_or(0) && !resized {
+            if current_gb < u64::try_from(boot.size_gb).unwrap_or(0) && !disk_resized(scope) {
                 let started = proxmox
                     .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
                     .await;
@@ -219,6 +215,14 @@ pub(super) fn disk_size_gb(value: &str) -> Option<u64> {
         "K" => number / (1024 * 1024),
         _ => return None,
     })
+}
+
+/// Whether this pass saw the boot disk's resize end.
+pub(super) fn disk_resized(scope: &Scope) -> bool {
+    scope
+        .finished
+        .as_ref()
+        .is_some_and(|task| matches!(task.task_type.as_str(), "resize" | "qmresize"))
 }
 
 #[cfg(test)]

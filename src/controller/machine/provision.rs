@@ -215,10 +215,7 @@ impl Reconcile<'_> {
                 Phase::Configure => {
                     // After the resize this process asked for, the config is as it left it
                     // (but the disk's size, which the resize step does not look at again).
-                    let resized = scope.finished.as_ref().is_some_and(|task| {
-                        matches!(task.task_type.as_str(), "resize" | "qmresize")
-                    });
-                    let remembered = resized
+                    let remembered = configure::disk_resized(scope)
                         .then(|| self.context.written_configs.get(&machine_key, vmid))
                         .flatten();
                     let read = match remembered {
