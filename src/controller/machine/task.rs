@@ -11,7 +11,9 @@
 //! Clones queue on their node (Proxmox's storage I/O, the simulator's clone slots): a clone
 //! submitted behind others is checked once at the usual duration of a clone, which tells
 //! whether the node runs clones side by side, and if it still runs, next when the clones ahead
-//! of it and its own are expected to be done, instead of every quarter of its age.
+//! of it and its own are expected to be done, instead of every quarter of its age. A VM's start
+//! is checked when guests on its node are usually up, so the pass that sees it end looks at the
+//! guest.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
