@@ -302,13 +302,12 @@ impl Reconcile<'_> {
                 }
                 Phase::Start => {
                     let starting = proxmox.power(&node, vmid, PowerAction::Start).await;
-                    let look_at_guest = !seen.provisioned && seen.guest_check != GuestCheck::None;
-                    if let Some(step) = self.start_submitted(
+                    if let Some(step) = self.submitted_looking_at_guest(
                         scope,
                         &proxmox,
                         starting,
                         || format!("starting VM {vmid} on {node}"),
-                        look_at_guest,
+                        seen.guest_checked(),
                     )? {
                         return Ok(step);
                     }
@@ -415,27 +414,27 @@ impl Reconcile<'_> {
                         // The config as this process left it when it attached the seed ISO;
                         // only a read tells that there is no seed ISO to remove (an attachment
                         // whose answer was lost is not in what this process wrote).
-                        (_, None) => match self
-                            .context
-                            .written_configs
-                            .get(&machine_key, vmid)
-                            .filter(|config| seed_iso_attached(config, vmid))
-                        {
-                            Some(config) => {
-                                self.remove_iso(scope, &proxmox, &node, vmid, &config).await
-                            }
-                            None => match self
-                                .configs
-                                .read(&proxmox, &node, vmid)
-                                .await
-                                .during(read_config)
-                            {
+                        (_, None) => {
+                            let remembered = self
+                                .context
+                                .written_configs
+                                .get(&machine_key, vmid)
+                                .filter(|config| seed_iso_attached(config, vmid));
+                            let config = match remembered {
+                                Some(config) => Ok(config),
+                                None => self
+                                    .configs
+                                    .read(&proxmox, &node, vmid)
+                                    .await
+                                    .during(read_config),
+                            };
+                            match config {
                                 Ok(config) => {
                                     self.remove_iso(scope, &proxmox, &node, vmid, &config).await
                                 }
                                 Err(error) => Err(error),
-                            },
-                        },
+                            }
+                        }
                     };
                     let error = match removed {
                         Ok(None) => {

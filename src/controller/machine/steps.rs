@@ -38,6 +38,14 @@ pub(super) struct Seen {
     pub ha_pending: bool,
 }
 
+impl Seen {
+    /// Whether this pass's plan waits for the guest to be up: once provisioned, the boot checks
+    /// are history, and some machines skip them.
+    pub(super) fn guest_checked(&self) -> bool {
+        !self.provisioned && self.guest_check != GuestCheck::None
+    }
+}
+
 /// One phase of a provisioning pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -84,7 +92,7 @@ pub(super) fn plan(seen: Seen) -> Vec<Phase> {
         }
     }
     // Once provisioned, the boot checks are history: later passes only observe the VM.
-    if !seen.provisioned && seen.guest_check != GuestCheck::None {
+    if seen.guest_checked() {
         phases.push(if seen.started {
             Phase::AwaitBoot
         } else {

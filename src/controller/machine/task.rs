@@ -212,7 +212,6 @@ impl TaskClock {
         };
         if let Some(boot_due) = boot_due {
             task.due = task.due.max(boot_due);
-            task.expected_end = task.expected_end.max(boot_due);
             task.checked_with_boot = true;
         }
         task.due.saturating_duration_since(now).max(MIN_RECHECK)
@@ -610,23 +609,12 @@ impl Reconcile<'_> {
         started: Result<TaskRef, ProxmoxError>,
         purpose: impl Fn() -> String,
     ) -> Result<Option<Step>, MachineError> {
-        self.submitted_then(scope, proxmox, started, purpose, false)
+        self.submitted_looking_at_guest(scope, proxmox, started, purpose, false)
     }
 
-    /// As [`Reconcile::submitted`] for the VM's start: with `look_at_guest`, the start is
-    /// checked when the guest is usually up, and the pass that sees it ended looks at the guest.
-    pub(super) fn start_submitted(
-        &self,
-        scope: &mut Scope,
-        proxmox: &ProxmoxClient,
-        started: Result<TaskRef, ProxmoxError>,
-        purpose: impl Fn() -> String,
-        look_at_guest: bool,
-    ) -> Result<Option<Step>, MachineError> {
-        self.submitted_then(scope, proxmox, started, purpose, look_at_guest)
-    }
-
-    fn submitted_then(
+    /// As [`Reconcile::submitted`]; with `look_at_guest`, a VM's start is checked when its guest
+    /// is usually up, and the pass that sees it end looks at the guest.
+    pub(super) fn submitted_looking_at_guest(
         &self,
         scope: &mut Scope,
         proxmox: &ProxmoxClient,
