@@ -440,3 +440,45 @@ pub fn proxmox_calls(sites: &[SiteCalls], machines: usize) -> Value {
         "by_site": by_site,
     })
 }
+
+/// A machine's controller-added time split by where it falls: before its first task, after
+/// each task (by the task's type) until the next one was requested, and after the boot until the
+/// machine was ready. The parts add up to the controller-added time when tasks do not overlap.
+pub fn controller_gaps(
+    tasks: &[&TaskRecord],
+    from: Instant,
+    to: Instant,
+) -> Vec<(String, Duration)> {
+    let mut path: Vec<&TaskRecord> = tasks
+        .iter()
+        .copied()
+        .filter(|t| t.ended.is_some())
+        .collect();
+    path.sort_by_key(|t| t.created);
+    let mut gaps = Vec::new();
+    let mut since = from;
+    let mut after = "before the first task".to_owned();
+    for task in path {
+        let start = task.created.clamp(from, to);
+        if start > since {
+            gaps.push((after.clone(), start - since));
+        }
+        let end = task
+            .agent_ready
+            .or(task.ended)
+            .unwrap_or(start)
+            .clamp(from, to);
+        if end > since {
+            since = end;
+            after = if task.agent_ready.is_some() {
+                "after the boot".to_owned()
+            } else {
+                format!("after {}", task.kind)
+            };
+        }
+    }
+    if to > since {
+        gaps.push((after, to - since));
+    }
+    gaps
+}

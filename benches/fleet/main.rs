@@ -43,9 +43,9 @@ use capmox_testkit::{ApiServer, RequestCounts};
 mod analysis;
 mod capmox_process;
 use analysis::{
-    MachineTimes, SiteCalls, Sites, VmKey, covered, kube_requests, lower_bound, proxmox_calls,
-    proxmox_spans, reconcile_counts, round3, service_time, split_zones, spread, status_kib,
-    task_vmid,
+    MachineTimes, SiteCalls, Sites, VmKey, controller_gaps, covered, kube_requests, lower_bound,
+    proxmox_calls, proxmox_spans, reconcile_counts, round3, service_time, split_zones, spread,
+    status_kib, task_vmid,
 };
 use capmox_process::{CapmoxProcess, Kubeconfig, Launch, ProcSample, reset_peak, sample};
 
@@ -1025,6 +1025,7 @@ impl Rig<'_> {
         let mut total = Vec::new();
         let mut proxmox = Vec::new();
         let mut controller = Vec::new();
+        let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut path_tasks: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
         for (name, m) in &timeline_machines {
             let (from, to) = if deleting {
@@ -1052,6 +1053,11 @@ impl Rig<'_> {
                 )));
             }
             let on_path = covered(proxmox_spans(&tasks), from, to);
+            if !deleting {
+                for (label, gap) in controller_gaps(&tasks, from, to) {
+                    gaps.entry(label).or_default().push(gap.as_secs_f64());
+                }
+            }
             path_tasks.insert((m.site, vmid), tasks);
             let elapsed = to - from;
             total.push(elapsed.as_secs_f64());
@@ -1123,6 +1129,17 @@ impl Rig<'_> {
                 "elapsed": spread(&total),
                 "proxmox_on_path": spread(&proxmox),
                 "controller_added": spread(&controller),
+                "controller_added_by_gap": gaps
+                    .iter()
+                    .map(|(label, values)| {
+                        let mut v = values.clone();
+                        v.resize(total.len().max(v.len()), 0.0);
+                        (label.clone(), json!({
+                            "mean": round3(v.iter().sum::<f64>() / v.len().max(1) as f64),
+                            "median": spread(&v)["median"],
+                        }))
+                    })
+                    .collect::<BTreeMap<_, _>>(),
             },
             "placement": {
                 "zones": per_zone,

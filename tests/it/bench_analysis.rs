@@ -396,3 +396,30 @@ fn zones_are_split_over_sites_in_order_the_first_taking_the_remainder() {
     assert_eq!(split_zones(5, 3), [vec![0, 1], vec![2, 3], vec![4]]);
     assert_eq!(split_zones(2, 2), [vec![0], vec![1]]);
 }
+
+#[test]
+fn controller_added_time_is_split_by_what_came_before_it_and_adds_up() {
+    let t0 = Instant::now();
+    let ms = |m: u64| Duration::from_millis(m);
+    // Created at 0; clone requested at 100, ended 2100; resize requested 2150, ended 2650;
+    // start requested 2700, ended 3700, guest up 6700; the machine ready at 7200.
+    let tasks = [
+        task("qmclone", "pve1", 100, t0, [100, 100, 2100]),
+        task("resize", "pve1", 100, t0, [2150, 2150, 2650]),
+        task("qmstart", "pve1", 100, t0, [2700, 2700, 3700]),
+    ];
+    let path: Vec<&TaskRecord> = tasks.iter().collect();
+    let (from, to) = (t0, t0 + ms(7200));
+    let gaps = controller_gaps(&path, from, to);
+    assert_eq!(
+        gaps,
+        [
+            ("before the first task".to_string(), ms(100)),
+            ("after qmclone".to_string(), ms(50)),
+            ("after resize".to_string(), ms(50)),
+            ("after the boot".to_string(), ms(500)),
+        ]
+    );
+    let total: Duration = gaps.iter().map(|(_, gap)| *gap).sum();
+    assert_eq!(total, (to - from) - covered(proxmox_spans(&path), from, to));
+}
