@@ -182,14 +182,12 @@ impl Reconcile<'_> {
             running,
             retag: running && self.retagged(&vm.tags).is_some(),
             seed_iso_uploaded: seed_iso_uploaded(scope, &node),
-            // Seen end before the guest is usually up (the start was checked early, or by a
-            // process that did not submit it).
-            started: scope
-                .finished
-                .as_ref()
-                .is_some_and(|task| task.task_type == "qmstart")
-                && self.context.task_clock.boot_not_due(&machine_key).is_some(),
-            provisioned: already_provisioned,
+            // Started, or last looked at, too recently for the guest to be worth a look (the
+            // pass was woken early, or the start was checked by a process that did not submit it).
+            started: self.context.task_clock.boot_not_due(&machine_key).is_some(),
+            // Up as this process saw, even if this pass works from a copy older than the
+            // status that says so.
+            provisioned: already_provisioned || self.context.task_clock.seen_up(&machine_key, vmid),
             guest_check: if checks.skip_qemu_guest_agent == Some(true) {
                 GuestCheck::None
             } else if checks.skip_cloud_init_status == Some(true) {
@@ -354,6 +352,7 @@ impl Reconcile<'_> {
                     if addresses_pending {
                         return Ok(waiting_for_addresses());
                     }
+                    let known_up = self.context.task_clock.guest_up(&machine_key, vmid);
                     // The provider ID comes from the VM's SMBIOS UUID; once recorded (for this
                     // VM: it is how the VM was found), it is not read again.
                     let provider_id = match (&config, self.machine.spec.provider_id.as_deref()) {
@@ -385,7 +384,7 @@ impl Reconcile<'_> {
                     scope.status.initialization = Some(Initialization {
                         provisioned: Some(true),
                     });
-                    if !already_provisioned {
+                    if !already_provisioned && !known_up {
                         self.event(
                             scope,
                             EventType::Normal,

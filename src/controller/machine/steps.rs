@@ -22,7 +22,7 @@ pub(super) struct Seen {
     pub retag: bool,
     /// This pass saw the seed ISO's upload end: only its attachment and the start are left.
     pub seed_iso_uploaded: bool,
-    /// This pass saw the VM's start end: its guest cannot be up yet.
+    /// The VM started, or its guest was looked at, too recently for a look now.
     pub started: bool,
     /// The machine was provisioned before this pass.
     pub provisioned: bool,

@@ -13,7 +13,8 @@
 //! whether the node runs clones side by side, and if it still runs, next when the clones ahead
 //! of it and its own are expected to be done, instead of every quarter of its age. A VM's start
 //! is checked when guests on its node are usually up, so the pass that sees it end looks at the
-//! guest.
+//! guest. Until some guest was seen up, one guest (the scout, booting longest) is looked at often
+//! and the others just after it: the time the scout was first seen up is what they then wait.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -45,6 +46,12 @@ const DEFAULT_BOOT: Duration = Duration::from_secs(2);
 /// How soon after `cloud-init status` is started in a guest its result is read: the command
 /// starts a Python interpreter, which takes a few hundred milliseconds.
 const COMMAND_FIRST_LOOK: Duration = Duration::from_millis(300);
+/// How long after the scout's look (the guest booting longest, while no boot was seen end)
+/// the other booting guests are looked at, so the scout's answer is known by then.
+const AFTER_SCOUT: Duration = Duration::from_millis(100);
+/// A scout whose look is this far overdue no longer holds the other guests back (its machine
+/// was deleted, or its passes are stuck).
+const SCOUT_STALE: Duration = Duration::from_secs(2);
 /// Shortest requeue while a task runs, so a task past its expected end is not polled in a
 /// tight loop.
 const MIN_RECHECK: Duration = Duration::from_millis(200);
@@ -92,6 +99,9 @@ struct ClockState {
     booting: HashMap<String, Booting>,
     /// Recent estimated boot durations (start request to cloud-init done) per node.
     boots_learned: HashMap<String, VecDeque<Duration>>,
+    /// The VM (by machine key) whose guest this process saw up, so a pass working from a copy
+    /// older than the status that says so does not look at the guest again.
+    guests_up: HashMap<String, u32>,
     /// Per (task type, node), when a queued task was last seen still running at its first
     /// check, which came when such a task usually ends: the node runs them one after another.
     /// Forgotten when a queued one is found done at that check.
@@ -111,6 +121,9 @@ struct Booting {
     /// How long after the start the latest command was started: when its result says done,
     /// the guest was done by then.
     command_issued: Option<Duration>,
+    /// Its look was held back until the scout's answer: when it answers says nothing about
+    /// how long it took.
+    held_for_scout: bool,
 }
 
 struct InFlight {
@@ -324,6 +337,7 @@ impl TaskClock {
             state.booting.clear();
         }
         let expected = state.expected_boot(node);
+        state.guests_up.remove(machine);
         state.booting.insert(
             machine.to_owned(),
             Booting {
@@ -333,22 +347,31 @@ impl TaskClock {
                 due: now + expected,
                 command: None,
                 command_issued: None,
+                held_for_scout: false,
             },
         );
     }
 
-    /// How long until `machine`'s booting guest is worth looking at, if it is not yet.
-    /// What was learned since the guest's look was planned counts: it is not looked at before
-    /// guests on its node are now known to be up.
+    /// How long until `machine`'s booting guest is worth looking at, if it is not yet. What was learned since the
+    /// guest's look was planned counts: it is not looked at before guests on its node are now
+    /// known to be up. While no boot was seen end, only the guest booting longest (the scout)
+    /// is looked at on its own schedule; the others just after it, when its answer is known.
     pub fn boot_not_due(&self, machine: &str) -> Option<Duration> {
         let now = Instant::now();
         let mut state = self.lock();
         let node = state.booting.get(machine)?.node.clone();
         let expected = state.expected_boot(&node);
+        let scout_due = state.scout_due(machine, now);
         let boot = state.booting.get_mut(machine)?;
         // A command started in the guest is read when it is done, whatever the boot.
         if boot.command.is_none() {
             boot.due = boot.due.max(boot.started + expected);
+            if let Some(scout_due) = scout_due
+                && scout_due.max(now) + AFTER_SCOUT > boot.due
+            {
+                boot.due = scout_due.max(now) + AFTER_SCOUT;
+                boot.held_for_scout = true;
+            }
         }
         let due = boot.due;
         (due > now + Duration::from_millis(20)).then(|| due - now)
@@ -367,18 +390,25 @@ impl TaskClock {
 
     /// Notes that `machine`'s guest is not done booting; returns the requeue until the next
     /// look: the usual boot time on its node if that is still ahead, else a quarter of the time
-    /// it has booted so far, within bounds.
+    /// it has booted so far, within bounds. While no boot was seen end, a sixteenth: the
+    /// time a guest is first seen up is what every other guest then waits.
     pub fn boot_silent(&self, machine: &str, node: &str) -> Duration {
         let now = Instant::now();
         let mut state = self.lock();
         let expected = state.expected_boot(node);
+        let scouting = state.boots_learned.values().all(VecDeque::is_empty);
         let entry = state.booting_entry(machine, node, now, now);
         let booted_for = now - entry.started;
         entry.last_seen_silent = booted_for;
+        let step = if scouting {
+            booted_for / 16
+        } else {
+            booted_for / 4
+        };
         let wait = expected
             .checked_sub(booted_for)
             .filter(|remaining| *remaining >= MIN_RECHECK)
-            .unwrap_or((booted_for / 4).clamp(MIN_RECHECK, MAX_RECHECK));
+            .unwrap_or(step.clamp(MIN_RECHECK, MAX_RECHECK));
         entry.due = now + wait;
         wait
     }
@@ -429,16 +459,37 @@ impl TaskClock {
     }
 
     /// Notes that `machine`'s guest is done booting, and learns how long that took if this
-    /// process started it.
+    /// process started it and looked at it on its own schedule. What is learned is when the
+    /// guest was first seen up: a guest like it looked at then is up, where the middle of the
+    /// last silent and the first answered look can be too early, and a look found silent costs
+    /// a request and a wait.
     pub fn boot_answered(&self, machine: &str) {
         let now = Instant::now();
         let mut state = self.lock();
         let Some(boot) = state.booting.remove(machine) else {
             return;
         };
+        if boot.held_for_scout {
+            return;
+        }
         let samples = state.boots_learned.entry(boot.node).or_default();
         let up = boot.command_issued.unwrap_or(now - boot.started);
-        learn(samples, boot.last_seen_silent, up);
+        learn(samples, Duration::ZERO, up);
+    }
+
+    /// Notes that `machine`'s guest in VM `vmid` is up and the machine provisioned; returns
+    /// whether this process already knew.
+    pub fn guest_up(&self, machine: &str, vmid: u32) -> bool {
+        let mut state = self.lock();
+        if state.guests_up.len() >= MAX_IN_FLIGHT {
+            state.guests_up.clear();
+        }
+        state.guests_up.insert(machine.to_owned(), vmid) == Some(vmid)
+    }
+
+    /// Whether this process saw `machine`'s guest in VM `vmid` up since it last started it.
+    pub fn seen_up(&self, machine: &str, vmid: u32) -> bool {
+        self.lock().guests_up.get(machine) == Some(&vmid)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ClockState> {
@@ -469,7 +520,26 @@ impl ClockState {
                 due,
                 command: None,
                 command_issued: None,
+                held_for_scout: false,
             })
+    }
+
+    /// While no boot was seen end, when the scout (the guest booting longest, ties by machine)
+    /// is looked at next, unless `machine` is the scout or the scout's look is long overdue.
+    fn scout_due(&self, machine: &str, now: Instant) -> Option<Instant> {
+        if self
+            .boots_learned
+            .values()
+            .any(|samples| !samples.is_empty())
+        {
+            return None;
+        }
+        let (scout, boot) = self
+            .booting
+            .iter()
+            .filter(|(_, boot)| boot.due + SCOUT_STALE > now)
+            .min_by_key(|(key, boot)| (boot.started, key.as_str()))?;
+        (scout != machine).then_some(boot.due)
     }
 
     /// The usual boot time on `node`; before any was seen there, that of the other nodes'
@@ -634,11 +704,9 @@ impl Reconcile<'_> {
         let machine = super::claim_key(self.machine);
         let clock = &self.context.task_clock;
         let mut wait = clock.submitted(&upid, &machine, &purpose);
-        if upid.task_type == "qmstart" {
+        if upid.task_type == "qmstart" && look_at_guest {
             clock.boot_started(&machine, &upid.node);
-            if look_at_guest {
-                wait = clock.check_with_boot(&upid, &machine);
-            }
+            wait = clock.check_with_boot(&upid, &machine);
         }
         scope.status.task_ref = Some(upid.to_string());
         scope.status.task_purpose = Some(purpose.clone());
@@ -917,6 +985,84 @@ mod tests {
         clock.boot_answered("m1");
         clock.boot_started("m2", "pve1");
         assert!(clock.boot_not_due("m2").is_none_or(|d| d <= MIN_RECHECK));
+    }
+
+    #[test]
+    fn while_no_boot_was_learned_only_the_scout_is_looked_at_and_the_others_just_after_it() {
+        let clock = TaskClock::default();
+        clock.boot_started("scout", "pve1");
+        clock.boot_started("other", "pve2");
+        let scout_first = clock.boot_not_due("scout").expect("not due at once");
+        let other_first = clock.boot_not_due("other").expect("not due at once");
+        assert!(
+            other_first > scout_first && other_first <= scout_first + AFTER_SCOUT,
+            "the other guest is looked at just after the scout: {scout_first:?}, {other_first:?}"
+        );
+        // The scout, seen not done after 4 s, is looked at again after a sixteenth of that; the
+        // other guest only after that look.
+        let four_seconds_ago = Instant::now() - DEFAULT_BOOT * 2;
+        clock
+            .lock()
+            .booting
+            .get_mut("scout")
+            .expect("booting")
+            .started = four_seconds_ago;
+        let scout_wait = clock.boot_silent("scout", "pve1");
+        assert!(
+            scout_wait >= MIN_RECHECK && scout_wait <= DEFAULT_BOOT / 4,
+            "{scout_wait:?}"
+        );
+        let other_wait = clock.boot_not_due("other").expect("held");
+        assert!(other_wait > scout_wait, "{other_wait:?}");
+        // The scout's boot is learned as the time it was first seen up (not the middle of its
+        // last silent look and that one); the held guest's teaches nothing.
+        clock.boot_answered("scout");
+        let learned = clock.lock().boots_learned["pve1"].clone();
+        assert!(
+            learned.len() == 1 && learned[0] >= DEFAULT_BOOT * 2,
+            "{learned:?}"
+        );
+        clock.boot_answered("other");
+        assert!(
+            clock
+                .lock()
+                .boots_learned
+                .get("pve2")
+                .is_none_or(VecDeque::is_empty)
+        );
+        // Once a boot was learned, no guest waits for another.
+        clock.boot_started("late", "pve2");
+        assert!(clock.boot_not_due("late").is_some_and(|d| d <= learned[0]));
+        assert!(clock.lock().scout_due("late", Instant::now()).is_none());
+    }
+
+    #[test]
+    fn a_scout_whose_look_is_long_overdue_holds_no_one_back() {
+        let clock = TaskClock::default();
+        clock.boot_started("gone", "pve1");
+        clock.boot_started("other", "pve1");
+        assert!(clock.lock().scout_due("other", Instant::now()).is_some());
+        let overdue = Instant::now() - SCOUT_STALE * 2;
+        clock.lock().booting.get_mut("gone").expect("booting").due = overdue;
+        assert!(
+            clock.lock().scout_due("other", Instant::now()).is_none(),
+            "its machine was deleted mid-boot, or its passes are stuck"
+        );
+    }
+
+    #[test]
+    fn a_guest_seen_up_is_remembered_for_its_vm_until_the_vm_is_started_again() {
+        let clock = TaskClock::default();
+        assert!(!clock.seen_up("m1", 101));
+        assert!(!clock.guest_up("m1", 101), "not known before");
+        assert!(clock.seen_up("m1", 101));
+        assert!(!clock.seen_up("m1", 102), "another VM of the machine");
+        assert!(clock.guest_up("m1", 101), "known the second time");
+        clock.boot_started("m1", "pve1");
+        assert!(
+            !clock.seen_up("m1", 101),
+            "started again: its guest is looked at anew"
+        );
     }
 
     #[test]
