@@ -52,6 +52,9 @@ const AFTER_SCOUT: Duration = Duration::from_millis(100);
 /// A scout whose look is this far overdue no longer holds the other guests back (its machine
 /// was deleted, or its passes are stuck).
 const SCOUT_STALE: Duration = Duration::from_secs(2);
+/// Shortest requeue while a scout task runs (the first of its type while none was seen end):
+/// its end is what every task like it then waits.
+const SCOUT_RECHECK: Duration = Duration::from_millis(100);
 /// Shortest requeue while a task runs, so a task past its expected end is not polled in a
 /// tight loop.
 const MIN_RECHECK: Duration = Duration::from_millis(200);
@@ -144,6 +147,20 @@ struct InFlight {
     /// Queued behind others on a node known to run such tasks one after another, it was first
     /// checked at its expected end, not when such a task usually ends.
     first_check_deferred: bool,
+    /// Submitted while no task of its type was seen end: the scout is checked early and often,
+    /// the others at the default, which says too little to learn from.
+    scouting: Scouting,
+}
+
+/// A task's part in learning the duration of its type while none was seen end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scouting {
+    /// Its type's duration is known (or the type is not scouted).
+    No,
+    /// Checked early and often: when it is first seen done is what the others then wait.
+    Scout,
+    /// Submitted while another scouted: checked at the default, and teaches nothing.
+    Held,
 }
 
 impl InFlight {
@@ -158,6 +175,7 @@ impl InFlight {
             queued_behind: 0,
             checked_with_boot: false,
             first_check_deferred: false,
+            scouting: Scouting::No,
         }
     }
 
@@ -181,7 +199,11 @@ impl TaskClock {
             machine.to_owned(),
             (upid.as_str().to_owned(), purpose.to_owned()),
         );
-        let expected = state.expected(upid);
+        let scouting = state.scouting(upid, now);
+        let expected = match scouting {
+            Scouting::Scout => SCOUT_RECHECK,
+            Scouting::No | Scouting::Held => state.expected(upid),
+        };
         let (queued_behind, queue_end) = if queues_on_node(&upid.task_type) {
             let ahead = state
                 .in_flight
@@ -207,6 +229,7 @@ impl TaskClock {
                 due: now + expected,
                 expected_end: queue_end.map_or(now, |end| end.max(now)) + expected,
                 queued_behind,
+                scouting,
                 ..InFlight::new(upid, now)
             },
         );
@@ -269,9 +292,14 @@ impl TaskClock {
         let first_check = entry.last_seen_running.is_zero() && !entry.first_check_deferred;
         let queued = entry.queued_behind > 0;
         entry.last_seen_running = ran;
+        let shortest = if entry.scouting == Scouting::Scout {
+            SCOUT_RECHECK
+        } else {
+            MIN_RECHECK
+        };
         let wait = match entry.expected_end.checked_duration_since(now) {
-            Some(remaining) if remaining >= MIN_RECHECK => remaining,
-            _ => (ran / 4).clamp(MIN_RECHECK, MAX_RECHECK),
+            Some(remaining) if remaining >= shortest => remaining,
+            _ => (ran / 4).clamp(shortest, MAX_RECHECK),
         };
         entry.due = now + wait;
         if queued && first_check {
@@ -304,14 +332,20 @@ impl TaskClock {
         }
         let waited_in_queue =
             queued && (!task.last_seen_running.is_zero() || task.first_check_deferred);
-        if waited_in_queue || task.checked_with_boot {
+        if waited_in_queue || task.checked_with_boot || task.scouting == Scouting::Held {
             return;
         }
         let samples = state
             .learned
             .entry((upid.task_type.clone(), upid.node.clone()))
             .or_default();
-        learn(samples, task.last_seen_running, now - task.submitted);
+        // A scout is checked so often that when it was seen done is close to its end, and
+        // a task like it checked then is done.
+        let last_seen_running = match task.scouting {
+            Scouting::Scout => Duration::ZERO,
+            Scouting::No | Scouting::Held => task.last_seen_running,
+        };
+        learn(samples, last_seen_running, now - task.submitted);
     }
 
     /// Forgets a task nobody will check again.
@@ -560,12 +594,51 @@ impl ClockState {
             .map_or(DEFAULT_BOOT, |silent| silent.max(DEFAULT_BOOT))
     }
 
+    /// The usual duration of tasks like `upid` on its node; before one was seen end there,
+    /// that of such tasks on the other nodes (clones excepted: how long they take depends on
+    /// the node's storage and queue).
     fn expected(&self, upid: &Upid) -> Duration {
         let key = (upid.task_type.clone(), upid.node.clone());
-        match self.learned.get(&key).filter(|s| !s.is_empty()) {
-            Some(samples) => median(samples).max(MIN_RECHECK),
-            None if upid.task_type == "qmclone" => DEFAULT_CLONE,
-            None => DEFAULT_TASK,
+        if let Some(samples) = self.learned.get(&key).filter(|s| !s.is_empty()) {
+            return median(samples).max(MIN_RECHECK);
+        }
+        if queues_on_node(&upid.task_type) {
+            return DEFAULT_CLONE;
+        }
+        let pooled: VecDeque<Duration> = self
+            .learned
+            .iter()
+            .filter(|((task_type, _), _)| *task_type == upid.task_type)
+            .flat_map(|(_, samples)| samples.iter().copied())
+            .collect();
+        if pooled.is_empty() {
+            DEFAULT_TASK
+        } else {
+            median(&pooled).max(MIN_RECHECK)
+        }
+    }
+
+    /// The part a task like `upid`, submitted `now`, takes in learning its type's duration:
+    /// while no task of its type was seen end anywhere, the first one in flight scouts and the
+    /// others are held. Clones are not scouted (they queue on their node, which the clock
+    /// learns otherwise).
+    fn scouting(&self, upid: &Upid, now: Instant) -> Scouting {
+        let seen_end = self
+            .learned
+            .iter()
+            .any(|((task_type, _), samples)| *task_type == upid.task_type && !samples.is_empty());
+        if seen_end || queues_on_node(&upid.task_type) {
+            return Scouting::No;
+        }
+        let scout_in_flight = self.in_flight.values().any(|task| {
+            task.scouting == Scouting::Scout
+                && task.task_type == upid.task_type
+                && task.due + STALE_IN_FLIGHT > now
+        });
+        if scout_in_flight {
+            Scouting::Held
+        } else {
+            Scouting::Scout
         }
     }
 }
@@ -1165,10 +1238,64 @@ mod tests {
             None,
             "ended, so no longer awaited"
         );
-        // Seen stopped at once: estimated at (almost) nothing, but never below the floor.
+        // Seen stopped at once: estimated at (almost) nothing, but never below the floor; a
+        // node that saw none expects what the others saw.
         assert_eq!(clock.expected(&upid("qmstart", "pve1", 2)), MIN_RECHECK);
-        assert_eq!(clock.expected(&upid("qmstart", "pve2", 3)), DEFAULT_TASK);
+        assert_eq!(clock.expected(&upid("qmstart", "pve2", 3)), MIN_RECHECK);
+        assert_eq!(clock.expected(&upid("qmconfig", "pve2", 3)), DEFAULT_TASK);
         assert_eq!(clock.expected(&upid("qmclone", "pve1", 4)), DEFAULT_CLONE);
+        // Once a node has its own, they count.
+        let slow = Duration::from_secs(3);
+        clock
+            .lock()
+            .learned
+            .insert(("qmstart".into(), "pve3".into()), [slow].into());
+        assert_eq!(clock.expected(&upid("qmstart", "pve3", 5)), slow);
+    }
+
+    #[test]
+    fn while_no_task_of_a_type_was_seen_end_the_first_scouts_and_the_others_teach_nothing() {
+        let clock = TaskClock::default();
+        let scout = upid("imgcopy", "pve1", 1);
+        let held = upid("imgcopy", "pve2", 2);
+        assert_eq!(clock.submitted(&scout, "m1", "uploading"), SCOUT_RECHECK);
+        assert_eq!(
+            clock.submitted(&held, "m2", "uploading"),
+            DEFAULT_TASK,
+            "another one scouts already"
+        );
+        // The scout is checked often while it runs, the held one at the default.
+        let scout_wait = clock.still_running(&scout);
+        assert!(
+            scout_wait >= SCOUT_RECHECK && scout_wait < MIN_RECHECK,
+            "{scout_wait:?}"
+        );
+        let held_wait = clock.still_running(&held);
+        assert!(held_wait > DEFAULT_TASK / 2, "{held_wait:?}");
+        // The scout is learned as when it was seen done (a look then finds such a task done),
+        // not the middle since its last look; the held one teaches nothing.
+        let ran = Duration::from_millis(300);
+        clock
+            .lock()
+            .in_flight
+            .get_mut(scout.as_str())
+            .expect("in flight")
+            .submitted = Instant::now() - ran;
+        clock.finished(&scout);
+        clock.finished(&held);
+        let learned = clock.lock().learned.clone();
+        assert!(!learned.contains_key(&("imgcopy".into(), "pve2".into())));
+        let pve1 = &learned[&("imgcopy".into(), "pve1".into())];
+        assert!(pve1.len() == 1 && pve1[0] >= ran, "{pve1:?}");
+        // Known now: nothing scouts; the node that saw none expects the scout's duration.
+        let later = upid("imgcopy", "pve2", 3);
+        let wait = clock.submitted(&later, "m3", "uploading");
+        assert!(wait >= ran && wait < DEFAULT_TASK, "{wait:?}");
+        // Clones are never scouted: they queue, and the queue is learned otherwise.
+        assert_eq!(
+            clock.submitted(&upid("qmclone", "pve1", 4), "m4", "cloning"),
+            DEFAULT_CLONE
+        );
     }
 
     #[test]
