@@ -52,6 +52,9 @@ const AFTER_SCOUT: Duration = Duration::from_millis(100);
 /// A scout whose look is this far overdue no longer holds the other guests back (its machine
 /// was deleted, or its passes are stuck).
 const SCOUT_STALE: Duration = Duration::from_secs(2);
+/// A scout that has booted this long without answering no longer holds the other guests
+/// back: they are looked at on their own schedules.
+const SCOUT_HOLD: Duration = Duration::from_secs(60);
 /// Shortest requeue while a scout task runs (the first of its type while none was seen end):
 /// its end is what every task like it then waits.
 const SCOUT_RECHECK: Duration = Duration::from_millis(100);
@@ -199,6 +202,10 @@ impl TaskClock {
             machine.to_owned(),
             (upid.as_str().to_owned(), purpose.to_owned()),
         );
+        if upid.task_type == "qmclone" {
+            // A new VM (perhaps with the VMID of one the machine had): its guest is not up.
+            state.guests_up.remove(machine);
+        }
         let scouting = state.scouting(upid, now);
         let expected = match scouting {
             Scouting::Scout => SCOUT_RECHECK,
@@ -424,13 +431,13 @@ impl TaskClock {
 
     /// Notes that `machine`'s guest is not done booting; returns the requeue until the next
     /// look: the usual boot time on its node if that is still ahead, else a quarter of the time
-    /// it has booted so far, within bounds. While no boot was seen end, a sixteenth: the
-    /// time a guest is first seen up is what every other guest then waits.
+    /// it has booted so far, within bounds; for the scout, a sixteenth: the time it is first
+    /// seen up is what every other guest then waits.
     pub fn boot_silent(&self, machine: &str, node: &str) -> Duration {
         let now = Instant::now();
         let mut state = self.lock();
         let expected = state.expected_boot(node);
-        let scouting = state.boots_learned.values().all(VecDeque::is_empty);
+        let scouting = state.scout(now).is_some_and(|(scout, _)| scout == machine);
         let entry = state.booting_entry(machine, node, now, now);
         let booted_for = now - entry.started;
         entry.last_seen_silent = booted_for;
@@ -558,9 +565,9 @@ impl ClockState {
             })
     }
 
-    /// While no boot was seen end, when the scout (the guest booting longest, ties by machine)
-    /// is looked at next, unless `machine` is the scout or the scout's look is long overdue.
-    fn scout_due(&self, machine: &str, now: Instant) -> Option<Instant> {
+    /// While no boot was seen end, the guest booting longest (ties by machine) whose look is
+    /// not long overdue: the scout.
+    fn scout(&self, now: Instant) -> Option<(&str, &Booting)> {
         if self
             .boots_learned
             .values()
@@ -568,12 +575,19 @@ impl ClockState {
         {
             return None;
         }
-        let (scout, boot) = self
-            .booting
+        self.booting
             .iter()
             .filter(|(_, boot)| boot.due + SCOUT_STALE > now)
-            .min_by_key(|(key, boot)| (boot.started, key.as_str()))?;
-        (scout != machine).then_some(boot.due)
+            .min_by_key(|(key, boot)| (boot.started, key.as_str()))
+            .map(|(key, boot)| (key.as_str(), boot))
+    }
+
+    /// When the scout is looked at next, if `machine` waits for it: not the scout itself, and
+    /// only while the scout has booted for less than [`SCOUT_HOLD`] (a guest that never answers
+    /// holds no one back for long).
+    fn scout_due(&self, machine: &str, now: Instant) -> Option<Instant> {
+        let (scout, boot) = self.scout(now)?;
+        (scout != machine && boot.started + SCOUT_HOLD > now).then_some(boot.due)
     }
 
     /// The usual boot time on `node`; before any was seen there, that of the other nodes'
@@ -1121,6 +1135,19 @@ mod tests {
             clock.lock().scout_due("other", Instant::now()).is_none(),
             "its machine was deleted mid-boot, or its passes are stuck"
         );
+        // A scout that does not answer for long holds no one back either.
+        clock.boot_started("slow", "pve1");
+        clock.boot_started("waiting", "pve1");
+        let mut state = clock.lock();
+        state.booting.remove("gone");
+        state.booting.remove("other");
+        let long_ago = Instant::now() - SCOUT_HOLD * 2;
+        state.booting.get_mut("slow").expect("booting").started = long_ago;
+        assert_eq!(
+            state.scout(Instant::now()).map(|(key, _)| key),
+            Some("slow")
+        );
+        assert!(state.scout_due("waiting", Instant::now()).is_none());
     }
 
     #[test]
@@ -1135,6 +1162,12 @@ mod tests {
         assert!(
             !clock.seen_up("m1", 101),
             "started again: its guest is looked at anew"
+        );
+        clock.guest_up("m1", 101);
+        clock.submitted(&upid("qmclone", "pve1", 7), "m1", "cloning");
+        assert!(
+            !clock.seen_up("m1", 101),
+            "cloned anew: the new VM may have the same VMID"
         );
     }
 
