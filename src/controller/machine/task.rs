@@ -282,12 +282,19 @@ impl TaskClock {
             task.due = task.due.max(task.expected_end);
         }
         let due = task.due;
-        (due > now + Duration::from_millis(20)).then(|| due - now)
+        let queues = queues_on_node(&task.task_type);
+        (due > now + Duration::from_millis(20)).then(|| {
+            let wait = due - now;
+            // A queued task is looked at again within a bounded time: a task ahead of it seen
+            // done may bring its check forward.
+            if queues { wait.min(MAX_RECHECK) } else { wait }
+        })
     }
 
     /// Notes that a check saw the task still running; returns the requeue until the next
-    /// check: its expected end when that is still ahead (a clone queued behind others), else a
-    /// quarter of the time it has run so far, within bounds.
+    /// check: its expected end when that is still ahead (a clone queued behind others; the pass
+    /// then comes back at least every few seconds without checking), else a quarter of the time
+    /// it has run so far, within bounds.
     pub fn still_running(&self, upid: &Upid) -> Duration {
         let now = Instant::now();
         let mut state = self.lock();
@@ -314,7 +321,13 @@ impl TaskClock {
                 .queueing_seen
                 .insert((upid.task_type.clone(), upid.node.clone()), now);
         }
-        wait
+        // The pass comes back within a bounded time (see [`TaskClock::not_due`]); the check
+        // stays due at the queue's expected end.
+        if queues_on_node(&upid.task_type) {
+            wait.min(MAX_RECHECK)
+        } else {
+            wait
+        }
     }
 
     /// Notes that a check saw the task stopped, and learns its duration if this process saw
@@ -328,6 +341,9 @@ impl TaskClock {
         let Some(task) = state.in_flight.remove(upid.as_str()) else {
             return;
         };
+        if queues_on_node(&upid.task_type) {
+            state.queue_moved_on(upid, now);
+        }
         // A queued task seen running ran for the tasks ahead of it too; one found done at its
         // first check took at most the time since it was submitted, and shows that its node
         // runs such tasks side by side.
@@ -563,6 +579,30 @@ impl ClockState {
                 command_issued: None,
                 held_for_scout: false,
             })
+    }
+
+    /// A task like `upid` was seen done on its node at `now`: the tasks queued there after it
+    /// began by then, so each ends at most a task's duration after the one ahead of it. Their
+    /// expected ends (and checks) move forward to that where it is sooner: an estimate that was
+    /// too long does not add up along the queue.
+    fn queue_moved_on(&mut self, upid: &Upid, now: Instant) {
+        // Durations are counted from when this process saw the request answered, a little
+        // after Proxmox began the task: a twentieth more keeps the checks from coming early.
+        let expected = self.expected(upid) * 21 / 20;
+        let mut behind: Vec<&mut InFlight> = self
+            .in_flight
+            .values_mut()
+            .filter(|task| task.queues_with(upid, now) && task.expected_end > now)
+            .collect();
+        behind.sort_by_key(|task| task.expected_end);
+        let mut end = now;
+        for task in behind {
+            end += expected;
+            if end < task.expected_end {
+                task.expected_end = end;
+                task.due = task.due.min(end.max(now));
+            }
+        }
     }
 
     /// While no boot was seen end, the guest booting longest (ties by machine) whose look is
@@ -1390,6 +1430,47 @@ mod tests {
         assert_eq!(clock.expected(&elsewhere), MIN_RECHECK, "ran alone");
     }
 
+    /// How long until `upid`'s check is due.
+    fn due_in(clock: &TaskClock, upid: &Upid) -> Duration {
+        clock.lock().in_flight[upid.as_str()]
+            .due
+            .saturating_duration_since(Instant::now())
+    }
+
+    #[test]
+    fn a_clone_seen_done_brings_the_checks_of_the_clones_queued_behind_it_forward() {
+        let clock = TaskClock::default();
+        let clones: Vec<Upid> = (1..=4).map(|n| upid("qmclone", "pve1", n)).collect();
+        for (n, clone) in clones.iter().enumerate() {
+            clock.submitted(clone, &format!("m{n}"), "cloning");
+        }
+        // pve1 queues them: the last is checked when the three ahead and it are expected done,
+        // and its pass comes back meanwhile within a bounded time, without a check.
+        clock.still_running(&clones[1]);
+        clock.not_due(&clones[2]).expect("not due");
+        let pass = clock.not_due(&clones[3]).expect("not due");
+        assert!(pass <= MAX_RECHECK, "{pass:?}");
+        assert!(due_in(&clock, &clones[3]) > DEFAULT_CLONE * 7 / 2);
+        // The first is seen done at once, far sooner than expected: each clone behind it ends
+        // at most a clone's duration after the one ahead of it, counted from now.
+        clock.finished(&clones[0]);
+        let dues: Vec<Duration> = clones[1..].iter().map(|c| due_in(&clock, c)).collect();
+        for (rank, due) in dues.iter().enumerate() {
+            let at_most = DEFAULT_CLONE * 21 / 20 * (rank as u32 + 1);
+            assert!(
+                *due <= at_most && *due > at_most - DEFAULT_CLONE / 2,
+                "clone {rank} behind: {dues:?}"
+            );
+        }
+        // Clones on other nodes do not move.
+        let elsewhere = upid("qmclone", "pve2", 9);
+        clock.submitted(&elsewhere, "p1", "cloning");
+        clock.submitted(&upid("qmclone", "pve2", 10), "p2", "cloning");
+        let before = due_in(&clock, &upid("qmclone", "pve2", 10));
+        clock.finished(&clones[1]);
+        assert!(due_in(&clock, &upid("qmclone", "pve2", 10)) + MIN_RECHECK > before);
+    }
+
     #[test]
     fn on_a_node_seen_queueing_a_queued_clone_is_first_checked_at_its_expected_end() {
         let clock = TaskClock::default();
@@ -1399,7 +1480,8 @@ mod tests {
         }
         // The second clone, checked when a clone usually ends, still runs: pve1 queues them.
         clock.still_running(&clones[1]);
-        let third = clock.not_due(&clones[2]).expect("not due");
+        clock.not_due(&clones[2]).expect("not due");
+        let third = due_in(&clock, &clones[2]);
         assert!(third > DEFAULT_CLONE * 5 / 2, "{third:?}");
         // Found done at its expected end: it waited in the queue, which teaches nothing.
         clock.finished(&clones[2]);
