@@ -1430,6 +1430,21 @@ mod tests {
         assert_eq!(clock.expected(&elsewhere), MIN_RECHECK, "ran alone");
     }
 
+    /// Clones numbered `numbers` submitted on `node`, one machine each, in that order.
+    fn submit_clones(
+        clock: &TaskClock,
+        node: &str,
+        numbers: std::ops::RangeInclusive<u32>,
+    ) -> Vec<Upid> {
+        numbers
+            .map(|n| {
+                let clone = upid("qmclone", node, n);
+                clock.submitted(&clone, &format!("{node}-m{n}"), "cloning");
+                clone
+            })
+            .collect()
+    }
+
     /// How long until `upid`'s check is due.
     fn due_in(clock: &TaskClock, upid: &Upid) -> Duration {
         clock.lock().in_flight[upid.as_str()]
@@ -1440,10 +1455,7 @@ mod tests {
     #[test]
     fn a_clone_seen_done_brings_the_checks_of_the_clones_queued_behind_it_forward() {
         let clock = TaskClock::default();
-        let clones: Vec<Upid> = (1..=4).map(|n| upid("qmclone", "pve1", n)).collect();
-        for (n, clone) in clones.iter().enumerate() {
-            clock.submitted(clone, &format!("m{n}"), "cloning");
-        }
+        let clones = submit_clones(&clock, "pve1", 1..=4);
         // pve1 queues them: the last is checked when the three ahead and it are expected done,
         // and its pass comes back meanwhile within a bounded time, without a check.
         clock.still_running(&clones[1]);
@@ -1474,10 +1486,7 @@ mod tests {
     #[test]
     fn on_a_node_seen_queueing_a_queued_clone_is_first_checked_at_its_expected_end() {
         let clock = TaskClock::default();
-        let clones: Vec<Upid> = (1..=3).map(|n| upid("qmclone", "pve1", n)).collect();
-        for (n, clone) in clones.iter().enumerate() {
-            clock.submitted(clone, &format!("m{n}"), "cloning");
-        }
+        let clones = submit_clones(&clock, "pve1", 1..=3);
         // The second clone, checked when a clone usually ends, still runs: pve1 queues them.
         clock.still_running(&clones[1]);
         clock.not_due(&clones[2]).expect("not due");
@@ -1489,10 +1498,7 @@ mod tests {
 
         // A node whose queued clone is found done at that first check runs clones side by
         // side: the next queued one is checked when a clone usually ends.
-        let side_by_side: Vec<Upid> = (4..=7).map(|n| upid("qmclone", "pve2", n)).collect();
-        for (n, clone) in side_by_side.iter().enumerate() {
-            clock.submitted(clone, &format!("p{n}"), "cloning");
-        }
+        let side_by_side = submit_clones(&clock, "pve2", 4..=7);
         clock.still_running(&side_by_side[1]);
         assert!(
             clock
