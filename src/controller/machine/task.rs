@@ -282,13 +282,8 @@ impl TaskClock {
             task.due = task.due.max(task.expected_end);
         }
         let due = task.due;
-        let queues = queues_on_node(&task.task_type);
-        (due > now + Duration::from_millis(20)).then(|| {
-            let wait = due - now;
-            // A queued task is looked at again within a bounded time: a task ahead of it seen
-            // done may bring its check forward.
-            if queues { wait.min(MAX_RECHECK) } else { wait }
-        })
+        let task_type = task.task_type.clone();
+        (due > now + Duration::from_millis(20)).then(|| pass_requeue(&task_type, due - now))
     }
 
     /// Notes that a check saw the task still running; returns the requeue until the next
@@ -321,13 +316,7 @@ impl TaskClock {
                 .queueing_seen
                 .insert((upid.task_type.clone(), upid.node.clone()), now);
         }
-        // The pass comes back within a bounded time (see [`TaskClock::not_due`]); the check
-        // stays due at the queue's expected end.
-        if queues_on_node(&upid.task_type) {
-            wait.min(MAX_RECHECK)
-        } else {
-            wait
-        }
+        pass_requeue(&upid.task_type, wait)
     }
 
     /// Notes that a check saw the task stopped, and learns its duration if this process saw
@@ -409,10 +398,11 @@ impl TaskClock {
         );
     }
 
-    /// How long until `machine`'s booting guest is worth looking at, if it is not yet. What was learned since the
-    /// guest's look was planned counts: it is not looked at before guests on its node are now
-    /// known to be up. While no boot was seen end, only the guest booting longest (the scout)
-    /// is looked at on its own schedule; the others just after it, when its answer is known.
+    /// How long until `machine`'s booting guest is worth looking at, if it is not yet. What was
+    /// learned since the guest's look was planned counts: it is not looked at before guests on
+    /// its node are now known to be up. While no boot was seen end, only the guest booting
+    /// longest (the scout) is looked at on its own schedule; the others just after it, when its
+    /// answer is known.
     pub fn boot_not_due(&self, machine: &str) -> Option<Duration> {
         let now = Instant::now();
         let mut state = self.lock();
@@ -731,6 +721,17 @@ fn is_deletion_task(task_type: &str) -> bool {
 /// storage copies one disk's worth at a time however many clones share it.
 fn queues_on_node(task_type: &str) -> bool {
     task_type == "qmclone"
+}
+
+/// The requeue of a pass whose task's check is `until_check` away: a task queued on its node
+/// comes back within [`MAX_RECHECK`] (without a check), since a task ahead of it seen done may
+/// bring its check forward.
+fn pass_requeue(task_type: &str, until_check: Duration) -> Duration {
+    if queues_on_node(task_type) {
+        until_check.min(MAX_RECHECK)
+    } else {
+        until_check
+    }
 }
 
 /// Task types that change what `/cluster/resources` lists (a VM, its lock or its power
