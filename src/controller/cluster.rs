@@ -50,6 +50,9 @@ const SHORT_RETRY: Duration = Duration::from_secs(2);
 /// Why a reconcile failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// The reconcile panicked (a bug); the object is retried with back-off.
+    #[error(transparent)]
+    Panicked(#[from] super::metrics::Panicked),
     /// A Kubernetes API call failed.
     #[error("Kubernetes API error: {0}")]
     Kube(#[from] kube::Error),

@@ -37,6 +37,9 @@ pub const API_BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(60),
 };
 
+/// The longest hold [`Retries::hold`] places when asked for one the clock cannot represent.
+const MAX_HOLD: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The most a jittered delay is shortened: a quarter, so retries of many objects spread out
 /// and a delay never exceeds its back-off's `max`.
 pub const JITTER: f64 = 0.25;
@@ -165,7 +168,10 @@ impl Retries {
     ) {
         let mut streaks = self.streaks();
         streaks.entry(object.clone()).or_default().hold = Some(Hold {
-            until: Instant::now() + delay,
+            // A hold beyond the clock's range lasts as long as the clock can say.
+            until: Instant::now()
+                .checked_add(delay)
+                .unwrap_or_else(|| Instant::now() + MAX_HOLD),
             generation,
             deleting,
         });
@@ -657,6 +663,12 @@ mod tests {
         );
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(retries.held(&machine, Some(1), false), None, "over");
+        retries.hold(&machine, Duration::MAX, Some(1), false);
+        assert_eq!(
+            retries.held(&machine, Some(1), false),
+            Some(MAX_HOLD),
+            "a hold the clock cannot represent is capped, not a panic"
+        );
         retries.hold(&machine, Duration::from_secs(4), Some(1), false);
         retries.succeeded(&machine);
         assert_eq!(

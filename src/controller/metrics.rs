@@ -12,6 +12,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 
 use super::queue::WorkQueue;
 use crate::proxmox::{ClientRegistry, EndpointStats};
@@ -32,12 +35,35 @@ pub struct ReconcileLabels {
     pub result: String,
 }
 
+/// A reconcile that panicked: a bug in capmox, reported as that object's error.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "capmox hit an internal error ({message}); the object is retried with back-off — please report this message as a bug"
+)]
+pub struct Panicked {
+    /// The panic's message.
+    pub message: String,
+}
+
+impl Panicked {
+    /// Reads the message of a caught panic (a `&str` or `String` payload, as `panic!` makes).
+    fn from_payload(payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        Self { message }
+    }
+}
+
 /// All metrics of one manager process, cheap to clone and share between tasks.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
     reconciles: Family<ReconcileLabels, Counter>,
     reconcile_errors: Family<ControllerLabels, Counter>,
+    reconcile_panics: Family<ControllerLabels, Counter>,
     reconcile_time: Family<ControllerLabels, Histogram>,
     active_workers: Family<ControllerLabels, Gauge>,
     proxmox: Option<Arc<ClientRegistry>>,
@@ -56,6 +82,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let reconcile_errors = Family::<ControllerLabels, Counter>::default();
+        let reconcile_panics = Family::<ControllerLabels, Counter>::default();
         let reconcile_time = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.005, 2.0, 14))
         });
@@ -71,6 +98,11 @@ impl Metrics {
             reconcile_errors.clone(),
         );
         registry.register(
+            "controller_runtime_reconcile_panics",
+            "Reconciliations that panicked (a capmox bug; the object is retried with back-off)",
+            reconcile_panics.clone(),
+        );
+        registry.register(
             "controller_runtime_reconcile_time_seconds",
             "Time spent in one reconciliation",
             reconcile_time.clone(),
@@ -84,6 +116,7 @@ impl Metrics {
             registry: Arc::new(registry),
             reconciles,
             reconcile_errors,
+            reconcile_panics,
             reconcile_time,
             active_workers,
             proxmox: None,
@@ -108,8 +141,9 @@ impl Metrics {
     }
 
     /// Runs one reconcile of `object` by `controller`: taken off the work queue, counted as
-    /// active while it runs, then recorded with its duration and outcome.
-    pub async fn measure<K: kube::Resource, T, E>(
+    /// active while it runs, then recorded with its duration and outcome. A panic becomes the
+    /// object's error, so one bad input never stops the controller for every other object.
+    pub async fn measure<K: kube::Resource, T, E: From<Panicked>>(
         &self,
         controller: &str,
         object: &K,
@@ -118,7 +152,25 @@ impl Metrics {
         self.work_queue(controller).started(object);
         let _active = self.reconcile_started(controller);
         let started = std::time::Instant::now();
-        let result = reconcile.await;
+        let result = match AssertUnwindSafe(reconcile).catch_unwind().await {
+            Ok(result) => result,
+            Err(payload) => {
+                let panicked = Panicked::from_payload(payload.as_ref());
+                tracing::error!(
+                    controller,
+                    namespace = object.meta().namespace.as_deref().unwrap_or_default(),
+                    name = object.meta().name.as_deref().unwrap_or_default(),
+                    panic = %panicked.message,
+                    "reconcile panicked; the object is retried with back-off, the others go on"
+                );
+                self.reconcile_panics
+                    .get_or_create(&ControllerLabels {
+                        controller: controller.to_owned(),
+                    })
+                    .inc();
+                Err(panicked.into())
+            }
+        };
         self.reconciled(controller, started.elapsed(), result.is_err());
         result
     }
@@ -258,6 +310,47 @@ mod tests {
             r#"controller_runtime_reconcile_errors_total{controller="proxmoxcluster"} 1"#,
             r#"controller_runtime_reconcile_time_seconds_count{controller="proxmoxcluster"} 2"#,
             r#"controller_runtime_active_workers{controller="proxmoxmachine"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_that_objects_error_and_the_next_one_runs() {
+        #[derive(Debug, thiserror::Error)]
+        #[error(transparent)]
+        struct PassError(#[from] Panicked);
+
+        let metrics = Metrics::new();
+        let object = crate::api::ProxmoxMachine::new("m", Default::default());
+        let panicking = async {
+            let text = "é".repeat(40);
+            // The byte slice the review found panicking in the fingerprint parser.
+            let sliced = text
+                .get(..1)
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("{text} cut inside a character"));
+            Ok::<String, PassError>(sliced)
+        };
+        let error = metrics
+            .measure("proxmoxmachine", &object, panicking)
+            .await
+            .expect_err("the panic is the pass's error");
+        assert!(
+            error.to_string().contains("cut inside a character"),
+            "{error}"
+        );
+        let next = metrics
+            .measure("proxmoxmachine", &object, async { Ok::<_, PassError>(7) })
+            .await
+            .expect("the next pass runs");
+        assert_eq!(next, 7);
+        let text = metrics.render();
+        for line in [
+            r#"controller_runtime_reconcile_panics_total{controller="proxmoxmachine"} 1"#,
+            r#"controller_runtime_reconcile_errors_total{controller="proxmoxmachine"} 1"#,
+            r#"controller_runtime_reconcile_total{controller="proxmoxmachine",result="success"} 1"#,
+            r#"controller_runtime_active_workers{controller="proxmoxmachine"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

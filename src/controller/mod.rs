@@ -44,6 +44,9 @@ pub enum ManagerError {
     /// The conversion webhook could not be served.
     #[error(transparent)]
     Webhook(#[from] crate::webhook::WebhookError),
+    /// The reconcilers ended while this replica led; the process exits so it is restarted.
+    #[error("the reconcilers stopped unexpectedly ({0}); capmox exits so it is restarted")]
+    ControllersStopped(String),
 }
 
 /// How the manager runs.
@@ -226,7 +229,20 @@ pub async fn run(
         let mut controllers =
             tokio::spawn(run_controllers(Arc::new(context), controllers_stop.clone()));
         tokio::select! {
-            _ = &mut controllers => {}
+            ended = &mut controllers => {
+                if !shutdown.is_cancelled() {
+                    // Nothing reconciles any more: exit, so the pod restarts (or another
+                    // replica takes the Lease) instead of renewing a Lease it does not use.
+                    registry.fence();
+                    readiness.set_leading(false);
+                    let cause = match ended {
+                        Ok(()) => "they stopped on their own".to_owned(),
+                        Err(join_error) => join_error.to_string(),
+                    };
+                    tracing::error!(%cause, "the reconcilers stopped while leading; exiting");
+                    return Err(ManagerError::ControllersStopped(cause));
+                }
+            }
             _ = async { leading.wait_for(|leading| !*leading).await.is_ok() } => {
                 if shutdown.is_cancelled() {
                     tracing::info!("lease released for shutdown; stopping all reconcilers");

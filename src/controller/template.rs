@@ -68,6 +68,9 @@ const RESOLVED: &str = api::conditions::CAPACITY_RESOLVED;
 /// Why a reconcile failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
+    /// The reconcile panicked (a bug); the object is retried with back-off.
+    #[error(transparent)]
+    Panicked(#[from] super::metrics::Panicked),
     /// A Kubernetes API call failed.
     #[error("Kubernetes API error: {0}")]
     Kube(#[from] kube::Error),

@@ -440,22 +440,29 @@ pub(crate) fn jitter_fraction(state: &AtomicU64) -> f64 {
     (r as f64) / ((1u64 << 53) as f64)
 }
 
-/// The `Retry-After` of a response: delay-seconds or an HTTP date (RFC 9110 §10.2.3).
+/// The longest `Retry-After` honoured: a server asking for more (or for centuries) is waited
+/// on this long, so a proxy's odd header cannot park a machine for good or overflow a clock.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// The `Retry-After` of a response: delay-seconds or an HTTP date (RFC 9110 §10.2.3), at most
+/// [`MAX_RETRY_AFTER`].
 pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let value = headers
         .get(reqwest::header::RETRY_AFTER)?
         .to_str()
         .ok()?
         .trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = k8s_openapi::jiff::fmt::rfc2822::parse(value).ok()?;
-    let wait = at
-        .timestamp()
-        .duration_since(k8s_openapi::jiff::Timestamp::now());
-    // A date in the past means "now".
-    Some(Duration::try_from(wait).unwrap_or(Duration::ZERO))
+    let wait = if let Ok(seconds) = value.parse::<u64>() {
+        Duration::from_secs(seconds)
+    } else {
+        let at = k8s_openapi::jiff::fmt::rfc2822::parse(value).ok()?;
+        let wait = at
+            .timestamp()
+            .duration_since(k8s_openapi::jiff::Timestamp::now());
+        // A date in the past means "now".
+        Duration::try_from(wait).unwrap_or(Duration::ZERO)
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -570,6 +577,15 @@ mod tests {
             HeaderValue::from_static("120"),
         );
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(120)));
+        for huge in ["18446744073709551615", "100000000"] {
+            headers.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static(huge));
+            assert_eq!(retry_after(&headers), Some(MAX_RETRY_AFTER), "{huge}");
+        }
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_static("Fri, 31 Dec 2100 23:59:59 GMT"),
+        );
+        assert_eq!(retry_after(&headers), Some(MAX_RETRY_AFTER), "a far date");
         let soon =
             k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(30);
         let date = k8s_openapi::jiff::fmt::rfc2822::to_string(

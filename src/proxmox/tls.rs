@@ -29,12 +29,14 @@ impl Fingerprint {
                 "fingerprint '{text}' must be 32 bytes of hex (SHA-256), e.g. 'AB:CD:...'"
             ))
         };
-        if hex.len() != 64 {
+        // Checked as characters, not bytes: a multi-byte character must not split a slice.
+        if hex.chars().count() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
             return Err(bad());
         }
         let mut out = [0u8; 32];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        for (byte, pair) in out.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+            let pair = std::str::from_utf8(pair).map_err(|_| bad())?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
         }
         Ok(Self(out))
     }
@@ -297,6 +299,19 @@ mod tests {
         assert!(Fingerprint::parse(&"ZZ".repeat(32)).is_err());
         assert!(fp.ct_eq(&lower));
         assert!(!fp.ct_eq(&Fingerprint([0; 32])));
+    }
+
+    #[test]
+    fn a_fingerprint_with_non_ascii_characters_is_an_error_not_a_panic() {
+        for text in [
+            format!("é{}", "A".repeat(62)),
+            format!("€{}", "B".repeat(61)),
+            format!("{}ä{}", "C".repeat(30), "D".repeat(32)),
+            "Ⅻ".repeat(32),
+        ] {
+            let error = Fingerprint::parse(&text).expect_err(&text);
+            assert!(error.to_string().contains("32 bytes of hex"), "{error}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod common;
 mod machine_support;
 
 mod api_validation;
+mod bad_input;
 mod bench_analysis;
 mod capi_views;
 mod cli;

@@ -133,6 +133,9 @@ const UNNAMED_STEP: &str = "talking to Proxmox";
 /// Why a reconcile failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
+    /// The reconcile panicked (a bug); the object is retried with back-off.
+    #[error(transparent)]
+    Panicked(#[from] crate::controller::metrics::Panicked),
     /// A Kubernetes API call failed.
     #[error("Kubernetes API error: {0}")]
     Kube(#[from] kube::Error),
