@@ -209,7 +209,7 @@ pub(super) fn disk_size_gb(value: &str) -> Option<u64> {
     );
     let number: u64 = number.parse().ok()?;
     Some(match unit {
-        "T" => number * 1024,
+        "T" => number.checked_mul(1024)?,
         "G" | "" => number,
         "M" => number / 1024,
         "K" => number / (1024 * 1024),
@@ -237,5 +237,10 @@ mod tests {
             Some(1024)
         );
         assert_eq!(disk_size_gb("ceph:vm-100-disk-0"), None);
+        assert_eq!(
+            disk_size_gb("ceph:vm-100-disk-0,size=18446744073709551615T"),
+            None,
+            "a size beyond u64 is unreadable, not a panic"
+        );
     }
 }
