@@ -35,7 +35,7 @@ pub enum CrdError {
         /// CRD name.
         name: String,
         /// Underlying error.
-        source: serde_yaml::Error,
+        source: serde_norway::Error,
     },
 }
 
@@ -95,7 +95,7 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
     })?;
     // The typed schema stores bounds as floats; publish whole numbers as integers.
     tidy_schema(&mut json);
-    serde_yaml::to_string(&json).map_err(|source| CrdError::Yaml { name, source })
+    serde_norway::to_string(&json).map_err(|source| CrdError::Yaml { name, source })
 }
 
 /// All CRDs as one multi-document YAML stream, as `capmox crds` prints it.

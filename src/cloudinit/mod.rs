@@ -66,7 +66,7 @@ pub enum CloudInitError {
     /// The network-config is invalid.
     #[error(transparent)]
     Network(#[from] NetworkConfigError),
-    /// serde_yaml refused the document (a bug in capmox).
+    /// serde_norway refused the document (a bug in capmox).
     #[error("rendering meta-data as YAML failed: {0}")]
     Yaml(String),
 }

@@ -229,7 +229,7 @@ pub enum NetworkConfigError {
          (0.0.0.0/0 or ::/0); give an IP pool a gateway or add a route with to: default"
     )]
     MissingDefaultRoute,
-    /// serde_yaml refused the document (a bug in capmox).
+    /// serde_norway refused the document (a bug in capmox).
     #[error("rendering network-config as YAML failed: {0}")]
     Yaml(String),
 }

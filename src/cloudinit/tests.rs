@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use serde_yaml::Value;
+use serde_norway::Value;
 
 use super::*;
 use crate::api::{NetworkModel, RouteSpec, RoutingPolicySpec, VrfDevice};
@@ -58,7 +58,7 @@ fn route(to: &str, via: Option<&str>) -> RouteSpec {
 }
 
 fn yaml(s: &str) -> Value {
-    serde_yaml::from_str(s).expect("valid YAML")
+    serde_norway::from_str(s).expect("valid YAML")
 }
 
 fn render(nics: &[ResolvedNic], vrfs: &[VrfDevice], a: &[NicAddresses]) -> Value {

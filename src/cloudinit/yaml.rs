@@ -1,4 +1,4 @@
-//! YAML for cloud-init, which reads it with PyYAML (YAML 1.1): serde_yaml writes YAML 1.2 and
+//! YAML for cloud-init, which reads it with PyYAML (YAML 1.1): serde_norway writes YAML 1.2 and
 //! leaves strings such as the QEMU MAC `52:54:00:12:34:56` (a base-60 integer in YAML 1.1) or a
 //! VRF named `on` (a boolean) unquoted. Those strings are single-quoted here, and the result is
 //! parsed back and compared with the document as a self-check.
@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 use serde::Serialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 /// Plain scalars that YAML 1.1 (PyYAML's resolver) reads as something other than a string.
 static YAML11_NON_STRING: LazyLock<Option<Regex>> = LazyLock::new(|| {
@@ -58,8 +58,8 @@ fn quote_if(token: &str, risky: &BTreeSet<String>) -> String {
 
 /// Block-style YAML of `doc` that YAML 1.1 and 1.2 readers both read as the same document.
 pub(crate) fn to_string<T: Serialize>(doc: &T) -> Result<String, String> {
-    let value = serde_yaml::to_value(doc).map_err(|e| e.to_string())?;
-    let text = serde_yaml::to_string(&value).map_err(|e| e.to_string())?;
+    let value = serde_norway::to_value(doc).map_err(|e| e.to_string())?;
+    let text = serde_norway::to_string(&value).map_err(|e| e.to_string())?;
     let mut risky = BTreeSet::new();
     collect(&value, &mut risky);
     if risky.is_empty() {
@@ -86,7 +86,7 @@ pub(crate) fn to_string<T: Serialize>(doc: &T) -> Result<String, String> {
         }
         out.push('\n');
     }
-    let back: Value = serde_yaml::from_str(&out).map_err(|e| e.to_string())?;
+    let back: Value = serde_norway::from_str(&out).map_err(|e| e.to_string())?;
     if back != value {
         return Err("quoting for YAML 1.1 changed the document".to_owned());
     }

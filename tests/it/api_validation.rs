@@ -33,18 +33,18 @@ fn schema_for(kind: &str) -> Value {
 }
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
+    serde_norway::Deserializer::from_str(text)
         .map(|doc| Value::deserialize_from(doc))
         .filter(|v| !v.is_null())
         .collect()
 }
 
 trait FromYamlDoc {
-    fn deserialize_from(doc: serde_yaml::Deserializer<'_>) -> Self;
+    fn deserialize_from(doc: serde_norway::Deserializer<'_>) -> Self;
 }
 
 impl FromYamlDoc for Value {
-    fn deserialize_from(doc: serde_yaml::Deserializer<'_>) -> Self {
+    fn deserialize_from(doc: serde_norway::Deserializer<'_>) -> Self {
         serde::Deserialize::deserialize(doc).expect("valid YAML")
     }
 }

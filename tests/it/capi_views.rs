@@ -15,7 +15,7 @@ fn upstream_schema(file: &str, version: &str) -> Option<Value> {
         .join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let crd: Value = serde_yaml::from_str(&text).expect("upstream CRD parses");
+    let crd: Value = serde_norway::from_str(&text).expect("upstream CRD parses");
     let versions = crd["spec"]["versions"].as_array()?.clone();
     let found = versions.into_iter().find(|v| v["name"] == version)?;
     Some(found["schema"]["openAPIV3Schema"].clone())

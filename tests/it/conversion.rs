@@ -429,7 +429,7 @@ fn unknown_versions_and_kinds_and_malformed_objects_are_refused_with_a_reason() 
 fn documents(path: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(data(path)).expect("test data");
     let text = substitute(&text, TEMPLATE_VALUES);
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .filter_map(|d| <Value as serde::Deserialize>::deserialize(d).ok())
         .filter(|v| v.is_object())
         .collect()

@@ -48,7 +48,7 @@ type Grant = (String, String, String);
 
 fn yaml(path: &str) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// The grants of a Role or ClusterRole; wildcards and `resourceNames` are refused, since a

@@ -20,7 +20,7 @@ fn read_out(file: &str) -> String {
 }
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
+    serde_norway::Deserializer::from_str(text)
         .map(|doc| serde::Deserialize::deserialize(doc).expect("valid YAML"))
         .filter(|v: &Value| !v.is_null())
         .collect()
@@ -58,7 +58,7 @@ fn components_have_one_namespace_and_the_provider_label_everywhere() {
 #[test]
 fn crds_are_named_and_labelled_for_clusterctl() {
     let metadata: Value =
-        serde_yaml::from_str(&read_out("metadata.yaml")).expect("metadata parses");
+        serde_norway::from_str(&read_out("metadata.yaml")).expect("metadata parses");
     let version = semver_series(env!("CARGO_PKG_VERSION"));
     let contract = metadata["releaseSeries"]
         .as_array()
@@ -713,7 +713,7 @@ fn schema_of(kind: &str, version: &str) -> Option<Value> {
         );
     }
     files.into_iter().find_map(|file| {
-        let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&file).ok()?).ok()?;
+        let crd: Value = serde_norway::from_str(&std::fs::read_to_string(&file).ok()?).ok()?;
         if crd["spec"]["names"]["kind"] != kind {
             return None;
         }
@@ -1122,7 +1122,7 @@ fn the_flatcar_flavor_bootstraps_with_ignition() {
         let additional = config["ignition"]["containerLinuxConfig"]["additionalConfig"]
             .as_str()
             .expect("Container Linux Config");
-        let clc: Value = serde_yaml::from_str(additional).expect("the CLC is YAML");
+        let clc: Value = serde_norway::from_str(additional).expect("the CLC is YAML");
         assert!(
             clc["systemd"]["units"]
                 .to_string()
@@ -1381,7 +1381,7 @@ fn rendered_patch_template(text: &str, variables: &serde_json::Map<String, Value
         last = range.end;
     }
     out.push_str(&text[last..]);
-    serde_yaml::from_str(&out)
+    serde_norway::from_str(&out)
         .unwrap_or_else(|e| panic!("the rendered template is no YAML: {e}\n{out}"))
 }
 
@@ -1748,7 +1748,7 @@ fn the_cluster_class_takes_a_template_selector_ipv6_and_overrides() {
     );
     let control_plane = validated("class", &control_plane);
     let config = &control_plane["spec"]["template"]["spec"]["kubeadmConfigSpec"];
-    let pod: Value = serde_yaml::from_str(
+    let pod: Value = serde_norway::from_str(
         kubeadm_file("class", config, KUBE_VIP_MANIFEST)["content"]
             .as_str()
             .expect("content"),
@@ -1762,7 +1762,7 @@ fn the_cluster_class_takes_a_template_selector_ipv6_and_overrides() {
             &kcp["spec"]["kubeadmConfigSpec"],
             KUBE_VIP_MANIFEST,
         );
-        serde_yaml::from_str(file["content"].as_str().expect("content")).expect("a Pod")
+        serde_norway::from_str(file["content"].as_str().expect("content")).expect("a Pod")
     };
     assert_eq!(
         pod["spec"]["containers"][0]["image"], default_pod["spec"]["containers"][0]["image"],
@@ -1841,7 +1841,7 @@ fn kubelet_arg<'a>(config: &'a Value, phase: &str, name: &str) -> Option<&'a str
 /// on any other expression.
 fn cloud_init_jinja(text: &str, meta_data: &str) -> String {
     let doc: serde_json::Map<String, Value> =
-        serde_yaml::from_str(meta_data).expect("meta-data is YAML");
+        serde_norway::from_str(meta_data).expect("meta-data is YAML");
     let mut keys = doc.clone();
     for (key, value) in &doc {
         keys.insert(key.replace('-', "_"), value.clone());
@@ -2001,7 +2001,7 @@ fn every_control_plane_runs_kube_vip_on_the_endpoint() {
         let manifest = kubeadm_file(template, config, KUBE_VIP_MANIFEST)["content"]
             .as_str()
             .expect("content");
-        let pod: Value = serde_yaml::from_str(manifest)
+        let pod: Value = serde_norway::from_str(manifest)
             .unwrap_or_else(|e| panic!("{template}: kube-vip.yaml is no YAML: {e}"));
         assert_eq!(
             (&pod["apiVersion"], &pod["kind"]),
@@ -2092,7 +2092,7 @@ fn every_control_plane_runs_kube_vip_on_the_endpoint() {
         let substitutions = sed_substitutions(script);
         assert_eq!(substitutions.len(), 2, "{template}: {substitutions:?}");
         let during_init = manifest.replace(&substitutions[0].0, &substitutions[0].1);
-        let pod_during_init: Value = serde_yaml::from_str(&during_init).expect("still YAML");
+        let pod_during_init: Value = serde_norway::from_str(&during_init).expect("still YAML");
         assert_eq!(
             kube_vip_kubeconfig(&pod_during_init),
             ("/etc/kubernetes/super-admin.conf".to_owned(), admin),

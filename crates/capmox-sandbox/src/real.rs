@@ -175,7 +175,7 @@ pub fn shipped_rbac(manifests: &str) -> Result<(Vec<Value>, ServiceAccountRef), 
     ];
     let mut objects = Vec::new();
     let mut deployment_account = None;
-    for document in serde_yaml::Deserializer::from_str(manifests) {
+    for document in serde_norway::Deserializer::from_str(manifests) {
         let object: Value = serde::Deserialize::deserialize(document).map_err(|e| e.to_string())?;
         let kind = object["kind"].as_str().unwrap_or_default();
         if kind == "Deployment" {
@@ -220,7 +220,7 @@ pub fn shipped_rbac(manifests: &str) -> Result<(Vec<Value>, ServiceAccountRef), 
 
 /// The release manifests' ValidatingWebhookConfiguration.
 fn shipped_validation(manifests: &str) -> Result<Value, String> {
-    for document in serde_yaml::Deserializer::from_str(manifests) {
+    for document in serde_norway::Deserializer::from_str(manifests) {
         let object: Value = serde::Deserialize::deserialize(document).map_err(|e| e.to_string())?;
         if object["kind"] == "ValidatingWebhookConfiguration" {
             return Ok(object);
@@ -299,7 +299,7 @@ async fn install_crds(
             message: e.to_string(),
         })?;
         let crd: CustomResourceDefinition =
-            serde_yaml::from_str(&text).map_err(|e| RealError::Manifest {
+            serde_norway::from_str(&text).map_err(|e| RealError::Manifest {
                 path: path.clone(),
                 message: e.to_string(),
             })?;

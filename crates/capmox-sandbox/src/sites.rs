@@ -119,18 +119,18 @@ impl SandboxTopology {
 
     /// Parses and validates `text`; `origin` names it in errors.
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, SitesError> {
-        let value: serde_yaml::Value =
-            serde_yaml::from_str(text).map_err(|e| SitesError::Parse {
+        let value: serde_norway::Value =
+            serde_norway::from_str(text).map_err(|e| SitesError::Parse {
                 path: origin.to_owned(),
                 message: e.to_string(),
             })?;
         let multi_site = value
             .as_mapping()
-            .is_some_and(|m| m.contains_key(serde_yaml::Value::from("sites")));
+            .is_some_and(|m| m.contains_key(serde_norway::Value::from("sites")));
         if !multi_site {
             return Ok(Self::Single(Box::new(Topology::from_yaml(text, origin)?)));
         }
-        let file: SitesFile = serde_yaml::from_value(value).map_err(|e| SitesError::Parse {
+        let file: SitesFile = serde_norway::from_value(value).map_err(|e| SitesError::Parse {
             path: origin.to_owned(),
             message: e.to_string(),
         })?;

@@ -1840,7 +1840,7 @@ mod tests {
     fn bootstrap_data_is_cloud_config_yaml() {
         let text = bootstrap_cloud_config("m1");
         assert!(text.starts_with("#cloud-config\n"));
-        let parsed: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
-        assert_eq!(parsed["hostname"], serde_yaml::Value::from("m1"));
+        let parsed: serde_norway::Value = serde_norway::from_str(&text).expect("yaml");
+        assert_eq!(parsed["hostname"], serde_norway::Value::from("m1"));
     }
 }

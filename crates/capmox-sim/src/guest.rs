@@ -51,7 +51,7 @@ pub fn addresses(seed: &IsoImage) -> BTreeMap<String, Vec<String>> {
 /// Addresses from a netplan v2 `network-config` (or one nested under `network:`).
 pub fn addresses_from_network_config(data: &[u8]) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
-    let Ok(doc) = serde_yaml::from_slice::<serde_yaml::Value>(data) else {
+    let Ok(doc) = serde_norway::from_slice::<serde_norway::Value>(data) else {
         return out;
     };
     let root = doc.get("network").unwrap_or(&doc);

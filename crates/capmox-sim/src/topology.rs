@@ -211,7 +211,7 @@ fn default_disk() -> u64 {
 impl Topology {
     /// Parses YAML (a superset of JSON).
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, TopologyError> {
-        let t: Topology = serde_yaml::from_str(text).map_err(|e| TopologyError::Parse {
+        let t: Topology = serde_norway::from_str(text).map_err(|e| TopologyError::Parse {
             path: origin.to_string(),
             message: e.to_string(),
         })?;

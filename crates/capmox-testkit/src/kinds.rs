@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 pub enum KindError {
     /// The YAML did not parse.
     #[error("invalid CRD YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_norway::Error),
     /// The document is not a CustomResourceDefinition or lacks a required field.
     #[error("invalid CRD document: {0}")]
     Invalid(String),
@@ -267,7 +267,7 @@ impl KindInfo {
     /// Parse every CustomResourceDefinition in a (multi-document) YAML string.
     pub fn from_crd_yaml(yaml: &str) -> Result<Vec<KindInfo>, KindError> {
         let mut out = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
+        for doc in serde_norway::Deserializer::from_str(yaml) {
             let value = <Value as serde::Deserialize>::deserialize(doc)?;
             if value.is_null() {
                 continue;

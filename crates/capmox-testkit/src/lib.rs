@@ -208,7 +208,7 @@ pub enum TestkitError {
     },
     /// A manifest given to [`ApiServer::create_yaml`] did not parse.
     #[error("invalid manifest YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_norway::Error),
     /// The server refused an object given to [`ApiServer::create_yaml`].
     #[error("{0}")]
     Api(#[from] ApiError),
@@ -277,7 +277,7 @@ impl ApiServer {
             ..Default::default()
         };
         let mut kinds = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
+        for doc in serde_norway::Deserializer::from_str(yaml) {
             let crd = <Value as serde::Deserialize>::deserialize(doc).map_err(KindError::from)?;
             if crd.is_null() {
                 continue;
@@ -581,7 +581,7 @@ impl ApiServer {
             ..Default::default()
         };
         let mut out = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
+        for doc in serde_norway::Deserializer::from_str(yaml) {
             let mut obj = <Value as serde::Deserialize>::deserialize(doc)?;
             if obj.is_null() {
                 continue;

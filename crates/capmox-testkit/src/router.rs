@@ -343,7 +343,7 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
         ));
     }
     serde_json::from_slice(body).or_else(|_| {
-        serde_yaml::from_slice(body)
+        serde_norway::from_slice(body)
             .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
     })
 }

@@ -2024,7 +2024,7 @@ impl Store {
         }
         let mut applied: Value = match serde_json::from_slice(body) {
             Ok(v) => v,
-            Err(_) => serde_yaml::from_slice(body)
+            Err(_) => serde_norway::from_slice(body)
                 .map_err(|e| ApiError::BadRequest(format!("invalid apply patch: {e}")))?,
         };
         if !applied.is_object() {

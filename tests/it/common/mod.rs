@@ -50,7 +50,7 @@ pub fn widget_server() -> ApiServer {
     let server = ApiServer::new();
     server.register_builtin_kinds();
     for crd in [Widget::crd(), Gadget::crd()] {
-        let yaml = serde_yaml::to_string(&crd).expect("CRD serialises");
+        let yaml = serde_norway::to_string(&crd).expect("CRD serialises");
         server
             .register_crd_yaml(&yaml)
             .expect("generated CRD registers");
