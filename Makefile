@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox e2e-real bench soak clean
+.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox e2e-real bench soak clean deny deny-tool advisories sbom
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
@@ -22,14 +22,16 @@ $(TOOLS): requirements.txt
 	touch $@
 
 # The controller image: what docker-build tags and the release manifests' Deployment runs.
-# The default is the name config/manager sets, which nobody publishes yet: build and push your
-# own, e.g. `make docker-build docker-push release-manifests IMG=registry.example.org/capmox:v0.1.0`.
-CONFIG_IMG := ghcr.io/capmox/capmox:v0.1.0
+# The default is the placeholder config/manager sets, in the reserved .invalid domain so that
+# nothing can ever pull it from someone else's namespace: set IMG to your registry, e.g.
+# `make docker-build docker-push release-manifests IMG=registry.example.org/capmox:v0.1.0`.
+CONFIG_IMG := example.invalid/capmox:v0.1.0
 IMG ?= $(CONFIG_IMG)
 # Where release-manifests writes (the tests point it elsewhere to try IMG).
 OUT ?= out
 
 release-manifests: $(TOOLS) ## Write the clusterctl release files to $(OUT)/, the manager running $(IMG).
+	@[ "$(IMG)" != "$(CONFIG_IMG)" ] || echo "note: the manager image is the placeholder $(CONFIG_IMG); for a real install set IMG=<your registry>/capmox:<tag>" >&2
 	mkdir -p $(OUT)
 	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > $(OUT)/components.tmp
 	[ "$$(grep -c 'image: $(CONFIG_IMG)$$' $(OUT)/components.tmp)" = 1 ] \
@@ -64,7 +66,44 @@ crds: ## Regenerate crds/ from the API types.
 crds-check: ## Fail when crds/ differs from what the API types generate.
 	diff -u <($(CARGO) run --locked --quiet --bin capmox -- crds) <(for f in crds/*.yaml; do echo ---; cat "$$f"; done)
 
-verify: fmt-check lint crds-check test ## Everything CI checks.
+# cargo-deny checks deny.toml's licence, duplicate-version and source rules, offline (the
+# advisories need the RustSec database: README "Supply chain"). It is installed into .tools on
+# first use, built with its own target directory (about 5 minutes on 2 cores), and reused after.
+CARGO_DENY_VERSION := 0.20.2
+CARGO_DENY := .tools/bin/cargo-deny
+
+deny-tool:
+	@if [ "$$($(CARGO_DENY) --version 2>/dev/null)" != "cargo-deny $(CARGO_DENY_VERSION)" ]; then \
+	  echo "installing cargo-deny $(CARGO_DENY_VERSION) into .tools" >&2; \
+	  CARGO_TARGET_DIR=.tools/target CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+	    $(CARGO) install --quiet --locked cargo-deny --version $(CARGO_DENY_VERSION) --root .tools; \
+	  rm -rf .tools/target; \
+	fi
+
+deny: deny-tool ## Licences, duplicate crate versions and sources of the dependency graph (deny.toml).
+	$(CARGO) fetch --locked
+	$(CARGO_DENY) --offline --locked --workspace check bans licenses sources
+
+# Not part of verify: advisories need the RustSec database. ADVISORY_DB=<a clone of
+# https://github.com/rustsec/advisory-db> checks against that clone, offline (linked under the
+# directory name cargo-deny derives from the default database URL); without it, cargo-deny
+# fetches the database into .tools/advisory-dbs.
+ADVISORY_DB ?=
+advisories: deny-tool ## RustSec advisories of the dependency graph (ADVISORY_DB=<local clone> to stay offline).
+	@if [ -n "$(ADVISORY_DB)" ]; then \
+	  mkdir -p .tools/advisory-dbs; \
+	  ln -sfn "$$(realpath "$(ADVISORY_DB)")" .tools/advisory-dbs/advisory-db-3157b0e258782691; \
+	  $(CARGO_DENY) --offline --locked --workspace check advisories; \
+	else \
+	  $(CARGO_DENY) --locked --workspace check advisories; \
+	fi
+
+# A CycloneDX SBOM of the capmox binary's dependencies, from Cargo.lock (no network).
+sbom: ## Write the product's CycloneDX SBOM to $(OUT)/capmox.cdx.json.
+	mkdir -p $(OUT)
+	python3 hack/sbom.py --out $(OUT)/capmox.cdx.json
+
+verify: fmt-check lint crds-check deny test ## Everything CI checks.
 
 sandbox: ## See capmox work end to end on this machine (simulated Proxmox, in-process Kubernetes API).
 	$(CARGO) run --locked --quiet -p capmox-sandbox -- $(SANDBOX_ARGS)
