@@ -68,7 +68,7 @@ crds-check: ## Fail when crds/ differs from what the API types generate.
 
 # cargo-deny checks deny.toml's licence, duplicate-version and source rules, offline (the
 # advisories need the RustSec database: README "Supply chain"). It is installed into .tools on
-# first use, built with its own target directory (about 5 minutes on 2 cores), and reused after.
+# first use, built with its own target directory (5 to 10 minutes on 2 cores), and reused after.
 CARGO_DENY_VERSION := 0.20.2
 CARGO_DENY := .tools/bin/cargo-deny
 
