@@ -253,27 +253,9 @@ impl Reconcile<'_> {
         resources: &[ClusterResource],
     ) -> Result<Result<(TemplateChoice, String), Step>, MachineError> {
         let templates = crate::controller::inventory::templates(resources);
-        let copies = match placement.template() {
-            TemplateSource::Id { vmid, node } => {
-                let vmid = u32::try_from(*vmid).unwrap_or_default();
-                let listed = templates.iter().find(|t| t.vmid == vmid);
-                vec![TemplateInfo {
-                    node: node.clone(),
-                    vmid,
-                    name: listed
-                        .as_ref()
-                        .map(|t| t.name.clone())
-                        .filter(|n| !n.is_empty())
-                        .unwrap_or_else(|| vmid.to_string()),
-                    tags: listed.map(|t| t.tags.clone()).unwrap_or_default(),
-                }]
-            }
-            TemplateSource::Tags(selector) => {
-                match placement::select_template(selector, &templates) {
-                    Ok(copies) => copies,
-                    Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
-                }
-            }
+        let copies = match template_copies(placement.template(), &templates) {
+            Ok(copies) => copies,
+            Err((reason, message)) => return Ok(Err(self.template_refused(scope, reason, message).await)),
         };
         // Where the copies' volumes live matters only for a candidate node without a copy.
         let elsewhere = match placement.candidates() {
@@ -355,12 +337,13 @@ impl Reconcile<'_> {
     /// Waits on a template problem (checked again in a minute: templates are not watched),
     /// giving back any memory reserved for the machine.
     pub(super) async fn template_waiting(&self, scope: &Scope, error: &TemplateError) -> Step {
+        self.template_refused(scope, error.reason(), error.to_string())
+            .await
+    }
+
+    async fn template_refused(&self, scope: &Scope, reason: &'static str, message: String) -> Step {
         self.context.reservations.lock().await.release(&scope.name);
-        waiting(
-            error.reason(),
-            error.to_string(),
-            Action::requeue(Duration::from_secs(60)),
-        )
+        waiting(reason, message, Action::requeue(Duration::from_secs(60)))
     }
 
     /// A VMID for the machine, claimed for it: the recorded one while no VM uses it, else the
@@ -508,6 +491,63 @@ impl Reconcile<'_> {
     }
 }
 
+/// The copies of the template `source` names among the listed `templates`, or why none may be
+/// cloned (a condition reason and message). Only a VM Proxmox flags as a template is cloned:
+/// any other VMID (another tenant's VM, say) would be copied, disks and all, and booted with
+/// this machine's user data.
+pub(super) fn template_copies(
+    source: &TemplateSource,
+    templates: &[TemplateInfo],
+) -> Result<Vec<TemplateInfo>, (&'static str, String)> {
+    let copies = match source {
+        TemplateSource::Id { vmid, node } => {
+            let listed = u32::try_from(*vmid)
+                .ok()
+                .and_then(|vmid| templates.iter().find(|t| t.vmid == vmid && t.node == *node))
+                .ok_or_else(|| {
+                    (
+                        "TemplateNotFound",
+                        format!(
+                            "VM {vmid} on {node} is not a template (or Proxmox does not list it); set spec.templateID and spec.sourceNode to a VM template, or use spec.templateSelector"
+                        ),
+                    )
+                })?;
+            vec![TemplateInfo {
+                name: Some(listed.name.clone())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| listed.vmid.to_string()),
+                ..listed.clone()
+            }]
+        }
+        TemplateSource::Tags(selector) => placement::select_template(selector, templates)
+            .map_err(|error| (error.reason(), error.to_string()))?,
+    };
+    // A clone inherits its template's tags: one carrying a machine's tag would look like that
+    // machine's VM, which no other machine adopts.
+    if let Some(tagged) = copies
+        .iter()
+        .find(|c| c.tags.iter().any(|t| is_machine_tag(t)))
+    {
+        let tags: Vec<&str> = tagged
+            .tags
+            .iter()
+            .filter(|t| is_machine_tag(t))
+            .map(String::as_str)
+            .collect();
+        return Err((
+            "InvalidTemplate",
+            format!(
+                "VM template {} (VMID {}) on {} carries the capmox machine tag {}; remove it from the template",
+                tagged.name,
+                tagged.vmid,
+                tagged.node,
+                tags.join(", ")
+            ),
+        ));
+    }
+    Ok(copies)
+}
+
 /// Whether Proxmox calls `vmid` free (`/cluster/nextid?vmid=`): a used or invalid one is not.
 pub(super) async fn vmid_free(proxmox: &ProxmoxClient, vmid: u32) -> Result<bool, MachineError> {
     match proxmox.next_id(Some(vmid)).await {
@@ -536,9 +576,12 @@ pub(super) fn vms(resources: &[ClusterResource]) -> impl Iterator<Item = &Cluste
 
 /// What ties a VM to a machine. The tag (from the UID) is lost when `clusterctl move` or a
 /// restore re-creates the machine; its name, `spec.virtualMachineID` and `spec.providerID` (the
-/// VM's SMBIOS UUID) are not, so a VM named after the machine is also its machine's when its
+/// VM's SMBIOS UUID) are not. A VM named after the machine is also its machine's when its
 /// SMBIOS UUID is the one `spec.providerID` names, or (without a provider ID) when it carries
-/// no machine tag (a clone in flight, a Go provider VM) or its VMID is the one in the spec.
+/// no machine tag at all and its VMID is the one in the spec: a clone of this machine in
+/// flight, since the VMID goes into the spec before the clone is requested and the tag only
+/// after the provider ID is recorded. The spec alone never claims a VM that carries another
+/// machine's tag: anyone who may write a ProxmoxMachine can write its spec.
 pub(super) struct Identity<'a> {
     tag: String,
     name: &'a str,
@@ -580,14 +623,14 @@ impl<'a> Identity<'a> {
         if let Some(uuid) = self.uuid {
             return smbios_uuid(config).is_some_and(|u| u.eq_ignore_ascii_case(uuid));
         }
-        let tagged_for_another = tags.iter().any(|t| is_machine_tag(t));
-        !tagged_for_another || self.spec_vmid == Some(vmid)
+        !tags.iter().any(|t| is_machine_tag(t)) && self.spec_vmid == Some(vmid)
     }
 
     /// Whether the listing alone shows the VM to be the one this controller recorded in the
-    /// machine's status (VMID and node), as its config would: named after the machine and
-    /// without another machine's tag (the listing may predate this machine's tag). A status
-    /// does not survive a move or restore, so an adopted VM is still checked by its config.
+    /// machine's status (VMID and node) and spec (VMID), as its config would: named after the
+    /// machine and without any machine's tag (the listing may predate this machine's tag). A
+    /// status does not survive a move or restore, so an adopted VM is still checked by its
+    /// config.
     pub(super) fn listed_as_recorded(
         &self,
         vm: &ClusterResource,
@@ -599,7 +642,8 @@ impl<'a> Identity<'a> {
             && status.proxmox_node.is_some()
             && vm.node == status.proxmox_node
             && vm.name.as_deref() == Some(self.name)
-            && (!vm.tags.iter().any(|t| is_machine_tag(t)) || self.spec_vmid == vm.vmid)
+            && self.spec_vmid == vm.vmid
+            && !vm.tags.iter().any(|t| is_machine_tag(t))
     }
 
     /// The listed VM `vm` as it is now, if it is the machine's (its config is read unless its
