@@ -601,6 +601,86 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_proxmox_url_is_an_origin_capmox_can_join_its_api_paths_to() {
+        for good in [
+            "https://pve.example:8006",
+            "https://pve.example:8006/",
+            "https://pve.example:8006/api2/json",
+            "http://127.0.0.1:41234",
+            "https://[fd00::1]:8006",
+        ] {
+            assert_eq!(check_url(good), Ok(()), "{good}");
+        }
+        for (bad, problem) in [
+            ("ftp://pve.example", "must be an http(s) URL"),
+            ("pve.example:8006", "must be an http(s) URL"),
+            ("https://pve.example:8006/#", "fragment"),
+            ("https://pve.example:8006#/api2/json", "fragment"),
+            ("https://pve.example:8006/?x=1", "query"),
+            ("https://pve.example:8006/other/api2/json", "no path but /api2/json"),
+            ("https://evil.example/steal?", "query"),
+            ("https://:8006", "not a URL"),
+        ] {
+            let error = check_url(bad).expect_err(bad);
+            assert!(error.contains(problem), "{bad}: {error}");
+        }
+        let error = check_url("https://root:hunter2@pve.example").expect_err("user info");
+        assert!(error.contains("user name or password"), "{error}");
+        assert!(!error.contains("hunter2"), "the password leaked: {error}");
+    }
+
+    #[test]
+    fn an_allowlist_of_origins_refuses_every_other_proxmox() {
+        let mut global = GlobalCredentials::default();
+        assert_eq!(global.refused_origin("https://anywhere.example:8006"), None);
+        global.allowed_urls = Some(comma_list("https://pve1.example:8006, https://PVE2.example"));
+        assert_eq!(global.refused_origin("https://pve1.example:8006/api2/json"), None);
+        assert_eq!(global.refused_origin("https://pve2.example:443"), None);
+        for refused in [
+            "http://pve1.example:8006",
+            "https://pve1.example:8007",
+            "https://pve3.example:8006",
+        ] {
+            let problem = global.refused_origin(refused).expect(refused);
+            assert!(problem.contains("--allowed-proxmox-urls"), "{problem}");
+        }
+    }
+
+    #[test]
+    fn global_credentials_serve_only_the_namespaces_the_installer_listed() {
+        let mut global = GlobalCredentials {
+            url: Some("https://pve.example:8006".into()),
+            token_id: Some("capmox@pve!capi".into()),
+            secret: Some(Secret::new(SECRET)),
+            ..GlobalCredentials::default()
+        };
+        let refused = global.for_namespace("team-a").expect_err("none listed");
+        assert_eq!(refused.reason(), "CredentialsNotFound");
+        assert!(
+            refused.to_string().contains("--global-credentials-namespaces"),
+            "{refused}"
+        );
+        global.namespaces = comma_list("team-b, team-a");
+        assert!(global.for_namespace("team-a").is_ok());
+        assert!(global.for_namespace("team-c").is_err());
+        global.namespaces = comma_list("*");
+        assert!(global.for_namespace("team-c").is_ok());
+        assert!(matches!(
+            GlobalCredentials::default().for_namespace("team-a"),
+            Err(CredentialsError::NotConfigured)
+        ));
+    }
+
+    #[test]
+    fn secrets_are_read_in_any_namespace_unless_the_installer_listed_some() {
+        let mut global = GlobalCredentials::default();
+        assert!(global.reads_secrets_in("anywhere"));
+        global.secret_namespaces = Some(comma_list("team-a"));
+        assert!(global.reads_secrets_in("team-a"));
+        assert!(!global.reads_secrets_in("team-b"));
+    }
+
     fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
         pairs
             .iter()

@@ -44,6 +44,7 @@ mod soak;
 mod standin;
 mod standin_capmox;
 mod template_capacity;
+mod tenancy;
 mod testkit_controller;
 mod testkit_crud;
 mod testkit_faults;

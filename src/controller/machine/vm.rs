@@ -760,3 +760,79 @@ pub(super) enum Picked {
     /// None is free.
     Exhausted,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(uid: &str, vmid: Option<i64>) -> ProxmoxMachine {
+        let mut machine = ProxmoxMachine::new("web-1", Default::default());
+        machine.metadata.uid = Some(uid.into());
+        machine.spec.virtual_machine_id = vmid;
+        machine
+    }
+
+    fn config(name: &str, tags: &str, uuid: &str) -> VmConfig {
+        serde_json::from_value(json!({
+            "name": name, "tags": tags, "smbios1": format!("uuid={uuid}")
+        }))
+        .expect("config")
+    }
+
+    const UUID: &str = "5a4c8f3e-0000-4000-8000-000000000001";
+
+    /// Another tenant's machine of the same name whose spec names this VM's VMID does not own
+    /// it: the spec is anyone's to write, the tag and the SMBIOS UUID are not.
+    #[test]
+    fn the_spec_vmid_never_claims_a_vm_that_carries_another_machines_tag() {
+        let owner = machine("aaaaaaaa-1111-2222-3333-444444444444", Some(100));
+        let owner_tag = machine_tag(&owner);
+        let vm = config("web-1", &format!("{owner_tag};prod"), UUID);
+        assert!(Identity::of(&owner, "web-1").owns(&vm, 100));
+
+        let intruder = machine("bbbbbbbb-1111-2222-3333-444444444444", Some(100));
+        assert!(!Identity::of(&intruder, "web-1").owns(&vm, 100));
+
+        // A move or restore (new UID) is recognised by the SMBIOS UUID its spec recorded.
+        let mut moved = machine("cccccccc-1111-2222-3333-444444444444", Some(100));
+        moved.spec.provider_id = Some(format!("proxmox://{UUID}"));
+        assert!(Identity::of(&moved, "web-1").owns(&vm, 100));
+
+        // A clone in flight has no tag yet: the VMID its spec recorded before the clone.
+        let untagged = config("web-1", "prod", UUID);
+        assert!(Identity::of(&intruder, "web-1").owns(&untagged, 100));
+        assert!(!Identity::of(&intruder, "web-1").owns(&untagged, 101));
+        assert!(!Identity::of(&machine("dddddddd-1111", None), "web-1").owns(&untagged, 100));
+    }
+
+    fn template(vmid: u32, node: &str, tags: &[&str]) -> TemplateInfo {
+        TemplateInfo {
+            node: node.into(),
+            vmid,
+            name: format!("t{vmid}"),
+            tags: tags.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn only_a_listed_template_is_cloned_by_its_id() {
+        let templates = [template(9000, "pve1", &["ubuntu"])];
+        let by_id = |vmid: i32, node: &str| TemplateSource::Id {
+            vmid,
+            node: node.into(),
+        };
+        let copies = template_copies(&by_id(9000, "pve1"), &templates).expect("a template");
+        assert_eq!(copies, [template(9000, "pve1", &["ubuntu"])]);
+        let (reason, message) = template_copies(&by_id(100, "pve1"), &templates)
+            .expect_err("VM 100 is no template");
+        assert_eq!(reason, "TemplateNotFound");
+        assert!(message.starts_with("VM 100 on pve1 is not a template"), "{message}");
+        assert!(template_copies(&by_id(9000, "pve2"), &templates).is_err());
+
+        let tagged = [template(9001, "pve1", &["capmox-3f2c9c8e1b2a4d6e"])];
+        let (reason, message) = template_copies(&by_id(9001, "pve1"), &tagged)
+            .expect_err("a template with a machine tag");
+        assert_eq!(reason, "InvalidTemplate");
+        assert!(message.contains("capmox-3f2c9c8e1b2a4d6e"), "{message}");
+    }
+}
