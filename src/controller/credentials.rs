@@ -139,9 +139,9 @@ impl CredentialsError {
     /// The `ProxmoxAvailable` condition reason for this error.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::NotConfigured | Self::GlobalNotAllowed { .. } | Self::NotFoundOrNotAllowed { .. } => {
-                "CredentialsNotFound"
-            }
+            Self::NotConfigured
+            | Self::GlobalNotAllowed { .. }
+            | Self::NotFoundOrNotAllowed { .. } => "CredentialsNotFound",
             Self::Invalid { .. } => "CredentialsInvalid",
         }
     }
@@ -281,8 +281,9 @@ fn origin_matches(entry: &str, origin: &str) -> bool {
 /// A Proxmox URL capmox can join its API paths to: http(s), a host, no user info, query or
 /// fragment, and no path but `/api2/json` (which capmox appends itself otherwise).
 pub fn check_url(url: &str) -> Result<(), String> {
-    let parsed = reqwest::Url::parse(url)
-        .map_err(|error| format!("{url:?} is not a URL ({error}); use e.g. https://pve.example.com:8006"))?;
+    let parsed = reqwest::Url::parse(url).map_err(|error| {
+        format!("{url:?} is not a URL ({error}); use e.g. https://pve.example.com:8006")
+    })?;
     let problem = if !matches!(parsed.scheme(), "https" | "http") {
         Some("must be an http(s) URL")
     } else if parsed.host_str().is_none_or(str::is_empty) {
@@ -303,7 +304,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
         Some(problem) if !parsed.username().is_empty() || parsed.password().is_some() => {
             Err(problem.to_owned())
         }
-        Some(problem) => Err(format!("{problem}, got {url:?}; use e.g. https://pve.example.com:8006")),
+        Some(problem) => Err(format!(
+            "{problem}, got {url:?}; use e.g. https://pve.example.com:8006"
+        )),
         None => Ok(()),
     }
 }
@@ -450,7 +453,10 @@ pub(crate) async fn release_secret(
         return Ok(());
     };
     let secret_namespace = reference.namespace.as_deref().unwrap_or(namespace);
-    if !context.global_credentials.reads_secrets_in(secret_namespace) {
+    if !context
+        .global_credentials
+        .reads_secrets_in(secret_namespace)
+    {
         return Ok(());
     }
     let secrets: Api<SecretObject> = Api::namespaced(context.client.clone(), secret_namespace);
@@ -467,7 +473,13 @@ pub(crate) async fn release_secret(
         .iter()
         .any(|other| uses_secret(other, cluster, &secret, secret_namespace));
     let finalizer = (!still_used).then_some(finalizers::CLUSTER_SECRET);
-    release(&secrets, &secret, finalizer, cluster.metadata.uid.as_deref()).await
+    release(
+        &secrets,
+        &secret,
+        finalizer,
+        cluster.metadata.uid.as_deref(),
+    )
+    .await
 }
 
 /// Whether `other`, a ProxmoxCluster other than `deleted` that is not being deleted, uses
@@ -618,7 +630,10 @@ mod tests {
             ("https://pve.example:8006/#", "fragment"),
             ("https://pve.example:8006#/api2/json", "fragment"),
             ("https://pve.example:8006/?x=1", "query"),
-            ("https://pve.example:8006/other/api2/json", "no path but /api2/json"),
+            (
+                "https://pve.example:8006/other/api2/json",
+                "no path but /api2/json",
+            ),
             ("https://evil.example/steal?", "query"),
             ("https://:8006", "not a URL"),
         ] {
@@ -634,8 +649,13 @@ mod tests {
     fn an_allowlist_of_origins_refuses_every_other_proxmox() {
         let mut global = GlobalCredentials::default();
         assert_eq!(global.refused_origin("https://anywhere.example:8006"), None);
-        global.allowed_urls = Some(comma_list("https://pve1.example:8006, https://PVE2.example"));
-        assert_eq!(global.refused_origin("https://pve1.example:8006/api2/json"), None);
+        global.allowed_urls = Some(comma_list(
+            "https://pve1.example:8006, https://PVE2.example",
+        ));
+        assert_eq!(
+            global.refused_origin("https://pve1.example:8006/api2/json"),
+            None
+        );
         assert_eq!(global.refused_origin("https://pve2.example:443"), None);
         for refused in [
             "http://pve1.example:8006",
@@ -658,7 +678,9 @@ mod tests {
         let refused = global.for_namespace("team-a").expect_err("none listed");
         assert_eq!(refused.reason(), "CredentialsNotFound");
         assert!(
-            refused.to_string().contains("--global-credentials-namespaces"),
+            refused
+                .to_string()
+                .contains("--global-credentials-namespaces"),
             "{refused}"
         );
         global.namespaces = comma_list("team-b, team-a");

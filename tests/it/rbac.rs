@@ -432,7 +432,8 @@ async fn the_roles_grant_exactly_what_the_controllers_use() {
     let leader_grants = grants(&leader_role);
 
     let recorded = record_a_lifecycle(Some(&namespace), GlobalCredentials::default()).await;
-    let (denied, used) = check_requests(&recorded, &cluster_grants, &[(&leader_grants, &namespace)]);
+    let (denied, used) =
+        check_requests(&recorded, &cluster_grants, &[(&leader_grants, &namespace)]);
     assert!(
         denied.is_empty(),
         "capmox made requests its roles do not allow (add them to config/rbac):\n{}",
@@ -494,5 +495,8 @@ async fn a_namespaced_secrets_install_reads_secrets_only_through_its_roles() {
         denied.join("\n")
     );
     let unused: Vec<_> = role_grants.difference(&used).collect();
-    assert!(unused.is_empty(), "the Role grants what capmox never used: {unused:?}");
+    assert!(
+        unused.is_empty(),
+        "the Role grants what capmox never used: {unused:?}"
+    );
 }

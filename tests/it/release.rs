@@ -2143,16 +2143,25 @@ pub(crate) fn namespaced_secrets_release(tag: &str, namespaces: &str) -> (Vec<Va
     );
     let read = |file: &str| {
         let path = out.0.join(file);
-        documents(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        documents(
+            &std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
     };
-    (read("infrastructure-components.yaml"), read("secret-namespaces-rbac.yaml"))
+    (
+        read("infrastructure-components.yaml"),
+        read("secret-namespaces-rbac.yaml"),
+    )
 }
 
 /// Whether a role's rules name Secrets.
 fn grants_secrets(role: &Value) -> bool {
-    role["rules"]
-        .as_array()
-        .is_some_and(|rules| rules.iter().any(|r| r["resources"].as_array().is_some_and(|rs| rs.iter().any(|x| x == "secrets"))))
+    role["rules"].as_array().is_some_and(|rules| {
+        rules.iter().any(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.iter().any(|x| x == "secrets"))
+        })
+    })
 }
 
 /// `SECRET_NAMESPACES` makes an install that reads Secrets only where the installer said: the
@@ -2169,7 +2178,10 @@ fn secret_namespaces_give_roles_per_namespace_and_no_cluster_wide_secret_access(
             .expect("the manager's ClusterRole")
     };
     let default_role = manager_role(&components());
-    assert!(grants_secrets(&default_role), "the default install reads Secrets anywhere");
+    assert!(
+        grants_secrets(&default_role),
+        "the default install reads Secrets anywhere"
+    );
 
     let (objects, rbac) = namespaced_secrets_release("release-secret-ns", "team-a team-b");
     let cluster_role = manager_role(&objects);
@@ -2185,13 +2197,23 @@ fn secret_namespaces_give_roles_per_namespace_and_no_cluster_wide_secret_access(
         .find(|o| o["kind"] == "Deployment")
         .expect("a Deployment");
     let args = manager_run_args(&deployment["spec"]["template"]["spec"]["containers"][0]);
-    assert_eq!(args.global_credentials().secret_namespaces, Some(vec!["team-a".to_owned(), "team-b".to_owned()]));
+    assert_eq!(
+        args.global_credentials().secret_namespaces,
+        Some(vec!["team-a".to_owned(), "team-b".to_owned()])
+    );
     assert!(
-        objects.iter().all(|o| o["kind"] != "Role" || o["metadata"]["namespace"] == "capmox-system"),
+        objects
+            .iter()
+            .all(|o| o["kind"] != "Role" || o["metadata"]["namespace"] == "capmox-system"),
         "no Role for a tenant namespace in the components"
     );
 
-    let account = find(&objects, "ServiceAccount", "capmox-system", "capmox-manager");
+    let account = find(
+        &objects,
+        "ServiceAccount",
+        "capmox-system",
+        "capmox-manager",
+    );
     for namespace in ["team-a", "team-b"] {
         let role = find(&rbac, "Role", namespace, "capmox-manager-secrets");
         assert_eq!(
@@ -2201,7 +2223,10 @@ fn secret_namespaces_give_roles_per_namespace_and_no_cluster_wide_secret_access(
         let binding = find(&rbac, "RoleBinding", namespace, "capmox-manager-secrets");
         assert_eq!(binding["roleRef"]["name"], "capmox-manager-secrets");
         assert_eq!(binding["subjects"][0]["name"], account["metadata"]["name"]);
-        assert_eq!(binding["subjects"][0]["namespace"], account["metadata"]["namespace"]);
+        assert_eq!(
+            binding["subjects"][0]["namespace"],
+            account["metadata"]["namespace"]
+        );
     }
     assert_eq!(rbac.len(), 4, "a Role and a RoleBinding per namespace");
 }

@@ -140,7 +140,11 @@ async fn wait_cluster(
         Ok(Ok(Some(cluster))) => cluster,
         other => panic!(
             "timed out waiting for {namespace}/{name}: {what}: {other:?}\nlast seen: {:#?}",
-            api.get_opt(name).await.ok().flatten().and_then(|c| c.status)
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|c| c.status)
         ),
     }
 }
@@ -186,8 +190,20 @@ async fn a_missing_secret_and_a_forbidden_one_look_the_same() {
     let env = Env::start().await;
     credentials(&env, "team-b", "exists", None).await;
     let reference = |name: &str| Some(json!({"name": name, "namespace": "team-b"}));
-    cluster(&env, "default", "forbidden", cluster_spec(reference("exists"))).await;
-    cluster(&env, "default", "missing", cluster_spec(reference("absent"))).await;
+    cluster(
+        &env,
+        "default",
+        "forbidden",
+        cluster_spec(reference("exists")),
+    )
+    .await;
+    cluster(
+        &env,
+        "default",
+        "missing",
+        cluster_spec(reference("absent")),
+    )
+    .await;
     env.run_controllers();
     let forbidden = wait_reason(&env, "default", "forbidden", "CredentialsNotFound").await;
     let missing = wait_reason(&env, "default", "missing", "CredentialsNotFound").await;
@@ -233,7 +249,11 @@ async fn a_namespaced_install_never_reads_a_secret_outside_its_namespaces() {
         .get("creds")
         .await
         .expect("secret");
-    assert!(untouched.finalizers().is_empty(), "{:?}", untouched.metadata);
+    assert!(
+        untouched.finalizers().is_empty(),
+        "{:?}",
+        untouched.metadata
+    );
 }
 
 /// With `--allowed-proxmox-urls`, a Secret naming any other Proxmox is invalid and not adopted.
@@ -246,11 +266,18 @@ async fn a_secret_naming_a_proxmox_outside_the_allowlist_is_refused() {
     };
     let env = with_settings(env, global);
     credentials(&env, "default", "creds", None).await;
-    cluster(&env, "default", "demo", cluster_spec(Some(json!({"name": "creds"})))).await;
+    cluster(
+        &env,
+        "default",
+        "demo",
+        cluster_spec(Some(json!({"name": "creds"}))),
+    )
+    .await;
     env.run_controllers();
     let message = wait_reason(&env, "default", "demo", "CredentialsInvalid").await;
     assert!(
-        message.contains("--allowed-proxmox-urls") && message.contains("credentials Secret default/creds"),
+        message.contains("--allowed-proxmox-urls")
+            && message.contains("credentials Secret default/creds"),
         "{message}"
     );
     let secret = Api::<Secret>::namespaced(env.client(), "default")
@@ -266,7 +293,13 @@ async fn a_secret_url_with_a_fragment_is_refused() {
     let env = Env::start().await;
     let url = format!("{}/#", env.sim.url());
     credentials(&env, "default", "creds", Some(&url)).await;
-    cluster(&env, "default", "demo", cluster_spec(Some(json!({"name": "creds"})))).await;
+    cluster(
+        &env,
+        "default",
+        "demo",
+        cluster_spec(Some(json!({"name": "creds"}))),
+    )
+    .await;
     env.run_controllers();
     let message = wait_reason(&env, "default", "demo", "CredentialsInvalid").await;
     assert!(message.contains("fragment"), "{message}");
@@ -288,7 +321,11 @@ async fn a_shared_secret_stays_held_until_its_last_cluster_is_deleted() {
     let two = wait_cluster(&env, "default", "two", "Ready=True", ready).await;
     let secrets = Api::<Secret>::namespaced(env.client(), "default");
     let owners = |secret: &Secret| -> Vec<String> {
-        let mut uids: Vec<String> = secret.owner_references().iter().map(|o| o.uid.clone()).collect();
+        let mut uids: Vec<String> = secret
+            .owner_references()
+            .iter()
+            .map(|o| o.uid.clone())
+            .collect();
         uids.sort();
         uids
     };
@@ -314,7 +351,11 @@ async fn a_shared_secret_stays_held_until_its_last_cluster_is_deleted() {
             .expect("delete accepted");
         tokio::time::timeout(
             ENV_WAIT,
-            await_condition(clusters.clone(), name, conditions::is_deleted(&uid.expect("uid"))),
+            await_condition(
+                clusters.clone(),
+                name,
+                conditions::is_deleted(&uid.expect("uid")),
+            ),
         )
         .await
         .expect("cluster released in time")
@@ -329,7 +370,11 @@ async fn a_shared_secret_stays_held_until_its_last_cluster_is_deleted() {
             assert_eq!(owners(&secret), [two.uid().expect("uid")]);
         } else {
             assert!(secret.finalizers().is_empty(), "{:?}", secret.metadata);
-            assert!(secret.owner_references().is_empty(), "{:?}", secret.metadata);
+            assert!(
+                secret.owner_references().is_empty(),
+                "{:?}",
+                secret.metadata
+            );
         }
     }
 }
@@ -382,7 +427,13 @@ async fn machine(env: &Env, namespace: &str, name: &str, spec: Value) {
 /// A tenant namespace with its own credentials and a provisioned cluster `demo`.
 async fn tenant(env: &Env, namespace: &str) {
     credentials(env, namespace, "creds", None).await;
-    cluster(env, namespace, "demo", cluster_spec(Some(json!({"name": "creds"})))).await;
+    cluster(
+        env,
+        namespace,
+        "demo",
+        cluster_spec(Some(json!({"name": "creds"}))),
+    )
+    .await;
     let ready = wait_cluster(env, namespace, "demo", "Ready=True", ready).await;
     let domains = ready.status.map(|s| s.failure_domains).unwrap_or_default();
     Api::<capmox::capi::Cluster>::namespaced(env.client(), namespace)
@@ -417,7 +468,11 @@ async fn wait_machine(
         Ok(Ok(Some(machine))) => machine,
         other => panic!(
             "timed out waiting for {namespace}/{name}: {what}: {other:?}\nlast seen: {:#?}",
-            api.get_opt(name).await.ok().flatten().and_then(|m| m.status)
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|m| m.status)
         ),
     }
 }
@@ -450,9 +505,20 @@ async fn a_vm_that_is_not_a_template_is_never_cloned() {
     env.run_controllers();
     tenant(&env, "default").await;
     machine(&env, "default", "web-1", machine_spec()).await;
-    let web = wait_machine(&env, "default", "web-1", "provisioned", ProxmoxMachine::is_provisioned).await;
+    let web = wait_machine(
+        &env,
+        "default",
+        "web-1",
+        "provisioned",
+        ProxmoxMachine::is_provisioned,
+    )
+    .await;
     let vmid = vmid_of(&web);
-    let node = web.status.as_ref().and_then(|s| s.proxmox_node.clone()).expect("node");
+    let node = web
+        .status
+        .as_ref()
+        .and_then(|s| s.proxmox_node.clone())
+        .expect("node");
     let before = env.sim.with_cluster(|c| c.vm_count());
 
     let mut spec = machine_spec();
@@ -464,7 +530,11 @@ async fn a_vm_that_is_not_a_template_is_never_cloned() {
         message.starts_with(&format!("VM {vmid} on {node} is not a template")),
         "{message}"
     );
-    assert_eq!(env.sim.with_cluster(|c| c.vm_count()), before, "nothing was cloned");
+    assert_eq!(
+        env.sim.with_cluster(|c| c.vm_count()),
+        before,
+        "nothing was cloned"
+    );
 }
 
 /// Tenant B names its machine like tenant A's and sets `spec.virtualMachineID` to A's VMID:
@@ -476,14 +546,28 @@ async fn another_tenants_vm_is_not_adopted_by_naming_its_vmid() {
     tenant(&env, "team-a").await;
     tenant(&env, "team-b").await;
     machine(&env, "team-a", "web-1", machine_spec()).await;
-    let a = wait_machine(&env, "team-a", "web-1", "provisioned", ProxmoxMachine::is_provisioned).await;
+    let a = wait_machine(
+        &env,
+        "team-a",
+        "web-1",
+        "provisioned",
+        ProxmoxMachine::is_provisioned,
+    )
+    .await;
     let a_vmid = vmid_of(&a);
     let a_tags = vm_tags(&env, a_vmid).await.expect("A's VM");
 
     let mut spec = machine_spec();
     spec["virtualMachineID"] = json!(a_vmid);
     machine(&env, "team-b", "web-1", spec).await;
-    let b = wait_machine(&env, "team-b", "web-1", "provisioned", ProxmoxMachine::is_provisioned).await;
+    let b = wait_machine(
+        &env,
+        "team-b",
+        "web-1",
+        "provisioned",
+        ProxmoxMachine::is_provisioned,
+    )
+    .await;
     assert_ne!(vmid_of(&b), a_vmid, "B got a VM of its own");
     assert_eq!(
         vm_tags(&env, a_vmid).await.as_ref(),
@@ -498,12 +582,20 @@ async fn another_tenants_vm_is_not_adopted_by_naming_its_vmid() {
         .expect("delete accepted");
     tokio::time::timeout(
         ENV_WAIT,
-        await_condition(machines.clone(), "web-1", conditions::is_deleted(&b.uid().expect("uid"))),
+        await_condition(
+            machines.clone(),
+            "web-1",
+            conditions::is_deleted(&b.uid().expect("uid")),
+        ),
     )
     .await
     .expect("B deleted in time")
     .expect("watch");
-    assert_eq!(vm_tags(&env, a_vmid).await, Some(a_tags), "A's VM is still there");
+    assert_eq!(
+        vm_tags(&env, a_vmid).await,
+        Some(a_tags),
+        "A's VM is still there"
+    );
     assert_eq!(vm_tags(&env, vmid_of(&b)).await, None, "B's own VM is gone");
     let a_now = Api::<ProxmoxMachine>::namespaced(env.client(), "team-a")
         .get("web-1")

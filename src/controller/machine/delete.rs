@@ -120,7 +120,10 @@ impl Reconcile<'_> {
                 .map_err(unavailable));
         }
         let cluster = format!("{}/{}", scope.namespace, scope.proxmox_cluster.name_any());
-        let global = self.context.global_credentials.for_namespace(&scope.namespace);
+        let global = self
+            .context
+            .global_credentials
+            .for_namespace(&scope.namespace);
         Ok(match global {
             Ok(config) => self
                 .context
@@ -137,9 +140,11 @@ impl Reconcile<'_> {
                     }
                 })
                 .map_err(|error| unavailable(error.to_string())),
-            Err(problem @ crate::controller::credentials::CredentialsError::Invalid { .. }) => Err(unavailable(format!(
-                "the ProxmoxCluster {cluster} is gone and capmox's global credentials are unusable ({problem})"
-            ))),
+            Err(problem @ crate::controller::credentials::CredentialsError::Invalid { .. }) => {
+                Err(unavailable(format!(
+                    "the ProxmoxCluster {cluster} is gone and capmox's global credentials are unusable ({problem})"
+                )))
+            }
             Err(_) => Err(Blocked {
                 reason: "ProxmoxClusterNotFound",
                 message: format!(

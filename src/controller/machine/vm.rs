@@ -255,7 +255,9 @@ impl Reconcile<'_> {
         let templates = crate::controller::inventory::templates(resources);
         let copies = match template_copies(placement.template(), &templates) {
             Ok(copies) => copies,
-            Err((reason, message)) => return Ok(Err(self.template_refused(scope, reason, message).await)),
+            Err((reason, message)) => {
+                return Ok(Err(self.template_refused(scope, reason, message).await));
+            }
         };
         // Where the copies' volumes live matters only for a candidate node without a copy.
         let elsewhere = match placement.candidates() {
@@ -823,10 +825,13 @@ mod tests {
         };
         let copies = template_copies(&by_id(9000, "pve1"), &templates).expect("a template");
         assert_eq!(copies, [template(9000, "pve1", &["ubuntu"])]);
-        let (reason, message) = template_copies(&by_id(100, "pve1"), &templates)
-            .expect_err("VM 100 is no template");
+        let (reason, message) =
+            template_copies(&by_id(100, "pve1"), &templates).expect_err("VM 100 is no template");
         assert_eq!(reason, "TemplateNotFound");
-        assert!(message.starts_with("VM 100 on pve1 is not a template"), "{message}");
+        assert!(
+            message.starts_with("VM 100 on pve1 is not a template"),
+            "{message}"
+        );
         assert!(template_copies(&by_id(9000, "pve2"), &templates).is_err());
 
         let tagged = [template(9001, "pve1", &["capmox-3f2c9c8e1b2a4d6e"])];
