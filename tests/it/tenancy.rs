@@ -37,13 +37,16 @@ fn machine_spec() -> Value {
     })
 }
 
-/// `env` with capmox running under `global` (its credentials and tenancy settings), talking
-/// through a client named `capmox` so its requests can be looked at.
-fn with_settings(mut env: Env, global: GlobalCredentials) -> Env {
+/// A test environment whose capmox runs under the settings `settings` gives (its credentials
+/// and tenancy settings), talking through a client named `capmox` so its requests can be
+/// looked at.
+async fn env_with(settings: impl FnOnce(&Env) -> GlobalCredentials) -> Env {
+    let mut env = Env::start().await;
+    let settings = settings(&env);
     env.context = Arc::new(Context::new(
         env.server.client_named("capmox"),
         manager_config(),
-        global,
+        settings,
     ));
     env
 }
@@ -121,6 +124,45 @@ async fn cluster(env: &Env, namespace: &str, name: &str, spec: Value) {
     .await;
 }
 
+/// The ProxmoxCluster `demo` in `namespace`, its credentials the Secret `creds` there (the
+/// simulator's, with `url` in place of its URL when given).
+async fn cluster_with_secret(env: &Env, namespace: &str, url: Option<&str>) {
+    credentials(env, namespace, "creds", url).await;
+    let spec = cluster_spec(Some(json!({"name": "creds"})));
+    cluster(env, namespace, "demo", spec).await;
+}
+
+/// Waits until the object `namespace/name` satisfies `done`, returning it.
+async fn wait_for<K>(
+    env: &Env,
+    namespace: &str,
+    name: &str,
+    what: &str,
+    done: impl Fn(&K) -> bool,
+) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let api = Api::<K>::namespaced(env.client(), namespace);
+    let found = tokio::time::timeout(
+        ENV_WAIT,
+        await_condition(api.clone(), name, move |o: Option<&K>| o.is_some_and(&done)),
+    )
+    .await;
+    match found {
+        Ok(Ok(Some(object))) => object,
+        other => panic!(
+            "timed out waiting for {namespace}/{name}: {what}: {other:?}\nlast seen: {:#?}",
+            api.get_opt(name).await.ok().flatten()
+        ),
+    }
+}
+
 async fn wait_cluster(
     env: &Env,
     namespace: &str,
@@ -128,25 +170,7 @@ async fn wait_cluster(
     what: &str,
     done: impl Fn(&ProxmoxCluster) -> bool,
 ) -> ProxmoxCluster {
-    let api = Api::<ProxmoxCluster>::namespaced(env.client(), namespace);
-    let found = tokio::time::timeout(
-        ENV_WAIT,
-        await_condition(api.clone(), name, move |c: Option<&ProxmoxCluster>| {
-            c.is_some_and(&done)
-        }),
-    )
-    .await;
-    match found {
-        Ok(Ok(Some(cluster))) => cluster,
-        other => panic!(
-            "timed out waiting for {namespace}/{name}: {what}: {other:?}\nlast seen: {:#?}",
-            api.get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|c| c.status)
-        ),
-    }
+    wait_for(env, namespace, name, what, done).await
 }
 
 /// Waits for the `ProxmoxAvailable` reason `reason`; returns the condition's message.
@@ -160,6 +184,19 @@ async fn wait_reason(env: &Env, namespace: &str, name: &str, reason: &str) -> St
         .2
 }
 
+/// The Secret carries no finalizer or owner reference of capmox's.
+async fn assert_not_adopted(env: &Env, namespace: &str, name: &str) {
+    let secret = Api::<Secret>::namespaced(env.client(), namespace)
+        .get(name)
+        .await
+        .expect("secret");
+    assert!(
+        secret.finalizers().is_empty() && secret.owner_references().is_empty(),
+        "{:?}",
+        secret.metadata
+    );
+}
+
 fn ready(cluster: &ProxmoxCluster) -> bool {
     condition(cluster, "Ready").is_some_and(|(status, _, _)| status == "True")
 }
@@ -168,9 +205,7 @@ fn ready(cluster: &ProxmoxCluster) -> bool {
 /// the installer listed; elsewhere it is told what to set, as if none were configured.
 #[tokio::test]
 async fn global_credentials_serve_only_the_namespaces_the_installer_listed() {
-    let env = Env::start().await;
-    let global = global_for(&env, &["team-a"]);
-    let env = with_settings(env, global);
+    let env = env_with(|env| global_for(env, &["team-a"])).await;
     cluster(&env, "default", "demo", cluster_spec(None)).await;
     cluster(&env, "team-a", "demo", cluster_spec(None)).await;
     env.run_controllers();
@@ -220,12 +255,11 @@ async fn a_missing_secret_and_a_forbidden_one_look_the_same() {
 /// as not found without asking the API server for it, even one the cluster could use.
 #[tokio::test]
 async fn a_namespaced_install_never_reads_a_secret_outside_its_namespaces() {
-    let env = Env::start().await;
-    let global = GlobalCredentials {
+    let env = env_with(|_| GlobalCredentials {
         secret_namespaces: Some(vec!["team-a".to_owned()]),
         ..GlobalCredentials::default()
-    };
-    let env = with_settings(env, global);
+    })
+    .await;
     credentials(&env, "default", "creds", None).await;
     credentials(&env, "team-a", "creds", None).await;
     let reference = Some(json!({"name": "creds"}));
@@ -245,34 +279,18 @@ async fn a_namespaced_install_never_reads_a_secret_outside_its_namespaces() {
         read_elsewhere.is_empty(),
         "capmox asked for Secrets outside team-a: {read_elsewhere:?}"
     );
-    let untouched = Api::<Secret>::namespaced(env.client(), "default")
-        .get("creds")
-        .await
-        .expect("secret");
-    assert!(
-        untouched.finalizers().is_empty(),
-        "{:?}",
-        untouched.metadata
-    );
+    assert_not_adopted(&env, "default", "creds").await;
 }
 
 /// With `--allowed-proxmox-urls`, a Secret naming any other Proxmox is invalid and not adopted.
 #[tokio::test]
 async fn a_secret_naming_a_proxmox_outside_the_allowlist_is_refused() {
-    let env = Env::start().await;
-    let global = GlobalCredentials {
+    let env = env_with(|_| GlobalCredentials {
         allowed_urls: Some(vec!["https://pve.example.org:8006".to_owned()]),
         ..GlobalCredentials::default()
-    };
-    let env = with_settings(env, global);
-    credentials(&env, "default", "creds", None).await;
-    cluster(
-        &env,
-        "default",
-        "demo",
-        cluster_spec(Some(json!({"name": "creds"}))),
-    )
+    })
     .await;
+    cluster_with_secret(&env, "default", None).await;
     env.run_controllers();
     let message = wait_reason(&env, "default", "demo", "CredentialsInvalid").await;
     assert!(
@@ -280,11 +298,7 @@ async fn a_secret_naming_a_proxmox_outside_the_allowlist_is_refused() {
             && message.contains("credentials Secret default/creds"),
         "{message}"
     );
-    let secret = Api::<Secret>::namespaced(env.client(), "default")
-        .get("creds")
-        .await
-        .expect("secret");
-    assert!(secret.finalizers().is_empty(), "{:?}", secret.metadata);
+    assert_not_adopted(&env, "default", "creds").await;
 }
 
 /// A Secret whose url would turn capmox's API paths into a fragment is invalid.
@@ -292,14 +306,7 @@ async fn a_secret_naming_a_proxmox_outside_the_allowlist_is_refused() {
 async fn a_secret_url_with_a_fragment_is_refused() {
     let env = Env::start().await;
     let url = format!("{}/#", env.sim.url());
-    credentials(&env, "default", "creds", Some(&url)).await;
-    cluster(
-        &env,
-        "default",
-        "demo",
-        cluster_spec(Some(json!({"name": "creds"}))),
-    )
-    .await;
+    cluster_with_secret(&env, "default", Some(&url)).await;
     env.run_controllers();
     let message = wait_reason(&env, "default", "demo", "CredentialsInvalid").await;
     assert!(message.contains("fragment"), "{message}");
@@ -426,14 +433,7 @@ async fn machine(env: &Env, namespace: &str, name: &str, spec: Value) {
 
 /// A tenant namespace with its own credentials and a provisioned cluster `demo`.
 async fn tenant(env: &Env, namespace: &str) {
-    credentials(env, namespace, "creds", None).await;
-    cluster(
-        env,
-        namespace,
-        "demo",
-        cluster_spec(Some(json!({"name": "creds"}))),
-    )
-    .await;
+    cluster_with_secret(env, namespace, None).await;
     let ready = wait_cluster(env, namespace, "demo", "Ready=True", ready).await;
     let domains = ready.status.map(|s| s.failure_domains).unwrap_or_default();
     Api::<capmox::capi::Cluster>::namespaced(env.client(), namespace)
@@ -456,25 +456,7 @@ async fn wait_machine(
     what: &str,
     done: impl Fn(&ProxmoxMachine) -> bool,
 ) -> ProxmoxMachine {
-    let api = Api::<ProxmoxMachine>::namespaced(env.client(), namespace);
-    let found = tokio::time::timeout(
-        ENV_WAIT,
-        await_condition(api.clone(), name, move |m: Option<&ProxmoxMachine>| {
-            m.is_some_and(&done)
-        }),
-    )
-    .await;
-    match found {
-        Ok(Ok(Some(machine))) => machine,
-        other => panic!(
-            "timed out waiting for {namespace}/{name}: {what}: {other:?}\nlast seen: {:#?}",
-            api.get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|m| m.status)
-        ),
-    }
+    wait_for(env, namespace, name, what, done).await
 }
 
 fn vmid_of(machine: &ProxmoxMachine) -> u32 {
