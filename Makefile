@@ -30,10 +30,25 @@ IMG ?= $(CONFIG_IMG)
 # Where release-manifests writes (the tests point it elsewhere to try IMG).
 OUT ?= out
 
-release-manifests: $(TOOLS) ## Write the clusterctl release files to $(OUT)/, the manager running $(IMG).
+# Namespaces (space-separated) capmox alone reads Secrets in: the ClusterRole loses its Secret
+# rule, the manager runs with --secret-namespaces, and $(OUT)/secret-namespaces-rbac.yaml holds a
+# Role and RoleBinding per namespace, to apply with kubectl (README: "Credentials"). Unset:
+# Secrets are read in any namespace.
+SECRET_NAMESPACES ?=
+
+release-manifests: $(TOOLS) ## Write the clusterctl release files to $(OUT)/, the manager running $(IMG) (SECRET_NAMESPACES: see above).
 	@[ "$(IMG)" != "$(CONFIG_IMG)" ] || echo "note: the manager image is the placeholder $(CONFIG_IMG); for a real install set IMG=<your registry>/capmox:<tag>" >&2
 	mkdir -p $(OUT)
+ifeq ($(strip $(SECRET_NAMESPACES)),)
+	rm -f $(OUT)/secret-namespaces-rbac.yaml
 	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone config/default > $(OUT)/components.tmp
+else
+	rm -rf $(OUT)/secret-namespaces
+	config/components/secret-namespaces/generate.sh "$(CURDIR)" $(OUT)/secret-namespaces \
+	  $(OUT)/secret-namespaces-rbac.yaml $(SECRET_NAMESPACES)
+	$(KUBECTL) kustomize --load-restrictor LoadRestrictionsNone $(OUT)/secret-namespaces > $(OUT)/components.tmp
+	rm -rf $(OUT)/secret-namespaces
+endif
 	[ "$$(grep -c 'image: $(CONFIG_IMG)$$' $(OUT)/components.tmp)" = 1 ] \
 	  || { echo "config/default must name the image $(CONFIG_IMG) exactly once" >&2; exit 1; }
 	sed 's|image: $(CONFIG_IMG)$$|image: $(IMG)|' $(OUT)/components.tmp > $(OUT)/infrastructure-components.yaml

@@ -192,6 +192,18 @@ pub struct RunArgs {
     /// Skip TLS verification for the global Proxmox URL (labs only; logged as a warning).
     #[arg(long, env = "PROXMOX_INSECURE")]
     pub proxmox_insecure: bool,
+    /// Namespaces (comma-separated, `*` for all) whose ProxmoxClusters without a credentialsRef
+    /// may use the global credentials; none when unset or empty.
+    #[arg(long, env = "CAPMOX_GLOBAL_CREDENTIALS_NAMESPACES", default_value = "")]
+    pub global_credentials_namespaces: String,
+    /// Namespaces (comma-separated) capmox reads credentials Secrets in; a reference to a Secret
+    /// elsewhere is treated as not found. Any namespace when unset or empty.
+    #[arg(long, env = "CAPMOX_SECRET_NAMESPACES", default_value = "")]
+    pub secret_namespaces: String,
+    /// Proxmox origins (comma-separated `scheme://host[:port]`) a credentials Secret's url may
+    /// name; any when unset or empty.
+    #[arg(long, env = "CAPMOX_ALLOWED_PROXMOX_URLS", default_value = "")]
+    pub allowed_proxmox_urls: String,
     /// ProxmoxClusters reconciled at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxcluster_concurrency: u16,
@@ -268,6 +280,8 @@ fn parse_secret(text: &str) -> Result<crate::proxmox::Secret, String> {
     Ok(crate::proxmox::Secret::new(text))
 }
 
+use crate::controller::credentials::comma_list;
+
 impl RunArgs {
     /// The controller-wide Proxmox credentials; empty values count as unset.
     pub fn global_credentials(&self) -> crate::controller::GlobalCredentials {
@@ -294,6 +308,11 @@ impl RunArgs {
                 fingerprints: non_empty(&self.proxmox_fingerprint).into_iter().collect(),
                 insecure: self.proxmox_insecure,
             },
+            namespaces: comma_list(&self.global_credentials_namespaces),
+            secret_namespaces: Some(comma_list(&self.secret_namespaces))
+                .filter(|namespaces| !namespaces.is_empty()),
+            allowed_urls: Some(comma_list(&self.allowed_proxmox_urls))
+                .filter(|origins| !origins.is_empty()),
         }
     }
 }

@@ -103,6 +103,8 @@ impl CapmoxProcess {
             .arg("--disable-webhook")
             .args(["--proxmox-url", &launch.proxmox_url])
             .args(["--proxmox-token", &launch.token_id])
+            // The bench's clusters use the global credentials, whatever their namespace.
+            .args(["--global-credentials-namespaces", "*"])
             .arg("--proxmoxmachine-concurrency")
             .arg(launch.machine_concurrency.to_string())
             .env("KUBECONFIG", launch.kubeconfig)
@@ -115,6 +117,8 @@ impl CapmoxProcess {
             .env_remove("PROXMOX_ROOT_CA_FILE")
             .env_remove("PROXMOX_FINGERPRINT")
             .env_remove("PROXMOX_INSECURE")
+            .env_remove("CAPMOX_SECRET_NAMESPACES")
+            .env_remove("CAPMOX_ALLOWED_PROXMOX_URLS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

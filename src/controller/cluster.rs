@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -26,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Context;
 use super::conditions::{self, Decided};
-use super::credentials::client_config;
+use super::credentials::{client_config, release_secret};
 use super::failures::{self, Pass};
 use super::guarded::{STALE_RETRY, WriteError, cluster_owner_reference, ensure_finalizer, release};
 use crate::api::{
@@ -569,22 +568,9 @@ async fn reconcile_delete(
     }
     // The cluster's credentials Secret and those of its zones.
     for reference in placement::credentials_secrets(cluster) {
-        let Some(secret_name) = &reference.name else {
-            continue;
-        };
-        let secret_namespace = reference.namespace.as_deref().unwrap_or(namespace);
-        let secrets: Api<Secret> = Api::namespaced(context.client.clone(), secret_namespace);
-        if let Some(secret) = secrets.get_opt(secret_name).await? {
-            release(
-                &secrets,
-                &secret,
-                finalizers::CLUSTER_SECRET,
-                cluster.metadata.uid.as_deref(),
-            )
-            .await?;
-        }
+        release_secret(context, cluster, namespace, reference).await?;
     }
-    release(&api, cluster, finalizers::CLUSTER, None).await?;
+    release(&api, cluster, Some(finalizers::CLUSTER), None).await?;
     tracing::info!(cluster = %name, "released; IP pools go with owner garbage collection");
     Ok(Action::await_change())
 }

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 
 use k8s_openapi::api::core::v1::Secret as SecretObject;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::Context;
-use super::guarded::{WriteError, cluster_owner_reference, guarded_write_error};
+use super::guarded::{WriteError, cluster_owner_reference, guarded_write_error, release};
 use crate::api::{ProxmoxCluster, SecretReference, finalizers};
 use crate::proxmox::{ApiToken, ClientConfig, Secret, TlsOptions};
 
@@ -97,28 +97,31 @@ pub enum CredentialsError {
         "no Proxmox credentials: set spec.credentialsRef on the ProxmoxCluster or start capmox with PROXMOX_URL, PROXMOX_TOKEN and PROXMOX_SECRET"
     )]
     NotConfigured,
-    /// The referenced Secret does not exist.
+    /// The cluster has no `credentialsRef` and its namespace may not use the global credentials.
     #[error(
-        "credentials Secret {namespace}/{name} not found; create it with keys url, token and secret"
+        "no credentials for namespace {cluster_namespace}: set spec.credentialsRef on the ProxmoxCluster, or have capmox's installer list {cluster_namespace} in --global-credentials-namespaces (CAPMOX_GLOBAL_CREDENTIALS_NAMESPACES) to let it use the global credentials"
     )]
-    SecretNotFound {
-        /// Secret namespace.
-        namespace: String,
-        /// Secret name.
-        name: String,
+    GlobalNotAllowed {
+        /// The ProxmoxCluster's namespace.
+        cluster_namespace: String,
     },
-    /// The Secret lives in another namespace that has not allowed this cluster's.
+    /// The referenced Secret does not exist, may not be read by capmox, or does not allow the
+    /// cluster's namespace: one outcome, so a tenant never learns whether a Secret exists in a
+    /// namespace it cannot read.
     #[error(
-        "credentials Secret {namespace}/{name} is in another namespace than the ProxmoxCluster ({cluster_namespace}); move the Secret to {cluster_namespace}, or let that namespace use it with the annotation {annotation}: \"{cluster_namespace}\" on the Secret",
-        annotation = crate::api::annotations::ALLOWED_NAMESPACES
+        "credentials Secret {namespace}/{name} does not exist or does not allow namespace {cluster_namespace}: create it in {cluster_namespace} with keys url, token and secret, or annotate it with {annotation}: \"{cluster_namespace}\"{secret_namespaces}",
+        annotation = crate::api::annotations::ALLOWED_NAMESPACES,
+        secret_namespaces = restricted_note(*.restricted)
     )]
-    NamespaceNotAllowed {
+    NotFoundOrNotAllowed {
         /// Secret namespace.
         namespace: String,
         /// Secret name.
         name: String,
         /// The ProxmoxCluster's namespace.
         cluster_namespace: String,
+        /// capmox reads Secrets only in the namespaces it was installed for.
+        restricted: bool,
     },
     /// The Secret lacks a key or has an unusable value.
     #[error("credentials Secret {namespace}/{name}: {problem}")]
@@ -136,10 +139,20 @@ impl CredentialsError {
     /// The `ProxmoxAvailable` condition reason for this error.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::NotConfigured | Self::SecretNotFound { .. } => "CredentialsNotFound",
+            Self::NotConfigured
+            | Self::GlobalNotAllowed { .. }
+            | Self::NotFoundOrNotAllowed { .. } => "CredentialsNotFound",
             Self::Invalid { .. } => "CredentialsInvalid",
-            Self::NamespaceNotAllowed { .. } => "CredentialsNamespaceNotAllowed",
         }
+    }
+}
+
+/// What a namespaced install adds to [`CredentialsError::NotFoundOrNotAllowed`].
+fn restricted_note(restricted: bool) -> &'static str {
+    if restricted {
+        "; capmox reads Secrets only in the namespaces its installer listed in --secret-namespaces (CAPMOX_SECRET_NAMESPACES)"
+    } else {
+        ""
     }
 }
 
@@ -162,7 +175,8 @@ pub fn namespace_allowed(
             })
 }
 
-/// The controller-wide credentials from flags or environment.
+/// The controller-wide credentials from flags or environment, and who may use which
+/// credentials (the installer's tenancy settings).
 #[derive(Clone, Debug, Default)]
 pub struct GlobalCredentials {
     /// Proxmox URL, e.g. `https://pve1.example:8006`.
@@ -173,6 +187,12 @@ pub struct GlobalCredentials {
     pub secret: Option<Secret>,
     /// TLS trust settings.
     pub tls: TlsOptions,
+    /// The namespaces whose clusters may use these credentials (`*`: all); none when empty.
+    pub namespaces: Vec<String>,
+    /// The only namespaces capmox reads credentials Secrets in; any namespace when `None`.
+    pub secret_namespaces: Option<Vec<String>>,
+    /// The only Proxmox origins (`scheme://host[:port]`) a Secret may name; any when `None`.
+    pub allowed_urls: Option<Vec<String>>,
 }
 
 impl GlobalCredentials {
@@ -183,14 +203,111 @@ impl GlobalCredentials {
             return None;
         };
         Some(
-            ApiToken::new(token_id.clone(), secret.clone())
+            check_url(url)
+                .and_then(|()| {
+                    ApiToken::new(token_id.clone(), secret.clone())
+                        .map_err(|error| error.to_string())
+                })
                 .map(|token| {
                     let mut config = ClientConfig::new(url.clone(), token);
                     config.tls = self.tls.clone();
                     config
-                })
-                .map_err(|error| error.to_string()),
+                }),
         )
+    }
+
+    /// The global credentials for a cluster in `namespace`, or why it gets none.
+    pub fn for_namespace(&self, namespace: &str) -> Result<ClientConfig, CredentialsError> {
+        let Some(config) = self.client_config() else {
+            return Err(CredentialsError::NotConfigured);
+        };
+        if !listed(&self.namespaces, namespace) {
+            return Err(CredentialsError::GlobalNotAllowed {
+                cluster_namespace: namespace.to_owned(),
+            });
+        }
+        config.map_err(|problem| CredentialsError::Invalid {
+            namespace: "controller".into(),
+            name: "PROXMOX_* settings".into(),
+            problem,
+        })
+    }
+
+    /// Whether capmox may read Secrets in `namespace`.
+    pub fn reads_secrets_in(&self, namespace: &str) -> bool {
+        self.secret_namespaces
+            .as_ref()
+            .is_none_or(|namespaces| listed(namespaces, namespace))
+    }
+
+    /// Why a Secret's `url` is refused by `--allowed-proxmox-urls`, if it is.
+    fn refused_origin(&self, url: &str) -> Option<String> {
+        let allowed = self.allowed_urls.as_ref()?;
+        let origin = origin(url)?;
+        (!allowed.iter().any(|a| origin_matches(a, &origin))).then(|| {
+            format!(
+                "key \"url\" names {origin}, which is not among the Proxmox origins capmox's installer allowed (--allowed-proxmox-urls, CAPMOX_ALLOWED_PROXMOX_URLS)"
+            )
+        })
+    }
+}
+
+/// Whether `namespace` is in `namespaces` (or they hold `*`).
+fn listed(namespaces: &[String], namespace: &str) -> bool {
+    namespaces.iter().any(|n| n == "*" || n == namespace)
+}
+
+/// A comma-separated list as the flags take it, without blanks; empty for an empty text.
+pub fn comma_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `scheme://host[:port]` of a URL that [`check_url`] accepts, the port only when not the default.
+fn origin(url: &str) -> Option<String> {
+    let parsed = reqwest::Url::parse(url).ok()?;
+    Some(parsed.origin().ascii_serialization())
+}
+
+/// Whether an allowlist entry names `origin` (entries are compared as parsed origins, so
+/// `https://PVE:443` and `https://pve` are one).
+fn origin_matches(entry: &str, origin: &str) -> bool {
+    self::origin(entry.trim()).is_some_and(|entry| entry == origin)
+}
+
+/// A Proxmox URL capmox can join its API paths to: http(s), a host, no user info, query or
+/// fragment, and no path but `/api2/json` (which capmox appends itself otherwise).
+pub fn check_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|error| {
+        format!("{url:?} is not a URL ({error}); use e.g. https://pve.example.com:8006")
+    })?;
+    let problem = if !matches!(parsed.scheme(), "https" | "http") {
+        Some("must be an http(s) URL")
+    } else if parsed.host_str().is_none_or(str::is_empty) {
+        Some("has no host")
+    } else if !parsed.username().is_empty() || parsed.password().is_some() {
+        Some("must not hold a user name or password (the token goes in keys token and secret)")
+    } else if parsed.query().is_some() {
+        Some("must not have a query (?...)")
+    } else if parsed.fragment().is_some() || url.contains('#') {
+        Some("must not have a fragment (#...)")
+    } else if !matches!(parsed.path().trim_end_matches('/'), "" | "/api2/json") {
+        Some("must have no path but /api2/json")
+    } else {
+        None
+    };
+    match problem {
+        // The URL is not secret, but a user name and password in it would be.
+        Some(problem) if !parsed.username().is_empty() || parsed.password().is_some() => {
+            Err(problem.to_owned())
+        }
+        Some(problem) => Err(format!(
+            "{problem}, got {url:?}; use e.g. https://pve.example.com:8006"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -218,11 +335,7 @@ pub fn from_secret_data(
         text(key)?.ok_or_else(|| invalid(format!("missing key {key:?}")))
     };
     let url = required("url")?;
-    if !(url.starts_with("https://") || url.starts_with("http://")) {
-        return Err(invalid(format!(
-            "key \"url\" must be an http(s) URL, got {url:?}"
-        )));
-    }
+    check_url(&url).map_err(|problem| invalid(format!("key \"url\" {problem}")))?;
     let token_id = required("token")?;
     let secret = Secret::new(required("secret")?);
     let token = ApiToken::new(token_id, secret)
@@ -259,51 +372,53 @@ async fn credentials(
     adopt: bool,
 ) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
     let Some(reference) = reference else {
-        return Ok(match context.global_credentials.client_config() {
-            Some(Ok(config)) => Ok(config),
-            Some(Err(problem)) => Err(CredentialsError::Invalid {
-                namespace: "controller".into(),
-                name: "PROXMOX_* settings".into(),
-                problem,
-            }),
-            None => Err(CredentialsError::NotConfigured),
-        });
+        return Ok(context.global_credentials.for_namespace(namespace));
     };
     let secret_namespace = reference
         .namespace
         .clone()
         .unwrap_or_else(|| namespace.to_owned());
     let secret_name = reference.name.clone().unwrap_or_default();
+    let policy = &context.global_credentials;
+    let not_found_or_not_allowed = || CredentialsError::NotFoundOrNotAllowed {
+        namespace: secret_namespace.clone(),
+        name: secret_name.clone(),
+        cluster_namespace: namespace.to_owned(),
+        restricted: policy.secret_namespaces.is_some(),
+    };
+    // Outside the namespaces the installer let capmox read, nothing is asked of the API server.
+    if !policy.reads_secrets_in(&secret_namespace) {
+        return Ok(Err(not_found_or_not_allowed()));
+    }
     let memo_key = memo_key(namespace, reference);
     if !adopt && let Some(config) = context.credentials.recent(&memo_key) {
         return Ok(Ok(config));
     }
     let secrets: Api<SecretObject> = Api::namespaced(context.client.clone(), &secret_namespace);
-    let Some(secret) = secrets.get_opt(&secret_name).await? else {
+    let Some(secret) = secrets.get_opt(&secret_name).await?.filter(|secret| {
+        namespace_allowed(
+            namespace,
+            &secret_namespace,
+            secret.metadata.annotations.as_ref(),
+        )
+    }) else {
         context.credentials.remember(memo_key, None);
-        return Ok(Err(CredentialsError::SecretNotFound {
-            namespace: secret_namespace,
-            name: secret_name,
-        }));
+        return Ok(Err(not_found_or_not_allowed()));
     };
-    if !namespace_allowed(
-        namespace,
-        &secret_namespace,
-        secret.metadata.annotations.as_ref(),
-    ) {
-        context.credentials.remember(memo_key, None);
-        return Ok(Err(CredentialsError::NamespaceNotAllowed {
-            namespace: secret_namespace,
-            name: secret_name,
-            cluster_namespace: namespace.to_owned(),
-        }));
-    }
     // Validated before it is adopted: a Secret that is not usable credentials is never locked.
     let config = from_secret_data(
         &secret_namespace,
         &secret_name,
         &secret.data.clone().unwrap_or_default(),
-    );
+    )
+    .and_then(|config| match policy.refused_origin(&config.url) {
+        Some(problem) => Err(CredentialsError::Invalid {
+            namespace: secret_namespace.clone(),
+            name: secret_name.clone(),
+            problem,
+        }),
+        None => Ok(config),
+    });
     context.credentials.remember(memo_key, config.as_ref().ok());
     if adopt && config.is_ok() {
         adopt_secret(&secrets, &secret, cluster, secret_namespace == namespace).await?;
@@ -323,6 +438,72 @@ pub(crate) async fn client_config(
 ) -> Result<Result<ClientConfig, CredentialsError>, WriteError> {
     let reference = reference.or(cluster.spec.credentials_ref.as_ref());
     credentials(context, cluster, namespace, reference, adopt).await
+}
+
+/// Lets go of the Secret `reference` names for the deleted `cluster` (in `namespace`): drops
+/// the cluster's owner reference, and the finalizer too unless another ProxmoxCluster that is
+/// not being deleted still uses the Secret (as its own or a zone's credentials).
+pub(crate) async fn release_secret(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+    reference: &SecretReference,
+) -> Result<(), WriteError> {
+    let Some(secret_name) = &reference.name else {
+        return Ok(());
+    };
+    let secret_namespace = reference.namespace.as_deref().unwrap_or(namespace);
+    if !context
+        .global_credentials
+        .reads_secrets_in(secret_namespace)
+    {
+        return Ok(());
+    }
+    let secrets: Api<SecretObject> = Api::namespaced(context.client.clone(), secret_namespace);
+    let Some(secret) = secrets.get_opt(secret_name).await? else {
+        return Ok(());
+    };
+    let clusters: Api<ProxmoxCluster> = match &context.config.watch_namespace {
+        Some(watched) => Api::namespaced(context.client.clone(), watched),
+        None => Api::all(context.client.clone()),
+    };
+    let others = clusters.list(&ListParams::default()).await?;
+    let still_used = others
+        .items
+        .iter()
+        .any(|other| uses_secret(other, cluster, &secret, secret_namespace));
+    let finalizer = (!still_used).then_some(finalizers::CLUSTER_SECRET);
+    release(
+        &secrets,
+        &secret,
+        finalizer,
+        cluster.metadata.uid.as_deref(),
+    )
+    .await
+}
+
+/// Whether `other`, a ProxmoxCluster other than `deleted` that is not being deleted, uses
+/// `secret` (in `secret_namespace`) and may.
+fn uses_secret(
+    other: &ProxmoxCluster,
+    deleted: &ProxmoxCluster,
+    secret: &SecretObject,
+    secret_namespace: &str,
+) -> bool {
+    let other_namespace = other.metadata.namespace.as_deref().unwrap_or_default();
+    other.metadata.uid != deleted.metadata.uid
+        && other.metadata.deletion_timestamp.is_none()
+        && namespace_allowed(
+            other_namespace,
+            secret_namespace,
+            secret.metadata.annotations.as_ref(),
+        )
+        && crate::placement::credentials_secrets(other)
+            .iter()
+            .any(|reference| {
+                reference.name == secret.metadata.name
+                    && reference.namespace.as_deref().unwrap_or(other_namespace) == secret_namespace
+            })
 }
 
 /// Finalizer on the credentials Secret, so it outlives the cluster's machines, and, when the
@@ -431,6 +612,96 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_proxmox_url_is_an_origin_capmox_can_join_its_api_paths_to() {
+        for good in [
+            "https://pve.example:8006",
+            "https://pve.example:8006/",
+            "https://pve.example:8006/api2/json",
+            "http://127.0.0.1:41234",
+            "https://[fd00::1]:8006",
+        ] {
+            assert_eq!(check_url(good), Ok(()), "{good}");
+        }
+        for (bad, problem) in [
+            ("ftp://pve.example", "must be an http(s) URL"),
+            ("pve.example:8006", "must be an http(s) URL"),
+            ("https://pve.example:8006/#", "fragment"),
+            ("https://pve.example:8006#/api2/json", "fragment"),
+            ("https://pve.example:8006/?x=1", "query"),
+            (
+                "https://pve.example:8006/other/api2/json",
+                "no path but /api2/json",
+            ),
+            ("https://evil.example/steal?", "query"),
+            ("https://:8006", "not a URL"),
+        ] {
+            let error = check_url(bad).expect_err(bad);
+            assert!(error.contains(problem), "{bad}: {error}");
+        }
+        let error = check_url("https://root:hunter2@pve.example").expect_err("user info");
+        assert!(error.contains("user name or password"), "{error}");
+        assert!(!error.contains("hunter2"), "the password leaked: {error}");
+    }
+
+    #[test]
+    fn an_allowlist_of_origins_refuses_every_other_proxmox() {
+        let mut global = GlobalCredentials::default();
+        assert_eq!(global.refused_origin("https://anywhere.example:8006"), None);
+        global.allowed_urls = Some(comma_list(
+            "https://pve1.example:8006, https://PVE2.example",
+        ));
+        assert_eq!(
+            global.refused_origin("https://pve1.example:8006/api2/json"),
+            None
+        );
+        assert_eq!(global.refused_origin("https://pve2.example:443"), None);
+        for refused in [
+            "http://pve1.example:8006",
+            "https://pve1.example:8007",
+            "https://pve3.example:8006",
+        ] {
+            let problem = global.refused_origin(refused).expect(refused);
+            assert!(problem.contains("--allowed-proxmox-urls"), "{problem}");
+        }
+    }
+
+    #[test]
+    fn global_credentials_serve_only_the_namespaces_the_installer_listed() {
+        let mut global = GlobalCredentials {
+            url: Some("https://pve.example:8006".into()),
+            token_id: Some("capmox@pve!capi".into()),
+            secret: Some(Secret::new(SECRET)),
+            ..GlobalCredentials::default()
+        };
+        let refused = global.for_namespace("team-a").expect_err("none listed");
+        assert_eq!(refused.reason(), "CredentialsNotFound");
+        assert!(
+            refused
+                .to_string()
+                .contains("--global-credentials-namespaces"),
+            "{refused}"
+        );
+        global.namespaces = comma_list("team-b, team-a");
+        assert!(global.for_namespace("team-a").is_ok());
+        assert!(global.for_namespace("team-c").is_err());
+        global.namespaces = comma_list("*");
+        assert!(global.for_namespace("team-c").is_ok());
+        assert!(matches!(
+            GlobalCredentials::default().for_namespace("team-a"),
+            Err(CredentialsError::NotConfigured)
+        ));
+    }
+
+    #[test]
+    fn secrets_are_read_in_any_namespace_unless_the_installer_listed_some() {
+        let mut global = GlobalCredentials::default();
+        assert!(global.reads_secrets_in("anywhere"));
+        global.secret_namespaces = Some(comma_list("team-a"));
+        assert!(global.reads_secrets_in("team-a"));
+        assert!(!global.reads_secrets_in("team-b"));
+    }
 
     fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
         pairs

@@ -106,11 +106,12 @@ where
     Ok(())
 }
 
-/// Removes `finalizer` (and, for Secrets, our owner reference) with a guarded JSON patch.
+/// Removes `finalizer` when given (and, for Secrets, our owner reference) with a guarded JSON
+/// patch.
 pub(crate) async fn release<K>(
     api: &Api<K>,
     object: &K,
-    finalizer: &str,
+    finalizer: Option<&str>,
     owner_uid: Option<&str>,
 ) -> Result<(), WriteError>
 where
@@ -125,7 +126,9 @@ where
     {
         ops.push(json!({"op": "remove", "path": format!("/metadata/ownerReferences/{index}")}));
     }
-    if let Some(index) = object.finalizers().iter().position(|f| f == finalizer) {
+    if let Some(finalizer) = finalizer
+        && let Some(index) = object.finalizers().iter().position(|f| f == finalizer)
+    {
         ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}));
     }
     if ops.len() == 1 {

@@ -86,7 +86,7 @@ pub enum NodeCandidates {
 /// Where the template to clone comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TemplateSource {
-    /// A template by VMID on a known node.
+    /// A template by VMID on a known node (cloned only while Proxmox lists it as a template).
     Id {
         /// VMID of the template.
         vmid: i32,

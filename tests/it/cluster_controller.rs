@@ -475,13 +475,16 @@ async fn a_secret_in_another_namespace_serves_only_namespaces_it_allows() {
     env.create_proxmox_cluster("demo", &uid, spec).await;
     env.run_controllers();
     let cluster = env
-        .wait_cluster("demo", "CredentialsNamespaceNotAllowed", |c| {
+        .wait_cluster("demo", "CredentialsNotFound", |c| {
             condition(c, "ProxmoxAvailable")
-                .is_some_and(|(_, reason, _)| reason == "CredentialsNamespaceNotAllowed")
+                .is_some_and(|(_, reason, _)| reason == "CredentialsNotFound")
         })
         .await;
     let (_, _, message) = condition(&cluster, "ProxmoxAvailable").expect("condition");
-    assert!(message.contains("allowed-namespaces"), "{message}");
+    assert_eq!(
+        message,
+        "credentials Secret tenant-b/borrowed does not exist or does not allow namespace default: create it in default with keys url, token and secret, or annotate it with proxmox.infrastructure.cluster.x-k8s.io/allowed-namespaces: \"default\""
+    );
     let secrets: Api<Secret> = Api::namespaced(env.client(), "tenant-b");
     let untouched = secrets.get("borrowed").await.expect("secret");
     assert!(

@@ -45,6 +45,7 @@ mod standin;
 mod standin_capmox;
 mod supply;
 mod template_capacity;
+mod tenancy;
 mod testkit_controller;
 mod testkit_crud;
 mod testkit_faults;

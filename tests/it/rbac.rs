@@ -133,8 +133,11 @@ fn condition_is(object: Option<&Value>, type_: &str, status: &str) -> bool {
 
 /// Runs the lifecycle and returns what capmox's client asked for; with a lease namespace the
 /// manager elects a leader there first, without one it reconciles at once (`capmox run`'s
-/// default).
-async fn record_a_lifecycle(lease_namespace: Option<&str>) -> BTreeMap<ClientRequest, u64> {
+/// default). `settings`: the manager's credentials and tenancy settings.
+async fn record_a_lifecycle(
+    lease_namespace: Option<&str>,
+    settings: GlobalCredentials,
+) -> BTreeMap<ClientRequest, u64> {
     let server = ApiServer::new();
     server.register_builtin_kinds();
     server.register_crd_dir("crds").expect("capmox CRDs");
@@ -176,7 +179,7 @@ async fn record_a_lifecycle(lease_namespace: Option<&str>) -> BTreeMap<ClientReq
     let manager = tokio::spawn(capmox::controller::run(
         server.client_named(CAPMOX),
         config,
-        GlobalCredentials::default(),
+        settings,
         stop.clone(),
     ));
     lifecycle(&server, &sim, &stop).await;
@@ -346,12 +349,12 @@ async fn lifecycle(server: &ApiServer, sim: &Simulator, stop: &CancellationToken
     stop.cancel();
 }
 
-/// The requests no role allows, and the grants the allowed ones used.
+/// The requests no role allows, and the grants the allowed ones used; `roles` are the grants
+/// of Roles, each with the namespace it is in.
 fn check_requests(
     recorded: &BTreeMap<ClientRequest, u64>,
     cluster_grants: &BTreeSet<Grant>,
-    leader_grants: &BTreeSet<Grant>,
-    namespace: &str,
+    roles: &[(&BTreeSet<Grant>, &str)],
 ) -> (Vec<String>, BTreeSet<Grant>) {
     assert!(!recorded.is_empty(), "nothing was recorded for {CAPMOX}");
     let summary = recorded
@@ -381,9 +384,10 @@ fn check_requests(
         }
         let grant = grant_of(request);
         let by_cluster_role = cluster_grants.contains(&grant);
-        let by_leader_role =
-            leader_grants.contains(&grant) && request.namespace.as_deref() == Some(namespace);
-        if !by_cluster_role && !by_leader_role {
+        let by_role = roles.iter().any(|(grants, namespace)| {
+            grants.contains(&grant) && request.namespace.as_deref() == Some(*namespace)
+        });
+        if !by_cluster_role && !by_role {
             denied.push(format!(
                 "{}/{} {} in {:?}",
                 grant.0, grant.1, grant.2, request.namespace
@@ -399,8 +403,8 @@ fn check_requests(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_leader_election_the_manager_reconciles_within_the_cluster_role() {
     let cluster_grants = grants(&yaml("config/rbac/role.yaml"));
-    let recorded = record_a_lifecycle(None).await;
-    let (denied, _) = check_requests(&recorded, &cluster_grants, &BTreeSet::new(), "");
+    let recorded = record_a_lifecycle(None, GlobalCredentials::default()).await;
+    let (denied, _) = check_requests(&recorded, &cluster_grants, &[]);
     assert!(
         denied.is_empty(),
         "capmox made requests its ClusterRole does not allow (add them to config/rbac):\n{}",
@@ -427,8 +431,9 @@ async fn the_roles_grant_exactly_what_the_controllers_use() {
     let cluster_grants = grants(&cluster_role);
     let leader_grants = grants(&leader_role);
 
-    let recorded = record_a_lifecycle(Some(&namespace)).await;
-    let (denied, used) = check_requests(&recorded, &cluster_grants, &leader_grants, &namespace);
+    let recorded = record_a_lifecycle(Some(&namespace), GlobalCredentials::default()).await;
+    let (denied, used) =
+        check_requests(&recorded, &cluster_grants, &[(&leader_grants, &namespace)]);
     assert!(
         denied.is_empty(),
         "capmox made requests its roles do not allow (add them to config/rbac):\n{}",
@@ -459,4 +464,39 @@ async fn the_roles_grant_exactly_what_the_controllers_use() {
             "stale ALLOWED_UNUSED entry {grant:?}: not granted"
         );
     }
+}
+
+/// An install made with `make release-manifests SECRET_NAMESPACES=default` (capmox run with
+/// `--secret-namespaces=default`): the lifecycle completes with the ClusterRole that names no
+/// Secrets and the Role of namespace `default`, and that Role's grants are all used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_secrets_install_reads_secrets_only_through_its_roles() {
+    let (components, rbac) =
+        crate::release::namespaced_secrets_release("rbac-secret-ns", "default");
+    let cluster_role = components
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "capmox-manager-role")
+        .expect("the manager's ClusterRole");
+    let role = rbac
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["namespace"] == "default")
+        .expect("the Role of namespace default");
+    let cluster_grants = grants(cluster_role);
+    let role_grants = grants(role);
+    let settings = GlobalCredentials {
+        secret_namespaces: Some(vec!["default".to_owned()]),
+        ..GlobalCredentials::default()
+    };
+    let recorded = record_a_lifecycle(None, settings).await;
+    let (denied, used) = check_requests(&recorded, &cluster_grants, &[(&role_grants, "default")]);
+    assert!(
+        denied.is_empty(),
+        "capmox made requests a namespaced-Secrets install does not allow:\n{}",
+        denied.join("\n")
+    );
+    let unused: Vec<_> = role_grants.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "the Role grants what capmox never used: {unused:?}"
+    );
 }

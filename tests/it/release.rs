@@ -160,6 +160,8 @@ fn the_manager_deployment_is_locked_down() {
         "PROXMOX_TOKEN",
         "PROXMOX_SECRET",
         "POD_NAMESPACE",
+        "CAPMOX_GLOBAL_CREDENTIALS_NAMESPACES",
+        "CAPMOX_ALLOWED_PROXMOX_URLS",
     ] {
         assert!(env.contains(name), "manager env lacks {name}");
     }
@@ -2107,11 +2109,11 @@ fn every_control_plane_runs_kube_vip_on_the_endpoint() {
 }
 
 /// A temporary directory removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
     /// `capmox-<tag>-<process id>` in the system's temporary directory.
-    fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         Self::at(std::env::temp_dir().join(format!("capmox-{tag}-{}", std::process::id())))
     }
 
@@ -2126,6 +2128,107 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The release files of `make release-manifests SECRET_NAMESPACES=...` (in a directory of
+/// their own, `tag` telling it apart): infrastructure-components.yaml and the namespaces' Roles.
+pub(crate) fn namespaced_secrets_release(tag: &str, namespaces: &str) -> (Vec<Value>, Vec<Value>) {
+    let out = TempDir::new(tag);
+    run_ok(
+        tool("make")
+            .args(["--no-print-directory", "release-manifests"])
+            .arg(format!("SECRET_NAMESPACES={namespaces}"))
+            .arg(format!("OUT={}", out.0.display())),
+        &format!("make release-manifests SECRET_NAMESPACES={namespaces:?}"),
+    );
+    let read = |file: &str| {
+        let path = out.0.join(file);
+        documents(
+            &std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
+    };
+    (
+        read("infrastructure-components.yaml"),
+        read("secret-namespaces-rbac.yaml"),
+    )
+}
+
+/// Whether a role's rules name Secrets.
+fn grants_secrets(role: &Value) -> bool {
+    role["rules"].as_array().is_some_and(|rules| {
+        rules.iter().any(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.iter().any(|x| x == "secrets"))
+        })
+    })
+}
+
+/// `SECRET_NAMESPACES` makes an install that reads Secrets only where the installer said: the
+/// ClusterRole names no Secrets, the manager runs with `--secret-namespaces`, and each namespace
+/// gets a Role (get, patch on Secrets) bound to the manager's ServiceAccount, in a file of its
+/// own since clusterctl moves every namespaced object of the components into its namespace.
+#[test]
+fn secret_namespaces_give_roles_per_namespace_and_no_cluster_wide_secret_access() {
+    let manager_role = |objects: &[Value]| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "capmox-manager-role")
+            .cloned()
+            .expect("the manager's ClusterRole")
+    };
+    let default_role = manager_role(&components());
+    assert!(
+        grants_secrets(&default_role),
+        "the default install reads Secrets anywhere"
+    );
+
+    let (objects, rbac) = namespaced_secrets_release("release-secret-ns", "team-a team-b");
+    let cluster_role = manager_role(&objects);
+    assert!(!grants_secrets(&cluster_role), "{cluster_role}");
+    let mut without_secrets = default_role.clone();
+    without_secrets["rules"]
+        .as_array_mut()
+        .expect("rules")
+        .retain(|r| r["resources"] != serde_json::json!(["secrets"]));
+    assert_eq!(cluster_role, without_secrets, "only the Secret rule goes");
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("a Deployment");
+    let args = manager_run_args(&deployment["spec"]["template"]["spec"]["containers"][0]);
+    assert_eq!(
+        args.global_credentials().secret_namespaces,
+        Some(vec!["team-a".to_owned(), "team-b".to_owned()])
+    );
+    assert!(
+        objects
+            .iter()
+            .all(|o| o["kind"] != "Role" || o["metadata"]["namespace"] == "capmox-system"),
+        "no Role for a tenant namespace in the components"
+    );
+
+    let account = find(
+        &objects,
+        "ServiceAccount",
+        "capmox-system",
+        "capmox-manager",
+    );
+    for namespace in ["team-a", "team-b"] {
+        let role = find(&rbac, "Role", namespace, "capmox-manager-secrets");
+        assert_eq!(
+            role["rules"],
+            serde_json::json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "patch"]}])
+        );
+        let binding = find(&rbac, "RoleBinding", namespace, "capmox-manager-secrets");
+        assert_eq!(binding["roleRef"]["name"], "capmox-manager-secrets");
+        assert_eq!(binding["subjects"][0]["name"], account["metadata"]["name"]);
+        assert_eq!(
+            binding["subjects"][0]["namespace"],
+            account["metadata"]["namespace"]
+        );
+    }
+    assert_eq!(rbac.len(), 4, "a Role and a RoleBinding per namespace");
 }
 
 #[test]

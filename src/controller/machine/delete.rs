@@ -120,8 +120,12 @@ impl Reconcile<'_> {
                 .map_err(unavailable));
         }
         let cluster = format!("{}/{}", scope.namespace, scope.proxmox_cluster.name_any());
-        Ok(match self.context.global_credentials.client_config() {
-            Some(Ok(config)) => self
+        let global = self
+            .context
+            .global_credentials
+            .for_namespace(&scope.namespace);
+        Ok(match global {
+            Ok(config) => self
                 .context
                 .proxmox
                 .get(&config)
@@ -136,13 +140,15 @@ impl Reconcile<'_> {
                     }
                 })
                 .map_err(|error| unavailable(error.to_string())),
-            Some(Err(problem)) => Err(unavailable(format!(
-                "the ProxmoxCluster {cluster} is gone and capmox's global credentials are unusable ({problem})"
-            ))),
-            None => Err(Blocked {
+            Err(problem @ crate::controller::credentials::CredentialsError::Invalid { .. }) => {
+                Err(unavailable(format!(
+                    "the ProxmoxCluster {cluster} is gone and capmox's global credentials are unusable ({problem})"
+                )))
+            }
+            Err(_) => Err(Blocked {
                 reason: "ProxmoxClusterNotFound",
                 message: format!(
-                    "the ProxmoxCluster {cluster} is gone and capmox has no global credentials, so {} is kept; restore the ProxmoxCluster (and its credentials) to delete it, or delete the VM yourself and remove the finalizer {} from this ProxmoxMachine",
+                    "the ProxmoxCluster {cluster} is gone and capmox has no global credentials for this namespace, so {} is kept; restore the ProxmoxCluster (and its credentials) to delete it, or delete the VM yourself and remove the finalizer {} from this ProxmoxMachine",
                     self.recorded_vm(scope),
                     finalizers::MACHINE
                 ),
@@ -386,7 +392,7 @@ impl Reconcile<'_> {
     /// Nothing is left in Proxmox: lets the object go.
     pub(super) async fn released(&self, scope: &Scope) -> Result<Action, MachineError> {
         self.context.reservations.lock().await.release(&scope.name);
-        guarded::release(&scope.api, self.machine, finalizers::MACHINE, None).await?;
+        guarded::release(&scope.api, self.machine, Some(finalizers::MACHINE), None).await?;
         self.context.vmid_claims.release(&claim_key(self.machine));
         if let Some(vmid) = scope.recorded_vmid {
             self.context

@@ -253,26 +253,10 @@ impl Reconcile<'_> {
         resources: &[ClusterResource],
     ) -> Result<Result<(TemplateChoice, String), Step>, MachineError> {
         let templates = crate::controller::inventory::templates(resources);
-        let copies = match placement.template() {
-            TemplateSource::Id { vmid, node } => {
-                let vmid = u32::try_from(*vmid).unwrap_or_default();
-                let listed = templates.iter().find(|t| t.vmid == vmid);
-                vec![TemplateInfo {
-                    node: node.clone(),
-                    vmid,
-                    name: listed
-                        .as_ref()
-                        .map(|t| t.name.clone())
-                        .filter(|n| !n.is_empty())
-                        .unwrap_or_else(|| vmid.to_string()),
-                    tags: listed.map(|t| t.tags.clone()).unwrap_or_default(),
-                }]
-            }
-            TemplateSource::Tags(selector) => {
-                match placement::select_template(selector, &templates) {
-                    Ok(copies) => copies,
-                    Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
-                }
+        let copies = match template_copies(placement.template(), &templates) {
+            Ok(copies) => copies,
+            Err((reason, message)) => {
+                return Ok(Err(self.template_refused(scope, reason, message).await));
             }
         };
         // Where the copies' volumes live matters only for a candidate node without a copy.
@@ -355,12 +339,13 @@ impl Reconcile<'_> {
     /// Waits on a template problem (checked again in a minute: templates are not watched),
     /// giving back any memory reserved for the machine.
     pub(super) async fn template_waiting(&self, scope: &Scope, error: &TemplateError) -> Step {
+        self.template_refused(scope, error.reason(), error.to_string())
+            .await
+    }
+
+    async fn template_refused(&self, scope: &Scope, reason: &'static str, message: String) -> Step {
         self.context.reservations.lock().await.release(&scope.name);
-        waiting(
-            error.reason(),
-            error.to_string(),
-            Action::requeue(Duration::from_secs(60)),
-        )
+        waiting(reason, message, Action::requeue(Duration::from_secs(60)))
     }
 
     /// A VMID for the machine, claimed for it: the recorded one while no VM uses it, else the
@@ -508,6 +493,63 @@ impl Reconcile<'_> {
     }
 }
 
+/// The copies of the template `source` names among the listed `templates`, or why none may be
+/// cloned (a condition reason and message). Only a VM Proxmox flags as a template is cloned:
+/// any other VMID (another tenant's VM, say) would be copied, disks and all, and booted with
+/// this machine's user data.
+pub(super) fn template_copies(
+    source: &TemplateSource,
+    templates: &[TemplateInfo],
+) -> Result<Vec<TemplateInfo>, (&'static str, String)> {
+    let copies = match source {
+        TemplateSource::Id { vmid, node } => {
+            let listed = u32::try_from(*vmid)
+                .ok()
+                .and_then(|vmid| templates.iter().find(|t| t.vmid == vmid && t.node == *node))
+                .ok_or_else(|| {
+                    (
+                        "TemplateNotFound",
+                        format!(
+                            "VM {vmid} on {node} is not a template (or Proxmox does not list it); set spec.templateID and spec.sourceNode to a VM template, or use spec.templateSelector"
+                        ),
+                    )
+                })?;
+            vec![TemplateInfo {
+                name: Some(listed.name.clone())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| listed.vmid.to_string()),
+                ..listed.clone()
+            }]
+        }
+        TemplateSource::Tags(selector) => placement::select_template(selector, templates)
+            .map_err(|error| (error.reason(), error.to_string()))?,
+    };
+    // A clone inherits its template's tags: one carrying a machine's tag would look like that
+    // machine's VM, which no other machine adopts.
+    if let Some(tagged) = copies
+        .iter()
+        .find(|c| c.tags.iter().any(|t| is_machine_tag(t)))
+    {
+        let tags: Vec<&str> = tagged
+            .tags
+            .iter()
+            .filter(|t| is_machine_tag(t))
+            .map(String::as_str)
+            .collect();
+        return Err((
+            "InvalidTemplate",
+            format!(
+                "VM template {} (VMID {}) on {} carries the capmox machine tag {}; remove it from the template",
+                tagged.name,
+                tagged.vmid,
+                tagged.node,
+                tags.join(", ")
+            ),
+        ));
+    }
+    Ok(copies)
+}
+
 /// Whether Proxmox calls `vmid` free (`/cluster/nextid?vmid=`): a used or invalid one is not.
 pub(super) async fn vmid_free(proxmox: &ProxmoxClient, vmid: u32) -> Result<bool, MachineError> {
     match proxmox.next_id(Some(vmid)).await {
@@ -536,9 +578,12 @@ pub(super) fn vms(resources: &[ClusterResource]) -> impl Iterator<Item = &Cluste
 
 /// What ties a VM to a machine. The tag (from the UID) is lost when `clusterctl move` or a
 /// restore re-creates the machine; its name, `spec.virtualMachineID` and `spec.providerID` (the
-/// VM's SMBIOS UUID) are not, so a VM named after the machine is also its machine's when its
+/// VM's SMBIOS UUID) are not. A VM named after the machine is also its machine's when its
 /// SMBIOS UUID is the one `spec.providerID` names, or (without a provider ID) when it carries
-/// no machine tag (a clone in flight, a Go provider VM) or its VMID is the one in the spec.
+/// no machine tag at all and its VMID is the one in the spec: a clone of this machine in
+/// flight, since the VMID goes into the spec before the clone is requested and the tag only
+/// after the provider ID is recorded. The spec alone never claims a VM that carries another
+/// machine's tag: anyone who may write a ProxmoxMachine can write its spec.
 pub(super) struct Identity<'a> {
     tag: String,
     name: &'a str,
@@ -580,14 +625,14 @@ impl<'a> Identity<'a> {
         if let Some(uuid) = self.uuid {
             return smbios_uuid(config).is_some_and(|u| u.eq_ignore_ascii_case(uuid));
         }
-        let tagged_for_another = tags.iter().any(|t| is_machine_tag(t));
-        !tagged_for_another || self.spec_vmid == Some(vmid)
+        !tags.iter().any(|t| is_machine_tag(t)) && self.spec_vmid == Some(vmid)
     }
 
     /// Whether the listing alone shows the VM to be the one this controller recorded in the
-    /// machine's status (VMID and node), as its config would: named after the machine and
-    /// without another machine's tag (the listing may predate this machine's tag). A status
-    /// does not survive a move or restore, so an adopted VM is still checked by its config.
+    /// machine's status (VMID and node) and spec (VMID), as its config would: named after the
+    /// machine and without any machine's tag (the listing may predate this machine's tag). A
+    /// status does not survive a move or restore, so an adopted VM is still checked by its
+    /// config.
     pub(super) fn listed_as_recorded(
         &self,
         vm: &ClusterResource,
@@ -599,7 +644,8 @@ impl<'a> Identity<'a> {
             && status.proxmox_node.is_some()
             && vm.node == status.proxmox_node
             && vm.name.as_deref() == Some(self.name)
-            && (!vm.tags.iter().any(|t| is_machine_tag(t)) || self.spec_vmid == vm.vmid)
+            && self.spec_vmid == vm.vmid
+            && !vm.tags.iter().any(|t| is_machine_tag(t))
     }
 
     /// The listed VM `vm` as it is now, if it is the machine's (its config is read unless its
@@ -715,4 +761,83 @@ pub(super) enum Picked {
     Unlisted(u32),
     /// None is free.
     Exhausted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(uid: &str, vmid: Option<i64>) -> ProxmoxMachine {
+        let mut machine = ProxmoxMachine::new("web-1", Default::default());
+        machine.metadata.uid = Some(uid.into());
+        machine.spec.virtual_machine_id = vmid;
+        machine
+    }
+
+    fn config(name: &str, tags: &str, uuid: &str) -> VmConfig {
+        serde_json::from_value(json!({
+            "name": name, "tags": tags, "smbios1": format!("uuid={uuid}")
+        }))
+        .expect("config")
+    }
+
+    const UUID: &str = "5a4c8f3e-0000-4000-8000-000000000001";
+
+    /// Another tenant's machine of the same name whose spec names this VM's VMID does not own
+    /// it: the spec is anyone's to write, the tag and the SMBIOS UUID are not.
+    #[test]
+    fn the_spec_vmid_never_claims_a_vm_that_carries_another_machines_tag() {
+        let owner = machine("aaaaaaaa-1111-2222-3333-444444444444", Some(100));
+        let owner_tag = machine_tag(&owner);
+        let vm = config("web-1", &format!("{owner_tag};prod"), UUID);
+        assert!(Identity::of(&owner, "web-1").owns(&vm, 100));
+
+        let intruder = machine("bbbbbbbb-1111-2222-3333-444444444444", Some(100));
+        assert!(!Identity::of(&intruder, "web-1").owns(&vm, 100));
+
+        // A move or restore (new UID) is recognised by the SMBIOS UUID its spec recorded.
+        let mut moved = machine("cccccccc-1111-2222-3333-444444444444", Some(100));
+        moved.spec.provider_id = Some(format!("proxmox://{UUID}"));
+        assert!(Identity::of(&moved, "web-1").owns(&vm, 100));
+
+        // A clone in flight has no tag yet: the VMID its spec recorded before the clone.
+        let untagged = config("web-1", "prod", UUID);
+        assert!(Identity::of(&intruder, "web-1").owns(&untagged, 100));
+        assert!(!Identity::of(&intruder, "web-1").owns(&untagged, 101));
+        assert!(!Identity::of(&machine("dddddddd-1111", None), "web-1").owns(&untagged, 100));
+    }
+
+    fn template(vmid: u32, node: &str, tags: &[&str]) -> TemplateInfo {
+        TemplateInfo {
+            node: node.into(),
+            vmid,
+            name: format!("t{vmid}"),
+            tags: tags.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn only_a_listed_template_is_cloned_by_its_id() {
+        let templates = [template(9000, "pve1", &["ubuntu"])];
+        let by_id = |vmid: i32, node: &str| TemplateSource::Id {
+            vmid,
+            node: node.into(),
+        };
+        let copies = template_copies(&by_id(9000, "pve1"), &templates).expect("a template");
+        assert_eq!(copies, [template(9000, "pve1", &["ubuntu"])]);
+        let (reason, message) =
+            template_copies(&by_id(100, "pve1"), &templates).expect_err("VM 100 is no template");
+        assert_eq!(reason, "TemplateNotFound");
+        assert!(
+            message.starts_with("VM 100 on pve1 is not a template"),
+            "{message}"
+        );
+        assert!(template_copies(&by_id(9000, "pve2"), &templates).is_err());
+
+        let tagged = [template(9001, "pve1", &["capmox-3f2c9c8e1b2a4d6e"])];
+        let (reason, message) = template_copies(&by_id(9001, "pve1"), &tagged)
+            .expect_err("a template with a machine tag");
+        assert_eq!(reason, "InvalidTemplate");
+        assert!(message.contains("capmox-3f2c9c8e1b2a4d6e"), "{message}");
+    }
 }

@@ -104,6 +104,7 @@ impl Scenario {
             url: Some(self.tap.url().to_owned()),
             token_id: Some(id.to_owned()),
             secret: Some(capmox::proxmox::Secret::new(secret)),
+            namespaces: vec!["*".to_owned()],
             ..Default::default()
         };
         self.controllers = Some(
