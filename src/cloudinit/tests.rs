@@ -1164,10 +1164,11 @@ fn a_vrf_name_that_is_no_interface_name_is_never_written() {
             interfaces: vec!["net0".into()],
             ..Default::default()
         };
-        let error = super::network::plan_network(&[nic("net0")], &[vrf.clone()], &v4_net0())
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let error =
+            super::network::plan_network(&[nic("net0")], std::slice::from_ref(&vrf), &v4_net0())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
         assert!(
             error.starts_with(&format!(
                 "spec.network.vrfs: {name:?} is not a valid interface name"
