@@ -9,6 +9,7 @@ use super::common::{
     ApiEndpoint, Initialization, IpConfigSpec, LocalObjectReference, SecretReference,
     TemplateObjectMeta, ZONE_PATTERN, conditions_schema,
 };
+use super::names::{NODE_MAX_LEN, NODE_PATTERN};
 
 /// Desired state of the Proxmox side of a workload cluster: nodes, zones, networks, credentials.
 // kube's `printcolumn(...)` repeats `type_` by design; clippy mistakes that for a duplicate.
@@ -67,7 +68,10 @@ pub struct ProxmoxClusterSpec {
     pub external_managed_control_plane: Option<bool>,
     /// Proxmox nodes machines of this cluster may run on; empty means the template's node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(
+        inner(length(max = NODE_MAX_LEN), pattern(NODE_PATTERN)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
     pub allowed_nodes: Vec<String>,
     /// Tuning of the memory-aware node scheduler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,7 +170,10 @@ pub struct ZoneConfigSpec {
     pub zone: String,
     /// Proxmox nodes that make up this zone; without nodes the zone is a network zone only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(
+        inner(length(max = NODE_MAX_LEN), pattern(NODE_PATTERN)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
     pub nodes: Vec<String>,
     /// Whether the control plane (KCP) may place machines in this zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,6 +13,11 @@ use super::common::{
     Initialization, NET_NAME_PATTERN, TAG_PATTERN, TemplateObjectMeta, TypedLocalObjectReference,
     ZONE_PATTERN, conditions_schema,
 };
+use super::names::{
+    BRIDGE_MAX_LEN, BRIDGE_PATTERN, DESCRIPTION_MAX_LEN, DESCRIPTION_PATTERN, DISK_MAX_LEN,
+    DISK_PATTERN, INTERFACE_MAX_LEN, INTERFACE_PATTERN, NODE_MAX_LEN, NODE_PATTERN, POOL_MAX_LEN,
+    POOL_PATTERN, SNAPSHOT_MAX_LEN, SNAPSHOT_PATTERN, STORAGE_MAX_LEN, STORAGE_PATTERN,
+};
 use super::template_status::ProxmoxMachineTemplateStatus;
 
 /// `spec.tags` may neither change, appear nor disappear once the machine exists (the Go
@@ -129,9 +134,9 @@ pub const MAX_NETWORK_DEVICES: usize = 32;
      "message": "tags are immutable: Proxmox tags the VM once, when it is created; create a new ProxmoxMachine (e.g. through a new ProxmoxMachineTemplate) to change them"}
 ]))]
 pub struct ProxmoxMachineSpec {
-    /// Node that holds the template named by `templateID`.
+    /// Node that holds the template named by `templateID`: the node's name as Proxmox shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = NODE_MAX_LEN), pattern(NODE_PATTERN))]
     pub source_node: Option<String>,
     /// VMID of the template to clone.
     #[serde(
@@ -143,8 +148,10 @@ pub struct ProxmoxMachineSpec {
     /// Select the template by its Proxmox tags instead of by VMID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_selector: Option<TemplateSelector>,
-    /// Description of the VM in Proxmox.
+    /// Description of the VM in Proxmox: free text without control characters other than tab
+    /// and newline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = DESCRIPTION_MAX_LEN), pattern(DESCRIPTION_PATTERN))]
     pub description: Option<String>,
     /// Disk format of a full clone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,14 +160,17 @@ pub struct ProxmoxMachineSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = true))]
     pub full: Option<bool>,
-    /// Proxmox resource pool the VM is added to.
+    /// Proxmox resource pool the VM is added to (`parent/child` for a nested pool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = POOL_MAX_LEN), pattern(POOL_PATTERN))]
     pub pool: Option<String>,
     /// Snapshot of the template to clone from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = SNAPSHOT_MAX_LEN), pattern(SNAPSHOT_PATTERN))]
     pub snap_name: Option<String>,
-    /// Target storage of a full clone.
+    /// Target storage of a full clone: the storage id as Proxmox shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = STORAGE_MAX_LEN), pattern(STORAGE_PATTERN))]
     pub storage: Option<String>,
     /// `proxmox://<SMBIOS uuid>`; written by the controller once the VM exists.
     #[serde(
@@ -215,7 +225,10 @@ pub struct ProxmoxMachineSpec {
     pub metadata_settings: Option<MetadataSettings>,
     /// Proxmox nodes this machine may run on; overrides the cluster's when non-empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(
+        inner(length(max = NODE_MAX_LEN), pattern(NODE_PATTERN)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
     pub allowed_nodes: Vec<String>,
     /// Extra Proxmox tags for the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -287,8 +300,8 @@ pub struct Storage {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskSize {
-    /// Proxmox disk name, e.g. `scsi0`.
-    #[schemars(length(min = 1))]
+    /// Proxmox disk slot: `scsi0`-`scsi30`, `virtio0`-`virtio15`, `sata0`-`sata5` or `ide0`-`ide3`.
+    #[schemars(length(min = 1, max = DISK_MAX_LEN), pattern(DISK_PATTERN))]
     pub disk: String,
     /// Size in GB; disks only grow.
     #[schemars(range(min = 5))]
@@ -372,9 +385,9 @@ pub struct NetworkDevice {
         extend("default" = "net0")
     )]
     pub name: String,
-    /// Proxmox bridge the NIC is attached to.
+    /// Proxmox bridge the NIC is attached to, e.g. `vmbr0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = BRIDGE_MAX_LEN), pattern(BRIDGE_PATTERN))]
     pub bridge: Option<String>,
     /// Emulated NIC model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -508,8 +521,8 @@ pub struct RoutingPolicySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VrfDevice {
-    /// Name of the VRF device.
-    #[schemars(length(min = 3))]
+    /// Name of the VRF device: a Linux interface name (letters, digits, `-`, `_`, `.`).
+    #[schemars(length(min = 3, max = INTERFACE_MAX_LEN), pattern(INTERFACE_PATTERN))]
     pub name: String,
     /// Routing table of the VRF.
     #[schemars(

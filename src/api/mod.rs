@@ -5,6 +5,7 @@ mod common;
 pub mod conversion;
 pub mod crd;
 mod machine;
+pub mod names;
 mod template_status;
 pub mod v1alpha1;
 pub mod validation;

@@ -201,6 +201,12 @@ pub enum NetworkConfigError {
         /// Where the rule is.
         at: String,
     },
+    /// A VRF's name is not an interface name (it would be written into netplan and networkd).
+    #[error("spec.network.vrfs: {error}")]
+    InvalidVrfName {
+        /// What is wrong with the name.
+        error: crate::api::names::NameError,
+    },
     /// A VRF enslaves a NIC the machine does not have.
     #[error(
         "VRF {vrf} lists interface {interface:?}, which is not a network device of this machine (devices: {known})"
@@ -755,6 +761,9 @@ pub(super) fn plan_network(
     let mut vrf_out = Vec::new();
     let mut enslaved: BTreeMap<&str, &str> = BTreeMap::new();
     for vrf in vrfs {
+        crate::api::names::NameRule::Interface
+            .check(&vrf.name)
+            .map_err(|error| NetworkConfigError::InvalidVrfName { error })?;
         let at = |what: &str, k: usize| format!("VRF {} {what} {}", vrf.name, k + 1);
         let table = non_negative(&format!("VRF {}", vrf.name), "table", Some(vrf.table))?
             .unwrap_or(MAIN_TABLE);

@@ -1150,6 +1150,35 @@ fn networkd_units_are_checked_like_the_netplan_document() {
     );
 }
 
+#[test]
+fn a_vrf_name_that_is_no_interface_name_is_never_written() {
+    for name in [
+        "vrf-a\n[Network]\nDNS=203.0.113.9",
+        "vrf*",
+        "vrf a",
+        "../vrf",
+    ] {
+        let vrf = VrfDevice {
+            name: name.into(),
+            table: 10,
+            interfaces: vec!["net0".into()],
+            ..Default::default()
+        };
+        let error =
+            super::network::plan_network(&[nic("net0")], std::slice::from_ref(&vrf), &v4_net0())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+        assert!(
+            error.starts_with(&format!(
+                "spec.network.vrfs: {name:?} is not a valid interface name"
+            )),
+            "{name:?}: {error}"
+        );
+        assert!(render_network_config(&[nic("net0")], &[vrf], &v4_net0()).is_err());
+    }
+}
+
 fn ignition_bootstrap(value: &str) -> BootstrapData {
     BootstrapData {
         value: value.as_bytes().to_vec(),

@@ -6,10 +6,12 @@ use reqwest::Method;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::client::{Body, ProxmoxClient, Request, seg};
+use super::client::{Body, ProxmoxClient, Request};
 use super::error::{ProxmoxError, Result};
+use super::path::{checked, node_seg, seg, storage_seg};
 use super::types::*;
 use super::upid::Upid;
+use crate::api::names::NameRule;
 
 /// Filter for `GET /cluster/resources`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,12 +202,39 @@ const CONFIG_PARAMS: &[&str] = &[
     "ciupgrade:boolean",
 ];
 
+/// The clone parameters that come from a spec, in the formats Proxmox accepts (checked here
+/// too, for objects stored before the CRD patterns existed).
+fn check_clone_params(params: &CloneParams) -> Result<()> {
+    let fields = [
+        ("description", NameRule::Description, &params.description),
+        ("target", NameRule::Node, &params.target),
+        ("storage", NameRule::Storage, &params.storage),
+        ("pool", NameRule::Pool, &params.pool),
+        ("snapname", NameRule::Snapshot, &params.snapname),
+    ];
+    for (param, rule, value) in fields {
+        if let Some(value) = value {
+            checked(param, rule, value)?;
+        }
+    }
+    Ok(())
+}
+
+/// The form of a config update, refused when the description (from a spec) has control
+/// characters that do not belong in a VM config.
+fn config_form(update: &ConfigUpdate) -> Result<Vec<(String, String)>> {
+    if let Some(description) = update.set.get("description") {
+        checked("description", NameRule::Description, description)?;
+    }
+    Ok(update.to_form())
+}
+
 fn b01(b: bool) -> &'static str {
     if b { "1" } else { "0" }
 }
 
-fn vm_path(node: &str, vmid: u32) -> String {
-    format!("/nodes/{}/qemu/{vmid}", seg(node))
+fn vm_path(node: &str, vmid: u32) -> Result<String> {
+    Ok(format!("/nodes/{}/qemu/{vmid}", node_seg(node)?))
 }
 
 /// The agent wraps its answer in `result`; old PVE could return `{"result":{"error":{...}}}` with 200.
@@ -249,7 +278,7 @@ impl ProxmoxClient {
     pub async fn node_status(&self, node: &str) -> Result<NodeStatus> {
         self.send(Request::get(
             "GET /nodes/{node}/status",
-            format!("/nodes/{}/status", seg(node)),
+            format!("/nodes/{}/status", node_seg(node)?),
         ))
         .await
     }
@@ -299,7 +328,7 @@ impl ProxmoxClient {
     pub async fn list_vms(&self, node: &str) -> Result<Vec<VmEntry>> {
         self.send(Request::get(
             "GET /nodes/{node}/qemu",
-            format!("/nodes/{}/qemu", seg(node)),
+            format!("/nodes/{}/qemu", node_seg(node)?),
         ))
         .await
     }
@@ -308,7 +337,7 @@ impl ProxmoxClient {
     pub async fn vm_config(&self, node: &str, vmid: u32) -> Result<VmConfig> {
         self.send(Request::get(
             "GET /nodes/{node}/qemu/{vmid}/config",
-            format!("{}/config", vm_path(node, vmid)),
+            format!("{}/config", vm_path(node, vmid)?),
         ))
         .await
     }
@@ -324,9 +353,9 @@ impl ProxmoxClient {
             Request::new(
                 Method::POST,
                 "POST /nodes/{node}/qemu/{vmid}/config",
-                format!("{}/config", vm_path(node, vmid)),
+                format!("{}/config", vm_path(node, vmid)?),
             )
-            .form(update.to_form()),
+            .form(config_form(update)?),
         )
         .await
     }
@@ -343,9 +372,9 @@ impl ProxmoxClient {
                 Request::new(
                     Method::PUT,
                     "PUT /nodes/{node}/qemu/{vmid}/config",
-                    format!("{}/config", vm_path(node, vmid)),
+                    format!("{}/config", vm_path(node, vmid)?),
                 )
-                .form(update.to_form()),
+                .form(config_form(update)?),
             )
             .await?;
         Ok(())
@@ -367,6 +396,7 @@ impl ProxmoxClient {
         opt("format", &params.format);
         opt("pool", &params.pool);
         opt("snapname", &params.snapname);
+        check_clone_params(params)?;
         if let Some(full) = params.full {
             form.push(("full".to_string(), b01(full).to_string()));
         }
@@ -375,7 +405,7 @@ impl ProxmoxClient {
                 Request::new(
                     Method::POST,
                     "POST /nodes/{node}/qemu/{vmid}/clone",
-                    format!("{}/clone", vm_path(node, vmid)),
+                    format!("{}/clone", vm_path(node, vmid)?),
                 )
                 .form(form),
             )
@@ -396,7 +426,10 @@ impl ProxmoxClient {
         digest: Option<&str>,
     ) -> Result<TaskRef> {
         let mut form = vec![
-            ("disk".to_string(), disk.to_string()),
+            (
+                "disk".to_string(),
+                checked("disk", NameRule::Disk, disk)?.to_string(),
+            ),
             ("size".to_string(), size.to_string()),
         ];
         if let Some(d) = digest {
@@ -406,7 +439,7 @@ impl ProxmoxClient {
             Request::new(
                 Method::PUT,
                 "PUT /nodes/{node}/qemu/{vmid}/resize",
-                format!("{}/resize", vm_path(node, vmid)),
+                format!("{}/resize", vm_path(node, vmid)?),
             )
             .form(form),
         )
@@ -417,7 +450,7 @@ impl ProxmoxClient {
     pub async fn vm_status(&self, node: &str, vmid: u32) -> Result<VmStatus> {
         self.send(Request::get(
             "GET /nodes/{node}/qemu/{vmid}/status/current",
-            format!("{}/status/current", vm_path(node, vmid)),
+            format!("{}/status/current", vm_path(node, vmid)?),
         ))
         .await
     }
@@ -434,7 +467,7 @@ impl ProxmoxClient {
             Request::new(
                 Method::POST,
                 endpoint,
-                format!("{}/status/{}", vm_path(node, vmid), action.as_str()),
+                format!("{}/status/{}", vm_path(node, vmid)?, action.as_str()),
             )
             .form(Vec::new()),
         )
@@ -457,7 +490,7 @@ impl ProxmoxClient {
             Request::new(
                 Method::POST,
                 "POST /nodes/{node}/qemu/{vmid}/status/shutdown",
-                format!("{}/status/shutdown", vm_path(node, vmid)),
+                format!("{}/status/shutdown", vm_path(node, vmid)?),
             )
             .form(form),
         )
@@ -469,7 +502,7 @@ impl ProxmoxClient {
         let mut req = Request::new(
             Method::DELETE,
             "DELETE /nodes/{node}/qemu/{vmid}",
-            vm_path(node, vmid),
+            vm_path(node, vmid)?,
         );
         if params.purge {
             req = req.query("purge", "1");
@@ -488,7 +521,7 @@ impl ProxmoxClient {
     ) -> Result<Vec<StorageEntry>> {
         let mut req = Request::get(
             "GET /nodes/{node}/storage",
-            format!("/nodes/{}/storage", seg(node)),
+            format!("/nodes/{}/storage", node_seg(node)?),
         );
         if let Some(c) = content {
             req = req.query("content", c).query("enabled", "1");
@@ -506,7 +539,11 @@ impl ProxmoxClient {
     ) -> Result<Vec<StorageContent>> {
         let mut req = Request::get(
             "GET /nodes/{node}/storage/{storage}/content",
-            format!("/nodes/{}/storage/{}/content", seg(node), seg(storage)),
+            format!(
+                "/nodes/{}/storage/{}/content",
+                node_seg(node)?,
+                storage_seg(storage)?
+            ),
         );
         if let Some(c) = content {
             req = req.query("content", c);
@@ -537,7 +574,11 @@ impl ProxmoxClient {
         let mut req = Request::new(
             Method::POST,
             "POST /nodes/{node}/storage/{storage}/upload",
-            format!("/nodes/{}/storage/{}/upload", seg(node), seg(storage)),
+            format!(
+                "/nodes/{}/storage/{}/upload",
+                node_seg(node)?,
+                storage_seg(storage)?
+            ),
         );
         req.body = Body::Multipart(form);
         req.timeout = Some(self.upload_timeout());
@@ -551,9 +592,9 @@ impl ProxmoxClient {
             "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
             format!(
                 "/nodes/{}/storage/{}/content/{}",
-                seg(node),
-                seg(storage),
-                seg(volid)
+                node_seg(node)?,
+                storage_seg(storage)?,
+                seg("volume", volid)?
             ),
         ))
         .await
@@ -566,7 +607,7 @@ impl ProxmoxClient {
                 Request::new(
                     Method::POST,
                     "POST /nodes/{node}/qemu/{vmid}/agent/ping",
-                    format!("{}/agent/ping", vm_path(node, vmid)),
+                    format!("{}/agent/ping", vm_path(node, vmid)?),
                 )
                 .form(Vec::new()),
             )
@@ -580,7 +621,7 @@ impl ProxmoxClient {
         let v: Value = self
             .send(Request::get(
                 EP,
-                format!("{}/agent/get-osinfo", vm_path(node, vmid)),
+                format!("{}/agent/get-osinfo", vm_path(node, vmid)?),
             ))
             .await?;
         agent_result(EP, v)
@@ -596,7 +637,7 @@ impl ProxmoxClient {
         let v: Value = self
             .send(Request::get(
                 EP,
-                format!("{}/agent/network-get-interfaces", vm_path(node, vmid)),
+                format!("{}/agent/network-get-interfaces", vm_path(node, vmid)?),
             ))
             .await?;
         agent_result(EP, v)
@@ -622,7 +663,7 @@ impl ProxmoxClient {
                 Request::new(
                     Method::POST,
                     "POST /nodes/{node}/qemu/{vmid}/agent/exec",
-                    format!("{}/agent/exec", vm_path(node, vmid)),
+                    format!("{}/agent/exec", vm_path(node, vmid)?),
                 )
                 .form(form),
             )
@@ -640,7 +681,7 @@ impl ProxmoxClient {
         self.send(
             Request::get(
                 "GET /nodes/{node}/qemu/{vmid}/agent/exec-status",
-                format!("{}/agent/exec-status", vm_path(node, vmid)),
+                format!("{}/agent/exec-status", vm_path(node, vmid)?),
             )
             .query("pid", pid),
         )
@@ -653,8 +694,8 @@ impl ProxmoxClient {
             "GET /nodes/{node}/tasks/{upid}/status",
             format!(
                 "/nodes/{}/tasks/{}/status",
-                seg(&upid.node),
-                seg(upid.as_str())
+                node_seg(&upid.node)?,
+                seg("upid", upid.as_str())?
             ),
         ))
         .await
@@ -667,8 +708,8 @@ impl ProxmoxClient {
                 "GET /nodes/{node}/tasks/{upid}/log",
                 format!(
                     "/nodes/{}/tasks/{}/log",
-                    seg(&upid.node),
-                    seg(upid.as_str())
+                    node_seg(&upid.node)?,
+                    seg("upid", upid.as_str())?
                 ),
             )
             .query("start", start)
@@ -798,7 +839,7 @@ impl ProxmoxClient {
             .send(Request::new(
                 Method::DELETE,
                 "DELETE /cluster/ha/resources/{sid}",
-                format!("/cluster/ha/resources/{}", seg(sid)),
+                format!("/cluster/ha/resources/{}", seg("sid", sid)?),
             ))
             .await?;
         Ok(())
@@ -868,7 +909,7 @@ impl ProxmoxClient {
                 Request::new(
                     Method::PUT,
                     "PUT /cluster/ha/rules/{rule}",
-                    format!("/cluster/ha/rules/{}", seg(rule)),
+                    format!("/cluster/ha/rules/{}", seg("rule", rule)?),
                 )
                 .form(form),
             )
@@ -882,7 +923,7 @@ impl ProxmoxClient {
             .send(Request::new(
                 Method::DELETE,
                 "DELETE /cluster/ha/rules/{rule}",
-                format!("/cluster/ha/rules/{}", seg(rule)),
+                format!("/cluster/ha/rules/{}", seg("rule", rule)?),
             ))
             .await?;
         Ok(())
@@ -937,7 +978,7 @@ impl ProxmoxClient {
                 Request::new(
                     Method::PUT,
                     "PUT /cluster/ha/groups/{group}",
-                    format!("/cluster/ha/groups/{}", seg(group)),
+                    format!("/cluster/ha/groups/{}", seg("group", group)?),
                 )
                 .form(form),
             )
@@ -951,7 +992,7 @@ impl ProxmoxClient {
             .send(Request::new(
                 Method::DELETE,
                 "DELETE /cluster/ha/groups/{group}",
-                format!("/cluster/ha/groups/{}", seg(group)),
+                format!("/cluster/ha/groups/{}", seg("group", group)?),
             ))
             .await?;
         Ok(())

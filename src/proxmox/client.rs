@@ -109,26 +109,6 @@ impl Request {
     }
 }
 
-/// Percent-encodes one path segment, keeping the characters Proxmox ids use
-/// (`:`, `@`, `!`, and `/` inside volume ids).
-pub(crate) fn seg(s: &str) -> String {
-    const SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
-        .add(b' ')
-        .add(b'"')
-        .add(b'#')
-        .add(b'%')
-        .add(b'<')
-        .add(b'>')
-        .add(b'?')
-        .add(b'`')
-        .add(b'{')
-        .add(b'}')
-        .add(b'\\')
-        .add(b'^')
-        .add(b'|');
-    percent_encoding::utf8_percent_encode(s, SET).to_string()
-}
-
 struct Inner {
     http: reqwest::Client,
     base: String,
@@ -541,16 +521,6 @@ pub fn error_from_parts(status: StatusCode, phrase: Option<&str>, body: &[u8]) -
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn path_segments_keep_proxmox_ids() {
-        assert_eq!(
-            seg("UPID:pve:00000AC5:0000CCB6:5FBE5E63:qmclone:100:root@pam!tok:"),
-            "UPID:pve:00000AC5:0000CCB6:5FBE5E63:qmclone:100:root@pam!tok:"
-        );
-        assert_eq!(seg("local:iso/seed 1.iso"), "local:iso/seed%201.iso");
-        assert_eq!(seg("a?b#c"), "a%3Fb%23c");
-    }
 
     #[test]
     fn error_body_variants() {

@@ -25,6 +25,7 @@ pub mod client;
 pub mod config;
 pub mod de;
 pub mod error;
+pub(crate) mod path;
 pub mod registry;
 pub mod tasks;
 pub mod tls;

@@ -601,3 +601,118 @@ fn the_go_provider_templates_apply_unchanged() {
         "only {checked} Proxmox objects found in the Go templates"
     );
 }
+
+fn v1alpha1_violations(kind: &str, object: &Value) -> Vec<String> {
+    let crd = crd::all()
+        .expect("CRDs render")
+        .into_iter()
+        .find(|c| c.spec.names.kind == kind)
+        .unwrap_or_else(|| panic!("no CRD for {kind}"));
+    let schema = crd::schema_json_of(&crd, "v1alpha1").expect("v1alpha1 schema");
+    match capmox_testkit::schema::validate_object(&schema, object, None) {
+        Ok(_) => Vec::new(),
+        Err(found) => found.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// Issue 35: strings pasted into Proxmox parameters, API paths, `netN` option lists or guest
+/// network files have the formats Proxmox (or Linux) accepts, in both API versions.
+#[test]
+fn strings_that_reach_proxmox_or_guest_files_have_proxmox_formats() {
+    let vrf = |name: &str| json!({"vrfs": [{"name": name, "table": 100, "interfaces": ["net0"]}]});
+    let rejected = [
+        (json!({"sourceNode": "../../access"}), ".spec.sourceNode"),
+        (
+            json!({"allowedNodes": ["pve1", "pve2/qemu"]}),
+            ".spec.allowedNodes[1]",
+        ),
+        (
+            json!({"full": true, "storage": "../local"}),
+            ".spec.storage",
+        ),
+        (json!({"pool": "pool,comment=x"}), ".spec.pool"),
+        (json!({"snapName": "x"}), ".spec.snapName"),
+        (json!({"description": "a\u{7}b"}), ".spec.description"),
+        (
+            json!({"disks": {"bootVolume": {"disk": "scsi0,size=1T", "sizeGb": 20}}}),
+            ".spec.disks.bootVolume.disk",
+        ),
+        (
+            json!({"network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0,firewall=0"}]}}),
+            ".spec.network.networkDevices[0].bridge",
+        ),
+        (
+            json!({"network": vrf("vrf-a\n[Network]\nDNS=203.0.113.9")}),
+            ".spec.network.vrfs[0].name",
+        ),
+        (
+            json!({"network": vrf("vrf-with-a-long-name")}),
+            ".spec.network.vrfs[0].name",
+        ),
+    ];
+    for (changes, field) in rejected {
+        assert_rejected("ProxmoxMachine", machine(changes), field);
+    }
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"allowedNodes": ["../pve1"]})),
+        ".spec.allowedNodes[0]",
+    );
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"zoneConfig": [{"zone": "a", "nodes": ["pve 1"]}]})),
+        ".spec.zoneConfig[0].nodes[0]",
+    );
+    let accepted = machine(json!({
+        "allowedNodes": ["pve1", "PVE-2"],
+        "full": true,
+        "storage": "ceph_pool.ssd-1",
+        "pool": "team-a/k8s",
+        "snapName": "base",
+        "description": "Worker of demo\n\tmanaged by capmox",
+        "disks": {"bootVolume": {"disk": "virtio15", "sizeGb": 20}},
+        "network": {
+            "networkDevices": [{"name": "net0", "bridge": "vnet_100.2"}],
+            "vrfs": [{"name": "vrf-blue", "table": 100, "interfaces": ["net0"]}]
+        }
+    }));
+    assert_eq!(
+        violations("ProxmoxMachine", &accepted),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn v1alpha1_strings_have_the_same_formats() {
+    let mut object = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "ProxmoxMachine",
+        "metadata": {"name": "m", "namespace": "default"},
+        "spec": {"sourceNode": "pve1", "templateID": 100}
+    });
+    assert_eq!(
+        v1alpha1_violations("ProxmoxMachine", &object),
+        Vec::<String>::new()
+    );
+    merge(
+        &mut object["spec"],
+        json!({
+            "target": "../../access",
+            "network": {
+                "default": {"bridge": "vmbr0,firewall=0"},
+                "vrfs": [{"name": "vrf a", "table": 100}]
+            }
+        }),
+    );
+    let found = v1alpha1_violations("ProxmoxMachine", &object);
+    for field in [
+        ".spec.target",
+        ".spec.network.default.bridge",
+        ".spec.network.vrfs[0].name",
+    ] {
+        assert!(
+            found.iter().any(|v| v.contains(field)),
+            "{field}: {found:#?}"
+        );
+    }
+}

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use capmox::api::crd;
+use capmox::api::{NET_NAME_PATTERN, crd, names};
 use capmox_testkit::schema::{cel_compile_errors, structural_violations};
 use serde_json::Value;
 
@@ -219,6 +219,18 @@ const INTENDED_V1ALPHA1: &[(&str, &str)] = &[
 fn intended(kind: &str, path: &str, key: &str, go: &Value, ours: &Value) -> bool {
     if INTENDED.contains(&(kind, path, key)) {
         return true;
+    }
+    // Issue 35: free-form strings that reach Proxmox or a guest file have the formats Proxmox
+    // (or Linux) accepts; the Go provider left them open.
+    if go.get("pattern").is_none() && matches!(key, "pattern" | "maxLength") {
+        let ours_pattern = ours["pattern"].as_str();
+        if names::RULES
+            .iter()
+            .any(|rule| ours_pattern == Some(rule.pattern()))
+            || ours_pattern == Some(NET_NAME_PATTERN)
+        {
+            return true;
+        }
     }
     if !kind.ends_with("/v1alpha1") {
         return false;

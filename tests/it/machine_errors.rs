@@ -529,3 +529,33 @@ async fn a_long_proxmox_message_is_cut_to_fit_the_event() {
         "{note}"
     );
 }
+
+/// Issue 35: a bridge stored before the CRD pattern existed is refused when the NIC is built:
+/// it would have added `firewall=0` to net0. The condition names the field; no config write
+/// reaches Proxmox.
+#[tokio::test]
+async fn a_stored_bridge_that_adds_nic_options_is_reported_and_never_written() {
+    let scenario = Scenario::start(quick_sim()).await;
+    let mut spec = scenario::machine_spec();
+    spec["network"]["networkDevices"][0]["bridge"] = json!("vmbr0,firewall=0");
+    // The CRD schema refuses that bridge now; an object stored before the upgrade skipped it.
+    let schema = scenario
+        .env
+        .server
+        .set_validator("proxmoxmachines", |_| Ok(()));
+    schema.expect("the kind is registered");
+    scenario.create_with("demo-md-1", spec).await;
+    let message = wait_reason(&scenario, "demo-md-1", "ProxmoxRequestRejected").await;
+    assert!(
+        message.contains("capmox did not send the request")
+            && message.contains("bridge: \"vmbr0,firewall=0\" is not a valid Proxmox bridge name"),
+        "{message}"
+    );
+    let writes: Vec<_> = scenario
+        .tap
+        .log()
+        .into_iter()
+        .filter(|r| r.method != "GET" && r.path.ends_with("/config"))
+        .collect();
+    assert!(writes.is_empty(), "config written: {writes:?}");
+}

@@ -60,6 +60,7 @@ pub struct ProxmoxClusterSpec {
     pub external_managed_control_plane: Option<bool>,
     /// Proxmox nodes machines of this cluster may run on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(max = crate::api::names::NODE_MAX_LEN), pattern(crate::api::names::NODE_PATTERN)))]
     pub allowed_nodes: Vec<String>,
     /// Tuning of the memory-aware node scheduler.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,7 +9,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{Condition, ObjectMeta};
-use crate::api::common::TAG_PATTERN;
+use crate::api::common::{NET_NAME_PATTERN, TAG_PATTERN};
+use crate::api::names::{
+    BRIDGE_MAX_LEN, BRIDGE_PATTERN, DESCRIPTION_MAX_LEN, DESCRIPTION_PATTERN, DISK_MAX_LEN,
+    DISK_PATTERN, INTERFACE_MAX_LEN, INTERFACE_PATTERN, NODE_MAX_LEN, NODE_PATTERN, POOL_MAX_LEN,
+    POOL_PATTERN, SNAPSHOT_MAX_LEN, SNAPSHOT_PATTERN, STORAGE_MAX_LEN, STORAGE_PATTERN,
+};
 use crate::api::{
     MachineAddress, NetworkModel, ProxmoxMachineChecks, TargetFileStorageFormat, TemplateSelector,
     TypedLocalObjectReference, VmIdRange,
@@ -73,7 +78,7 @@ use crate::api::{
 pub struct ProxmoxMachineSpec {
     /// Node that holds the template named by `templateID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = NODE_MAX_LEN), pattern(NODE_PATTERN))]
     pub source_node: Option<String>,
     /// VMID of the template to clone.
     #[serde(
@@ -85,8 +90,9 @@ pub struct ProxmoxMachineSpec {
     /// Select the template by its Proxmox tags instead of by VMID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_selector: Option<TemplateSelector>,
-    /// Description of the VM in Proxmox.
+    /// Description of the VM in Proxmox, without control characters but tab and newline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = DESCRIPTION_MAX_LEN), pattern(DESCRIPTION_PATTERN))]
     pub description: Option<String>,
     /// Disk format of a full clone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,15 +103,19 @@ pub struct ProxmoxMachineSpec {
     pub full: Option<bool>,
     /// Proxmox resource pool the VM is added to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = POOL_MAX_LEN), pattern(POOL_PATTERN))]
     pub pool: Option<String>,
     /// Snapshot of the template to clone from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = SNAPSHOT_MAX_LEN), pattern(SNAPSHOT_PATTERN))]
     pub snap_name: Option<String>,
     /// Target storage of a full clone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = STORAGE_MAX_LEN), pattern(STORAGE_PATTERN))]
     pub storage: Option<String>,
     /// Node to clone to; v1alpha2 expresses it as `allowedNodes: [target]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = NODE_MAX_LEN), pattern(NODE_PATTERN))]
     pub target: Option<String>,
     /// Disks of the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,6 +163,7 @@ pub struct ProxmoxMachineSpec {
     pub metadata_settings: Option<MetadataSettings>,
     /// Proxmox nodes this machine may run on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(max = NODE_MAX_LEN), pattern(NODE_PATTERN)))]
     pub allowed_nodes: Vec<String>,
     /// Extra Proxmox tags for the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -180,7 +191,8 @@ pub struct Storage {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskSize {
-    /// Proxmox disk name, e.g. `scsi0`.
+    /// Proxmox disk slot, e.g. `scsi0`.
+    #[schemars(length(max = DISK_MAX_LEN), pattern(DISK_PATTERN))]
     pub disk: String,
     /// Size in GB.
     #[schemars(range(min = 5))]
@@ -227,8 +239,8 @@ pub struct NetworkSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkDevice {
-    /// Proxmox bridge.
-    #[schemars(length(min = 1))]
+    /// Proxmox bridge, e.g. `vmbr0`.
+    #[schemars(length(min = 1, max = BRIDGE_MAX_LEN), pattern(BRIDGE_PATTERN))]
     pub bridge: String,
     /// Emulated NIC model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -275,13 +287,14 @@ pub struct AdditionalNetworkDevice {
     /// Proxmox NIC name (`net1`, ...).
     #[schemars(
         length(min = 1),
+        pattern(NET_NAME_PATTERN),
         extend("x-kubernetes-validations" = [
             {"rule": "self != 'net0'", "message": "additional network devices doesn't allow net0"}
         ])
     )]
     pub name: String,
-    /// Proxmox bridge.
-    #[schemars(length(min = 1))]
+    /// Proxmox bridge, e.g. `vmbr0`.
+    #[schemars(length(min = 1, max = BRIDGE_MAX_LEN), pattern(BRIDGE_PATTERN))]
     pub bridge: String,
     /// Emulated NIC model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -377,8 +390,8 @@ pub struct RoutingPolicySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VrfDevice {
-    /// Name of the VRF device.
-    #[schemars(length(min = 3))]
+    /// Name of the VRF device: a Linux interface name.
+    #[schemars(length(min = 3, max = INTERFACE_MAX_LEN), pattern(INTERFACE_PATTERN))]
     pub name: String,
     /// Routing table of the VRF.
     #[schemars(
@@ -390,6 +403,7 @@ pub struct VrfDevice {
     pub table: i64,
     /// NICs enslaved to the VRF.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(pattern(NET_NAME_PATTERN)))]
     pub interfaces: Vec<String>,
     /// Static routes in the VRF.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -72,7 +72,7 @@ impl Reconcile<'_> {
         }
         for nic in placement.network_devices() {
             let existing = config.get(&nic.name).unwrap_or_default();
-            set(&nic.name, nic_value(&existing, nic));
+            set(&nic.name, nic_value(&existing, nic)?);
         }
         if let Some(tags) = self.retagged(&config.tags()) {
             update = std::mem::take(&mut update).set("tags", tags);
@@ -172,8 +172,14 @@ pub(super) enum Configured {
     Waiting(Step),
 }
 
-/// The `netN` value for a NIC, keeping the MAC Proxmox assigned.
-pub(super) fn nic_value(existing: &str, nic: &placement::ResolvedNic) -> String {
+/// The `netN` value for a NIC: the template's value with the model (keeping the MAC Proxmox
+/// assigned) and the bridge, MTU, queues and VLAN tag the spec sets replaced, the template's
+/// other options kept. A bridge that is not a bridge name is refused, never written (it would
+/// add options of its own).
+pub(super) fn nic_value(
+    existing: &str,
+    nic: &placement::ResolvedNic,
+) -> Result<String, crate::proxmox::ProxmoxError> {
     let model = serde_json::to_value(nic.model)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
@@ -183,20 +189,71 @@ pub(super) fn nic_value(existing: &str, nic: &placement::ResolvedNic) -> String 
         Some(mac) => format!("{model}={mac}"),
         None => model,
     };
-    if let Some(bridge) = &nic.bridge {
-        value.push_str(&format!(",bridge={bridge}"));
+    let bridge = match &nic.bridge {
+        Some(bridge) => Some(
+            crate::proxmox::path::checked("bridge", crate::api::names::NameRule::Bridge, bridge)?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    // Sorted by key after the model, as Proxmox prints a NIC, so an unchanged NIC compares equal.
+    let mut options: std::collections::BTreeMap<String, Option<String>> = nic_options(existing)
+        .into_iter()
+        .filter(|(key, _)| key != "model" && key != "macaddr")
+        .collect();
+    let owned = [
+        ("bridge", bridge),
+        ("mtu", nic.mtu.map(|m| m.to_string())),
+        ("queues", nic.queues.map(|q| q.to_string())),
+        ("tag", nic.vlan.map(|v| v.to_string())),
+    ];
+    for (key, wanted) in owned {
+        if let Some(wanted) = wanted {
+            options.insert(key.to_owned(), Some(wanted));
+        }
     }
-    if let Some(mtu) = nic.mtu {
-        value.push_str(&format!(",mtu={mtu}"));
+    for (key, option) in options {
+        match option {
+            Some(option) => value.push_str(&format!(",{key}={option}")),
+            None => value.push_str(&format!(",{key}")),
+        }
     }
-    if let Some(queues) = nic.queues {
-        value.push_str(&format!(",queues={queues}"));
-    }
-    if let Some(vlan) = nic.vlan {
-        value.push_str(&format!(",tag={vlan}"));
-    }
-    value
+    Ok(value)
 }
+
+/// The options of a `netN` value after its leading `model[=mac]`, in order.
+fn nic_options(existing: &str) -> Vec<(String, Option<String>)> {
+    existing
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .enumerate()
+        .filter_map(|(i, part)| {
+            let (key, value) = match part.split_once('=') {
+                Some((k, v)) => (k.trim(), Some(v.trim().to_owned())),
+                None => (part, None),
+            };
+            // The first option without a known key is the model (`virtio=<mac>`).
+            let leading_model = i == 0 && !NIC_KEYS.contains(&key);
+            (!leading_model).then(|| (key.to_owned(), value))
+        })
+        .collect()
+}
+
+/// The keys of Proxmox's `netN` property string (qemu-server's `$net_fmt`) other than the
+/// model names, so a leading `virtio=<mac>` is told from an option.
+const NIC_KEYS: &[&str] = &[
+    "model",
+    "macaddr",
+    "bridge",
+    "tag",
+    "trunks",
+    "firewall",
+    "link_down",
+    "mtu",
+    "queues",
+    "rate",
+];
 
 /// Size in GB of a disk value like `ceph:vm-100-disk-0,size=10G`.
 pub(super) fn disk_size_gb(value: &str) -> Option<u64> {
@@ -228,6 +285,66 @@ pub(super) fn disk_resized(scope: &Scope) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn nic(bridge: &str) -> placement::ResolvedNic {
+        placement::ResolvedNic {
+            name: "net0".into(),
+            bridge: Some(bridge.into()),
+            model: crate::api::NetworkModel::Virtio,
+            mtu: None,
+            vlan: None,
+            queues: None,
+            link_mtu: None,
+            routes: Vec::new(),
+            routing_policy: Vec::new(),
+            pools: Vec::new(),
+            dns_servers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_template_nics_other_options_are_kept() {
+        let template = "virtio=AA:BB:CC:DD:EE:FF,bridge=vmbr0,firewall=1,rate=50";
+        assert_eq!(
+            nic_value(template, &nic("vmbr1")).unwrap(),
+            "virtio=AA:BB:CC:DD:EE:FF,bridge=vmbr1,firewall=1,rate=50"
+        );
+        let tagged = placement::ResolvedNic {
+            vlan: Some(20),
+            mtu: Some(1),
+            queues: Some(4),
+            ..nic("vmbr0")
+        };
+        assert_eq!(
+            nic_value(
+                "model=e1000,macaddr=AA:BB:CC:DD:EE:FF,bridge=vmbr9,link_down=1,queues=2,tag=5",
+                &tagged
+            )
+            .unwrap(),
+            "virtio=AA:BB:CC:DD:EE:FF,bridge=vmbr0,link_down=1,mtu=1,queues=4,tag=20"
+        );
+    }
+
+    #[test]
+    fn an_unchanged_nic_is_written_as_proxmox_prints_it() {
+        let current = "virtio=AA:BB:CC:DD:EE:FF,bridge=vmbr0,firewall=1,tag=20";
+        assert_eq!(nic_value(current, &nic("vmbr0")).unwrap(), current);
+    }
+
+    #[test]
+    fn a_bridge_that_adds_options_is_refused() {
+        let error = nic_value(
+            "virtio=AA:BB:CC:DD:EE:FF,bridge=vmbr0,firewall=1",
+            &nic("vmbr0,firewall=0"),
+        )
+        .expect_err("not a bridge name");
+        assert!(
+            error
+                .to_string()
+                .contains("is not a valid Proxmox bridge name"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn disk_sizes_parse_in_gb() {
