@@ -43,6 +43,7 @@ mod sim_shapes;
 mod soak;
 mod standin;
 mod standin_capmox;
+mod task_names;
 mod template_capacity;
 mod testkit_controller;
 mod testkit_crud;

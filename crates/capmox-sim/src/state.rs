@@ -233,6 +233,9 @@ enum Effect {
 #[derive(Debug, Clone)]
 struct Task {
     upid: Upid,
+    /// The real Proxmox task type, which the simulator behaves by (the UPID may show another
+    /// name: `SimOptions::task_type_names`).
+    kind: String,
     /// When the request created the task.
     created: Instant,
     /// When it began to run (`None` while a clone waits for a slot).
@@ -551,7 +554,7 @@ impl Cluster {
                 TaskRecord {
                     upid: t.upid.as_str().to_string(),
                     node: t.upid.node.clone(),
-                    kind: t.upid.task_type.clone(),
+                    kind: t.kind.clone(),
                     vmid: t.vmid,
                     volume: t.volume.clone(),
                     created: t.created,
@@ -559,7 +562,7 @@ impl Cluster {
                     ended,
                     ok,
                     agent_ready: ended
-                        .filter(|_| ok && t.upid.task_type == "qmstart")
+                        .filter(|_| ok && t.kind == "qmstart")
                         .map(|e| e + self.opts.boot_delay),
                 }
             })
@@ -683,7 +686,7 @@ impl Cluster {
             (1000 + n) as u32,
             0x1000 + n,
             self.epoch + n,
-            kind,
+            self.opts.shown_task_type(kind),
             id,
             &user,
         );
@@ -693,6 +696,7 @@ impl Cluster {
             key.clone(),
             Task {
                 upid: upid.clone(),
+                kind: kind.to_string(),
                 created: now,
                 started: None,
                 duration,
@@ -718,7 +722,7 @@ impl Cluster {
         let id = vmid.to_string();
         self.tasks
             .values()
-            .any(|t| !t.done && t.upid.task_type == "qmclone" && t.upid.id == id)
+            .any(|t| !t.done && t.kind == "qmclone" && t.upid.id == id)
     }
 
     fn flock_timeout(vmid: u32) -> SimError {
@@ -2612,5 +2616,37 @@ mod tests {
         );
         c.agent_ping(t2 + Duration::from_secs(4), "pve1", 100)
             .expect("booted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renamed_task_types_show_in_upids_and_status_while_the_tasks_behave_as_before() {
+        let opts = SimOptions {
+            task_type_names: [
+                ("qmclone".to_string(), "copyvm".to_string()),
+                ("qmstart".to_string(), "boot".to_string()),
+            ]
+            .into(),
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let t0 = Instant::now();
+        let clone = c
+            .clone_vm(t0, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        assert_eq!(clone.task_type, "copyvm");
+        let status = c.task_status("pve1", clone.as_str()).expect("status");
+        assert_eq!(status["type"], "copyvm");
+        // Still a clone: it takes a clone's time and makes the VM.
+        let t1 = t0 + c.options().clone_duration;
+        c.advance(t1);
+        let start = c.power(t1, "pve1", 100, "start").expect("start");
+        assert_eq!(start.task_type, "boot");
+        c.advance(t1 + Duration::from_secs(1));
+        let kinds: Vec<String> = c.task_records().into_iter().map(|r| r.kind).collect();
+        assert_eq!(kinds, ["qmclone", "qmstart"], "records keep the real types");
+        assert!(
+            c.task_records()[1].agent_ready.is_some(),
+            "a renamed start still boots the guest"
+        );
     }
 }
