@@ -16,7 +16,9 @@
 //!   nobody), or after the n-th Kubernetes write; fresh controllers start with a new context.
 //!
 //! Checked on every observed ProxmoxMachine change: no machine with two VMs, no two VMs for one
-//! machine tag or name, no two machines recording one VMID. Checked once a phase has
+//! machine tag or name, no two machines recording one VMID, no Proxmox task of one kind
+//! succeeding more than [`REPEATS_ALLOWED`] times in a row on one VM or volume (a write
+//! repeated without progress). Checked once a phase has
 //! converged: every machine Ready with exactly its one VM, no VM without a machine, no seed ISO
 //! left, one claim and one address per machine; after the deletion nothing at all is left (VMs,
 //! seed ISOs, claims, addresses, pools, machines, capmox's finalizer on the Secret). A phase
@@ -73,6 +75,9 @@ const CONVERGE: Duration = Duration::from_secs(150);
 const POLL: Duration = Duration::from_millis(100);
 /// The client name of capmox's controllers: the Kubernetes faults are for its requests only.
 const CONTROLLERS_CLIENT: &str = "capmox";
+/// Successful Proxmox tasks of one kind on one VM or volume allowed in a row without another
+/// task on it between (a lost answer or a kill may repeat one); more is a loop.
+const REPEATS_ALLOWED: usize = 3;
 /// Seeds run at once unless `CAPMOX_SOAK_JOBS` says otherwise.
 const DEFAULT_JOBS: usize = 8;
 
@@ -1156,11 +1161,25 @@ impl Run {
             .map(|m| (**m).clone())
             .collect();
         let (duplicates, shared) = continuous_violations(&machines, &sim_vms(&self.env.sim));
-        if duplicates.is_empty() && shared.is_empty() {
+        let repeated: Vec<String> =
+            capmox_sim::repeated_writes(&self.env.sim.task_records(), REPEATS_ALLOWED)
+                .into_iter()
+                .map(|r| {
+                    format!(
+                        "{} succeeded {} times in a row on {} without progress",
+                        r.kind, r.times, r.target
+                    )
+                })
+                .collect();
+        if duplicates.is_empty() && shared.is_empty() && repeated.is_empty() {
             return Ok(());
         }
         self.stats.duplicates += duplicates.len() as u64;
-        let all: Vec<String> = duplicates.into_iter().chain(shared).collect();
+        let all: Vec<String> = duplicates
+            .into_iter()
+            .chain(shared)
+            .chain(repeated)
+            .collect();
         Err(self.fail(format!("invariant broken:\n    {}", all.join("\n    "))))
     }
 

@@ -287,6 +287,55 @@ pub struct TaskRecord {
     pub agent_ready: Option<Instant>,
 }
 
+/// Successful tasks of one kind on one target (a VM or a volume) in a row, with no other
+/// successful task on that target between them: a client repeating a write that took effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepeatedWrite {
+    /// Proxmox task type (the real one).
+    pub kind: String,
+    /// `VM <vmid>` or the volume.
+    pub target: String,
+    /// How many in a row.
+    pub times: usize,
+}
+
+/// The runs of more than `more_than` successful tasks of one kind on one target without
+/// another successful task on it in between (failed tasks neither count nor break a run), from
+/// `records` oldest first.
+pub fn repeated_writes(records: &[TaskRecord], more_than: usize) -> Vec<RepeatedWrite> {
+    let mut runs: BTreeMap<String, RepeatedWrite> = BTreeMap::new();
+    let mut found: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for record in records.iter().filter(|r| r.ok) {
+        let target = record.volume.clone().unwrap_or_else(|| {
+            record
+                .vmid
+                .map_or_else(|| record.node.clone(), |vmid| format!("VM {vmid}"))
+        });
+        let run = runs.entry(target.clone()).or_insert(RepeatedWrite {
+            kind: record.kind.clone(),
+            target: target.clone(),
+            times: 0,
+        });
+        if run.kind != record.kind {
+            run.kind = record.kind.clone();
+            run.times = 0;
+        }
+        run.times += 1;
+        if run.times > more_than {
+            let most = found.entry((run.kind.clone(), target)).or_default();
+            *most = (*most).max(run.times);
+        }
+    }
+    found
+        .into_iter()
+        .map(|((kind, target), times)| RepeatedWrite {
+            kind,
+            target,
+            times,
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone)]
 struct Exec {
     /// When `exec-status` first reports the command exited.
@@ -2647,6 +2696,48 @@ mod tests {
         assert!(
             c.task_records()[1].agent_ready.is_some(),
             "a renamed start still boots the guest"
+        );
+    }
+
+    #[test]
+    fn only_successful_tasks_of_one_kind_on_one_target_in_a_row_count_as_repeated_writes() {
+        let now = Instant::now();
+        let record = |kind: &str, vmid: Option<u32>, volume: Option<&str>, ok: bool| TaskRecord {
+            upid: String::new(),
+            node: "pve1".into(),
+            kind: kind.into(),
+            vmid,
+            volume: volume.map(str::to_owned),
+            created: now,
+            started: Some(now),
+            ended: Some(now),
+            ok,
+            agent_ready: None,
+        };
+        let iso = Some("local:iso/user-data-100.iso");
+        let mut records = vec![
+            record("imgcopy", Some(100), iso, true),
+            record("imgcopy", Some(100), iso, false),
+            record("imgcopy", Some(100), iso, true),
+            record("qmstart", Some(100), None, true),
+            record("imgcopy", Some(100), iso, true),
+        ];
+        assert_eq!(repeated_writes(&records, 3), [], "a failure does not count");
+        // The start is on the VM, not on the ISO: it does not break the ISO's run.
+        records.push(record("imgcopy", Some(100), iso, true));
+        let four = RepeatedWrite {
+            kind: "imgcopy".into(),
+            target: "local:iso/user-data-100.iso".into(),
+            times: 4,
+        };
+        assert_eq!(repeated_writes(&records, 3), [four.clone()]);
+        // Its deletion in between is progress: uploading it again starts a new run.
+        records.insert(4, record("imgdel", Some(100), iso, true));
+        assert_eq!(repeated_writes(&records, 2), []);
+        assert_eq!(
+            repeated_writes(&records, 1).len(),
+            1,
+            "the two before the deletion"
         );
     }
 }

@@ -71,6 +71,18 @@ const STALE_IN_FLIGHT: Duration = Duration::from_secs(30);
 /// How long a node seen running queued tasks one after another is taken to still do so: a
 /// queued task submitted then skips the check at a lone task's duration.
 const QUEUEING_REMEMBERED: Duration = Duration::from_secs(60);
+/// Tasks of one kind a machine may see succeed in a row before its passes back off: a step
+/// that repeats a write Proxmox reports done is a loop, not progress.
+const REPEATS_ALLOWED: u32 = 3;
+/// Back-off of a machine that repeats a task that succeeded, from its first repeat beyond
+/// [`REPEATS_ALLOWED`].
+const REPEAT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(10),
+    max: Duration::from_secs(300),
+};
+/// Successes further apart than this do not count as a row (a VM stopped by someone once a
+/// day is started again each time).
+const REPEAT_WINDOW: Duration = Duration::from_secs(900);
 /// Tasks in flight remembered at most (a machine deleted mid-task never checks its task
 /// again); the oldest are forgotten first.
 const MAX_IN_FLIGHT: usize = 10_000;
@@ -260,6 +272,8 @@ struct ClockState {
     /// check, which came when such a task usually ends: the node runs them one after another.
     /// Forgotten when a queued one is found done at that check.
     queueing_seen: HashMap<(String, String), Instant>,
+    /// Per machine, the kind of task it last saw succeed, how many times in a row, and when.
+    succeeded: HashMap<String, (TaskKind, u32, Instant)>,
 }
 
 struct Booting {
@@ -406,6 +420,30 @@ impl TaskClock {
             task.checked_with_boot = true;
         }
         task.due.saturating_duration_since(now).max(MIN_RECHECK)
+    }
+
+    /// Notes that a task of `kind` submitted for `machine` succeeded; returns how many of that
+    /// kind it saw succeed in a row (0 for a task of unknown purpose, which counts as none).
+    pub fn succeeded(&self, machine: &str, kind: Option<TaskKind>) -> u32 {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(kind) = kind else {
+            state.succeeded.remove(machine);
+            return 0;
+        };
+        if state.succeeded.len() >= MAX_IN_FLIGHT {
+            state.succeeded.clear();
+        }
+        let streak = state
+            .succeeded
+            .entry(machine.to_owned())
+            .or_insert((kind, 0, now));
+        if streak.0 != kind || now.duration_since(streak.2) > REPEAT_WINDOW {
+            *streak = (kind, 0, now);
+        }
+        streak.1 = streak.1.saturating_add(1);
+        streak.2 = now;
+        streak.1
     }
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.
@@ -893,6 +931,24 @@ fn running_step(upid: &Upid, purpose: Option<&TaskPurpose>, wait: Duration) -> S
     )
 }
 
+/// What a machine whose step repeats a successful task is told.
+fn repeated_task_message(
+    upid: &Upid,
+    purpose: &TaskPurpose,
+    times: u32,
+    delay: Duration,
+) -> String {
+    format!(
+        "{} succeeded {times} times in a row (Proxmox task {} on {} answered OK, last {upid}) \
+         without the machine getting further; retrying in {}s. Proxmox may answer differently \
+         from what capmox expects: check its version and the task's log",
+        purpose.text,
+        upid.task_type,
+        upid.node,
+        delay.as_secs()
+    )
+}
+
 /// The condition and requeue while a failed task's back-off lasts.
 pub(super) fn failed_task_step(
     upid: &Upid,
@@ -1065,8 +1121,15 @@ impl Reconcile<'_> {
         if status.is_success() {
             scope.status.task_failures = None;
             clear_task(scope);
-            let kind = purpose.and_then(|p| p.kind);
+            let kind = purpose.as_ref().and_then(|p| p.kind);
             self.announce(scope, &upid, kind, &raw).await?;
+            let machine = super::claim_key(self.machine);
+            let times = self.context.task_clock.succeeded(&machine, kind);
+            if times > REPEATS_ALLOWED
+                && let Some(purpose) = &purpose
+            {
+                return Ok(Some(self.repeated_task(scope, &upid, purpose, times).await));
+            }
             scope.finished = Some(FinishedTask { upid, kind });
             return Ok(None);
         }
@@ -1101,6 +1164,26 @@ impl Reconcile<'_> {
                 Ok(None)
             }
         }
+    }
+
+    /// Backs off a machine whose step repeats a task Proxmox reports done, saying what repeats
+    /// and what Proxmox answered, instead of looping silently.
+    async fn repeated_task(
+        &self,
+        scope: &Scope,
+        upid: &Upid,
+        purpose: &TaskPurpose,
+        times: u32,
+    ) -> Step {
+        let delay = REPEAT_BACKOFF.nominal(times - REPEATS_ALLOWED);
+        let message = repeated_task_message(upid, purpose, times, delay);
+        tracing::warn!(machine = %scope.name, %upid, times, "a Proxmox task repeats without progress");
+        self.event(scope, EventType::Warning, "TaskRepeated", &message)
+            .await;
+        Step::Backoff(
+            super::Decided::failed(super::PROVISIONED, "TaskRepeated", message),
+            Action::requeue(delay),
+        )
     }
 
     /// Events for a task that succeeded, once: of all passes that see it finished (one may
@@ -1440,6 +1523,53 @@ mod tests {
     }
 
     #[test]
+    fn tasks_of_one_kind_succeeding_in_a_row_are_counted_until_another_kind_succeeds() {
+        let clock = TaskClock::default();
+        let upload = Some(TaskKind::UploadSeedIso);
+        let counts: Vec<u32> = (0..5).map(|_| clock.succeeded("m1", upload)).collect();
+        assert_eq!(counts, [1, 2, 3, 4, 5]);
+        assert_eq!(clock.succeeded("m2", upload), 1, "per machine");
+        assert_eq!(clock.succeeded("m1", Some(TaskKind::Start)), 1, "progress");
+        assert_eq!(clock.succeeded("m1", upload), 1);
+        assert_eq!(
+            clock.succeeded("m1", None),
+            0,
+            "an unknown purpose counts as none"
+        );
+        assert_eq!(clock.succeeded("m1", upload), 1);
+        // Far apart, they are no row.
+        clock.lock().succeeded.get_mut("m2").expect("streak").2 =
+            Instant::now() - REPEAT_WINDOW - Duration::from_secs(1);
+        assert_eq!(clock.succeeded("m2", upload), 1);
+    }
+
+    #[test]
+    fn a_repeated_task_says_what_repeats_what_proxmox_answered_and_when_it_is_tried_again() {
+        let upid: Upid = "UPID:pve1:00001234:00005678:6553F000:download:local:root@pam!capmox:"
+            .parse()
+            .expect("upid");
+        let purpose = TaskPurpose::new(
+            TaskKind::UploadSeedIso,
+            "uploading the seed ISO user-data-101.iso to local on pve1".to_owned(),
+        );
+        let delay = REPEAT_BACKOFF.nominal(4 - REPEATS_ALLOWED);
+        assert_eq!(delay, Duration::from_secs(10));
+        let message = repeated_task_message(&upid, &purpose, 4, delay);
+        for part in [
+            "uploading the seed ISO user-data-101.iso to local on pve1 succeeded 4 times in a row",
+            "Proxmox task download on pve1 answered OK",
+            "retrying in 10s",
+        ] {
+            assert!(message.contains(part), "{part:?} in {message}");
+        }
+        assert_eq!(
+            REPEAT_BACKOFF.nominal(20),
+            Duration::from_secs(300),
+            "at most five minutes"
+        );
+    }
+
+    #[test]
     fn the_task_back_off_doubles_from_ten_seconds_up_to_five_minutes() {
         let secs: Vec<u64> = (1..=7).map(|n| task_backoff(n).as_secs()).collect();
         assert_eq!(secs, vec![10, 20, 40, 80, 160, 300, 300]);
@@ -1737,14 +1867,9 @@ mod tests {
             TaskKind::Clone,
             "cloning template 9000 to VM 101 on pve1".to_owned(),
         );
-        let Step::Stop(decided, action) = failed_task_step(
-            &upid,
-            Some(&purpose),
-            "storage full",
-            until,
-            2,
-            now,
-        ) else {
+        let Step::Stop(decided, action) =
+            failed_task_step(&upid, Some(&purpose), "storage full", until, 2, now)
+        else {
             panic!("a failed task stops the pass");
         };
         assert_eq!(decided.reason, "TaskFailed");
