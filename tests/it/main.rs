@@ -18,6 +18,7 @@ mod conversion;
 mod crds;
 mod dependencies;
 mod ha;
+mod hostile_input;
 mod ignition;
 mod leader_election;
 mod log_capture;
