@@ -2730,7 +2730,7 @@ mod tests {
             target: "local:iso/user-data-100.iso".into(),
             times: 4,
         };
-        assert_eq!(repeated_writes(&records, 3), [four.clone()]);
+        assert_eq!(repeated_writes(&records, 3), [four]);
         // Its deletion in between is progress: uploading it again starts a new run.
         records.insert(4, record("imgdel", Some(100), iso, true));
         assert_eq!(repeated_writes(&records, 2), []);
