@@ -9,7 +9,8 @@
 //! - Proxmox (through the simulator and a tap in front of it): error answers (500, 503, 596),
 //!   dropped connections, lock-file timeouts, latency, failed tasks, lost answers (carried out,
 //!   but the connection closes before the answer), a VM held locked (`backup`) for the window;
-//!   clone, task and boot durations vary per seed.
+//!   clone, task and boot durations vary per seed; every third seed's Proxmox shows its task
+//!   types under other names (`download` for `imgcopy`, ...).
 //! - Kubernetes, on capmox's requests only: 409 on writes, 429, 500, 504 and delays on reads,
 //!   watches and writes; every watch expired (sometimes with the history compacted too).
 //! - Controller kills: right after the k-th mutating Proxmox request (its answer goes to
@@ -119,6 +120,8 @@ struct Plan {
     task_ms: u64,
     boot_ms: u64,
     phases: [PhaseFaults; 3],
+    /// Proxmox shows its task types under other names ([`RENAMED_TASK_TYPES`]).
+    renamed_tasks: bool,
 }
 
 /// The faults of one phase's window.
@@ -151,6 +154,18 @@ const MUTATING: [&str; 10] = [
     "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
 ];
 
+/// Names a Proxmox that answers differently gives its tasks (every third seed).
+const RENAMED_TASK_TYPES: [(&str, &str); 8] = [
+    ("qmclone", "copyvm"),
+    ("qmconfig", "vmconf"),
+    ("resize", "growdisk"),
+    ("imgcopy", "download"),
+    ("qmstart", "boot"),
+    ("qmstop", "halt"),
+    ("qmdestroy", "remove"),
+    ("imgdel", "voldel"),
+];
+
 /// Error answers Proxmox gives: a plain 500 (not retried), a 500 the client sees as
 /// transient, a 503 and pveproxy's 596.
 const PROXMOX_ERRORS: [(u16, &str); 4] = [
@@ -180,6 +195,8 @@ impl Plan {
         let task_ms = rng.between(0, 20);
         let boot_ms = rng.between(5, 50);
         let phases = [0, 1, 2].map(|phase| PhaseFaults::new(&mut rng, seed, phase));
+        // From the seed, not the generator, so the other draws of a seed stay as they were.
+        let renamed_tasks = seed.is_multiple_of(3);
         Plan {
             control_plane,
             workers,
@@ -190,6 +207,7 @@ impl Plan {
             task_ms,
             boot_ms,
             phases,
+            renamed_tasks,
         }
     }
 
@@ -198,6 +216,14 @@ impl Plan {
             clone_duration: Duration::from_millis(self.clone_ms),
             task_duration: Duration::from_millis(self.task_ms),
             boot_delay: Duration::from_millis(self.boot_ms),
+            task_type_names: if self.renamed_tasks {
+                RENAMED_TASK_TYPES
+                    .iter()
+                    .map(|(real, shown)| ((*real).to_owned(), (*shown).to_owned()))
+                    .collect()
+            } else {
+                BTreeMap::new()
+            },
             ..SimOptions::default()
         }
     }
@@ -206,12 +232,17 @@ impl Plan {
     fn summary(&self) -> String {
         let phases: Vec<String> = self.phases.iter().map(PhaseFaults::summary).collect();
         format!(
-            "cp {}→{}, workers {}→{} in {}; {}",
+            "cp {}→{}, workers {}→{} in {}{}; {}",
             self.control_plane,
             self.scaled_control_plane,
             self.workers,
             self.scaled_workers,
             self.worker_zone,
+            if self.renamed_tasks {
+                ", task types renamed"
+            } else {
+                ""
+            },
             phases.join(" | ")
         )
     }

@@ -127,4 +127,9 @@ async fn with_renamed_task_types_each_seed_iso_is_uploaded_and_deleted_once_and_
     let destroyed = tasks_per_target(&scenario, "qmdestroy");
     assert_eq!(destroyed.len(), names.len(), "{destroyed:?}");
     assert!(destroyed.values().all(|n| *n == 1), "{destroyed:?}");
+    assert_eq!(
+        capmox_sim::repeated_writes(&scenario.env.sim.task_records(), 1),
+        [],
+        "no task of one kind succeeded twice in a row on a VM or volume"
+    );
 }
