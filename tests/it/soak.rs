@@ -120,7 +120,7 @@ struct Plan {
     task_ms: u64,
     boot_ms: u64,
     phases: [PhaseFaults; 3],
-    /// Proxmox shows its task types under other names ([`RENAMED_TASK_TYPES`]).
+    /// Proxmox shows its task types under other names (`SimOptions::renamed_task_types`).
     renamed_tasks: bool,
 }
 
@@ -152,18 +152,6 @@ const MUTATING: [&str; 10] = [
     "DELETE /nodes/{node}/qemu/{vmid}",
     "POST /nodes/{node}/storage/{storage}/upload",
     "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
-];
-
-/// Names a Proxmox that answers differently gives its tasks (every third seed).
-const RENAMED_TASK_TYPES: [(&str, &str); 8] = [
-    ("qmclone", "copyvm"),
-    ("qmconfig", "vmconf"),
-    ("resize", "growdisk"),
-    ("imgcopy", "download"),
-    ("qmstart", "boot"),
-    ("qmstop", "halt"),
-    ("qmdestroy", "remove"),
-    ("imgdel", "voldel"),
 ];
 
 /// Error answers Proxmox gives: a plain 500 (not retried), a 500 the client sees as
@@ -217,10 +205,7 @@ impl Plan {
             task_duration: Duration::from_millis(self.task_ms),
             boot_delay: Duration::from_millis(self.boot_ms),
             task_type_names: if self.renamed_tasks {
-                RENAMED_TASK_TYPES
-                    .iter()
-                    .map(|(real, shown)| ((*real).to_owned(), (*shown).to_owned()))
-                    .collect()
+                SimOptions::renamed_task_types()
             } else {
                 BTreeMap::new()
             },

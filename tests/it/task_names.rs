@@ -15,21 +15,8 @@ use crate::machine_support::scenario::{Scenario, sim_options};
 
 /// Every task type capmox causes, under another name.
 fn renamed() -> SimOptions {
-    let names = [
-        ("qmclone", "copyvm"),
-        ("qmconfig", "vmconf"),
-        ("resize", "growdisk"),
-        ("imgcopy", "download"),
-        ("qmstart", "boot"),
-        ("qmstop", "halt"),
-        ("qmdestroy", "remove"),
-        ("imgdel", "voldel"),
-    ];
     SimOptions {
-        task_type_names: names
-            .into_iter()
-            .map(|(real, shown)| (real.to_owned(), shown.to_owned()))
-            .collect(),
+        task_type_names: SimOptions::renamed_task_types(),
         ..sim_options()
     }
 }

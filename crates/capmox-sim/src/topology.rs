@@ -460,6 +460,24 @@ impl SimOptions {
             .unwrap_or(self.task_duration)
     }
 
+    /// Other names for every task type capmox causes, as a Proxmox that answers differently
+    /// might give them (`download` for `imgcopy`, ...), for [`SimOptions::task_type_names`].
+    pub fn renamed_task_types() -> BTreeMap<String, String> {
+        [
+            ("qmclone", "copyvm"),
+            ("qmconfig", "vmconf"),
+            ("resize", "growdisk"),
+            ("imgcopy", "download"),
+            ("qmstart", "boot"),
+            ("qmstop", "halt"),
+            ("qmdestroy", "remove"),
+            ("imgdel", "voldel"),
+        ]
+        .into_iter()
+        .map(|(real, shown)| (real.to_owned(), shown.to_owned()))
+        .collect()
+    }
+
     /// The name UPIDs and task status give a task of this Proxmox type.
     pub fn shown_task_type<'a>(&'a self, task_type: &'a str) -> &'a str {
         self.task_type_names
