@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 
 use crate::common::{TEMPLATE_VALUES, data, substitute};
 
-const V1ALPHA1: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
-const V1ALPHA2: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
-const KINDS: [&str; 4] = [
+pub(crate) const V1ALPHA1: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
+pub(crate) const V1ALPHA2: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
+pub(crate) const KINDS: [&str; 4] = [
     "ProxmoxCluster",
     "ProxmoxClusterTemplate",
     "ProxmoxMachine",
@@ -191,7 +191,7 @@ fn string_for(schema: &Value, rng: &mut Rng, name: &str) -> String {
 }
 
 /// A generated object of `kind` in `api_version`, in the canonical form capmox's types give it.
-fn generated(kind: &str, api_version: &str, seed: u64) -> Value {
+pub(crate) fn generated(kind: &str, api_version: &str, seed: u64) -> Value {
     let version = api_version.rsplit('/').next().expect("group/version");
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let schema = schema(kind, version);
@@ -209,7 +209,7 @@ fn generated(kind: &str, api_version: &str, seed: u64) -> Value {
 
 /// Reads an object through capmox's types and back, so generated extras (empty lists, nulls)
 /// look as capmox writes them.
-fn canonical(object: Value) -> Value {
+pub(crate) fn canonical(object: Value) -> Value {
     fn through<K: serde::de::DeserializeOwned + serde::Serialize>(object: &Value) -> Value {
         let typed: K = serde_json::from_value(object.clone())
             .unwrap_or_else(|e| panic!("capmox's types take {object}: {e}"));

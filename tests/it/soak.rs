@@ -9,14 +9,17 @@
 //! - Proxmox (through the simulator and a tap in front of it): error answers (500, 503, 596),
 //!   dropped connections, lock-file timeouts, latency, failed tasks, lost answers (carried out,
 //!   but the connection closes before the answer), a VM held locked (`backup`) for the window;
-//!   clone, task and boot durations vary per seed.
+//!   clone, task and boot durations vary per seed; every third seed's Proxmox shows its task
+//!   types under other names (`download` for `imgcopy`, ...).
 //! - Kubernetes, on capmox's requests only: 409 on writes, 429, 500, 504 and delays on reads,
 //!   watches and writes; every watch expired (sometimes with the history compacted too).
 //! - Controller kills: right after the k-th mutating Proxmox request (its answer goes to
 //!   nobody), or after the n-th Kubernetes write; fresh controllers start with a new context.
 //!
 //! Checked on every observed ProxmoxMachine change: no machine with two VMs, no two VMs for one
-//! machine tag or name, no two machines recording one VMID. Checked once a phase has
+//! machine tag or name, no two machines recording one VMID, no Proxmox task of one kind
+//! succeeding more than [`REPEATS_ALLOWED`] times in a row on one VM or volume (a write
+//! repeated without progress). Checked once a phase has
 //! converged: every machine Ready with exactly its one VM, no VM without a machine, no seed ISO
 //! left, one claim and one address per machine; after the deletion nothing at all is left (VMs,
 //! seed ISOs, claims, addresses, pools, machines, capmox's finalizer on the Secret). A phase
@@ -73,6 +76,9 @@ const CONVERGE: Duration = Duration::from_secs(150);
 const POLL: Duration = Duration::from_millis(100);
 /// The client name of capmox's controllers: the Kubernetes faults are for its requests only.
 const CONTROLLERS_CLIENT: &str = "capmox";
+/// Successful Proxmox tasks of one kind on one VM or volume allowed in a row without another
+/// task on it between (a lost answer or a kill may repeat one); more is a loop.
+const REPEATS_ALLOWED: usize = 3;
 /// Seeds run at once unless `CAPMOX_SOAK_JOBS` says otherwise.
 const DEFAULT_JOBS: usize = 8;
 
@@ -114,6 +120,8 @@ struct Plan {
     task_ms: u64,
     boot_ms: u64,
     phases: [PhaseFaults; 3],
+    /// Proxmox shows its task types under other names (`SimOptions::renamed_task_types`).
+    renamed_tasks: bool,
 }
 
 /// The faults of one phase's window.
@@ -175,6 +183,8 @@ impl Plan {
         let task_ms = rng.between(0, 20);
         let boot_ms = rng.between(5, 50);
         let phases = [0, 1, 2].map(|phase| PhaseFaults::new(&mut rng, seed, phase));
+        // From the seed, not the generator, so the other draws of a seed stay as they were.
+        let renamed_tasks = seed.is_multiple_of(3);
         Plan {
             control_plane,
             workers,
@@ -185,6 +195,7 @@ impl Plan {
             task_ms,
             boot_ms,
             phases,
+            renamed_tasks,
         }
     }
 
@@ -193,6 +204,11 @@ impl Plan {
             clone_duration: Duration::from_millis(self.clone_ms),
             task_duration: Duration::from_millis(self.task_ms),
             boot_delay: Duration::from_millis(self.boot_ms),
+            task_type_names: if self.renamed_tasks {
+                SimOptions::renamed_task_types()
+            } else {
+                BTreeMap::new()
+            },
             ..SimOptions::default()
         }
     }
@@ -201,12 +217,17 @@ impl Plan {
     fn summary(&self) -> String {
         let phases: Vec<String> = self.phases.iter().map(PhaseFaults::summary).collect();
         format!(
-            "cp {}→{}, workers {}→{} in {}; {}",
+            "cp {}→{}, workers {}→{} in {}{}; {}",
             self.control_plane,
             self.scaled_control_plane,
             self.workers,
             self.scaled_workers,
             self.worker_zone,
+            if self.renamed_tasks {
+                ", task types renamed"
+            } else {
+                ""
+            },
             phases.join(" | ")
         )
     }
@@ -1156,11 +1177,25 @@ impl Run {
             .map(|m| (**m).clone())
             .collect();
         let (duplicates, shared) = continuous_violations(&machines, &sim_vms(&self.env.sim));
-        if duplicates.is_empty() && shared.is_empty() {
+        let repeated: Vec<String> =
+            capmox_sim::repeated_writes(&self.env.sim.task_records(), REPEATS_ALLOWED)
+                .into_iter()
+                .map(|r| {
+                    format!(
+                        "{} succeeded {} times in a row on {} without progress",
+                        r.kind, r.times, r.target
+                    )
+                })
+                .collect();
+        if duplicates.is_empty() && shared.is_empty() && repeated.is_empty() {
             return Ok(());
         }
         self.stats.duplicates += duplicates.len() as u64;
-        let all: Vec<String> = duplicates.into_iter().chain(shared).collect();
+        let all: Vec<String> = duplicates
+            .into_iter()
+            .chain(shared)
+            .chain(repeated)
+            .collect();
         Err(self.fail(format!("invariant broken:\n    {}", all.join("\n    "))))
     }
 

@@ -33,7 +33,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub use server::{LoggedRequest, Rng, SIM_ROUTES, SIM_ROUTES_PVE9, SimCounters};
 pub use state::ha::{Affinity, HaGroup, HaResource, HaRule, HaRuleKind, Relocation};
-pub use state::{Cluster, SimError, TaskRecord};
+pub use state::{Cluster, RepeatedWrite, SimError, TaskRecord, repeated_writes};
 pub use topology::{
     DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
     Topology,

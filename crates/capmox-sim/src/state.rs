@@ -233,6 +233,9 @@ enum Effect {
 #[derive(Debug, Clone)]
 struct Task {
     upid: Upid,
+    /// The real Proxmox task type, which the simulator behaves by (the UPID may show another
+    /// name: `SimOptions::task_type_names`).
+    kind: String,
     /// When the request created the task.
     created: Instant,
     /// When it began to run (`None` while a clone waits for a slot).
@@ -282,6 +285,55 @@ pub struct TaskRecord {
     pub ok: bool,
     /// For successful starts: when the guest agent begins to answer (boot done).
     pub agent_ready: Option<Instant>,
+}
+
+/// Successful tasks of one kind on one target (a VM or a volume) in a row, with no other
+/// successful task on that target between them: a client repeating a write that took effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepeatedWrite {
+    /// Proxmox task type (the real one).
+    pub kind: String,
+    /// `VM <vmid>` or the volume.
+    pub target: String,
+    /// How many in a row.
+    pub times: usize,
+}
+
+/// The runs of more than `more_than` successful tasks of one kind on one target without
+/// another successful task on it in between (failed tasks neither count nor break a run), from
+/// `records` oldest first.
+pub fn repeated_writes(records: &[TaskRecord], more_than: usize) -> Vec<RepeatedWrite> {
+    let mut runs: BTreeMap<String, RepeatedWrite> = BTreeMap::new();
+    let mut found: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for record in records.iter().filter(|r| r.ok) {
+        let target = record.volume.clone().unwrap_or_else(|| {
+            record
+                .vmid
+                .map_or_else(|| record.node.clone(), |vmid| format!("VM {vmid}"))
+        });
+        let run = runs.entry(target.clone()).or_insert(RepeatedWrite {
+            kind: record.kind.clone(),
+            target: target.clone(),
+            times: 0,
+        });
+        if run.kind != record.kind {
+            run.kind = record.kind.clone();
+            run.times = 0;
+        }
+        run.times += 1;
+        if run.times > more_than {
+            let most = found.entry((run.kind.clone(), target)).or_default();
+            *most = (*most).max(run.times);
+        }
+    }
+    found
+        .into_iter()
+        .map(|((kind, target), times)| RepeatedWrite {
+            kind,
+            target,
+            times,
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -551,7 +603,7 @@ impl Cluster {
                 TaskRecord {
                     upid: t.upid.as_str().to_string(),
                     node: t.upid.node.clone(),
-                    kind: t.upid.task_type.clone(),
+                    kind: t.kind.clone(),
                     vmid: t.vmid,
                     volume: t.volume.clone(),
                     created: t.created,
@@ -559,7 +611,7 @@ impl Cluster {
                     ended,
                     ok,
                     agent_ready: ended
-                        .filter(|_| ok && t.upid.task_type == "qmstart")
+                        .filter(|_| ok && t.kind == "qmstart")
                         .map(|e| e + self.opts.boot_delay),
                 }
             })
@@ -683,7 +735,7 @@ impl Cluster {
             (1000 + n) as u32,
             0x1000 + n,
             self.epoch + n,
-            kind,
+            self.opts.shown_task_type(kind),
             id,
             &user,
         );
@@ -693,6 +745,7 @@ impl Cluster {
             key.clone(),
             Task {
                 upid: upid.clone(),
+                kind: kind.to_string(),
                 created: now,
                 started: None,
                 duration,
@@ -718,7 +771,7 @@ impl Cluster {
         let id = vmid.to_string();
         self.tasks
             .values()
-            .any(|t| !t.done && t.upid.task_type == "qmclone" && t.upid.id == id)
+            .any(|t| !t.done && t.kind == "qmclone" && t.upid.id == id)
     }
 
     fn flock_timeout(vmid: u32) -> SimError {
@@ -2612,5 +2665,79 @@ mod tests {
         );
         c.agent_ping(t2 + Duration::from_secs(4), "pve1", 100)
             .expect("booted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renamed_task_types_show_in_upids_and_status_while_the_tasks_behave_as_before() {
+        let opts = SimOptions {
+            task_type_names: [
+                ("qmclone".to_string(), "copyvm".to_string()),
+                ("qmstart".to_string(), "boot".to_string()),
+            ]
+            .into(),
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+        let t0 = Instant::now();
+        let clone = c
+            .clone_vm(t0, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        assert_eq!(clone.task_type, "copyvm");
+        let status = c.task_status("pve1", clone.as_str()).expect("status");
+        assert_eq!(status["type"], "copyvm");
+        // Still a clone: it takes a clone's time and makes the VM.
+        let t1 = t0 + c.options().clone_duration;
+        c.advance(t1);
+        let start = c.power(t1, "pve1", 100, "start").expect("start");
+        assert_eq!(start.task_type, "boot");
+        c.advance(t1 + Duration::from_secs(1));
+        let kinds: Vec<String> = c.task_records().into_iter().map(|r| r.kind).collect();
+        assert_eq!(kinds, ["qmclone", "qmstart"], "records keep the real types");
+        assert!(
+            c.task_records()[1].agent_ready.is_some(),
+            "a renamed start still boots the guest"
+        );
+    }
+
+    #[test]
+    fn only_successful_tasks_of_one_kind_on_one_target_in_a_row_count_as_repeated_writes() {
+        let now = Instant::now();
+        let record = |kind: &str, vmid: Option<u32>, volume: Option<&str>, ok: bool| TaskRecord {
+            upid: String::new(),
+            node: "pve1".into(),
+            kind: kind.into(),
+            vmid,
+            volume: volume.map(str::to_owned),
+            created: now,
+            started: Some(now),
+            ended: Some(now),
+            ok,
+            agent_ready: None,
+        };
+        let iso = Some("local:iso/user-data-100.iso");
+        let mut records = vec![
+            record("imgcopy", Some(100), iso, true),
+            record("imgcopy", Some(100), iso, false),
+            record("imgcopy", Some(100), iso, true),
+            record("qmstart", Some(100), None, true),
+            record("imgcopy", Some(100), iso, true),
+        ];
+        assert_eq!(repeated_writes(&records, 3), [], "a failure does not count");
+        // The start is on the VM, not on the ISO: it does not break the ISO's run.
+        records.push(record("imgcopy", Some(100), iso, true));
+        let four = RepeatedWrite {
+            kind: "imgcopy".into(),
+            target: "local:iso/user-data-100.iso".into(),
+            times: 4,
+        };
+        assert_eq!(repeated_writes(&records, 3), [four]);
+        // Its deletion in between is progress: uploading it again starts a new run.
+        records.insert(4, record("imgdel", Some(100), iso, true));
+        assert_eq!(repeated_writes(&records, 2), []);
+        assert_eq!(
+            repeated_writes(&records, 1).len(),
+            1,
+            "the two before the deletion"
+        );
     }
 }

@@ -154,6 +154,10 @@ pub struct SimSettings {
     /// overriding `task_ms` for those types.
     #[serde(default)]
     pub task_type_ms: BTreeMap<String, u64>,
+    /// Other names for Proxmox task types in UPIDs and task status (e.g. `imgcopy: download`),
+    /// to try clients against a Proxmox that names its tasks differently.
+    #[serde(default)]
+    pub task_type_names: BTreeMap<String, String>,
     /// Clone tasks that may run at once on one node (0 = unlimited); more wait queued.
     #[serde(default)]
     pub clone_slots_per_node: Option<usize>,
@@ -365,6 +369,9 @@ pub struct SimOptions {
     /// Durations by Proxmox task type (`qmconfig`, `resize`, `imgcopy`, `qmstart`, `qmstop`,
     /// `qmdestroy`, `imgdel`, ...), so benchmarks can model each step's real cost.
     pub task_durations: BTreeMap<String, Duration>,
+    /// Names shown for Proxmox task types (real type → shown name) in UPIDs and task status;
+    /// the simulator still behaves by the real type.
+    pub task_type_names: BTreeMap<String, String>,
     /// How many clone tasks may run at once on a node (0 = unlimited). Proxmox serialises
     /// clones through storage and config locks; a clone holds a slot on its source node and,
     /// when it targets another node, on that node too. Clones beyond the limit wait queued
@@ -409,6 +416,7 @@ impl std::fmt::Debug for SimOptions {
             .field("clone_duration", &self.clone_duration)
             .field("task_duration", &self.task_duration)
             .field("task_durations", &self.task_durations)
+            .field("task_type_names", &self.task_type_names)
             .field("clone_slots_per_node", &self.clone_slots_per_node)
             .field("boot_delay", &self.boot_delay)
             .field("version", &self.version)
@@ -425,6 +433,7 @@ impl Default for SimOptions {
             clone_duration: Duration::from_millis(300),
             task_duration: Duration::from_millis(50),
             task_durations: BTreeMap::new(),
+            task_type_names: BTreeMap::new(),
             clone_slots_per_node: 0,
             boot_delay: Duration::from_millis(300),
             guest_command_duration: Duration::from_millis(200),
@@ -451,6 +460,31 @@ impl SimOptions {
             .unwrap_or(self.task_duration)
     }
 
+    /// Other names for every task type capmox causes, as a Proxmox that answers differently
+    /// might give them (`download` for `imgcopy`, ...), for [`SimOptions::task_type_names`].
+    pub fn renamed_task_types() -> BTreeMap<String, String> {
+        [
+            ("qmclone", "copyvm"),
+            ("qmconfig", "vmconf"),
+            ("resize", "growdisk"),
+            ("imgcopy", "download"),
+            ("qmstart", "boot"),
+            ("qmstop", "halt"),
+            ("qmdestroy", "remove"),
+            ("imgdel", "voldel"),
+        ]
+        .into_iter()
+        .map(|(real, shown)| (real.to_owned(), shown.to_owned()))
+        .collect()
+    }
+
+    /// The name UPIDs and task status give a task of this Proxmox type.
+    pub fn shown_task_type<'a>(&'a self, task_type: &'a str) -> &'a str {
+        self.task_type_names
+            .get(task_type)
+            .map_or(task_type, String::as_str)
+    }
+
     /// Defaults overridden by the topology's `simulation` section.
     pub fn from_topology(topology: &Topology) -> Self {
         let mut o = Self::default();
@@ -473,6 +507,7 @@ impl SimOptions {
             o.task_durations
                 .insert(kind.clone(), Duration::from_millis(*ms));
         }
+        o.task_type_names = s.task_type_names.clone();
         if let Some(v) = s.clone_slots_per_node {
             o.clone_slots_per_node = v;
         }
@@ -521,7 +556,7 @@ mod tests {
     #[test]
     fn per_type_durations_and_clone_slots_from_the_simulation_section() {
         let t = Topology::from_yaml(
-            "nodes: [{name: a}]\nsimulation:\n  clone_ms: 2000\n  task_ms: 70\n  task_type_ms: {qmstart: 1000, resize: 500}\n  clone_slots_per_node: 2\n",
+            "nodes: [{name: a}]\nsimulation:\n  clone_ms: 2000\n  task_ms: 70\n  task_type_ms: {qmstart: 1000, resize: 500}\n  clone_slots_per_node: 2\n  task_type_names: {imgcopy: download}\n",
             "t",
         )
         .expect("valid");
@@ -531,6 +566,12 @@ mod tests {
         assert_eq!(o.duration_of("resize"), Duration::from_millis(500));
         assert_eq!(o.duration_of("qmconfig"), Duration::from_millis(70));
         assert_eq!(o.clone_slots_per_node, 2);
+        assert_eq!(o.shown_task_type("imgcopy"), "download");
+        assert_eq!(
+            o.shown_task_type("qmstart"),
+            "qmstart",
+            "unnamed types keep theirs"
+        );
     }
 
     #[test]

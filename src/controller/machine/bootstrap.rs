@@ -100,9 +100,11 @@ impl Reconcile<'_> {
         let machine_key = claim_key(self.machine);
         if let Some(image) = image {
             let upload = proxmox.upload_iso(node, &storage, &iso_name, image).await;
-            if let Some(step) = self.submitted(scope, proxmox, upload, || {
-                format!("uploading the seed ISO {iso_name} to {storage} on {node}")
-            })? {
+            if let Some(step) =
+                self.submitted(scope, proxmox, upload, TaskKind::UploadSeedIso, || {
+                    format!("uploading the seed ISO {iso_name} to {storage} on {node}")
+                })?
+            {
                 // What the pass that attaches the seed ISO leaves is what its removal reads.
                 self.context
                     .written_configs
@@ -370,17 +372,15 @@ pub(super) fn seed_iso_attached(config: &VmConfig, vmid: u32) -> bool {
 /// Whether this pass saw the seed ISO's upload to `node` end.
 pub(super) fn seed_iso_uploaded(scope: &Scope, node: &str) -> bool {
     scope
-        .finished
-        .as_ref()
-        .is_some_and(|task| task.task_type == "imgcopy" && task.node == node)
+        .finished_as(TaskKind::UploadSeedIso)
+        .is_some_and(|task| task.node == node)
 }
 
 /// Whether this pass saw the seed ISO's deletion on `node` end.
 pub(super) fn seed_iso_deleted(scope: &Scope, node: &str) -> bool {
     scope
-        .finished
-        .as_ref()
-        .is_some_and(|task| task.task_type == "imgdel" && task.node == node)
+        .finished_as(TaskKind::DeleteSeedIso)
+        .is_some_and(|task| task.node == node)
 }
 
 /// Takes the seed ISO's drive off the VM (Proxmox ignores the removal of a drive it does not

@@ -109,7 +109,7 @@ impl Reconcile<'_> {
                 let started = proxmox
                     .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
                     .await;
-                let step = self.submitted(scope, proxmox, started, || {
+                let step = self.submitted(scope, proxmox, started, TaskKind::Resize, || {
                     format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb)
                 });
                 // The pass that sees the resize end works from the config as written here.
@@ -276,10 +276,7 @@ pub(super) fn disk_size_gb(value: &str) -> Option<u64> {
 
 /// Whether this pass saw the boot disk's resize end.
 pub(super) fn disk_resized(scope: &Scope) -> bool {
-    scope
-        .finished
-        .as_ref()
-        .is_some_and(|task| matches!(task.task_type.as_str(), "resize" | "qmresize"))
+    scope.finished_as(TaskKind::Resize).is_some()
 }
 
 #[cfg(test)]

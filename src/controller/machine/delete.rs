@@ -45,11 +45,7 @@ impl Reconcile<'_> {
             if let Some(step) = self.delete_vm(scope, &proxmox, vmid).await? {
                 return self.deletion_waits(scope, step).await;
             }
-            if scope
-                .finished
-                .as_ref()
-                .is_some_and(|t| t.task_type == "qmdestroy")
-            {
+            if scope.finished_as(TaskKind::Destroy).is_some() {
                 // The recorded VM was the machine's, and this deletion deleted it.
                 return self.released(scope).await;
             }
@@ -214,8 +210,8 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         vmid: u32,
     ) -> Result<Option<Step>, MachineError> {
-        let finished = scope.finished.as_ref().map(|t| t.task_type.clone());
-        if finished.as_deref() == Some("qmdestroy") {
+        let finished = scope.finished.as_ref().and_then(|t| t.kind);
+        if finished == Some(TaskKind::Destroy) {
             // Deleted by this deletion (its seed ISO first).
             return Ok(None);
         }
@@ -265,14 +261,16 @@ impl Reconcile<'_> {
         let stopping = || format!("stopping VM {vmid} on {node}");
         // After this deletion's stop, the VM is known to be stopped (and no longer HA-managed:
         // its HA resource goes first, or HA would start it again).
-        if finished.as_deref() != Some("qmstop") {
+        if finished != Some(TaskKind::Stop) {
             let status = proxmox.vm_status(&node, vmid).await.during(stopping)?;
             if status.ha.managed {
                 self.unregister_ha(scope, proxmox, vmid).await?;
             }
             if status.is_running() {
                 let started = proxmox.power(&node, vmid, PowerAction::Stop).await;
-                if let Some(step) = self.submitted(scope, proxmox, started, stopping)? {
+                if let Some(step) =
+                    self.submitted(scope, proxmox, started, TaskKind::Stop, stopping)?
+                {
                     return Ok(Some(step));
                 }
             }
@@ -280,7 +278,7 @@ impl Reconcile<'_> {
         // The seed ISO (it holds the bootstrap token) is a separate volume: the attached one,
         // while the config still names it; else, if the bootstrap data may have been uploaded
         // but never attached, the seed ISO's name on the node's ISO storage.
-        if finished.as_deref() != Some("imgdel") {
+        if finished != Some(TaskKind::DeleteSeedIso) {
             let attached = config
                 .get("ide0")
                 .and_then(|v| v.split(',').next().map(str::to_owned))
@@ -306,7 +304,7 @@ impl Reconcile<'_> {
         )
         .await;
         let started = proxmox.delete_vm(&node, vmid, params).await;
-        self.deletion_submitted(scope, proxmox, started, || {
+        self.deletion_submitted(scope, proxmox, started, TaskKind::Destroy, || {
             format!("deleting VM {vmid} on {node}")
         })
     }
@@ -363,7 +361,7 @@ impl Reconcile<'_> {
             return Ok(None);
         };
         let started = proxmox.delete_volume(node, storage, &volume).await;
-        self.deletion_submitted(scope, proxmox, started, || {
+        self.deletion_submitted(scope, proxmox, started, TaskKind::DeleteSeedIso, || {
             format!("deleting the seed ISO {volume} of VM {vmid}")
         })
     }

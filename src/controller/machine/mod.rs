@@ -81,7 +81,9 @@ use configure::Configured;
 use status::{apply_status, apply_status_guarded, owned_status, paused_conditions};
 use vm::{Identity, PassConfigs, is_machine_tag};
 
-pub use task::{TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, task_backoff};
+pub use task::{
+    TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, TaskKind, TaskPurpose, task_backoff,
+};
 
 use super::caches::{Caches, Reads, slot};
 use super::conditions::{self, Decided, Status};
@@ -100,7 +102,7 @@ use crate::placement::{
 };
 use crate::proxmox::{
     CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
-    ProxmoxError, ResourceType, Upid, VmConfig,
+    ProxmoxError, ResourceType, VmConfig,
 };
 
 /// Field manager of everything this controller writes.
@@ -477,7 +479,7 @@ struct Scope {
     /// The machine's generation as of this pass's last spec write, for conditions and holds.
     generation: Option<i64>,
     /// The task this pass saw succeed, so the step it did is not repeated.
-    finished: Option<Upid>,
+    finished: Option<task::FinishedTask>,
 }
 
 impl<'a> Reconcile<'a> {

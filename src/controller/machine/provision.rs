@@ -304,6 +304,7 @@ impl Reconcile<'_> {
                         scope,
                         &proxmox,
                         starting,
+                        TaskKind::Start,
                         || format!("starting VM {vmid} on {node}"),
                         seen.guest_checked(),
                     )? {

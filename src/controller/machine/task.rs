@@ -71,9 +71,169 @@ const STALE_IN_FLIGHT: Duration = Duration::from_secs(30);
 /// How long a node seen running queued tasks one after another is taken to still do so: a
 /// queued task submitted then skips the check at a lone task's duration.
 const QUEUEING_REMEMBERED: Duration = Duration::from_secs(60);
+/// Tasks of one kind a machine may see succeed in a row before its passes back off: a step
+/// that repeats a write Proxmox reports done is a loop, not progress.
+const REPEATS_ALLOWED: u32 = 3;
+/// Back-off of a machine that repeats a task that succeeded, from its first repeat beyond
+/// [`REPEATS_ALLOWED`].
+const REPEAT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(10),
+    max: Duration::from_secs(300),
+};
+/// Successes further apart than this do not count as a row (a VM stopped by someone once a
+/// day is started again each time).
+const REPEAT_WINDOW: Duration = Duration::from_secs(900);
 /// Tasks in flight remembered at most (a machine deleted mid-task never checks its task
 /// again); the oldest are forgotten first.
 const MAX_IN_FLIGHT: usize = 10_000;
+
+/// What capmox submitted a Proxmox task for. Recorded at the front of `status.taskPurpose`, so
+/// a finished task is judged by what capmox asked for, never by Proxmox's name for its type
+/// (which differs between versions and reimplementations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    /// Cloning the template to the machine's VM.
+    Clone,
+    /// Growing the boot disk.
+    Resize,
+    /// Uploading the seed ISO.
+    UploadSeedIso,
+    /// Starting the VM.
+    Start,
+    /// Stopping the VM (for its deletion).
+    Stop,
+    /// Deleting the seed ISO.
+    DeleteSeedIso,
+    /// Deleting the VM.
+    Destroy,
+}
+
+impl TaskKind {
+    const ALL: [TaskKind; 7] = [
+        TaskKind::Clone,
+        TaskKind::Resize,
+        TaskKind::UploadSeedIso,
+        TaskKind::Start,
+        TaskKind::Stop,
+        TaskKind::DeleteSeedIso,
+        TaskKind::Destroy,
+    ];
+
+    /// The stable token recorded in `status.taskPurpose`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::Clone => "clone",
+            TaskKind::Resize => "resize",
+            TaskKind::UploadSeedIso => "seed-iso-upload",
+            TaskKind::Start => "start",
+            TaskKind::Stop => "stop",
+            TaskKind::DeleteSeedIso => "seed-iso-delete",
+            TaskKind::Destroy => "destroy",
+        }
+    }
+
+    /// How the purposes recorded before kinds were (free text) began, one per kind.
+    fn legacy_phrase(self) -> &'static str {
+        match self {
+            TaskKind::Clone => "cloning template ",
+            TaskKind::Resize => "resizing ",
+            TaskKind::UploadSeedIso => "uploading the seed ISO ",
+            TaskKind::Start => "starting VM ",
+            TaskKind::Stop => "stopping VM ",
+            TaskKind::DeleteSeedIso => "deleting the seed ISO ",
+            TaskKind::Destroy => "deleting VM ",
+        }
+    }
+
+    /// Tasks that delete what a machine had: a failed one is retried after its back-off; a
+    /// provisioning task that failed does not hold up a deletion.
+    fn deletes(self) -> bool {
+        matches!(
+            self,
+            TaskKind::Stop | TaskKind::DeleteSeedIso | TaskKind::Destroy
+        )
+    }
+
+    /// Tasks that change what `/cluster/resources` lists (a VM, its lock or its power state),
+    /// when they start and when they end.
+    fn changes_listing(self) -> bool {
+        matches!(
+            self,
+            TaskKind::Clone | TaskKind::Start | TaskKind::Stop | TaskKind::Destroy
+        )
+    }
+}
+
+/// A task's purpose as recorded in `status.taskPurpose`: `<kind>: <what it does>`, e.g.
+/// `seed-iso-upload: uploading the seed ISO ... to local on pve1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskPurpose {
+    /// `None`: a purpose capmox cannot read (written by something else); the finished task
+    /// is then not taken as any step done, and the next step looks at Proxmox again.
+    pub kind: Option<TaskKind>,
+    /// What the task does, for people.
+    pub text: String,
+}
+
+impl TaskPurpose {
+    pub fn new(kind: TaskKind, text: String) -> Self {
+        TaskPurpose {
+            kind: Some(kind),
+            text,
+        }
+    }
+
+    /// Reads a recorded purpose: `<kind>: <text>`, or the free text older versions recorded,
+    /// whose first words tell the kind.
+    pub fn parse(recorded: &str) -> Self {
+        let tagged = recorded.split_once(": ").and_then(|(token, text)| {
+            TaskKind::ALL
+                .into_iter()
+                .find(|kind| kind.as_str() == token)
+                .map(|kind| TaskPurpose::new(kind, text.to_owned()))
+        });
+        tagged.unwrap_or_else(|| TaskPurpose {
+            kind: TaskKind::ALL
+                .into_iter()
+                .find(|kind| recorded.starts_with(kind.legacy_phrase())),
+            text: recorded.to_owned(),
+        })
+    }
+
+    /// What `status.taskPurpose` records.
+    pub fn recorded(&self) -> String {
+        match self.kind {
+            Some(kind) => format!("{}: {}", kind.as_str(), self.text),
+            None => self.text.clone(),
+        }
+    }
+
+    fn deletes(&self) -> bool {
+        self.kind.is_some_and(TaskKind::deletes)
+    }
+
+    /// An unreadable purpose may be anything, so it counts as a change.
+    fn changes_listing(&self) -> bool {
+        self.kind.is_none_or(TaskKind::changes_listing)
+    }
+}
+
+/// The task a pass saw succeed, with what it was submitted for.
+#[derive(Clone, Debug)]
+pub(super) struct FinishedTask {
+    pub upid: Upid,
+    pub kind: Option<TaskKind>,
+}
+
+impl Scope {
+    /// The task of `kind` this pass saw succeed, if it did: the step it did is not repeated.
+    pub(super) fn finished_as(&self, kind: TaskKind) -> Option<&Upid> {
+        self.finished
+            .as_ref()
+            .filter(|task| task.kind == Some(kind))
+            .map(|task| &task.upid)
+    }
+}
 
 /// The back-off before retrying after the `failures`-th consecutive failed task:
 /// 10 s, 20 s, 40 s, ... capped at 5 minutes.
@@ -112,6 +272,8 @@ struct ClockState {
     /// check, which came when such a task usually ends: the node runs them one after another.
     /// Forgotten when a queued one is found done at that check.
     queueing_seen: HashMap<(String, String), Instant>,
+    /// Per machine, the kind of task it last saw succeed, how many times in a row, and when.
+    succeeded: HashMap<String, (TaskKind, u32, Instant)>,
 }
 
 struct Booting {
@@ -202,7 +364,7 @@ impl TaskClock {
             machine.to_owned(),
             (upid.as_str().to_owned(), purpose.to_owned()),
         );
-        if upid.task_type == "qmclone" {
+        if TaskPurpose::parse(purpose).kind == Some(TaskKind::Clone) {
             // A new VM (perhaps with the VMID of one the machine had): its guest is not up.
             state.guests_up.remove(machine);
         }
@@ -258,6 +420,30 @@ impl TaskClock {
             task.checked_with_boot = true;
         }
         task.due.saturating_duration_since(now).max(MIN_RECHECK)
+    }
+
+    /// Notes that a task of `kind` submitted for `machine` succeeded; returns how many of that
+    /// kind it saw succeed in a row (0 for a task of unknown purpose, which counts as none).
+    pub fn succeeded(&self, machine: &str, kind: Option<TaskKind>) -> u32 {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(kind) = kind else {
+            state.succeeded.remove(machine);
+            return 0;
+        };
+        if state.succeeded.len() >= MAX_IN_FLIGHT {
+            state.succeeded.clear();
+        }
+        let streak = state
+            .succeeded
+            .entry(machine.to_owned())
+            .or_insert((kind, 0, now));
+        if streak.0 != kind || now.duration_since(streak.2) > REPEAT_WINDOW {
+            *streak = (kind, 0, now);
+        }
+        streak.1 = streak.1.saturating_add(1);
+        streak.2 = now;
+        streak.1
     }
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.
@@ -711,12 +897,6 @@ fn median(samples: &VecDeque<Duration>) -> Duration {
     sorted.get(sorted.len() / 2).copied().unwrap_or_default()
 }
 
-/// Task types that delete what a machine had: a failed one is retried after its back-off;
-/// a provisioning task that failed does not hold up a deletion.
-fn is_deletion_task(task_type: &str) -> bool {
-    matches!(task_type, "qmstop" | "qmshutdown" | "qmdestroy" | "imgdel")
-}
-
 /// Task types that queue behind each other on their node: clones copy disks, and a node's
 /// storage copies one disk's worth at a time however many clones share it.
 fn queues_on_node(task_type: &str) -> bool {
@@ -734,20 +914,11 @@ fn pass_requeue(task_type: &str, until_check: Duration) -> Duration {
     }
 }
 
-/// Task types that change what `/cluster/resources` lists (a VM, its lock or its power
-/// state), when they start and when they end.
-fn changes_listing(task_type: &str) -> bool {
-    matches!(
-        task_type,
-        "qmclone" | "qmstart" | "qmstop" | "qmshutdown" | "qmdestroy"
-    )
-}
-
 /// The condition and requeue while a task runs.
-fn running_step(upid: &Upid, purpose: Option<&str>, wait: Duration) -> Step {
-    let doing = purpose.map(|p| format!("{p}: ")).unwrap_or_default();
+fn running_step(upid: &Upid, purpose: Option<&TaskPurpose>, wait: Duration) -> Step {
+    let doing = purpose.map(|p| format!("{}: ", p.text)).unwrap_or_default();
     waiting(
-        if upid.task_type == "qmclone" {
+        if purpose.is_some_and(|p| p.kind == Some(TaskKind::Clone)) {
             "Cloning"
         } else {
             "WaitingForTask"
@@ -760,10 +931,28 @@ fn running_step(upid: &Upid, purpose: Option<&str>, wait: Duration) -> Step {
     )
 }
 
+/// What a machine whose step repeats a successful task is told.
+fn repeated_task_message(
+    upid: &Upid,
+    purpose: &TaskPurpose,
+    times: u32,
+    delay: Duration,
+) -> String {
+    format!(
+        "{} succeeded {times} times in a row (Proxmox task {} on {} answered OK, last {upid}) \
+         without the machine getting further; retrying in {}s. Proxmox may answer differently \
+         from what capmox expects: check its version and the task's log",
+        purpose.text,
+        upid.task_type,
+        upid.node,
+        delay.as_secs()
+    )
+}
+
 /// The condition and requeue while a failed task's back-off lasts.
 pub(super) fn failed_task_step(
     upid: &Upid,
-    purpose: Option<&str>,
+    purpose: Option<&TaskPurpose>,
     exitstatus: &str,
     until: Timestamp,
     failures: i32,
@@ -773,7 +962,9 @@ pub(super) fn failed_task_step(
         .duration_since(now)
         .try_into()
         .unwrap_or(Duration::from_secs(1));
-    let doing = purpose.map(|p| format!(" ({p})")).unwrap_or_default();
+    let doing = purpose
+        .map(|p| format!(" ({})", p.text))
+        .unwrap_or_default();
     waiting(
         "TaskFailed",
         format!(
@@ -805,9 +996,10 @@ impl Reconcile<'_> {
         scope: &mut Scope,
         proxmox: &ProxmoxClient,
         started: Result<TaskRef, ProxmoxError>,
+        kind: TaskKind,
         purpose: impl Fn() -> String,
     ) -> Result<Option<Step>, MachineError> {
-        self.submitted_looking_at_guest(scope, proxmox, started, purpose, false)
+        self.submitted_looking_at_guest(scope, proxmox, started, kind, purpose, false)
     }
 
     /// As [`Reconcile::submitted`]; with `look_at_guest`, a VM's start is checked when its guest
@@ -817,28 +1009,30 @@ impl Reconcile<'_> {
         scope: &mut Scope,
         proxmox: &ProxmoxClient,
         started: Result<TaskRef, ProxmoxError>,
+        kind: TaskKind,
         purpose: impl Fn() -> String,
         look_at_guest: bool,
     ) -> Result<Option<Step>, MachineError> {
         let Some(upid) = started.during(&purpose)? else {
             return Ok(None);
         };
-        if changes_listing(&upid.task_type) {
+        if kind.changes_listing() {
             self.context
                 .inventory
                 .changed(proxmox, &super::claim_key(self.machine));
         }
-        let purpose = purpose();
+        let purpose = TaskPurpose::new(kind, purpose());
+        let recorded = purpose.recorded();
         let machine = super::claim_key(self.machine);
         let clock = &self.context.task_clock;
-        let mut wait = clock.submitted(&upid, &machine, &purpose);
-        if upid.task_type == "qmstart" && look_at_guest {
+        let mut wait = clock.submitted(&upid, &machine, &recorded);
+        if kind == TaskKind::Start && look_at_guest {
             clock.boot_started(&machine, &upid.node);
             wait = clock.check_with_boot(&upid, &machine);
         }
         scope.status.task_ref = Some(upid.to_string());
-        scope.status.task_purpose = Some(purpose.clone());
-        tracing::debug!(machine = %scope.name, %upid, purpose, expected_ms = wait.as_millis() as u64, "submitted a Proxmox task");
+        scope.status.task_purpose = Some(recorded);
+        tracing::debug!(machine = %scope.name, %upid, purpose = purpose.text, kind = kind.as_str(), expected_ms = wait.as_millis() as u64, "submitted a Proxmox task");
         Ok(Some(running_step(&upid, Some(&purpose), wait)))
     }
 
@@ -848,11 +1042,12 @@ impl Reconcile<'_> {
         scope: &mut Scope,
         proxmox: &ProxmoxClient,
         started: Result<TaskRef, ProxmoxError>,
+        kind: TaskKind,
         purpose: impl Fn() -> String,
     ) -> Result<Option<Step>, MachineError> {
         match started {
             Err(error) if error.is_not_found() => Ok(None),
-            started => self.submitted(scope, proxmox, started, purpose),
+            started => self.submitted(scope, proxmox, started, kind, purpose),
         }
     }
 
@@ -889,10 +1084,10 @@ impl Reconcile<'_> {
                 return Ok(None);
             }
         };
-        let purpose = scope.status.task_purpose.clone();
+        let purpose = scope.status.task_purpose.as_deref().map(TaskPurpose::parse);
         let backing_off = scope.status.retry_after.is_some();
         if !backing_off && let Some(wait) = self.context.task_clock.not_due(&upid) {
-            return Ok(Some(running_step(&upid, purpose.as_deref(), wait)));
+            return Ok(Some(running_step(&upid, purpose.as_ref(), wait)));
         }
         let status = match proxmox.task_status(&upid).await {
             Ok(status) => status,
@@ -915,10 +1110,10 @@ impl Reconcile<'_> {
         };
         if !status.is_finished() {
             let wait = self.context.task_clock.still_running(&upid);
-            return Ok(Some(running_step(&upid, purpose.as_deref(), wait)));
+            return Ok(Some(running_step(&upid, purpose.as_ref(), wait)));
         }
         self.context.task_clock.finished(&upid);
-        if changes_listing(&upid.task_type) {
+        if purpose.as_ref().is_none_or(TaskPurpose::changes_listing) {
             self.context
                 .inventory
                 .changed(proxmox, &super::claim_key(self.machine));
@@ -926,14 +1121,22 @@ impl Reconcile<'_> {
         if status.is_success() {
             scope.status.task_failures = None;
             clear_task(scope);
-            self.announce(scope, &upid, &raw).await?;
-            scope.finished = Some(upid);
+            let kind = purpose.as_ref().and_then(|p| p.kind);
+            self.announce(scope, &upid, kind, &raw).await?;
+            let machine = super::claim_key(self.machine);
+            let times = self.context.task_clock.succeeded(&machine, kind);
+            if times > REPEATS_ALLOWED
+                && let Some(purpose) = &purpose
+            {
+                return Ok(Some(self.repeated_task(scope, &upid, purpose, times).await));
+            }
+            scope.finished = Some(FinishedTask { upid, kind });
             return Ok(None);
         }
         let exitstatus = status
             .exitstatus
             .unwrap_or_else(|| "unexpected status".to_owned());
-        if deleting && !is_deletion_task(&upid.task_type) {
+        if deleting && !purpose.as_ref().is_some_and(TaskPurpose::deletes) {
             tracing::info!(machine = %scope.name, %upid, exitstatus, "forgetting a failed provisioning task; the machine is being deleted");
             clear_task(scope);
             return Ok(None);
@@ -948,7 +1151,7 @@ impl Reconcile<'_> {
                 let failures = scope.status.task_failures.unwrap_or(1);
                 Ok(Some(failed_task_step(
                     &upid,
-                    purpose.as_deref(),
+                    purpose.as_ref(),
                     &exitstatus,
                     until,
                     failures,
@@ -963,6 +1166,26 @@ impl Reconcile<'_> {
         }
     }
 
+    /// Backs off a machine whose step repeats a task Proxmox reports done, saying what repeats
+    /// and what Proxmox answered, instead of looping silently.
+    async fn repeated_task(
+        &self,
+        scope: &Scope,
+        upid: &Upid,
+        purpose: &TaskPurpose,
+        times: u32,
+    ) -> Step {
+        let delay = REPEAT_BACKOFF.nominal(times - REPEATS_ALLOWED);
+        let message = repeated_task_message(upid, purpose, times, delay);
+        tracing::warn!(machine = %scope.name, %upid, times, "a Proxmox task repeats without progress");
+        self.event(scope, EventType::Warning, "TaskRepeated", &message)
+            .await;
+        Step::Backoff(
+            super::Decided::failed(super::PROVISIONED, "TaskRepeated", message),
+            Action::requeue(delay),
+        )
+    }
+
     /// Events for a task that succeeded, once: of all passes that see it finished (one may
     /// work from a stale cached copy of the machine), only the one that removes it from the
     /// stored status announces it.
@@ -970,17 +1193,18 @@ impl Reconcile<'_> {
         &self,
         scope: &mut Scope,
         upid: &Upid,
+        kind: Option<TaskKind>,
         raw: &str,
     ) -> Result<(), MachineError> {
-        let (reason, note) = match upid.task_type.as_str() {
-            "qmclone" => (
+        let (reason, note) = match kind {
+            Some(TaskKind::Clone) => (
                 "Cloned",
                 format!(
                     "created VM {} (task {upid})",
                     scope.status.virtual_machine_id.unwrap_or_default()
                 ),
             ),
-            "qmstart" => (
+            Some(TaskKind::Start) => (
                 "PoweredOn",
                 format!(
                     "started VM {} on {}",
@@ -1045,10 +1269,10 @@ impl Reconcile<'_> {
         scope.status.task_ref = Some(upid.to_owned());
         scope.status.retry_after = Some(Time(until));
         scope.status.task_failures = Some(failures);
-        let purpose = scope.status.task_purpose.clone();
+        let purpose = scope.status.task_purpose.as_deref().map(TaskPurpose::parse);
         let step = match &parsed {
             Some(parsed) => {
-                failed_task_step(parsed, purpose.as_deref(), exitstatus, until, failures, now)
+                failed_task_step(parsed, purpose.as_ref(), exitstatus, until, failures, now)
             }
             None => waiting(
                 "TaskFailed",
@@ -1205,7 +1429,9 @@ mod tests {
             "started again: its guest is looked at anew"
         );
         clock.guest_up("m1", 101);
-        clock.submitted(&upid("qmclone", "pve1", 7), "m1", "cloning");
+        // Whatever Proxmox calls the task: what capmox submitted it for counts.
+        let cloning = TaskPurpose::new(TaskKind::Clone, "cloning template 9000".to_owned());
+        clock.submitted(&upid("copyvm", "pve1", 7), "m1", &cloning.recorded());
         assert!(
             !clock.seen_up("m1", 101),
             "cloned anew: the new VM may have the same VMID"
@@ -1265,6 +1491,82 @@ mod tests {
         }
         assert_eq!(samples.len(), SAMPLES);
         assert_eq!(median(&samples), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_recorded_purpose_reads_back_as_its_kind_and_old_free_text_by_its_first_words() {
+        for kind in TaskKind::ALL {
+            let purpose = TaskPurpose::new(kind, "doing: it on pve1".to_owned());
+            let recorded = purpose.recorded();
+            assert!(recorded.starts_with(kind.as_str()), "{recorded}");
+            assert_eq!(TaskPurpose::parse(&recorded), purpose);
+        }
+        // Written by the versions before kinds: understood by the phrase each step used.
+        let old = TaskPurpose::parse("uploading the seed ISO user-data-101.iso to local on pve1");
+        assert_eq!(old.kind, Some(TaskKind::UploadSeedIso));
+        assert_eq!(
+            old.text,
+            "uploading the seed ISO user-data-101.iso to local on pve1"
+        );
+        assert_eq!(
+            TaskPurpose::parse("deleting the seed ISO local:iso/x.iso of VM 101").kind,
+            Some(TaskKind::DeleteSeedIso)
+        );
+        assert_eq!(
+            TaskPurpose::parse("deleting VM 101 on pve1").kind,
+            Some(TaskKind::Destroy)
+        );
+        // Anything else is no step done: the next step looks at Proxmox again.
+        let unknown = TaskPurpose::parse("imgcopy: something");
+        assert_eq!(unknown.kind, None);
+        assert_eq!(unknown.recorded(), "imgcopy: something");
+    }
+
+    #[test]
+    fn tasks_of_one_kind_succeeding_in_a_row_are_counted_until_another_kind_succeeds() {
+        let clock = TaskClock::default();
+        let upload = Some(TaskKind::UploadSeedIso);
+        let counts: Vec<u32> = (0..5).map(|_| clock.succeeded("m1", upload)).collect();
+        assert_eq!(counts, [1, 2, 3, 4, 5]);
+        assert_eq!(clock.succeeded("m2", upload), 1, "per machine");
+        assert_eq!(clock.succeeded("m1", Some(TaskKind::Start)), 1, "progress");
+        assert_eq!(clock.succeeded("m1", upload), 1);
+        assert_eq!(
+            clock.succeeded("m1", None),
+            0,
+            "an unknown purpose counts as none"
+        );
+        assert_eq!(clock.succeeded("m1", upload), 1);
+        // Far apart, they are no row.
+        clock.lock().succeeded.get_mut("m2").expect("streak").2 =
+            Instant::now() - REPEAT_WINDOW - Duration::from_secs(1);
+        assert_eq!(clock.succeeded("m2", upload), 1);
+    }
+
+    #[test]
+    fn a_repeated_task_says_what_repeats_what_proxmox_answered_and_when_it_is_tried_again() {
+        let upid: Upid = "UPID:pve1:00001234:00005678:6553F000:download:local:root@pam!capmox:"
+            .parse()
+            .expect("upid");
+        let purpose = TaskPurpose::new(
+            TaskKind::UploadSeedIso,
+            "uploading the seed ISO user-data-101.iso to local on pve1".to_owned(),
+        );
+        let delay = REPEAT_BACKOFF.nominal(4 - REPEATS_ALLOWED);
+        assert_eq!(delay, Duration::from_secs(10));
+        let message = repeated_task_message(&upid, &purpose, 4, delay);
+        for part in [
+            "uploading the seed ISO user-data-101.iso to local on pve1 succeeded 4 times in a row",
+            "Proxmox task download on pve1 answered OK",
+            "retrying in 10s",
+        ] {
+            assert!(message.contains(part), "{part:?} in {message}");
+        }
+        assert_eq!(
+            REPEAT_BACKOFF.nominal(20),
+            Duration::from_secs(300),
+            "at most five minutes"
+        );
     }
 
     #[test]
@@ -1561,14 +1863,13 @@ mod tests {
             .expect("upid");
         let now = Timestamp::from_second(1_767_225_600).expect("time");
         let until = Timestamp::from_second(1_767_225_620).expect("time");
-        let Step::Stop(decided, action) = failed_task_step(
-            &upid,
-            Some("cloning template 9000 to VM 101 on pve1"),
-            "storage full",
-            until,
-            2,
-            now,
-        ) else {
+        let purpose = TaskPurpose::new(
+            TaskKind::Clone,
+            "cloning template 9000 to VM 101 on pve1".to_owned(),
+        );
+        let Step::Stop(decided, action) =
+            failed_task_step(&upid, Some(&purpose), "storage full", until, 2, now)
+        else {
             panic!("a failed task stops the pass");
         };
         assert_eq!(decided.reason, "TaskFailed");

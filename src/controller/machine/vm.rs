@@ -204,7 +204,13 @@ impl Reconcile<'_> {
                 // again (and the VMID recorded above finds the VM either way). Recorded now,
                 // not at the end of the pass, so a failed write of the pass's status cannot
                 // lose it.
-                let step = self.submitted(scope, proxmox, Ok(Some(upid.clone())), cloning)?;
+                let step = self.submitted(
+                    scope,
+                    proxmox,
+                    Ok(Some(upid.clone())),
+                    TaskKind::Clone,
+                    cloning,
+                )?;
                 let mut recorded = scope.status.clone();
                 recorded.conditions = scope.current.conditions.clone();
                 apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
