@@ -94,7 +94,12 @@ pub(crate) enum Plan {
 /// first saw it so: another holder's lease expires when it stays unchanged for its duration.
 #[derive(Debug, Default)]
 pub(crate) struct Observed {
-    record: Option<(Option<String>, Option<MicroTime>, Option<i32>, Option<String>)>,
+    record: Option<(
+        Option<String>,
+        Option<MicroTime>,
+        Option<i32>,
+        Option<String>,
+    )>,
     since: Option<Instant>,
 }
 
@@ -185,10 +190,13 @@ pub async fn run(
             Some(at) if is_leader => config.renew_deadline.saturating_sub(at.elapsed()),
             _ => config.renew_deadline,
         };
-        let round = match tokio::time::timeout(budget, try_acquire_or_renew(&api, &config, &mut observed)).await {
-            Ok(round) => round.map_err(|error| error.to_string()),
-            Err(_) => Err(format!("the Lease request took longer than {budget:?}")),
-        };
+        let round =
+            match tokio::time::timeout(budget, try_acquire_or_renew(&api, &config, &mut observed))
+                .await
+            {
+                Ok(round) => round.map_err(|error| error.to_string()),
+                Err(_) => Err(format!("the Lease request took longer than {budget:?}")),
+            };
         match round {
             Ok(true) => {
                 last_renewal = Some(Instant::now());
@@ -383,14 +391,20 @@ mod tests {
         let mut observed = Observed::default();
         assert_eq!(observed.observe(Some(&lease), start), Duration::ZERO);
         let later = start + Duration::from_secs(9);
-        assert_eq!(observed.observe(Some(&lease), later), Duration::from_secs(9));
+        assert_eq!(
+            observed.observe(Some(&lease), later),
+            Duration::from_secs(9)
+        );
         lease.metadata.resource_version = Some("7".into());
         assert_eq!(observed.observe(Some(&lease), later), Duration::ZERO);
         assert_eq!(
             observed.observe(Some(&lease), later + Duration::from_secs(2)),
             Duration::from_secs(2)
         );
-        assert_eq!(observed.observe(None, later + Duration::from_secs(3)), Duration::ZERO);
+        assert_eq!(
+            observed.observe(None, later + Duration::from_secs(3)),
+            Duration::ZERO
+        );
     }
 
     #[test]
@@ -406,9 +420,13 @@ mod tests {
 
     #[test]
     fn the_holder_renews_without_a_transition() {
-        let Plan::Write(spec) =
-            plan(Some(&held_by("a", 10, 2)), "a", at(12), FIFTEEN, Duration::ZERO)
-        else {
+        let Plan::Write(spec) = plan(
+            Some(&held_by("a", 10, 2)),
+            "a",
+            at(12),
+            FIFTEEN,
+            Duration::ZERO,
+        ) else {
             panic!("expected Write");
         };
         assert_eq!(spec.renew_time, Some(MicroTime(at(12))));

@@ -264,7 +264,10 @@ async fn hold_with_a_late_clock(
             ..LeaseSpec::default()
         }),
     };
-    lease = api.create(&Default::default(), &lease).await.expect("creates");
+    lease = api
+        .create(&Default::default(), &lease)
+        .await
+        .expect("creates");
     tokio::spawn(async move {
         loop {
             tokio::select! {
