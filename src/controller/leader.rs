@@ -1,7 +1,10 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, with controller-runtime's semantics:
 //! acquire a free or expired lease, renew it every retry period, and give up leadership when
 //! renewing has failed for longer than the renew deadline. Every write carries the lease's
-//! `resourceVersion`, so two replicas can never both win the same round.
+//! `resourceVersion`, so two replicas can never both win the same round. A follower judges a
+//! lease expired by its own monotonic clock (how long the record has stayed unchanged since it
+//! first saw it, as client-go does), never by comparing the holder's `renewTime` with its wall
+//! clock: clocks of different nodes disagree.
 
 use std::time::Duration;
 
@@ -9,7 +12,7 @@ use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -87,12 +90,51 @@ pub(crate) enum Plan {
     },
 }
 
-/// Decides one round from the lease as read (pure, so the rules are table-tested).
+/// The lease record as this replica last saw it, and when (on its own monotonic clock) it
+/// first saw it so: another holder's lease expires when it stays unchanged for its duration.
+#[derive(Debug, Default)]
+pub(crate) struct Observed {
+    record: Option<(
+        Option<String>,
+        Option<MicroTime>,
+        Option<i32>,
+        Option<String>,
+    )>,
+    since: Option<Instant>,
+}
+
+impl Observed {
+    /// Records the lease as read at `now`; returns how long it has been unchanged.
+    pub(crate) fn observe(&mut self, lease: Option<&Lease>, now: Instant) -> Duration {
+        let record = lease.map(|lease| {
+            let spec = lease.spec.as_ref();
+            (
+                spec.and_then(|s| s.holder_identity.clone()),
+                spec.and_then(|s| s.renew_time.clone()),
+                spec.and_then(|s| s.lease_duration_seconds),
+                lease.metadata.resource_version.clone(),
+            )
+        });
+        match self.since {
+            Some(since) if self.record == record => now.saturating_duration_since(since),
+            _ => {
+                self.record = record;
+                self.since = Some(now);
+                Duration::ZERO
+            }
+        }
+    }
+}
+
+/// Decides one round from the lease as read (pure, so the rules are table-tested): `now` is
+/// only written into the lease; another holder's lease has expired once it has stayed
+/// `unchanged_for` its duration on this replica's clock.
 pub(crate) fn plan(
     existing: Option<&LeaseSpec>,
     identity: &str,
     now: Timestamp,
     lease_duration: Duration,
+    unchanged_for: Duration,
 ) -> Plan {
     let duration_seconds = i32::try_from(lease_duration.as_secs())
         .unwrap_or(i32::MAX)
@@ -110,14 +152,10 @@ pub(crate) fn plan(
     let holder = spec.holder_identity.clone().unwrap_or_default();
     let ours = holder == identity;
     if !ours && !holder.is_empty() {
-        let valid_for =
-            SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
-        let expired = spec
-            .renew_time
-            .as_ref()
-            .and_then(|renewed| renewed.0.checked_add(valid_for).ok())
-            .is_none_or(|expiry| expiry <= now);
-        if !expired {
+        let valid_for = Duration::from_secs(
+            u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
+        );
+        if unchanged_for < valid_for {
             return Plan::Wait { holder };
         }
     }
@@ -143,6 +181,7 @@ pub async fn run(
 ) -> Result<(), LeaderElectionError> {
     config.validate()?;
     let mut last_renewal: Option<Instant> = None;
+    let mut observed = Observed::default();
     loop {
         let is_leader = *leading.borrow();
         // A call to the API server never outlasts the renew deadline: a leader whose renewal
@@ -151,10 +190,13 @@ pub async fn run(
             Some(at) if is_leader => config.renew_deadline.saturating_sub(at.elapsed()),
             _ => config.renew_deadline,
         };
-        let round = match tokio::time::timeout(budget, try_acquire_or_renew(&api, &config)).await {
-            Ok(round) => round.map_err(|error| error.to_string()),
-            Err(_) => Err(format!("the Lease request took longer than {budget:?}")),
-        };
+        let round =
+            match tokio::time::timeout(budget, try_acquire_or_renew(&api, &config, &mut observed))
+                .await
+            {
+                Ok(round) => round.map_err(|error| error.to_string()),
+                Err(_) => Err(format!("the Lease request took longer than {budget:?}")),
+            };
         match round {
             Ok(true) => {
                 last_renewal = Some(Instant::now());
@@ -207,14 +249,17 @@ fn lost(config: &LeaderElectionConfig, reason: &str) -> LeaderElectionError {
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     config: &LeaderElectionConfig,
+    observed: &mut Observed,
 ) -> Result<bool, kube::Error> {
     let existing = api.get_opt(&config.name).await?;
+    let unchanged_for = observed.observe(existing.as_ref(), Instant::now());
     let spec = existing.as_ref().and_then(|lease| lease.spec.as_ref());
     match plan(
         spec,
         &config.identity,
         Timestamp::now(),
         config.lease_duration,
+        unchanged_for,
     ) {
         Plan::Wait { .. } => Ok(false),
         Plan::Create(spec) => {
@@ -298,7 +343,7 @@ mod tests {
 
     #[test]
     fn a_missing_lease_is_created_and_held() {
-        let Plan::Create(spec) = plan(None, "a", at(5), FIFTEEN) else {
+        let Plan::Create(spec) = plan(None, "a", at(5), FIFTEEN, Duration::ZERO) else {
             panic!("expected Create");
         };
         assert_eq!(spec.holder_identity.as_deref(), Some("a"));
@@ -309,14 +354,63 @@ mod tests {
     #[test]
     fn a_valid_lease_of_another_replica_is_respected() {
         assert_eq!(
-            plan(Some(&held_by("b", 10, 2)), "a", at(24), FIFTEEN),
+            plan(
+                Some(&held_by("b", 10, 2)),
+                "a",
+                at(24),
+                FIFTEEN,
+                Duration::from_secs(14)
+            ),
             Plan::Wait { holder: "b".into() }
         );
     }
 
     #[test]
+    fn the_holders_renew_time_is_not_compared_with_this_clock() {
+        // The holder's clock is 13 s behind ours: by our wall clock its lease ran out at 25,
+        // but it has renewed (the record changed) 1 s ago on our own clock.
+        assert_eq!(
+            plan(
+                Some(&held_by("b", -3, 2)),
+                "a",
+                at(25),
+                FIFTEEN,
+                Duration::from_secs(1)
+            ),
+            Plan::Wait { holder: "b".into() }
+        );
+    }
+
+    #[test]
+    fn a_record_is_timed_from_when_this_replica_saw_it_change() {
+        let start = Instant::now();
+        let mut lease = Lease {
+            spec: Some(held_by("b", 10, 2)),
+            ..Lease::default()
+        };
+        let mut observed = Observed::default();
+        assert_eq!(observed.observe(Some(&lease), start), Duration::ZERO);
+        let later = start + Duration::from_secs(9);
+        assert_eq!(
+            observed.observe(Some(&lease), later),
+            Duration::from_secs(9)
+        );
+        lease.metadata.resource_version = Some("7".into());
+        assert_eq!(observed.observe(Some(&lease), later), Duration::ZERO);
+        assert_eq!(
+            observed.observe(Some(&lease), later + Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            observed.observe(None, later + Duration::from_secs(3)),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
     fn an_expired_lease_is_taken_over_with_a_transition() {
-        let Plan::Write(spec) = plan(Some(&held_by("b", 10, 2)), "a", at(25), FIFTEEN) else {
+        let Plan::Write(spec) = plan(Some(&held_by("b", 10, 2)), "a", at(25), FIFTEEN, FIFTEEN)
+        else {
             panic!("expected Write");
         };
         assert_eq!(spec.holder_identity.as_deref(), Some("a"));
@@ -326,7 +420,13 @@ mod tests {
 
     #[test]
     fn the_holder_renews_without_a_transition() {
-        let Plan::Write(spec) = plan(Some(&held_by("a", 10, 2)), "a", at(12), FIFTEEN) else {
+        let Plan::Write(spec) = plan(
+            Some(&held_by("a", 10, 2)),
+            "a",
+            at(12),
+            FIFTEEN,
+            Duration::ZERO,
+        ) else {
             panic!("expected Write");
         };
         assert_eq!(spec.renew_time, Some(MicroTime(at(12))));
@@ -339,7 +439,7 @@ mod tests {
         let mut released = held_by("b", 10, 2);
         released.holder_identity = None;
         assert!(matches!(
-            plan(Some(&released), "a", at(11), FIFTEEN),
+            plan(Some(&released), "a", at(11), FIFTEEN, Duration::ZERO),
             Plan::Write(_)
         ));
     }

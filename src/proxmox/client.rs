@@ -502,12 +502,10 @@ pub fn error_from_parts(status: StatusCode, phrase: Option<&str>, body: &[u8]) -
             errors.insert(k.clone(), text);
         }
     }
-    let plain_body = if json.is_none() {
-        let t = String::from_utf8_lossy(body).trim().to_string();
-        (!t.is_empty()).then(|| t.chars().take(500).collect::<String>())
-    } else {
-        None
-    };
+    let plain_body = json
+        .is_none()
+        .then(|| super::error::body_excerpt(status.as_u16(), body))
+        .flatten();
     let phrase = phrase.map(str::trim).filter(|p| !p.is_empty());
     let reason = phrase
         .map(str::to_string)

@@ -224,6 +224,50 @@ impl ProxmoxError {
     }
 }
 
+/// Characters of a non-JSON error body kept in the error (and so in conditions and events).
+pub const BODY_EXCERPT_CHARS: usize = 120;
+
+/// Bytes of a non-JSON error body written to the debug log.
+const BODY_LOG_BYTES: usize = 4096;
+
+/// A short, single-line excerpt of a non-JSON error body (a proxy's HTML page, a stack trace):
+/// control characters and markup-free whitespace runs collapsed, at most
+/// [`BODY_EXCERPT_CHARS`] characters; the body itself (bounded) goes to the debug log only.
+pub fn body_excerpt(status: u16, body: &[u8]) -> Option<String> {
+    let logged = &body[..body.len().min(BODY_LOG_BYTES)];
+    tracing::debug!(status, body = %String::from_utf8_lossy(logged), "Proxmox error body (not JSON)");
+    let text = String::from_utf8_lossy(body);
+    let mut excerpt = String::new();
+    let mut chars = 0;
+    for word in text
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|word| !word.is_empty())
+    {
+        let word: String = word.chars().filter(|c| !is_invisible(*c)).collect();
+        if word.is_empty() {
+            continue;
+        }
+        if !excerpt.is_empty() {
+            excerpt.push(' ');
+            chars += 1;
+        }
+        for c in word.chars() {
+            if chars == BODY_EXCERPT_CHARS {
+                excerpt.push('…');
+                return Some(excerpt);
+            }
+            excerpt.push(c);
+            chars += 1;
+        }
+    }
+    (!excerpt.is_empty()).then_some(excerpt)
+}
+
+/// Format characters that render as nothing or reorder text (bidi overrides, zero-width).
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
+
 fn first_error_or(errors: &BTreeMap<String, String>, fallback: &str) -> String {
     errors
         .values()
@@ -342,6 +386,49 @@ mod tests {
         let e =
             ProxmoxError::from_response(500, "shrinking disks is not supported", BTreeMap::new());
         assert!(matches!(e, ProxmoxError::Api { status: 500, .. }));
+    }
+
+    #[test]
+    fn a_non_json_body_reaches_the_error_as_a_short_single_line() {
+        let page = format!(
+            "<html>\r\n<head><title>502 Bad Gateway</title></head>\n\t<body>\u{1b}[31m{}\u{202E}\u{0}</body></html>",
+            "x".repeat(600)
+        );
+        let e = crate::proxmox::error_from_parts(
+            reqwest::StatusCode::BAD_GATEWAY,
+            None,
+            page.as_bytes(),
+        );
+        assert!(
+            matches!(
+                e,
+                ProxmoxError::Transient {
+                    status: Some(502),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let reason = e.reason().expect("a reason");
+        assert!(
+            reason.starts_with("<html> <head><title>502 Bad Gateway</title></head> <body>"),
+            "{reason}"
+        );
+        assert!(
+            reason.chars().count() <= BODY_EXCERPT_CHARS + 1,
+            "{} chars: {reason}",
+            reason.chars().count()
+        );
+        assert!(
+            !reason.chars().any(|c| c.is_control() || is_invisible(c)),
+            "{reason:?}"
+        );
+        assert!(e.to_string().len() < 300, "{e}");
+        assert_eq!(body_excerpt(500, b" \r\n\t\x00"), None);
+        assert_eq!(
+            body_excerpt(501, b"Method not implemented\n").as_deref(),
+            Some("Method not implemented")
+        );
     }
 
     #[test]

@@ -232,3 +232,95 @@ async fn after_losing_the_lease_no_proxmox_write_follows() {
     );
     stop.cancel();
 }
+
+/// Creates the lease held by `holder`, whose wall clock runs `skew` behind the follower's, and
+/// returns the task that renews it every `period` until `stop`.
+async fn hold_with_a_late_clock(
+    server: &ApiServer,
+    holder: &str,
+    skew: Duration,
+    period: Duration,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let api: Api<Lease> = Api::namespaced(server.client(), "default");
+    let late_now = move || {
+        let skew = SignedDuration::try_from(skew).expect("small skew");
+        MicroTime(Timestamp::now().checked_sub(skew).expect("in range"))
+    };
+    let mut lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some("capmox-controller-leader".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(3),
+            acquire_time: Some(late_now()),
+            renew_time: Some(late_now()),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    };
+    lease = api
+        .create(&Default::default(), &lease)
+        .await
+        .expect("creates");
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.renew_time = Some(late_now());
+            }
+            lease = api
+                .replace("capmox-controller-leader", &Default::default(), &lease)
+                .await
+                .expect("the holder renews");
+        }
+    })
+}
+
+// Paused time: the follower's rounds and the holder's renewals run on the virtual clock, while
+// the renewTime written is the (real) wall clock minus the skew.
+#[tokio::test(start_paused = true)]
+async fn a_follower_does_not_take_over_a_renewed_lease_whose_holder_clock_is_late() {
+    let server = ApiServer::new();
+    server.register_builtin_kinds();
+    let holder_stop = CancellationToken::new();
+    let holder = hold_with_a_late_clock(
+        &server,
+        "late-holder",
+        Duration::from_secs(13),
+        Duration::from_millis(500),
+        holder_stop.clone(),
+    )
+    .await;
+    let mut follower = start(&server, "replica-b");
+    // The holder's renewTime is always 13 s old by the follower's clock (more than the 3 s
+    // lease), yet it keeps renewing: over 60 virtual seconds the follower never leads.
+    let took_over =
+        tokio::time::timeout(Duration::from_secs(60), follower.leading.wait_for(|v| *v))
+            .await
+            .is_ok();
+    assert!(
+        !took_over,
+        "the follower took over a lease its holder kept renewing"
+    );
+    // Once the holder stops, the follower waits one lease duration on its own clock.
+    holder_stop.cancel();
+    holder.await.expect("holder joins");
+    let stopped_at = tokio::time::Instant::now();
+    until(&mut follower.leading, true).await;
+    let waited = stopped_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2500) && waited <= Duration::from_secs(4),
+        "took over {waited:?} after the last renewal; the lease lasts 3 s"
+    );
+    follower.stop.cancel();
+    follower.task.await.expect("joins").expect("clean stop");
+}
