@@ -192,6 +192,11 @@ pub async fn register(
         // PVE 8: the group first, the resource names it.
         if let Some((zone, nodes)) = &ha.zone {
             resource.group = ensure_group(proxmox, names, zone, nodes, &mut out).await?;
+            if !out.complete {
+                // The group changed under us: a resource created now would stay outside it
+                // (an existing resource is not re-created), so it waits for the next pass.
+                return Ok(out);
+            }
         }
     }
     if !managed {
