@@ -127,17 +127,37 @@ pub enum Command {
     Version,
 }
 
+/// Reads a listen address as Go's `net.Listen` does: `:PORT` (no host) means every address,
+/// which capmox binds as dual-stack `[::]:PORT`; `HOST:PORT` and `[IPv6]:PORT` bind that address.
+pub fn parse_bind_address(value: &str) -> Result<std::net::SocketAddr, String> {
+    let value = value.trim();
+    if let Some(port) = value.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{value:?} is not :PORT with a port number from 0 to 65535"))?;
+        return Ok((std::net::Ipv6Addr::UNSPECIFIED, port).into());
+    }
+    value.parse().map_err(|_| {
+        format!(
+            "{value:?} is not a listen address: use :PORT for all addresses, IPv4:PORT or \
+             [IPv6]:PORT"
+        )
+    })
+}
+
 /// Flags of `capmox run`, named as controller-runtime managers name them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Address of the Prometheus `/metrics` endpoint.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Address of the Prometheus `/metrics` endpoint; `:PORT` listens on every address of
+    /// both families (IPv4 only where the host has no IPv6).
+    #[arg(long, default_value = ":8080", value_parser = parse_bind_address)]
     pub metrics_bind_address: std::net::SocketAddr,
-    /// Address of the `/healthz` and `/readyz` probes.
-    #[arg(long, default_value = "0.0.0.0:8081")]
+    /// Address of the `/healthz` and `/readyz` probes (`:PORT` as above).
+    #[arg(long, default_value = ":8081", value_parser = parse_bind_address)]
     pub health_probe_bind_address: std::net::SocketAddr,
-    /// Address of the CRD conversion webhook (HTTPS, `POST /convert`), served by every replica.
-    #[arg(long, default_value = "0.0.0.0:9443")]
+    /// Address of the CRD conversion webhook (HTTPS, `POST /convert`), served by every replica
+    /// (`:PORT` as above).
+    #[arg(long, default_value = ":9443", value_parser = parse_bind_address)]
     pub webhook_bind_address: std::net::SocketAddr,
     /// Directory with the webhook's `tls.crt` and `tls.key` (the mounted cert-manager Secret);
     /// re-read when the files change, so a rotated certificate needs no restart.
@@ -469,6 +489,48 @@ mod tests {
         match cli.command {
             Command::Run(args) => Ok(*args),
             other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn listeners_default_to_every_address_of_both_families() {
+        let args = run_args(&[]).expect("defaults parse");
+        assert_eq!(
+            args.metrics_bind_address,
+            "[::]:8080".parse().expect("addr")
+        );
+        assert_eq!(
+            args.health_probe_bind_address,
+            "[::]:8081".parse().expect("addr")
+        );
+        assert_eq!(
+            args.webhook_bind_address,
+            "[::]:9443".parse().expect("addr")
+        );
+        let args = run_args(&[
+            "--metrics-bind-address",
+            "127.0.0.1:9090",
+            "--health-probe-bind-address",
+            "[::1]:9091",
+            "--webhook-bind-address",
+            ":10443",
+        ])
+        .expect("explicit addresses parse");
+        assert_eq!(
+            args.metrics_bind_address,
+            "127.0.0.1:9090".parse().expect("addr")
+        );
+        assert_eq!(
+            args.health_probe_bind_address,
+            "[::1]:9091".parse().expect("addr")
+        );
+        assert_eq!(
+            args.webhook_bind_address,
+            "[::]:10443".parse().expect("addr")
+        );
+        for bad in [":http", ":70000", "localhost:80", "8080"] {
+            let error = super::parse_bind_address(bad).expect_err(bad);
+            assert!(error.contains(bad), "{error}");
         }
     }
 

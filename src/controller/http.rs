@@ -1,17 +1,22 @@
 //! The manager's HTTP endpoints: `/healthz` (alive), `/readyz` (caches synced and, with leader
-//! election, leading) and `/metrics` (Prometheus text format).
+//! election, leading) and `/metrics` (Prometheus text format); and what every listener of the
+//! manager shares (the webhook's too): dual-stack binding, timeouts, a connection cap and a
+//! back-off on `accept` errors.
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::future::Future;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
@@ -124,11 +129,203 @@ impl Readiness {
     }
 }
 
+/// Timeouts and caps of one HTTP listener, so a slow or hostile client holds neither a task
+/// nor memory for long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Time to receive a request's headers, counted from the connection's start or the end of
+    /// the previous response: it is also the idle keep-alive timeout.
+    pub header_read_timeout: Duration,
+    /// Time for a whole request, from its headers to the response (reading the body included).
+    pub request_timeout: Duration,
+    /// Time for a TLS handshake (listeners that serve TLS).
+    pub handshake_timeout: Duration,
+    /// Connections served at once; more wait in the kernel's accept queue until one closes.
+    pub max_connections: usize,
+}
+
+impl ServerLimits {
+    /// The probe and metrics listener: kubelet and Prometheus open a few short connections.
+    pub const ENDPOINTS: Self = Self {
+        header_read_timeout: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(30),
+        handshake_timeout: Duration::from_secs(10),
+        max_connections: 32,
+    };
+}
+
+/// Binds `address`; the unspecified IPv6 address (`[::]`, what the flags' `:PORT` means)
+/// listens on both families, falling back to `0.0.0.0` where the host has no IPv6.
+pub async fn bind_listener(address: SocketAddr) -> std::io::Result<TcpListener> {
+    if address.ip() != Ipv6Addr::UNSPECIFIED {
+        return TcpListener::bind(address).await;
+    }
+    match bind_dual_stack(address) {
+        Ok(listener) => Ok(listener),
+        Err(error) if no_ipv6(&error) => {
+            let fallback = SocketAddr::from((Ipv4Addr::UNSPECIFIED, address.port()));
+            tracing::info!(%address, %fallback, %error, "IPv6 is unavailable; listening on IPv4 only");
+            TcpListener::bind(fallback).await
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// An IPv6 socket that also accepts IPv4 (mapped addresses), whatever the host's
+/// `net.ipv6.bindv6only` says.
+fn bind_dual_stack(address: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Whether binding failed because the host (or the pod) has IPv6 disabled.
+fn no_ipv6(error: &std::io::Error) -> bool {
+    // EAFNOSUPPORT (97) when the kernel has no IPv6; EADDRNOTAVAIL when `[::]` is not assigned.
+    error.raw_os_error() == Some(97) || error.kind() == std::io::ErrorKind::AddrNotAvailable
+}
+
+/// Where an accept loop stands after errors: each failed `accept` (e.g. EMFILE, out of file
+/// descriptors) waits twice as long as the one before, up to a second, instead of spinning.
+#[derive(Debug, Default)]
+pub struct AcceptBackoff {
+    failures: u32,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(1);
+
+    /// Records a failed accept; returns how long to wait before the next one. The first error
+    /// of a streak is logged, the rest only counted.
+    pub fn failed(&mut self, error: &std::io::Error, listener: &str) -> Duration {
+        if self.failures == 0 {
+            tracing::warn!(listener, %error, "accepting a connection failed; backing off until accepting works again");
+        }
+        self.failures = self.failures.saturating_add(1);
+        let doublings = (self.failures - 1).min(16);
+        Self::FIRST.saturating_mul(1 << doublings).min(Self::MAX)
+    }
+
+    /// Records a successful accept, ending a streak of errors (logged with its length).
+    pub fn succeeded(&mut self, listener: &str) {
+        if self.failures > 0 {
+            tracing::info!(
+                listener,
+                failures = self.failures,
+                "accepting connections again"
+            );
+            self.failures = 0;
+        }
+    }
+}
+
+/// Something connections are accepted from (a [`TcpListener`]; a fake in tests).
+pub trait Accept {
+    /// The accepted connection.
+    type Stream;
+    /// Waits for the next connection.
+    fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, SocketAddr)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+    fn accept(&self) -> impl Future<Output = std::io::Result<(TcpStream, SocketAddr)>> + Send {
+        TcpListener::accept(self)
+    }
+}
+
+/// Accepts the next connection once fewer than `limit`'s permits are taken, backing off on
+/// errors; `None` once `shutdown` is cancelled. The permit lives as long as the connection.
+pub async fn accept_next<A: Accept + Sync>(
+    listener: &A,
+    limit: &Arc<Semaphore>,
+    backoff: &mut AcceptBackoff,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> Option<(A::Stream, SocketAddr, OwnedSemaphorePermit)> {
+    loop {
+        let permit = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            permit = limit.clone().acquire_owned() => permit.ok()?,
+        };
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff.succeeded(name);
+                return Some((stream, peer, permit));
+            }
+            Err(error) => {
+                drop(permit);
+                let wait = backoff.failed(&error, name);
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Serves HTTP/1 on one connection with `limits`' header, idle and request timeouts; on
+/// `shutdown` the request in flight finishes, then the connection closes.
+pub async fn serve_http1<I, F, Fut>(
+    io: I,
+    limits: ServerLimits,
+    handler: F,
+    shutdown: CancellationToken,
+) -> Result<(), hyper::Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    let service = hyper::service::service_fn(move |request| {
+        let handler = handler.clone();
+        async move {
+            let response = tokio::time::timeout(limits.request_timeout, handler(request))
+                .await
+                .unwrap_or_else(|_| {
+                    text(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!(
+                            "the request took longer than {:?}\n",
+                            limits.request_timeout
+                        ),
+                    )
+                });
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        ended = connection.as_mut() => ended,
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    }
+}
+
 /// A bound HTTP endpoint server; `serve` answers until the token is cancelled.
 pub struct EndpointServer {
     listener: TcpListener,
     metrics: Metrics,
     readiness: Readiness,
+    limits: ServerLimits,
 }
 
 impl EndpointServer {
@@ -138,14 +335,22 @@ impl EndpointServer {
         metrics: Metrics,
         readiness: Readiness,
     ) -> Result<Self, HttpError> {
-        let listener = TcpListener::bind(address)
+        let listener = bind_listener(address)
             .await
             .map_err(|source| HttpError::Bind { address, source })?;
         Ok(Self {
             listener,
             metrics,
             readiness,
+            limits: ServerLimits::ENDPOINTS,
         })
+    }
+
+    /// Serves with these limits instead of [`ServerLimits::ENDPOINTS`] (tests shorten them).
+    #[must_use]
+    pub fn with_limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The address actually bound (useful with port 0).
@@ -155,26 +360,29 @@ impl EndpointServer {
 
     /// Answers requests until `shutdown` is cancelled.
     pub async fn serve(self, shutdown: CancellationToken) {
-        loop {
-            let accepted = tokio::select! {
-                () = shutdown.cancelled() => return,
-                accepted = self.listener.accept() => accepted,
-            };
-            let Ok((stream, _)) = accepted else {
-                continue;
-            };
+        let limit = Arc::new(Semaphore::new(self.limits.max_connections));
+        let mut backoff = AcceptBackoff::default();
+        while let Some((stream, peer, permit)) = accept_next(
+            &self.listener,
+            &limit,
+            &mut backoff,
+            "health/metrics",
+            &shutdown,
+        )
+        .await
+        {
             let metrics = self.metrics.clone();
             let readiness = self.readiness.clone();
+            let handler = move |request: Request<Incoming>| {
+                let response = respond(&request, &metrics, &readiness);
+                async move { response }
+            };
+            let (limits, shutdown) = (self.limits, shutdown.clone());
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let response = respond(&request, &metrics, &readiness);
-                    async move { Ok::<_, Infallible>(response) }
-                });
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service);
-                if let Err(error) = connection.await {
-                    tracing::debug!(%error, "probe connection ended with an error");
+                if let Err(error) = serve_http1(stream, limits, handler, shutdown).await {
+                    tracing::debug!(%peer, %error, "probe connection ended with an error");
                 }
+                drop(permit);
             });
         }
     }

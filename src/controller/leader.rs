@@ -94,14 +94,17 @@ pub(crate) enum Plan {
 /// first saw it so: another holder's lease expires when it stays unchanged for its duration.
 #[derive(Debug, Default)]
 pub(crate) struct Observed {
-    record: Option<(
-        Option<String>,
-        Option<MicroTime>,
-        Option<i32>,
-        Option<String>,
-    )>,
+    record: Option<LeaseRecord>,
     since: Option<Instant>,
 }
+
+/// What identifies one renewal of a lease: holder, renew time, duration and resource version.
+type LeaseRecord = (
+    Option<String>,
+    Option<MicroTime>,
+    Option<i32>,
+    Option<String>,
+);
 
 impl Observed {
     /// Records the lease as read at `now`; returns how long it has been unchanged.

@@ -5,23 +5,27 @@
 //! request to any of them.
 
 pub mod admission;
+pub mod body;
 pub mod tls;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+use crate::controller::http::{
+    AcceptBackoff, ServerLimits, accept_next, bind_listener, serve_http1,
+};
 
 pub use tls::{CertError, Reload, ServingCertificate};
 
@@ -32,16 +36,36 @@ pub const DEFAULT_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
 /// The path the CRDs' `spec.conversion.webhook.clientConfig.service.path` names.
 pub const CONVERT_PATH: &str = "/convert";
 
-/// Largest request body read: the API server sends at most 3 MiB per object, and a list
-/// converts many objects in one review.
-pub const MAX_BODY_BYTES: usize = 30 * 1024 * 1024;
+/// Largest request body read: the API server sends one object of at most ~3 MiB (etcd's
+/// limit is 1.5 MiB), and a list of 500 (kube's page size) ProxmoxMachines is about 2.5 MiB.
+/// Larger bodies are refused with 413 before more than this is buffered.
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most JSON values a body may hold (scalars and keys count 1, arrays and objects more: see
+/// [`body::OBJECT_WEIGHT`]): a review of 500 ProxmoxMachines counts about half of it, while a
+/// hostile body (`[0,0,0,…]`, `[{"a":0},…]`) would parse into many times its size. Counted
+/// before parsing, without allocating, so one review parses into at most a few tens of MiB.
+pub const MAX_JSON_VALUES: usize = MAX_BODY_BYTES / 16;
+
+/// Reviews read and answered at once; the rest wait up to [`REVIEW_QUEUE_TIMEOUT`]. With
+/// [`MAX_BODY_BYTES`] and [`MAX_JSON_VALUES`] this bounds the webhook's memory (see README).
+pub const MAX_CONCURRENT_REVIEWS: usize = 4;
+
+/// How long a review waits for one of the [`MAX_CONCURRENT_REVIEWS`] slots before it gets 503.
+pub const REVIEW_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How often the certificate files are checked for a rotation; cert-manager renews well before
 /// expiry and kubelet takes up to a minute to update the volume, so seconds are plenty.
 pub const CERT_POLL_INTERVAL: Duration = Duration::from_secs(2);
 
-/// A TLS handshake that takes longer is dropped, so stalled clients hold no task.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The webhook listener's timeouts and cap: the API server's webhook calls time out after at
+/// most 30 s, so nothing needs longer.
+pub const WEBHOOK_LIMITS: ServerLimits = ServerLimits {
+    header_read_timeout: Duration::from_secs(10),
+    request_timeout: Duration::from_secs(30),
+    handshake_timeout: Duration::from_secs(10),
+    max_connections: 64,
+};
 
 /// Where and with which certificate the webhook is served.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +208,7 @@ pub struct WebhookServer {
     certificate: ServingCertificate,
     converter: Converter,
     cert_poll_interval: Duration,
+    limits: ServerLimits,
 }
 
 impl WebhookServer {
@@ -193,19 +218,28 @@ impl WebhookServer {
         let certificate = ServingCertificate::new(&config.cert_dir);
         certificate.reload();
         let tls = certificate.server_config().map_err(WebhookError::Tls)?;
-        let listener = TcpListener::bind(config.bind_address)
-            .await
-            .map_err(|source| WebhookError::Bind {
-                address: config.bind_address,
-                source,
-            })?;
+        let listener =
+            bind_listener(config.bind_address)
+                .await
+                .map_err(|source| WebhookError::Bind {
+                    address: config.bind_address,
+                    source,
+                })?;
         Ok(Self {
             listener,
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
             certificate,
             converter,
             cert_poll_interval: CERT_POLL_INTERVAL,
+            limits: WEBHOOK_LIMITS,
         })
+    }
+
+    /// Serves with these limits instead of [`WEBHOOK_LIMITS`] (tests shorten the timeouts).
+    #[must_use]
+    pub fn with_limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Checks the certificate files this often instead of every [`CERT_POLL_INTERVAL`] (tests
@@ -234,84 +268,57 @@ impl WebhookServer {
                 .clone()
                 .watch(self.cert_poll_interval, shutdown.clone()),
         );
-        loop {
-            let accepted = tokio::select! {
-                () = shutdown.cancelled() => return,
-                accepted = self.listener.accept() => accepted,
-            };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::debug!(%error, "webhook accept failed");
-                    continue;
-                }
-            };
+        let connections = Arc::new(Semaphore::new(self.limits.max_connections));
+        let reviews = Arc::new(Semaphore::new(MAX_CONCURRENT_REVIEWS));
+        let mut backoff = AcceptBackoff::default();
+        while let Some((stream, peer, permit)) = accept_next(
+            &self.listener,
+            &connections,
+            &mut backoff,
+            "webhook",
+            &shutdown,
+        )
+        .await
+        {
             let acceptor = self.acceptor.clone();
             let converter = self.converter.clone();
-            let shutdown = shutdown.clone();
+            let reviews = reviews.clone();
+            let (limits, shutdown) = (self.limits, shutdown.clone());
             tokio::spawn(async move {
-                let stream =
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(error)) => {
-                            tracing::debug!(%peer, %error, "webhook TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "webhook TLS handshake timed out");
-                            return;
-                        }
-                    };
-                let service = hyper::service::service_fn(move |request| {
-                    let converter = converter.clone();
-                    async move { Ok::<_, Infallible>(handle(request, &*converter).await) }
-                });
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service);
-                let mut connection = std::pin::pin!(connection);
-                let ended = tokio::select! {
-                    ended = connection.as_mut() => ended,
-                    () = shutdown.cancelled() => {
-                        connection.as_mut().graceful_shutdown();
-                        connection.await
+                let handshake = acceptor.accept(stream);
+                let stream = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%peer, %error, "webhook TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "webhook TLS handshake timed out");
+                        return;
                     }
                 };
-                if let Err(error) = ended {
+                let handler = move |request| {
+                    let (converter, reviews) = (converter.clone(), reviews.clone());
+                    async move { handle(request, &*converter, &reviews).await }
+                };
+                if let Err(error) = serve_http1(stream, limits, handler, shutdown).await {
                     tracing::debug!(%peer, %error, "webhook connection ended with an error");
                 }
+                drop(permit);
             });
         }
     }
 }
 
-/// What a request path asks for.
-enum Endpoint {
-    Convert,
-    Validate(&'static str),
-}
-
 async fn handle(
     request: Request<Incoming>,
     convert: &(dyn Fn(Value, &str) -> Result<Value, String> + Send + Sync),
+    reviews: &Semaphore,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
-    let endpoint = if path == CONVERT_PATH {
-        Endpoint::Convert
-    } else if let Some(kind) = admission::kind_of_path(&path) {
-        Endpoint::Validate(kind)
-    } else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!(
-                "not found: the webhook answers POST {CONVERT_PATH} (conversion) and POST \
-                 {}<kind> (validation of {})\n",
-                admission::VALIDATE_PATH_PREFIX,
-                admission::VALIDATED_KINDS
-                    .map(str::to_ascii_lowercase)
-                    .join(", ")
-            ),
-        );
-    };
+    if path != CONVERT_PATH && admission::kind_of_path(&path).is_none() {
+        return not_found();
+    }
     if request.method() != Method::POST {
         let mut response = text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -322,39 +329,58 @@ async fn handle(
             .insert(hyper::header::ALLOW, http::HeaderValue::from_static("POST"));
         return response;
     }
-    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-            return text(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body exceeds {MAX_BODY_BYTES} bytes\n"),
-            );
-        }
-        Err(error) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!("cannot read the body: {error}\n"),
-            );
-        }
+    // A slot is taken before the body is read, so at most MAX_CONCURRENT_REVIEWS bodies are
+    // buffered and parsed at once.
+    let Ok(Ok(_slot)) = tokio::time::timeout(REVIEW_QUEUE_TIMEOUT, reviews.acquire()).await else {
+        let mut response = text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{MAX_CONCURRENT_REVIEWS} reviews are being answered; retry shortly\n"),
+        );
+        response.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        return response;
     };
-    let encoded = match endpoint {
-        Endpoint::Convert => match review(&body, convert) {
+    let (parts, incoming) = request.into_parts();
+    match body::read(&parts.headers, incoming, MAX_BODY_BYTES).await {
+        Ok(body) => answer(&path, &body, convert),
+        Err(error) => {
+            tracing::debug!(%error, path, "refused a webhook request body");
+            text(error.status(), format!("{error}\n"))
+        }
+    }
+}
+
+/// The response to a body read from `path` (`/convert` or a validation path): what the server
+/// does once the body is in memory, public so its memory use can be measured.
+pub fn answer(
+    path: &str,
+    body: &[u8],
+    convert: &dyn Fn(Value, &str) -> Result<Value, String>,
+) -> Response<Full<Bytes>> {
+    if let Err(error) = body::check_value_count(body, MAX_JSON_VALUES) {
+        tracing::debug!(%error, path, "refused a webhook request body");
+        return text(error.status(), format!("{error}\n"));
+    }
+    let encoded = if path == CONVERT_PATH {
+        match review(body, convert) {
             Ok(answer) => serde_json::to_vec(&answer),
             Err(error) => {
                 tracing::debug!(%error, "refused a malformed conversion request");
                 return text(StatusCode::BAD_REQUEST, format!("{error}\n"));
             }
-        },
-        Endpoint::Validate(kind) => match admission::review(kind, &body) {
+        }
+    } else if let Some(kind) = admission::kind_of_path(path) {
+        match admission::review(kind, body) {
             Ok(answer) => serde_json::to_vec(&answer),
             Err(error) => {
                 tracing::debug!(%error, kind, "refused a malformed admission request");
                 return text(StatusCode::BAD_REQUEST, format!("{error}\n"));
             }
-        },
+        }
+    } else {
+        return not_found();
     };
     match encoded {
         Ok(json) => {
@@ -370,6 +396,20 @@ async fn handle(
             format!("cannot encode the review: {error}\n"),
         ),
     }
+}
+
+fn not_found() -> Response<Full<Bytes>> {
+    text(
+        StatusCode::NOT_FOUND,
+        format!(
+            "not found: the webhook answers POST {CONVERT_PATH} (conversion) and POST \
+             {}<kind> (validation of {})\n",
+            admission::VALIDATE_PATH_PREFIX,
+            admission::VALIDATED_KINDS
+                .map(str::to_ascii_lowercase)
+                .join(", ")
+        ),
+    )
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

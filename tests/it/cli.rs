@@ -78,7 +78,7 @@ fn run_help_shows_the_webhook_flags() {
     let help = String::from_utf8_lossy(&output.stdout).into_owned();
     for expected in [
         "--webhook-bind-address",
-        "0.0.0.0:9443",
+        "[default: :9443]",
         "--webhook-cert-dir",
         capmox::webhook::DEFAULT_CERT_DIR,
         "--disable-webhook",

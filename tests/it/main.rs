@@ -21,6 +21,7 @@ mod ha;
 mod hostile_input;
 mod ignition;
 mod leader_election;
+mod listeners;
 mod log_capture;
 mod machine_budget;
 mod machine_cluster_gone;
@@ -56,6 +57,7 @@ mod testkit_lifecycle;
 mod testkit_patch;
 mod testkit_watch;
 mod webhook;
+mod webhook_memory;
 
 /// Every `.rs` file beside this one is a module of this binary (a file left out would never
 /// compile or run), and no test file sits directly in `tests/` (it would link a binary of its own).

@@ -178,6 +178,81 @@ fn the_manager_deployment_is_locked_down() {
     );
 }
 
+#[test]
+fn two_replicas_a_disruption_budget_and_a_network_policy_keep_the_webhooks_answering() {
+    let objects = components();
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("a Deployment");
+    assert_eq!(
+        deployment["spec"]["replicas"], 2,
+        "one replica leaves failurePolicy: Fail webhooks unanswered while it restarts"
+    );
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selects_the_manager = |selector: &Value| {
+        let labels = selector["matchLabels"].as_object().expect("matchLabels");
+        !labels.is_empty() && labels.iter().all(|(key, value)| &pod_labels[key] == value)
+    };
+    let budgets: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "PodDisruptionBudget")
+        .collect();
+    assert_eq!(budgets.len(), 1, "one PodDisruptionBudget");
+    assert!(selects_the_manager(&budgets[0]["spec"]["selector"]));
+    assert_eq!(budgets[0]["spec"]["minAvailable"], 1);
+
+    let policies: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "NetworkPolicy")
+        .collect();
+    assert_eq!(policies.len(), 1, "one NetworkPolicy");
+    let policy = &policies[0]["spec"];
+    assert!(selects_the_manager(&policy["podSelector"]));
+    assert_eq!(policy["policyTypes"], serde_json::json!(["Ingress"]));
+    let container_ports: BTreeSet<&str> =
+        deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+    let rules = policy["ingress"].as_array().expect("ingress rules");
+    let open_to = |port: &str| -> Vec<&Value> {
+        assert!(
+            container_ports.contains(port),
+            "the container names no port {port}"
+        );
+        rules
+            .iter()
+            .filter(|rule| {
+                rule["ports"]
+                    .as_array()
+                    .is_some_and(|ports| ports.iter().any(|p| p["port"] == port))
+            })
+            .collect()
+    };
+    let webhook = open_to("webhook-server");
+    assert!(
+        webhook.iter().any(|rule| rule.get("from").is_none()),
+        "the API server calls the webhook from its host: no selector matches it"
+    );
+    let metrics = open_to("metrics");
+    assert!(
+        !metrics.is_empty() && metrics.iter().all(|rule| rule["from"].is_array()),
+        "metrics are served only to selected namespaces: {metrics:?}"
+    );
+    // Every listener takes both address families.
+    let args = manager_run_args(&deployment["spec"]["template"]["spec"]["containers"][0]);
+    for address in [
+        args.metrics_bind_address,
+        args.health_probe_bind_address,
+        args.webhook_bind_address,
+    ] {
+        assert_eq!(address.ip(), std::net::Ipv6Addr::UNSPECIFIED, "{address}");
+    }
+}
+
 /// The one object of `kind` named `name` in `namespace`.
 fn find<'a>(objects: &'a [Value], kind: &str, namespace: &str, name: &str) -> &'a Value {
     let found: Vec<&Value> = objects

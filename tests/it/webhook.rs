@@ -128,6 +128,21 @@ impl Running {
     }
 
     async fn polling(cert_dir: &Path, converter: Converter, interval: Duration) -> Self {
+        Self::limited(
+            cert_dir,
+            converter,
+            interval,
+            capmox::webhook::WEBHOOK_LIMITS,
+        )
+        .await
+    }
+
+    async fn limited(
+        cert_dir: &Path,
+        converter: Converter,
+        interval: Duration,
+        limits: capmox::controller::http::ServerLimits,
+    ) -> Self {
         let config = WebhookConfig {
             bind_address: ([127, 0, 0, 1], 0).into(),
             cert_dir: cert_dir.to_owned(),
@@ -135,7 +150,8 @@ impl Running {
         let server = WebhookServer::bind(&config, converter)
             .await
             .expect("the webhook binds")
-            .with_cert_poll_interval(interval);
+            .with_cert_poll_interval(interval)
+            .with_limits(limits);
         let address = server.local_addr().expect("bound");
         let certificate = server.certificate().clone();
         let stop = CancellationToken::new();
@@ -787,4 +803,121 @@ async fn capmox_run_serves_the_webhook_its_flags_describe() {
     let answer: Value = response.json().await.expect("JSON");
     assert_eq!(answer["response"]["uid"], "binary-uid");
     assert_eq!(answer["response"]["result"]["status"], "Success");
+}
+
+/// A TLS connection to the webhook that sent `head` (a request's start line and headers).
+async fn tls_request(
+    address: SocketAddr,
+    head: &str,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config()));
+    let stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connects");
+    let server = ServerName::try_from("127.0.0.1").expect("name");
+    let mut stream = connector.connect(server, stream).await.expect("handshake");
+    stream.write_all(head.as_bytes()).await.expect("sends");
+    stream
+}
+
+/// Reads until `needle` arrives (or the server closes), returning what was read.
+async fn read_until(
+    stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    needle: &str,
+) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 4096];
+    tokio::time::timeout(WAIT, async {
+        while !String::from_utf8_lossy(&received).contains(needle) {
+            let read = stream.read(&mut chunk).await.unwrap_or(0);
+            if read == 0 {
+                break;
+            }
+            received.extend_from_slice(&chunk[..read]);
+        }
+    })
+    .await
+    .expect("the webhook answers in time");
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+/// The head of a conversion request whose body of `length` bytes follows later; the server says
+/// `100 Continue` once it starts reading the body, that is, once the request holds a review slot.
+fn held_head(length: usize) -> String {
+    format!(
+        "POST {CONVERT_PATH} HTTP/1.1\r\nHost: capmox\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+    )
+}
+
+#[tokio::test]
+async fn reviews_beyond_the_concurrency_cap_get_503_and_the_next_is_answered() {
+    use tokio::io::AsyncWriteExt;
+    let dir = CertDir::new("concurrency");
+    dir.write_leaf();
+    let running = Running::start(&dir.0, relabel()).await;
+    let body = serde_json::to_string(&review("held", V1ALPHA1, &[])).expect("JSON");
+    let mut held = Vec::new();
+    for _ in 0..capmox::webhook::MAX_CONCURRENT_REVIEWS {
+        let mut stream = tls_request(running.address, &held_head(body.len())).await;
+        let answer = read_until(&mut stream, "100 Continue").await;
+        assert!(answer.starts_with("HTTP/1.1 100"), "{answer}");
+        held.push(stream);
+    }
+    let response = https()
+        .post(running.url(CONVERT_PATH))
+        .json(&review("queued", V1ALPHA1, &[]))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    // One held review completes; its slot serves the next.
+    let mut first = held.remove(0);
+    first.write_all(body.as_bytes()).await.expect("sends");
+    let answer = read_until(&mut first, "\"uid\":\"held\"").await;
+    assert!(answer.contains("HTTP/1.1 200"), "{answer}");
+    let (status, answer) = post(&running, &review("after", V1ALPHA1, &[])).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_ends_with_408() {
+    let dir = CertDir::new("stalled");
+    dir.write_leaf();
+    let limits = capmox::controller::http::ServerLimits {
+        request_timeout: Duration::from_millis(300),
+        ..capmox::webhook::WEBHOOK_LIMITS
+    };
+    let running = Running::limited(&dir.0, relabel(), Duration::from_secs(3600), limits).await;
+    let mut stalled = tls_request(running.address, &held_head(1000)).await;
+    let answer = read_until(&mut stalled, "\r\n\r\n").await;
+    let answer = if answer.starts_with("HTTP/1.1 100") {
+        read_until(&mut stalled, "longer than").await
+    } else {
+        answer
+    };
+    assert!(answer.contains("HTTP/1.1 408"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_sent() {
+    let dir = CertDir::new("declared");
+    dir.write_leaf();
+    let running = Running::start(&dir.0, relabel()).await;
+    let mut stream = tls_request(
+        running.address,
+        &held_head(capmox::webhook::MAX_BODY_BYTES + 1),
+    )
+    .await;
+    let answer = read_until(&mut stream, "bytes").await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
