@@ -218,6 +218,85 @@ pub fn shipped_rbac(manifests: &str) -> Result<(Vec<Value>, ServiceAccountRef), 
     Ok((objects, account))
 }
 
+/// The tenancy settings the shipped manager Deployment passes (`--global-credentials-namespaces`,
+/// `--secret-namespaces`, `--allowed-proxmox-urls`), without global credentials: this run's
+/// clusters name theirs in `credentialsRef`.
+pub fn shipped_credentials_policy(manifests: &str) -> Result<GlobalCredentials, String> {
+    for document in serde_norway::Deserializer::from_str(manifests) {
+        let object: Value = serde::Deserialize::deserialize(document).map_err(|e| e.to_string())?;
+        if object["kind"] != "Deployment" {
+            continue;
+        }
+        let containers = object["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .ok_or("the manager Deployment has no containers")?;
+        let manager = containers
+            .iter()
+            .find(|c| c["name"] == "manager")
+            .ok_or("the manager Deployment has no container named manager")?;
+        let mut command = vec!["capmox".to_owned()];
+        command.extend(
+            manager["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str().map(str::to_owned)),
+        );
+        let cli = <capmox::cli::Cli as clap::Parser>::try_parse_from(&command)
+            .map_err(|e| format!("capmox rejects the manager's args: {e}"))?;
+        let capmox::cli::Command::Run(args) = cli.command else {
+            return Err("the manager does not run `capmox run`".into());
+        };
+        let shipped = args.global_credentials();
+        return Ok(GlobalCredentials {
+            namespaces: shipped.namespaces,
+            secret_namespaces: shipped.secret_namespaces,
+            allowed_urls: shipped.allowed_urls,
+            ..GlobalCredentials::default()
+        });
+    }
+    Err("no Deployment (the manager) in the manifests".into())
+}
+
+/// The Roles that let capmox read Secrets in the namespaces the manifests list
+/// (`make release-manifests SECRET_NAMESPACES=...` writes them beside the manifests).
+fn secret_namespace_roles(
+    options: &RealOptions,
+    policy: &GlobalCredentials,
+) -> Result<Vec<Value>, RealError> {
+    let Some(namespaces) = &policy.secret_namespaces else {
+        return Ok(Vec::new());
+    };
+    let path = options
+        .manifests
+        .with_file_name("secret-namespaces-rbac.yaml");
+    let manifest = |message: String| RealError::Manifest {
+        path: path.clone(),
+        message,
+    };
+    if !namespaces.contains(&options.namespace) {
+        return Err(manifest(format!(
+            "the manager reads Secrets only in {namespaces:?}, not in this run's namespace {}: \
+             build the manifests with SECRET_NAMESPACES={}",
+            options.namespace, options.namespace
+        )));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        manifest(format!(
+            "{e} (`make release-manifests SECRET_NAMESPACES=...` writes it)"
+        ))
+    })?;
+    let mut roles = Vec::new();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let object: Value =
+            serde::Deserialize::deserialize(document).map_err(|e| manifest(e.to_string()))?;
+        if !object.is_null() {
+            roles.push(object);
+        }
+    }
+    Ok(roles)
+}
+
 /// The release manifests' ValidatingWebhookConfiguration.
 fn shipped_validation(manifests: &str) -> Result<Value, String> {
     for document in serde_norway::Deserializer::from_str(manifests) {
@@ -615,6 +694,11 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
         path: options.manifests.clone(),
         message,
     })?;
+    let policy = shipped_credentials_policy(&manifests).map_err(|message| RealError::Manifest {
+        path: options.manifests.clone(),
+        message,
+    })?;
+    let secret_roles = secret_namespace_roles(&options, &policy)?;
     // The conversion webhook serves the whole run, clean-up included.
     let webhook_stop = CancellationToken::new();
     let _stop_webhook = webhook_stop.clone().drop_guard();
@@ -655,7 +739,23 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
             serde_json::from_value(namespace).map_err(|e| RealError::Option(e.to_string()))?;
         api.create(&PostParams::default(), &object).await?;
         created.push(Created { api, name });
-        scenario(&admin, &account, &options).await
+        install_rbac(&admin, &secret_roles, options.timeout, &mut created).await?;
+        println!(
+            "Secrets read in:         {}",
+            policy.secret_namespaces.as_ref().map_or_else(
+                || "any namespace (ClusterRole)".to_owned(),
+                |n| format!("{} (Roles)", n.join(", "))
+            )
+        );
+        println!(
+            "Global credentials for:  {}",
+            if policy.namespaces.is_empty() {
+                "no namespace".to_owned()
+            } else {
+                policy.namespaces.join(", ")
+            }
+        );
+        scenario(&admin, &account, &options, policy).await
     }
     .await;
     if options.keep {
@@ -678,6 +778,7 @@ async fn scenario(
     admin: &Client,
     account: &ServiceAccountRef,
     options: &RealOptions,
+    policy: GlobalCredentials,
 ) -> Result<String, RealError> {
     let sims = simulators_for(options).await?;
     let (cluster_spec, machine_spec) = specs(options, sims.as_ref())?;
@@ -716,7 +817,7 @@ async fn scenario(
     let mut manager = tokio::spawn(capmox::controller::run(
         impersonating(account).await?,
         config,
-        GlobalCredentials::default(),
+        policy,
         stop.clone(),
     ));
     tokio::spawn(super::ipam::run(admin.clone(), stop.clone()));
