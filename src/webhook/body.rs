@@ -188,6 +188,6 @@ mod tests {
             Err(BodyError::TooManyValues { .. })
         ));
         assert!(check_value_count(&hostile, 200_000).is_ok());
-        assert!(check_value_count(b"{not json", 10).is_ok());
+        assert!(check_value_count(b"{not json", 100).is_ok());
     }
 }
