@@ -494,20 +494,17 @@ mod tests {
 
     #[test]
     fn listeners_default_to_every_address_of_both_families() {
-        let args = run_args(&[]).expect("defaults parse");
-        assert_eq!(
-            args.metrics_bind_address,
-            "[::]:8080".parse().expect("addr")
-        );
-        assert_eq!(
-            args.health_probe_bind_address,
-            "[::]:8081".parse().expect("addr")
-        );
-        assert_eq!(
-            args.webhook_bind_address,
-            "[::]:9443".parse().expect("addr")
-        );
-        let args = run_args(&[
+        let addresses = |args: super::RunArgs| {
+            [
+                args.metrics_bind_address,
+                args.health_probe_bind_address,
+                args.webhook_bind_address,
+            ]
+            .map(|address| address.to_string())
+        };
+        let defaults = run_args(&[]).expect("defaults parse");
+        assert_eq!(addresses(defaults), ["[::]:8080", "[::]:8081", "[::]:9443"]);
+        let explicit = run_args(&[
             "--metrics-bind-address",
             "127.0.0.1:9090",
             "--health-probe-bind-address",
@@ -517,16 +514,8 @@ mod tests {
         ])
         .expect("explicit addresses parse");
         assert_eq!(
-            args.metrics_bind_address,
-            "127.0.0.1:9090".parse().expect("addr")
-        );
-        assert_eq!(
-            args.health_probe_bind_address,
-            "[::1]:9091".parse().expect("addr")
-        );
-        assert_eq!(
-            args.webhook_bind_address,
-            "[::]:10443".parse().expect("addr")
+            addresses(explicit),
+            ["127.0.0.1:9090", "[::1]:9091", "[::]:10443"]
         );
         for bad in [":http", ":70000", "localhost:80", "8080"] {
             let error = super::parse_bind_address(bad).expect_err(bad);
