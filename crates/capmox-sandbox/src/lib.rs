@@ -7,6 +7,8 @@
 pub mod conversion;
 pub mod ipam;
 pub mod real;
+pub mod real_capi;
 pub mod run;
 pub mod sites;
 pub mod standin;
+pub mod workload;

@@ -135,6 +135,8 @@ pub struct RealOptions {
     /// Simulator topology, or a multi-site file ([`crate::sites`]); the sandbox's built-in
     /// one when unset. Only with the simulator.
     pub topology: Option<PathBuf>,
+    /// Run with the real Cluster API controllers instead of capmox's stand-ins.
+    pub real_capi: Option<super::real_capi::RealCapiOptions>,
 }
 
 /// The shipped ServiceAccount capmox runs as, found in the release manifests.
@@ -372,6 +374,7 @@ async fn install_crds(
             .upstream_crds
             .join("template-kinds/bootstrap.cluster.x-k8s.io_kubeadmconfigtemplates.yaml"),
     );
+    let upstream_count = paths.len();
     for path in paths {
         let text = std::fs::read_to_string(&path).map_err(|e| RealError::Manifest {
             path: path.clone(),
@@ -383,6 +386,19 @@ async fn install_crds(
                 message: e.to_string(),
             })?;
         crds.push(crd);
+    }
+    if options.real_capi.is_some() {
+        // The real controllers installed theirs (with their conversion webhooks): only what
+        // they lack (the in-cluster IPAM pools) comes from here.
+        let capmox_count = crds.len() - upstream_count;
+        let mut kept = crds.split_off(capmox_count);
+        let mut missing = Vec::new();
+        for crd in kept.drain(..) {
+            if api.get_opt(&crd.name_any()).await?.is_none() {
+                missing.push(crd);
+            }
+        }
+        crds.extend(missing);
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for crd in &crds {
@@ -705,6 +721,9 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
     let webhook = LocalWebhook::start(webhook_stop)
         .await
         .map_err(|e| RealError::Option(e.to_string()))?;
+    if options.real_capi.is_some() {
+        super::real_capi::check_real_capi(&admin).await?;
+    }
     install_crds(&admin, &options, &webhook).await?;
     // Everything this run creates is recorded as it goes, so a failure at any step still
     // removes exactly that (and nothing that was there before).
@@ -755,7 +774,13 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
                 policy.namespaces.join(", ")
             }
         );
-        scenario(&admin, &account, &options, policy).await
+        match &options.real_capi {
+            Some(capi) => {
+                let client = impersonating(&account).await?;
+                super::real_capi::scenario(&admin, client, &account, &options, capi, policy).await
+            }
+            None => scenario(&admin, &account, &options, policy).await,
+        }
     }
     .await;
     if options.keep {
@@ -1438,6 +1463,7 @@ spec:
             source_node: None,
             keep: false,
             topology,
+            real_capi: None,
         }
     }
 

@@ -312,11 +312,30 @@ impl Simulator {
 
     /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).
     pub fn with_cluster<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
-        let mut c = self
-            .shared
-            .cluster
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        self.handle().with_cluster(f)
+    }
+
+    /// A handle on the cluster state that outlives borrows of the simulator (for tasks that
+    /// watch it while the simulator serves).
+    pub fn handle(&self) -> SimHandle {
+        SimHandle(self.shared.clone())
+    }
+}
+
+/// A cloneable view of a running simulator's cluster state.
+#[derive(Clone)]
+pub struct SimHandle(Arc<Shared>);
+
+impl std::fmt::Debug for SimHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SimHandle")
+    }
+}
+
+impl SimHandle {
+    /// Runs `f` on the cluster state, as [`Simulator::with_cluster`] does.
+    pub fn with_cluster<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
+        let mut c = self.0.cluster.lock().unwrap_or_else(|p| p.into_inner());
         c.advance(tokio::time::Instant::now());
         f(&mut c)
     }

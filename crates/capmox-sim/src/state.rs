@@ -1911,6 +1911,11 @@ impl Cluster {
         self.vms.get(&vmid)?.booted
     }
 
+    /// Whether VM `vmid` runs; `None` when there is no such VM.
+    pub fn vm_running(&self, vmid: u32) -> Option<bool> {
+        Some(self.vms.get(&vmid)?.running)
+    }
+
     /// What runs in `vm`: what its last start booted, else what its seed would boot.
     fn guest_os(&self, vm: &Vm) -> GuestOs {
         vm.booted.unwrap_or_else(|| self.seed_os(vm))
