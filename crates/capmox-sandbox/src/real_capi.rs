@@ -29,7 +29,7 @@ use capmox::controller::{GlobalCredentials, ManagerConfig};
 use capmox_sim::SimOptions;
 
 /// The Cluster's name.
-const CLUSTER: &str = "demo";
+pub(crate) const CLUSTER: &str = "demo";
 const FIELD_MANAGER: &str = "capmox-e2e-real";
 /// Zones of the simulator's example, as the flavor's ZONE_A/B/C: rack-c holds the spare node
 /// and takes workers only.
@@ -276,17 +276,19 @@ fn machines_api(admin: &Client, namespace: &str) -> Api<DynamicObject> {
 
 /// One Machine as the run reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Row {
-    machine: String,
-    control_plane: bool,
-    failure_domain: String,
-    node: String,
-    vmid: String,
-    phase: String,
-    node_ref: bool,
+pub(crate) struct Row {
+    pub(crate) machine: String,
+    pub(crate) control_plane: bool,
+    pub(crate) failure_domain: String,
+    pub(crate) node: String,
+    pub(crate) vmid: String,
+    pub(crate) phase: String,
+    pub(crate) node_ref: bool,
+    pub(crate) version: String,
+    pub(crate) deleting: bool,
 }
 
-async fn rows(admin: &Client, namespace: &str) -> Result<Vec<Row>, RealError> {
+pub(crate) async fn rows(admin: &Client, namespace: &str) -> Result<Vec<Row>, RealError> {
     let infra: BTreeMap<String, ProxmoxMachine> =
         Api::<ProxmoxMachine>::namespaced(admin.clone(), namespace)
             .list(&ListParams::default())
@@ -325,6 +327,11 @@ async fn rows(admin: &Client, namespace: &str) -> Result<Vec<Row>, RealError> {
                 .unwrap_or("-")
                 .to_owned(),
             node_ref: machine.data["status"]["nodeRef"]["name"].is_string(),
+            version: machine.data["spec"]["version"]
+                .as_str()
+                .unwrap_or("-")
+                .to_owned(),
+            deleting: machine.metadata.deletion_timestamp.is_some(),
         });
     }
     rows.sort_by(|a, b| (!a.control_plane, &a.machine).cmp(&(!b.control_plane, &b.machine)));
@@ -333,18 +340,23 @@ async fn rows(admin: &Client, namespace: &str) -> Result<Vec<Row>, RealError> {
 
 fn render(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<34}{:<6}{:<16}{:<6}{:<6}{:<14}{}\n",
-        "MACHINE", "ROLE", "FAILURE DOMAIN", "NODE", "VMID", "PHASE", "NODEREF"
+        "{:<34}{:<6}{:<16}{:<6}{:<6}{:<10}{:<14}{}\n",
+        "MACHINE", "ROLE", "FAILURE DOMAIN", "NODE", "VMID", "VERSION", "PHASE", "NODEREF"
     );
     for row in rows {
         out.push_str(&format!(
-            "{:<34}{:<6}{:<16}{:<6}{:<6}{:<14}{}\n",
+            "{:<34}{:<6}{:<16}{:<6}{:<6}{:<10}{:<14}{}\n",
             row.machine,
             if row.control_plane { "cp" } else { "wk" },
             row.failure_domain,
             row.node,
             row.vmid,
-            row.phase,
+            row.version,
+            if row.deleting {
+                "Deleting"
+            } else {
+                row.phase.as_str()
+            },
             if row.node_ref { "yes" } else { "-" }
         ));
     }
@@ -352,7 +364,7 @@ fn render(rows: &[Row]) -> String {
 }
 
 /// Polls the Machines until `done` holds (printing the table when it changes) or `timeout`.
-async fn wait_rows(
+pub(crate) async fn wait_rows(
     admin: &Client,
     namespace: &str,
     what: &str,
@@ -381,20 +393,21 @@ async fn wait_rows(
 }
 
 /// Every Machine of the expected counts Running with a Node.
-fn all_running(rows: &[Row], control_plane: usize, workers: usize) -> bool {
+pub(crate) fn all_running(rows: &[Row], control_plane: usize, workers: usize) -> bool {
     let running = |cp: bool| {
         rows.iter()
             .filter(|r| r.control_plane == cp && r.phase == "Running" && r.node_ref)
             .count()
     };
     rows.len() == control_plane + workers
+        && rows.iter().all(|r| !r.deleting)
         && running(true) == control_plane
         && running(false) == workers
 }
 
 /// The zone of each Machine is the one its VM's node belongs to; the control plane spans at
 /// least two zones (as many as KCP can use); each zone has one worker.
-fn check_placement(rows: &[Row], control_plane: usize) -> Result<String, RealError> {
+pub(crate) fn check_placement(rows: &[Row], control_plane: usize) -> Result<String, RealError> {
     let zone_of_node: BTreeMap<&str, &str> = ZONES
         .iter()
         .flat_map(|(zone, nodes)| nodes.iter().map(move |n| (*n, *zone)))
@@ -507,11 +520,13 @@ pub async fn scenario(
         kubernetes_version: capi.kubernetes_version.clone(),
         endpoint: format!("{endpoint_host}:{endpoint_port}"),
     };
+    let failed = workload::FailedKubelets::default();
     tokio::spawn(workload::run(
         admin.clone(),
         admin.clone(),
         cluster.clone(),
         sims.sim.handle(),
+        failed.clone(),
         stop.clone(),
     ));
 
@@ -542,19 +557,44 @@ pub async fn scenario(
             )));
         }
         let provisioned = started.elapsed();
+        let run = super::real_capi_steps::Run {
+            admin,
+            namespace,
+            sims: &sims,
+            timeout: options.timeout,
+            control_plane,
+            workers,
+            failed: &failed,
+        };
+        let mut steps = Vec::new();
+        for step in [Step::RollOut, Step::Scale, Step::Remediate] {
+            let summary = tokio::select! {
+                summary = step.run(&run, &capi.kubernetes_version) => summary?,
+                ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
+            };
+            println!("{summary}\n");
+            steps.push(summary);
+        }
         delete_cluster(admin, namespace, options.timeout).await?;
         let left = vm_count(&sims);
         if left != 0 {
             return Err(RealError::Check(format!("{left} VMs left after deletion")));
         }
         Ok(format!(
-            "{} machines Running with Nodes after {:.1}s under the real KCP and MachineSets: {placement}; \
-             VMs: {vms} before deletion, {left} after",
+            "{} machines Running with Nodes after {:.1}s under the real KCP and MachineSets: {placement}, \
+             {vms} VMs; {}; deleted: {left} VMs left",
             rows.len(),
-            provisioned.as_secs_f64()
+            provisioned.as_secs_f64(),
+            steps.join("; ")
         ))
     }
     .await;
+    if outcome.is_err() {
+        // While capmox still runs, so the Cluster's finalizers are released.
+        if let Err(error) = delete_cluster(admin, namespace, options.timeout).await {
+            eprintln!("cleanup: {error}");
+        }
+    }
     if let Err(error) = workload::remove(admin, &cluster).await {
         eprintln!("cleanup: {error}");
     }
@@ -596,5 +636,146 @@ async fn delete_cluster(
             });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The lifecycle steps after creation, in order.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    RollOut,
+    Scale,
+    Remediate,
+}
+
+impl Step {
+    async fn run(
+        self,
+        run: &super::real_capi_steps::Run<'_>,
+        version: &str,
+    ) -> Result<String, RealError> {
+        use super::real_capi_steps as steps;
+        match self {
+            Self::RollOut => steps::roll_out(run, version).await,
+            Self::Scale => steps::scale_down_and_up(run).await,
+            Self::Remediate => steps::remediate_worker(run, ZONES[1].0).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(machine: &str, control_plane: bool, zone: &str, node: &str) -> Row {
+        Row {
+            machine: machine.into(),
+            control_plane,
+            failure_domain: zone.into(),
+            node: node.into(),
+            vmid: "100".into(),
+            phase: "Running".into(),
+            node_ref: true,
+            version: "v1.33.0".into(),
+            deleting: false,
+        }
+    }
+
+    fn spread() -> Vec<Row> {
+        vec![
+            row("cp-1", true, "rack-a", "pve1"),
+            row("cp-2", true, "rack-b", "pve3"),
+            row("cp-3", true, "rack-a", "pve2"),
+            row("w-a", false, "rack-a", "pve2"),
+            row("w-b", false, "rack-b", "pve4"),
+            row("w-c", false, "rack-c", "pve5"),
+        ]
+    }
+
+    #[test]
+    fn a_spread_control_plane_and_one_worker_per_zone_pass() {
+        let summary = check_placement(&spread(), 3).expect("placed well");
+        assert_eq!(
+            summary,
+            "control plane (rack-a: 2, rack-b: 1), workers (rack-a: 1, rack-b: 1, rack-c: 1)"
+        );
+        assert!(all_running(&spread(), 3, 3));
+    }
+
+    #[test]
+    fn a_vm_outside_its_failure_domain_or_an_unspread_control_plane_fails() {
+        let mut wrong_node = spread();
+        wrong_node[1].node = "pve1".into();
+        assert!(check_placement(&wrong_node, 3).is_err());
+        let mut one_zone = spread();
+        one_zone[1] = row("cp-2", true, "rack-a", "pve1");
+        assert!(check_placement(&one_zone, 3).is_err());
+        let mut not_eligible = spread();
+        not_eligible[2] = row("cp-3", true, "rack-c", "pve5");
+        assert!(check_placement(&not_eligible, 3).is_err());
+        let mut two_workers = spread();
+        two_workers[5] = row("w-c", false, "rack-b", "pve3");
+        assert!(check_placement(&two_workers, 3).is_err());
+    }
+
+    #[test]
+    fn a_deleting_or_nodeless_machine_is_not_running() {
+        let mut deleting = spread();
+        deleting[0].deleting = true;
+        assert!(!all_running(&deleting, 3, 3));
+        let mut nodeless = spread();
+        nodeless[4].node_ref = false;
+        assert!(!all_running(&nodeless, 3, 3));
+        assert!(!all_running(&spread()[1..], 3, 3));
+    }
+
+    #[test]
+    fn kcp_gets_external_etcd_and_skips_addons_and_the_endpoint_takes_the_servers_port() {
+        let mut objects = vec![
+            json!({"kind": "KubeadmControlPlane", "metadata": {"name": "demo-control-plane"},
+                   "spec": {"kubeadmConfigSpec": {"clusterConfiguration": {}}}}),
+            json!({"kind": "ProxmoxCluster", "metadata": {"name": "demo"},
+                   "spec": {"controlPlaneEndpoint": {"host": "127.0.0.1", "port": 6443}}}),
+        ];
+        adapt(&mut objects, 7443);
+        let kcp = &objects[0];
+        assert_eq!(
+            kcp["metadata"]["annotations"]["controlplane.cluster.x-k8s.io/skip-coredns"],
+            ""
+        );
+        assert_eq!(
+            kcp["metadata"]["annotations"]["controlplane.cluster.x-k8s.io/skip-kube-proxy"],
+            ""
+        );
+        let external =
+            &kcp["spec"]["kubeadmConfigSpec"]["clusterConfiguration"]["etcd"]["external"];
+        for field in ["endpoints", "caFile", "certFile", "keyFile"] {
+            assert!(!external[field].is_null(), "{field}");
+        }
+        assert_eq!(objects[1]["spec"]["controlPlaneEndpoint"]["port"], 7443);
+    }
+
+    #[test]
+    fn every_variable_of_the_failure_domains_flavor_is_given() {
+        let flavor = include_str!("../../../templates/cluster-template-failure-domains.yaml");
+        let given: BTreeSet<&str> = variables("127.0.0.1").iter().map(|(k, _)| *k).collect();
+        let mut rest = flavor;
+        while let Some(start) = rest.find("${") {
+            let end = rest[start..].find('}').map_or(rest.len(), |e| start + e);
+            let name = rest[start + 2..end]
+                .split([':', '='])
+                .next()
+                .unwrap_or_default();
+            let defaulted = rest[start..end].contains('=');
+            let by_flag = [
+                "CLUSTER_NAME",
+                "KUBERNETES_VERSION",
+                "CONTROL_PLANE_MACHINE_COUNT",
+            ];
+            assert!(
+                defaulted || by_flag.contains(&name) || given.contains(name),
+                "the run does not set {name}"
+            );
+            rest = &rest[end..];
+        }
     }
 }

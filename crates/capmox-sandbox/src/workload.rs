@@ -11,6 +11,7 @@
 //! exactly that, since the workload API server may be the management cluster's own.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
@@ -60,19 +61,42 @@ pub struct WorkloadCluster {
     pub endpoint: String,
 }
 
+/// Machines whose kubelet has failed: their Node reports `Ready=False` while the VM runs (what
+/// a MachineHealthCheck exists for; a stopped VM capmox starts again).
+#[derive(Clone, Debug, Default)]
+pub struct FailedKubelets(Arc<Mutex<BTreeSet<String>>>);
+
+impl FailedKubelets {
+    /// The kubelet of `machine` stops reporting Ready.
+    pub fn fail(&self, machine: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(machine.to_owned());
+    }
+
+    fn failed(&self, machine: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(machine)
+    }
+}
+
 /// Plays the workload cluster until `stop` is cancelled: `management` reads Machines and
 /// ProxmoxMachines, `workload` is the API server at the control-plane endpoint, `sim` tells
-/// which VMs run.
+/// which VMs run, `failed` which kubelets have failed.
 pub async fn run(
     management: Client,
     workload: Client,
     cluster: WorkloadCluster,
     sim: SimHandle,
+    failed: FailedKubelets,
     stop: CancellationToken,
 ) {
     let mut last_error = String::new();
     loop {
-        if let Err(error) = pass(&management, &workload, &cluster, &sim).await {
+        if let Err(error) = pass(&management, &workload, &cluster, &sim, &failed).await {
             let text = error.to_string();
             if text != last_error {
                 tracing::info!(%error, "workload stand-in pass failed; retrying");
@@ -92,6 +116,7 @@ struct Kubelet {
     provider_id: String,
     control_plane: bool,
     running: bool,
+    failed: bool,
     version: String,
     addresses: Vec<Value>,
 }
@@ -106,6 +131,7 @@ async fn kubelets(
     management: &Client,
     cluster: &WorkloadCluster,
     sim: &SimHandle,
+    failed: &FailedKubelets,
 ) -> Result<Vec<Kubelet>, WorkloadError> {
     let selector = format!("cluster.x-k8s.io/cluster-name={}", cluster.cluster);
     let machines = machine_api(
@@ -147,6 +173,7 @@ async fn kubelets(
             continue;
         };
         kubelets.push(Kubelet {
+            failed: failed.failed(&machine.name_any()),
             node: machine.name_any(),
             provider_id: provider_id.to_owned(),
             control_plane: machine
@@ -168,8 +195,9 @@ async fn pass(
     workload: &Client,
     cluster: &WorkloadCluster,
     sim: &SimHandle,
+    failed: &FailedKubelets,
 ) -> Result<(), WorkloadError> {
-    let kubelets = kubelets(management, cluster, sim).await?;
+    let kubelets = kubelets(management, cluster, sim, failed).await?;
     for kubelet in &kubelets {
         ensure_node(workload, cluster, kubelet).await?;
         if kubelet.control_plane {
@@ -190,17 +218,25 @@ fn owner_labels(cluster: &WorkloadCluster) -> Value {
     json!({ OWNER_LABEL: cluster.cluster })
 }
 
-fn ready_condition(running: bool) -> Value {
+impl Kubelet {
+    /// The Node's `Ready` status: a stopped VM posts nothing, a failed kubelet says NotReady.
+    fn ready(&self) -> &'static str {
+        match (self.running, self.failed) {
+            (false, _) => "Unknown",
+            (true, true) => "False",
+            (true, false) => "True",
+        }
+    }
+}
+
+fn ready_condition(ready: &str) -> Value {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let (status, reason, message) = if running {
-        ("True", "KubeletReady", "kubelet is posting ready status")
-    } else {
-        (
-            "Unknown",
-            "NodeStatusUnknown",
-            "Kubelet stopped posting node status.",
-        )
+    let (reason, message) = match ready {
+        "True" => ("KubeletReady", "kubelet is posting ready status"),
+        "False" => ("KubeletNotReady", "container runtime is down"),
+        _ => ("NodeStatusUnknown", "Kubelet stopped posting node status."),
     };
+    let status = ready;
     json!({"type": "Ready", "status": status, "reason": reason, "message": message,
            "lastHeartbeatTime": now, "lastTransitionTime": now})
 }
@@ -235,7 +271,7 @@ async fn ensure_node(
         .and_then(|s| s.conditions.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .map(|c| c.status.as_str());
-    let wanted = if kubelet.running { "True" } else { "Unknown" };
+    let wanted = kubelet.ready();
     if ready_now == Some(wanted) {
         return Ok(());
     }
@@ -246,7 +282,7 @@ async fn ensure_node(
         .cloned()
         .collect();
     let status = json!({"status": {
-        "conditions": [ready_condition(kubelet.running)],
+        "conditions": [ready_condition(wanted)],
         "addresses": addresses,
         "nodeInfo": {
             "machineID": kubelet.node, "systemUUID": kubelet.provider_id, "bootID": kubelet.node,
@@ -431,4 +467,33 @@ pub async fn remove(workload: &Client, cluster: &WorkloadCluster) -> Result<(), 
         nodes.delete(&node.name_any(), &delete).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubelet(running: bool, failed: bool) -> Kubelet {
+        Kubelet {
+            node: "m".into(),
+            provider_id: "proxmox://x".into(),
+            control_plane: false,
+            running,
+            failed,
+            version: "v1.33.0".into(),
+            addresses: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_stopped_vm_posts_nothing_and_a_failed_kubelet_reports_not_ready() {
+        assert_eq!(kubelet(true, false).ready(), "True");
+        assert_eq!(kubelet(true, true).ready(), "False");
+        assert_eq!(kubelet(false, false).ready(), "Unknown");
+        assert_eq!(kubelet(false, true).ready(), "Unknown");
+        assert_eq!(ready_condition("False")["reason"], "KubeletNotReady");
+        let failed = FailedKubelets::default();
+        failed.fail("m");
+        assert!(failed.failed("m") && !failed.failed("n"));
+    }
 }

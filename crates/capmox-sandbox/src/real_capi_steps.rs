@@ -1,0 +1,231 @@
+//! The lifecycle steps of the real-controllers run after the cluster is up: a KCP rollout, a
+//! control-plane scale-down and back, and a MachineHealthCheck remediation of a worker whose VM
+//! stopped. Each step waits for the real controllers to finish it and checks what capmox did.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::json;
+
+use super::real::RealError;
+use super::real_capi::{CLUSTER, Row, all_running, check_placement, rows, wait_rows};
+use super::run::SiteSimulators;
+
+/// What every step works on.
+pub struct Run<'a> {
+    /// Admin client of the management cluster.
+    pub admin: &'a Client,
+    /// The Cluster's namespace.
+    pub namespace: &'a str,
+    /// The Proxmox simulator.
+    pub sims: &'a SiteSimulators,
+    /// Upper bound of each step.
+    pub timeout: Duration,
+    /// Control-plane replicas the cluster was created with.
+    pub control_plane: usize,
+    /// Worker machines (one per zone).
+    pub workers: usize,
+    /// Kubelets the workload stand-in reports as failed.
+    pub failed: &'a super::workload::FailedKubelets,
+}
+
+impl Run<'_> {
+    fn kcp(&self) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk(
+            "controlplane.cluster.x-k8s.io",
+            "v1beta2",
+            "KubeadmControlPlane",
+        );
+        Api::namespaced_with(
+            self.admin.clone(),
+            self.namespace,
+            &ApiResource::from_gvk(&gvk),
+        )
+    }
+
+    async fn patch_kcp(&self, spec: serde_json::Value) -> Result<(), RealError> {
+        self.kcp()
+            .patch(
+                &format!("{CLUSTER}-control-plane"),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": spec })),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// VMs the machines added, and the VMIDs the ProxmoxMachines record: one VM per machine.
+    fn check_one_vm_per_machine(&self, rows: &[Row]) -> Result<usize, RealError> {
+        let vms = self.sims.machine_vm_count();
+        let vmids: BTreeSet<&str> = rows.iter().map(|r| r.vmid.as_str()).collect();
+        if vms != rows.len() || vmids.len() != rows.len() || vmids.contains("-") {
+            return Err(RealError::Check(format!(
+                "{vms} VMs and VMIDs {vmids:?} for {} machines",
+                rows.len()
+            )));
+        }
+        Ok(vms)
+    }
+}
+
+/// The next patch release of `version` (`v1.33.0` → `v1.33.1`).
+fn next_patch(version: &str) -> Result<String, RealError> {
+    let parts: Vec<&str> = version.trim_start_matches('v').split('.').collect();
+    match parts.as_slice() {
+        [major, minor, patch] => {
+            let patch: u32 = patch
+                .parse()
+                .map_err(|_| RealError::Option(format!("{version} is not vX.Y.Z")))?;
+            Ok(format!("v{major}.{minor}.{}", patch + 1))
+        }
+        _ => Err(RealError::Option(format!("{version} is not vX.Y.Z"))),
+    }
+}
+
+/// KCP replaces every control-plane machine with one of the next patch version; each
+/// replacement's VM lands in the failure domain KCP chose for it.
+pub async fn roll_out(run: &Run<'_>, version: &str) -> Result<String, RealError> {
+    let before: BTreeSet<String> = rows(run.admin, run.namespace)
+        .await?
+        .into_iter()
+        .filter(|r| r.control_plane)
+        .map(|r| r.machine)
+        .collect();
+    let next = next_patch(version)?;
+    println!("Rolling the control plane out to {next}");
+    run.patch_kcp(json!({ "version": next })).await?;
+    let rows = wait_rows(
+        run.admin,
+        run.namespace,
+        "the KCP rollout",
+        run.timeout,
+        |rows| {
+            all_running(rows, run.control_plane, run.workers)
+                && rows
+                    .iter()
+                    .filter(|r| r.control_plane)
+                    .all(|r| r.version == next && !before.contains(&r.machine))
+        },
+    )
+    .await?;
+    let placement = check_placement(&rows, run.control_plane)?;
+    let vms = run.check_one_vm_per_machine(&rows)?;
+    Ok(format!(
+        "rollout to {next}: {} control-plane machines replaced, {placement}, {vms} VMs",
+        before.len()
+    ))
+}
+
+/// KCP scales the control plane down to one machine and back up, spreading again.
+pub async fn scale_down_and_up(run: &Run<'_>) -> Result<String, RealError> {
+    println!("Scaling the control plane down to 1");
+    run.patch_kcp(json!({ "replicas": 1 })).await?;
+    let down = wait_rows(
+        run.admin,
+        run.namespace,
+        "the control plane at 1 machine",
+        run.timeout,
+        |rows| all_running(rows, 1, run.workers),
+    )
+    .await?;
+    let vms_down = run.check_one_vm_per_machine(&down)?;
+    println!("Scaling the control plane back to {}", run.control_plane);
+    let replicas = i64::try_from(run.control_plane).unwrap_or(3);
+    run.patch_kcp(json!({ "replicas": replicas })).await?;
+    let up = wait_rows(
+        run.admin,
+        run.namespace,
+        "the control plane back at full size",
+        run.timeout,
+        |rows| all_running(rows, run.control_plane, run.workers),
+    )
+    .await?;
+    let placement = check_placement(&up, run.control_plane)?;
+    let vms_up = run.check_one_vm_per_machine(&up)?;
+    Ok(format!(
+        "scale 3 → 1 → 3: {vms_down} VMs at 1, {vms_up} after, {placement}"
+    ))
+}
+
+/// A worker's kubelet fails (its VM runs; a stopped VM capmox would start again); the real
+/// MachineHealthCheck marks its Machine, the MachineSet replaces it in the same zone, and capmox
+/// deletes the old VM.
+pub async fn remediate_worker(run: &Run<'_>, zone: &str) -> Result<String, RealError> {
+    let deployment = format!("{CLUSTER}-workers-{zone}");
+    let health_check = json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",
+        "metadata": {"name": deployment, "namespace": run.namespace},
+        "spec": {
+            "clusterName": CLUSTER,
+            "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": deployment}},
+            "checks": {"unhealthyNodeConditions": [
+                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 5},
+                {"type": "Ready", "status": "False", "timeoutSeconds": 5}
+            ]}
+        }
+    });
+    let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineHealthCheck");
+    Api::<DynamicObject>::namespaced_with(
+        run.admin.clone(),
+        run.namespace,
+        &ApiResource::from_gvk(&gvk),
+    )
+    .patch(
+        &deployment,
+        &PatchParams::apply("capmox-e2e-real"),
+        &Patch::Apply(&health_check),
+    )
+    .await?;
+    let current = rows(run.admin, run.namespace).await?;
+    let victim = current
+        .iter()
+        .find(|r| !r.control_plane && r.failure_domain == zone)
+        .cloned()
+        .ok_or_else(|| RealError::Check(format!("no worker in {zone}")))?;
+    let vmid: u32 = victim
+        .vmid
+        .parse()
+        .map_err(|_| RealError::Check(format!("{} records no VMID", victim.machine)))?;
+    println!(
+        "The kubelet of {} (VM {vmid} on {}) fails: its Node turns NotReady",
+        victim.machine, victim.node
+    );
+    run.failed.fail(&victim.machine);
+    let rows = wait_rows(
+        run.admin,
+        run.namespace,
+        "the MachineHealthCheck remediation",
+        run.timeout,
+        |rows| {
+            all_running(rows, run.control_plane, run.workers)
+                && rows.iter().all(|r| r.machine != victim.machine)
+        },
+    )
+    .await?;
+    let replacement = rows
+        .iter()
+        .find(|r| !r.control_plane && r.failure_domain == zone)
+        .ok_or_else(|| RealError::Check(format!("no worker in {zone} after remediation")))?;
+    let placement = check_placement(&rows, run.control_plane)?;
+    let vms = run.check_one_vm_per_machine(&rows)?;
+    // One VM per machine: the old VM is gone (Proxmox may hand its VMID to the replacement).
+    Ok(format!(
+        "remediation: {} (kubelet failed, VM {vmid}) replaced by {} in {zone} on {} (VM {}), {placement}, {vms} VMs",
+        victim.machine, replacement.machine, replacement.node, replacement.vmid
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_patch;
+
+    #[test]
+    fn the_next_patch_release_is_one_up() {
+        assert_eq!(next_patch("v1.33.0").expect("valid"), "v1.33.1");
+        assert_eq!(next_patch("1.32.9").expect("valid"), "v1.32.10");
+        assert!(next_patch("v1.33").is_err());
+        assert!(next_patch("v1.33.x").is_err());
+    }
+}
