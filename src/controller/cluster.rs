@@ -71,6 +71,19 @@ impl ClusterError {
     pub fn is_stale(&self) -> bool {
         matches!(self, Self::Write(write) if write.is_stale())
     }
+
+    /// Whether the pass failed because the ProxmoxCluster itself is gone (its deletion finished
+    /// while the pass ran): nothing is left to retry.
+    pub fn is_gone(&self, cluster: &ProxmoxCluster) -> bool {
+        let Self::Kube(kube::Error::Api(status)) = self else {
+            return false;
+        };
+        status.is_not_found()
+            && status.details.as_ref().is_some_and(|details| {
+                details.kind == "proxmoxclusters"
+                    && Some(details.name.as_str()) == cluster.metadata.name.as_deref()
+            })
+    }
 }
 
 /// `ProxmoxAvailable` reason (and Warning event) when Proxmox answers over plain HTTP: it works,
@@ -134,6 +147,10 @@ pub fn error_policy(
     if error.is_stale() {
         tracing::debug!(controller = CONTROLLER, %error, "pass saw a stale copy");
         return Action::requeue(STALE_RETRY);
+    }
+    if error.is_gone(&cluster) {
+        tracing::debug!(controller = CONTROLLER, %error, "the ProxmoxCluster is gone");
+        return Action::await_change();
     }
     failures::after_error(&context.retries, CONTROLLER, &*cluster, error)
 }
@@ -936,6 +953,33 @@ fn record_pools(status: &mut ProxmoxClusterStatus, pools: &[ClusterPool]) {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    #[test]
+    fn only_its_own_deletion_ends_a_clusters_retries() {
+        let not_found = |kind: &str, name: &str| {
+            ClusterError::Kube(kube::Error::Api(
+                serde_json::from_value::<kube::core::Status>(serde_json::json!({
+                    "status": "Failure", "code": 404, "reason": "NotFound",
+                    "message": format!("{kind} \"{name}\" not found"),
+                    "details": {"kind": kind, "name": name}
+                }))
+                .expect("a Status")
+                .boxed(),
+            ))
+        };
+        let mut cluster = ProxmoxCluster::new(
+            "demo",
+            serde_json::from_value(serde_json::json!({
+                "dnsServers": ["10.0.0.2"]
+            }))
+            .expect("a spec"),
+        );
+        cluster.metadata.namespace = Some("default".into());
+        assert!(not_found("proxmoxclusters", "demo").is_gone(&cluster));
+        assert!(!not_found("proxmoxclusters", "other").is_gone(&cluster));
+        assert!(!not_found("clusters", "demo").is_gone(&cluster));
+        assert!(!ClusterError::MissingIdentity.is_gone(&cluster));
+    }
 
     fn meta(label: Option<&str>, owner: Option<(&str, &str)>) -> ObjectMeta {
         ObjectMeta {
