@@ -112,6 +112,10 @@ pub struct E2eRealArgs {
     /// With `--capi real`: the Kubernetes version of the cluster.
     #[arg(long, default_value = "v1.33.0")]
     pub kubernetes_version: String,
+    /// With `--capi real`: KUBECONFIG of a second management cluster (with the real Cluster API
+    /// controllers and `clusterctl init`'s inventory) to `clusterctl move` the cluster to.
+    #[arg(long)]
+    pub move_to: Option<std::path::PathBuf>,
 }
 
 /// Who plays Cluster API in the run.
@@ -185,6 +189,7 @@ impl E2eRealArgs {
                     flavor: self.flavor,
                     workload_ca,
                     kubernetes_version: self.kubernetes_version,
+                    move_to: self.move_to,
                 })
             }
         };

@@ -8,6 +8,7 @@ pub mod conversion;
 pub mod ipam;
 pub mod real;
 pub mod real_capi;
+mod real_capi_move;
 mod real_capi_steps;
 pub mod run;
 pub mod sites;

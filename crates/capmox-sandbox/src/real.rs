@@ -325,7 +325,7 @@ fn rbac_resource(kind: &str) -> Option<(ApiResource, bool)> {
     Some((ApiResource::from_gvk(&gvk), namespaced))
 }
 
-fn dynamic_api(client: &Client, object: &Value) -> Option<(Api<DynamicObject>, String)> {
+pub(crate) fn dynamic_api(client: &Client, object: &Value) -> Option<(Api<DynamicObject>, String)> {
     let (resource, namespaced) = rbac_resource(object["kind"].as_str()?)?;
     let name = object["metadata"]["name"].as_str()?.to_owned();
     let api = if namespaced {
@@ -340,14 +340,14 @@ fn dynamic_api(client: &Client, object: &Value) -> Option<(Api<DynamicObject>, S
 }
 
 /// One object this run created, so cleaning up removes exactly those.
-struct Created {
-    api: Api<DynamicObject>,
-    name: String,
+pub(crate) struct Created {
+    pub(crate) api: Api<DynamicObject>,
+    pub(crate) name: String,
 }
 
 /// Applies capmox's CRDs and the upstream ones and waits until each is established.
 /// capmox's converting through `webhook`.
-async fn install_crds(
+pub(crate) async fn install_crds(
     client: &Client,
     options: &RealOptions,
     webhook: &LocalWebhook,
@@ -357,6 +357,13 @@ async fn install_crds(
         .map_err(|e| RealError::Option(format!("capmox CRDs do not render: {e}")))?;
     for crd in &mut crds {
         webhook.convert_through(crd);
+        // As clusterctl init labels a provider's CRDs: `clusterctl move` discovers kinds by it.
+        let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert("clusterctl.cluster.x-k8s.io".into(), String::new());
+        labels.insert(
+            "cluster.x-k8s.io/provider".into(),
+            "infrastructure-proxmox".into(),
+        );
     }
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&options.upstream_crds)
         .map_err(|e| RealError::Manifest {
@@ -439,7 +446,7 @@ async fn install_crds(
 }
 
 /// Waits until namespace `name` is gone, if it is being deleted (an earlier run's clean-up).
-async fn wait_namespace_gone(
+pub(crate) async fn wait_namespace_gone(
     client: &Client,
     name: &str,
     timeout: Duration,
@@ -469,7 +476,7 @@ async fn wait_namespace_gone(
 
 /// Applies the shipped RBAC, recording in `created` what did not exist before (and is removed
 /// afterwards).
-async fn install_rbac(
+pub(crate) async fn install_rbac(
     client: &Client,
     objects: &[Value],
     timeout: Duration,
@@ -493,7 +500,7 @@ async fn install_rbac(
 }
 
 /// A client that acts as `account`: the API server authorizes it with that account's RBAC.
-async fn impersonating(account: &ServiceAccountRef) -> Result<Client, RealError> {
+pub(crate) async fn impersonating(account: &ServiceAccountRef) -> Result<Client, RealError> {
     let mut config = Config::infer()
         .await
         .map_err(|e| RealError::NoCluster(e.to_string()))?;
@@ -777,7 +784,12 @@ pub async fn run(options: RealOptions) -> Result<(), RealError> {
         match &options.real_capi {
             Some(capi) => {
                 let client = impersonating(&account).await?;
-                super::real_capi::scenario(&admin, client, &account, &options, capi, policy).await
+                let shipped = super::real_capi::Shipped {
+                    account: &account,
+                    rbac: &rbac,
+                    webhook: &webhook,
+                };
+                super::real_capi::scenario(&admin, client, &shipped, &options, capi, policy).await
             }
             None => scenario(&admin, &account, &options, policy).await,
         }
@@ -1367,7 +1379,7 @@ async fn check_validation(admin: &Client, namespace: &str) -> Result<String, Rea
 
 /// Removes what this run created: the namespaces (waiting until they are gone, so the next
 /// run starts clean) and the RBAC objects; never the CRDs, which other objects may use.
-async fn cleanup(admin: &Client, options: &RealOptions, created: Vec<Created>) {
+pub(crate) async fn cleanup(admin: &Client, options: &RealOptions, created: Vec<Created>) {
     let mut namespaces = Vec::new();
     for object in created.into_iter().rev() {
         if object.api.resource_url().ends_with("/namespaces") {

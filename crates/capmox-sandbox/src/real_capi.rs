@@ -51,6 +51,18 @@ pub struct RealCapiOptions {
     pub workload_ca: PathBuf,
     /// `--kubernetes-version` for clusterctl.
     pub kubernetes_version: String,
+    /// KUBECONFIG of a second management cluster to `clusterctl move` the cluster to.
+    pub move_to: Option<PathBuf>,
+}
+
+/// What the release ships, for installing on a move's target too.
+pub struct Shipped<'a> {
+    /// The ServiceAccount capmox runs as.
+    pub account: &'a ServiceAccountRef,
+    /// The release's RBAC objects.
+    pub rbac: &'a [Value],
+    /// The run's conversion webhook.
+    pub webhook: &'a super::conversion::LocalWebhook,
 }
 
 /// Fails unless the real KubeadmControlPlane controller's webhooks are registered here.
@@ -474,12 +486,11 @@ fn vm_count(sims: &SiteSimulators) -> usize {
 pub async fn scenario(
     admin: &Client,
     manager_client: Client,
-    account: &ServiceAccountRef,
+    shipped: &Shipped<'_>,
     options: &RealOptions,
     capi: &RealCapiOptions,
     policy: GlobalCredentials,
 ) -> Result<String, RealError> {
-    let _ = account;
     let namespace = options.namespace.as_str();
     let sims = SiteSimulators::start(None, &SimOptions::default()).await?;
     let (endpoint_host, endpoint_port) = workload_endpoint().await?;
@@ -510,7 +521,7 @@ pub async fn scenario(
     let mut manager = tokio::spawn(capmox::controller::run(
         manager_client,
         config,
-        credentials,
+        credentials.clone(),
         stop.clone(),
     ));
     tokio::spawn(super::ipam::run(admin.clone(), stop.clone()));
@@ -530,6 +541,8 @@ pub async fn scenario(
         stop.clone(),
     ));
 
+    // The target of a move, once the run prepared it: the Cluster lives there afterwards.
+    let mut holder: Option<super::real_capi_move::Target> = None;
     let outcome = async {
         create_certificates(admin, namespace, capi).await?;
         let mut objects = generate(capi, namespace, options.control_plane, &endpoint_host)?;
@@ -575,7 +588,33 @@ pub async fn scenario(
             println!("{summary}\n");
             steps.push(summary);
         }
-        delete_cluster(admin, namespace, options.timeout).await?;
+        if let Some(path) = &capi.move_to {
+            let target = super::real_capi_move::prepare(admin, path, shipped, options).await?;
+            let moved = target.admin.clone();
+            holder = Some(target);
+            let target = holder.as_ref().ok_or_else(|| RealError::Option("no target".into()))?;
+            let workload = super::real_capi_move::Workload {
+                api: admin.clone(),
+                cluster: cluster.clone(),
+                sim: sims.sim.handle(),
+            };
+            super::real_capi_move::start_on_target(
+                target,
+                path,
+                shipped,
+                credentials.clone(),
+                workload,
+                &stop,
+            )
+            .await?;
+            let summary =
+                super::real_capi_move::move_cluster(&run, target, path, &capi.clusterctl).await?;
+            println!("{summary}\n");
+            steps.push(summary);
+            delete_cluster(&moved, namespace, options.timeout).await?;
+        } else {
+            delete_cluster(admin, namespace, options.timeout).await?;
+        }
         let left = vm_count(&sims);
         if left != 0 {
             return Err(RealError::Check(format!("{left} VMs left after deletion")));
@@ -591,12 +630,17 @@ pub async fn scenario(
     .await;
     if outcome.is_err() {
         // While capmox still runs, so the Cluster's finalizers are released.
-        if let Err(error) = delete_cluster(admin, namespace, options.timeout).await {
-            eprintln!("cleanup: {error}");
+        for client in std::iter::once(admin).chain(holder.as_ref().map(|t| &t.admin)) {
+            if let Err(error) = delete_cluster(client, namespace, options.timeout).await {
+                eprintln!("cleanup: {error}");
+            }
         }
     }
     if let Err(error) = workload::remove(admin, &cluster).await {
         eprintln!("cleanup: {error}");
+    }
+    if let Some(target) = holder {
+        super::real::cleanup(&target.admin, options, target.created).await;
     }
     outcome
 }
@@ -610,7 +654,9 @@ async fn delete_cluster(
     let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster");
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(admin.clone(), namespace, &ApiResource::from_gvk(&gvk));
-    clusters.delete(CLUSTER, &DeleteParams::default()).await?;
+    if clusters.get_opt(CLUSTER).await?.is_some() {
+        clusters.delete(CLUSTER, &DeleteParams::default()).await?;
+    }
     let deadline = Instant::now() + timeout;
     loop {
         let machines = machines_api(admin, namespace)
