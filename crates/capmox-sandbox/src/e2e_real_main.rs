@@ -116,6 +116,11 @@ pub struct E2eRealArgs {
     /// controllers and `clusterctl init`'s inventory) to `clusterctl move` the cluster to.
     #[arg(long)]
     pub move_to: Option<std::path::PathBuf>,
+    /// With `--capi real`: the ClusterClass a topology `--flavor` builds on (e.g.
+    /// templates/clusterclass-capmox.yaml); the real topology controller builds the cluster and
+    /// the run checks creation and deletion only.
+    #[arg(long)]
+    pub cluster_class: Option<std::path::PathBuf>,
 }
 
 /// Who plays Cluster API in the run.
@@ -190,6 +195,7 @@ impl E2eRealArgs {
                     workload_ca,
                     kubernetes_version: self.kubernetes_version,
                     move_to: self.move_to,
+                    cluster_class: self.cluster_class,
                 })
             }
         };

@@ -53,6 +53,9 @@ pub struct RealCapiOptions {
     pub kubernetes_version: String,
     /// KUBECONFIG of a second management cluster to `clusterctl move` the cluster to.
     pub move_to: Option<PathBuf>,
+    /// The ClusterClass file a topology flavor builds on (applied first); the lifecycle steps
+    /// address KCP and MachineDeployments by the classic flavor's names, so they are skipped.
+    pub cluster_class: Option<PathBuf>,
 }
 
 /// What the release ships, for installing on a move's target too.
@@ -188,26 +191,54 @@ fn generate(
     Ok(objects)
 }
 
+/// The external etcd KCP is given: no etcd Pods to inspect, no members to check.
+fn external_etcd() -> Value {
+    json!({
+        "external": {
+            "endpoints": ["https://127.0.0.1:2379"],
+            "caFile": "/etc/kubernetes/pki/etcd/ca.crt",
+            "certFile": "/etc/kubernetes/pki/apiserver-etcd-client.crt",
+            "keyFile": "/etc/kubernetes/pki/apiserver-etcd-client.key"
+        }
+    })
+}
+
+/// KCP's annotations that leave CoreDNS and kube-proxy alone.
+fn skip_addons(annotations: &mut Value) {
+    if !annotations.is_object() {
+        *annotations = json!({});
+    }
+    annotations["controlplane.cluster.x-k8s.io/skip-coredns"] = json!("");
+    annotations["controlplane.cluster.x-k8s.io/skip-kube-proxy"] = json!("");
+}
+
 /// What nothing here can run, turned off: etcd is external (no etcd Pods to inspect) and
-/// CoreDNS and kube-proxy are not managed; the endpoint's port is the API server's.
+/// CoreDNS and kube-proxy are not managed, on the KubeadmControlPlane or, for a Cluster with a
+/// topology, on its class's template and the topology's control plane; the endpoint's port is
+/// the API server's.
 fn adapt(objects: &mut [Value], endpoint_port: u16) {
     for object in objects {
         match object["kind"].as_str() {
             Some("KubeadmControlPlane") => {
-                let annotations = &mut object["metadata"]["annotations"];
-                if !annotations.is_object() {
-                    *annotations = json!({});
-                }
-                annotations["controlplane.cluster.x-k8s.io/skip-coredns"] = json!("");
-                annotations["controlplane.cluster.x-k8s.io/skip-kube-proxy"] = json!("");
-                object["spec"]["kubeadmConfigSpec"]["clusterConfiguration"]["etcd"] = json!({
-                    "external": {
-                        "endpoints": ["https://127.0.0.1:2379"],
-                        "caFile": "/etc/kubernetes/pki/etcd/ca.crt",
-                        "certFile": "/etc/kubernetes/pki/apiserver-etcd-client.crt",
-                        "keyFile": "/etc/kubernetes/pki/apiserver-etcd-client.key"
+                skip_addons(&mut object["metadata"]["annotations"]);
+                object["spec"]["kubeadmConfigSpec"]["clusterConfiguration"]["etcd"] =
+                    external_etcd();
+            }
+            Some("KubeadmControlPlaneTemplate") => {
+                object["spec"]["template"]["spec"]["kubeadmConfigSpec"]["clusterConfiguration"]["etcd"] =
+                    external_etcd();
+            }
+            Some("Cluster") if object["spec"]["topology"].is_object() => {
+                skip_addons(
+                    &mut object["spec"]["topology"]["controlPlane"]["metadata"]["annotations"],
+                );
+                if let Some(variables) = object["spec"]["topology"]["variables"].as_array_mut() {
+                    for variable in variables {
+                        if variable["name"] == "controlPlaneEndpoint" {
+                            variable["value"]["port"] = json!(endpoint_port);
+                        }
                     }
-                });
+                }
             }
             Some("ProxmoxCluster") => {
                 object["spec"]["controlPlaneEndpoint"]["port"] = json!(endpoint_port);
@@ -215,6 +246,26 @@ fn adapt(objects: &mut [Value], endpoint_port: u16) {
             _ => {}
         }
     }
+}
+
+/// The objects of a YAML file (the ClusterClass and its templates).
+fn read_objects(path: &std::path::Path) -> Result<Vec<Value>, RealError> {
+    let text = std::fs::read_to_string(path).map_err(|e| RealError::Manifest {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let mut objects = Vec::new();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let object: Value =
+            serde::Deserialize::deserialize(document).map_err(|e| RealError::Manifest {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+        if !object.is_null() {
+            objects.push(object);
+        }
+    }
+    Ok(objects)
 }
 
 /// The Cluster's CA (the workload API server's) and the external etcd certificates KCP expects
@@ -545,6 +596,12 @@ pub async fn scenario(
     let mut holder: Option<super::real_capi_move::Target> = None;
     let outcome = async {
         create_certificates(admin, namespace, capi).await?;
+        if let Some(class) = &capi.cluster_class {
+            let mut objects = read_objects(class)?;
+            adapt(&mut objects, endpoint_port);
+            apply(admin, namespace, &objects).await?;
+            println!("ClusterClass applied:    {}", class.display());
+        }
         let mut objects = generate(capi, namespace, options.control_plane, &endpoint_host)?;
         adapt(&mut objects, endpoint_port);
         println!(
@@ -580,7 +637,12 @@ pub async fn scenario(
             failed: &failed,
         };
         let mut steps = Vec::new();
-        for step in [Step::RollOut, Step::Scale, Step::Remediate] {
+        let lifecycle: &[Step] = if capi.cluster_class.is_some() {
+            &[]
+        } else {
+            &[Step::RollOut, Step::Scale, Step::Remediate]
+        };
+        for step in lifecycle.iter().copied() {
             let summary = tokio::select! {
                 summary = step.run(&run, &capi.kubernetes_version) => summary?,
                 ended = &mut manager => return Err(RealError::Manager(format!("{ended:?}"))),
@@ -619,9 +681,16 @@ pub async fn scenario(
         if left != 0 {
             return Err(RealError::Check(format!("{left} VMs left after deletion")));
         }
+        let built_by = match &capi.cluster_class {
+            Some(class) => format!(
+                "the real topology controller (ClusterClass from {}), KCP and MachineSets",
+                class.display()
+            ),
+            None => "the real KCP and MachineSets".to_owned(),
+        };
+        steps.push(format!("deleted: {left} VMs left"));
         Ok(format!(
-            "{} machines Running with Nodes after {:.1}s under the real KCP and MachineSets: {placement}, \
-             {vms} VMs; {}; deleted: {left} VMs left",
+            "{} machines Running with Nodes after {:.1}s under {built_by}: {placement}, {vms} VMs; {}",
             rows.len(),
             provisioned.as_secs_f64(),
             steps.join("; ")
@@ -798,6 +867,30 @@ mod tests {
             assert!(!external[field].is_null(), "{field}");
         }
         assert_eq!(objects[1]["spec"]["controlPlaneEndpoint"]["port"], 7443);
+    }
+
+    #[test]
+    fn a_topology_cluster_and_its_class_get_the_same_settings() {
+        let mut objects = vec![
+            json!({"kind": "KubeadmControlPlaneTemplate", "metadata": {"name": "capmox-control-plane"},
+                   "spec": {"template": {"spec": {"kubeadmConfigSpec": {}}}}}),
+            json!({"kind": "Cluster", "metadata": {"name": "demo"},
+            "spec": {"topology": {"controlPlane": {"replicas": 3}, "variables": [
+                {"name": "controlPlaneEndpoint", "value": {"host": "127.0.0.1", "port": 6443}}
+            ]}}}),
+        ];
+        adapt(&mut objects, 7443);
+        assert!(
+            objects[0]["spec"]["template"]["spec"]["kubeadmConfigSpec"]["clusterConfiguration"]
+                ["etcd"]["external"]["endpoints"]
+                .is_array()
+        );
+        let topology = &objects[1]["spec"]["topology"];
+        assert_eq!(
+            topology["controlPlane"]["metadata"]["annotations"]["controlplane.cluster.x-k8s.io/skip-coredns"],
+            ""
+        );
+        assert_eq!(topology["variables"][0]["value"]["port"], 7443);
     }
 
     #[test]
