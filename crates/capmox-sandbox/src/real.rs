@@ -509,6 +509,21 @@ pub(crate) async fn impersonating(account: &ServiceAccountRef) -> Result<Client,
     Client::try_from(config).map_err(RealError::Kube)
 }
 
+/// capmox as `capmox run` runs it by default (no leader election, all namespaces), its
+/// endpoints on ports the OS picks.
+pub(crate) fn manager_config() -> ManagerConfig {
+    ManagerConfig {
+        metrics_address: ([127, 0, 0, 1], 0).into(),
+        health_address: ([127, 0, 0, 1], 0).into(),
+        leader_election: None,
+        watch_namespace: None,
+        watch_filter: None,
+        cluster_concurrency: 4,
+        machine_concurrency: 10,
+        webhook: None,
+    }
+}
+
 /// The ProxmoxCluster and machine specs for this run: the simulators' example (`sims`), or the
 /// example on the real Proxmox's zones.
 fn specs(
@@ -840,17 +855,7 @@ async fn scenario(
     let stop = CancellationToken::new();
     let _stop_all = stop.clone().drop_guard();
 
-    // capmox as `capmox run` runs it by default: no leader election, all namespaces.
-    let config = ManagerConfig {
-        metrics_address: ([127, 0, 0, 1], 0).into(),
-        health_address: ([127, 0, 0, 1], 0).into(),
-        leader_election: None,
-        watch_namespace: None,
-        watch_filter: None,
-        cluster_concurrency: 4,
-        machine_concurrency: 10,
-        webhook: None,
-    };
+    let config = manager_config();
     let mut manager = tokio::spawn(capmox::controller::run(
         impersonating(account).await?,
         config,

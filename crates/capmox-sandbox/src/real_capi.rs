@@ -25,7 +25,7 @@ use super::real::{RealError, RealOptions, ServiceAccountRef};
 use super::run::SiteSimulators;
 use super::workload::{self, WorkloadCluster};
 use capmox::api::ProxmoxMachine;
-use capmox::controller::{GlobalCredentials, ManagerConfig};
+use capmox::controller::GlobalCredentials;
 use capmox_sim::SimOptions;
 
 /// The Cluster's name.
@@ -559,16 +559,7 @@ pub async fn scenario(
         ..policy
     };
     println!("Global credentials for:  {namespace} (the flavor names no credentialsRef)");
-    let config = ManagerConfig {
-        metrics_address: ([127, 0, 0, 1], 0).into(),
-        health_address: ([127, 0, 0, 1], 0).into(),
-        leader_election: None,
-        watch_namespace: None,
-        watch_filter: None,
-        cluster_concurrency: 4,
-        machine_concurrency: 10,
-        webhook: None,
-    };
+    let config = super::real::manager_config();
     let mut manager = tokio::spawn(capmox::controller::run(
         manager_client,
         config,

@@ -17,7 +17,7 @@ use super::real::{Created, RealError, ServiceAccountRef, install_crds, install_r
 use super::real_capi::{Shipped, all_running, check_placement, rows, wait_rows};
 use super::real_capi_steps::Run;
 use super::workload::{self, FailedKubelets, WorkloadCluster};
-use capmox::controller::{GlobalCredentials, ManagerConfig};
+use capmox::controller::GlobalCredentials;
 
 /// The target management cluster of a move, and what the run created there.
 pub struct Target {
@@ -111,16 +111,7 @@ pub async fn start_on_target(
     stop: &CancellationToken,
 ) -> Result<(), RealError> {
     let manager_client = client_for(target_kubeconfig, Some(shipped.account)).await?;
-    let config = ManagerConfig {
-        metrics_address: ([127, 0, 0, 1], 0).into(),
-        health_address: ([127, 0, 0, 1], 0).into(),
-        leader_election: None,
-        watch_namespace: None,
-        watch_filter: None,
-        cluster_concurrency: 4,
-        machine_concurrency: 10,
-        webhook: None,
-    };
+    let config = super::real::manager_config();
     tokio::spawn(capmox::controller::run(
         manager_client,
         config,
