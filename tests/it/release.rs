@@ -728,6 +728,61 @@ fn every_template_variable_is_documented_in_the_readme() {
     );
 }
 
+/// The README section under `heading` (a whole heading line), up to the next heading of its
+/// level or above.
+fn readme_section<'a>(readme: &'a str, heading: &str) -> &'a str {
+    let start = readme
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("README.md has no section {heading:?}"))
+        + 1;
+    let level = heading.chars().take_while(|c| *c == '#').count();
+    let body = &readme[start + heading.len()..];
+    let end = body
+        .match_indices("\n#")
+        .find(|(at, _)| {
+            let hashes = body[at + 1..].chars().take_while(|c| *c == '#').count();
+            hashes <= level && body[at + 1 + hashes..].starts_with(' ')
+        })
+        .map_or(body.len(), |(at, _)| at);
+    &body[..end]
+}
+
+/// Cluster API keeps Ignition bootstrap data and managed topologies behind feature gates, whose
+/// real webhooks refuse a flavor that needs them: the README says how to turn them on.
+#[test]
+fn the_readme_names_the_feature_gates_flavors_need() {
+    let readme = std::fs::read_to_string("README.md").expect("README.md");
+    let mut missing = Vec::new();
+    for template in TEMPLATES.iter().chain(CLUSTER_CLASSES) {
+        let objects = rendered(template);
+        let ignition = objects.iter().any(|o| {
+            o["spec"]["kubeadmConfigSpec"]["format"] == "ignition"
+                || o["spec"]["template"]["spec"]["format"] == "ignition"
+        });
+        let topology = objects
+            .iter()
+            .any(|o| o["kind"] == "ClusterClass" || o["spec"].get("topology").is_some());
+        let needs = [
+            (
+                ignition,
+                "## Flatcar / Ignition",
+                "EXP_KUBEADM_BOOTSTRAP_FORMAT_IGNITION=true clusterctl init",
+            ),
+            (
+                topology,
+                "### Cluster templates",
+                "CLUSTER_TOPOLOGY=true clusterctl init",
+            ),
+        ];
+        for (needed, heading, how) in needs {
+            if needed && !readme_section(&readme, heading).contains(how) {
+                missing.push(format!("{template}: `{how}` under {heading:?}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "README.md does not say: {missing:#?}");
+}
+
 #[test]
 fn the_release_ships_every_template_and_cluster_class() {
     let mut sources: Vec<String> = std::fs::read_dir("templates")
