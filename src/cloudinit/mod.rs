@@ -44,7 +44,7 @@ use crate::placement::Placement;
 pub use ignition::IgnitionError;
 pub use network::{AssignedAddress, NetworkConfigError, NicAddresses, render_network_config};
 pub use networkd::NetworkdUnit;
-pub use vmconfig::{instance_id_from_smbios, mac_from_net_config};
+pub use vmconfig::{instance_id_from_smbios, mac_from_net_config, smbios_with_uuid, uuid_v4};
 
 /// Why the NoCloud files cannot be rendered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

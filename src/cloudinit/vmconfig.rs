@@ -1,5 +1,6 @@
 //! The two inputs cloud-init takes from the VM config read back from Proxmox: the SMBIOS UUID
-//! (the instance id) and each NIC's MAC address.
+//! (the instance id) and each NIC's MAC address; and the `smbios1` that gives a VM without a
+//! UUID one.
 
 /// Instance id from a VM's `smbios1` value (`uuid=…,manufacturer=…`): the UUID, lower-case in
 /// its canonical 8-4-4-4-12 form as the Go provider writes it; `None` when absent or malformed.
@@ -20,6 +21,35 @@ pub fn instance_id_from_smbios(smbios1: &str) -> Option<String> {
         &hex[16..20],
         &hex[20..]
     ))
+}
+
+/// A random (version 4, RFC 9562) UUID in canonical lower-case form, from 16 random bytes.
+pub fn uuid_v4(mut bytes: [u8; 16]) -> String {
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// The `smbios1` value that gives a VM `uuid`, keeping the other SMBIOS fields of `current`
+/// (a malformed `uuid=` is dropped with it); the UUID comes first, as Proxmox writes it.
+pub fn smbios_with_uuid(current: Option<&str>, uuid: &str) -> String {
+    let kept = current
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty() && !part.starts_with("uuid="));
+    std::iter::once(format!("uuid={uuid}"))
+        .chain(kept.map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// MAC address of a NIC from its VM config value (`virtio=BC:24:11:2E:5C:01,bridge=vmbr0`, or
@@ -56,6 +86,28 @@ mod tests {
         );
         assert_eq!(instance_id_from_smbios("manufacturer=x"), None);
         assert_eq!(instance_id_from_smbios("uuid=not-a-uuid"), None);
+    }
+
+    #[test]
+    fn a_vm_without_a_uuid_gets_one_and_keeps_its_other_smbios_fields() {
+        let uuid = uuid_v4([0xff; 16]);
+        assert_eq!(
+            uuid, "ffffffff-ffff-4fff-bfff-ffffffffffff",
+            "version 4, RFC variant"
+        );
+        assert_eq!(uuid_v4([0; 16]), "00000000-0000-4000-8000-000000000000");
+        assert_eq!(smbios_with_uuid(None, &uuid), format!("uuid={uuid}"));
+        let given = smbios_with_uuid(Some("manufacturer=SGFuZA==,base64=1"), &uuid);
+        assert_eq!(given, format!("uuid={uuid},manufacturer=SGFuZA==,base64=1"));
+        assert_eq!(
+            instance_id_from_smbios(&given).as_deref(),
+            Some(uuid.as_str())
+        );
+        assert_eq!(
+            smbios_with_uuid(Some("uuid=not-a-uuid,serial=7"), &uuid),
+            format!("uuid={uuid},serial=7"),
+            "a malformed UUID is replaced"
+        );
     }
 
     #[test]

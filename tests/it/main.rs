@@ -30,6 +30,7 @@ mod machine_crash;
 mod machine_errors;
 mod machine_events;
 mod machine_move;
+mod machine_smbios;
 mod manager_endpoints;
 mod multi_site;
 mod no_zones;

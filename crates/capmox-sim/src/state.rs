@@ -1133,6 +1133,14 @@ impl Cluster {
                 "invalid format - value does not look like a valid DNS name".into(),
             );
         }
+        if let Some(smbios1) = params.get("smbios1")
+            && !is_smbios1(smbios1)
+        {
+            errors.insert(
+                "smbios1".into(),
+                "invalid format - value does not match the regex pattern".into(),
+            );
+        }
         if !errors.is_empty() {
             return Err(SimError {
                 status: 400,
@@ -1377,8 +1385,18 @@ impl Cluster {
             }
             config.insert(k, s);
         }
-        let uuid = self.uuid();
-        config.insert("smbios1".into(), format!("uuid={uuid}"));
+        if self.opts.clone_smbios_uuid {
+            let uuid = self.uuid();
+            config.insert("smbios1".into(), format!("uuid={uuid}"));
+        } else if let Some(smbios1) = config.remove("smbios1") {
+            let kept: Vec<&str> = smbios1
+                .split(',')
+                .filter(|part| !part.trim().starts_with("uuid="))
+                .collect();
+            if !kept.is_empty() {
+                config.insert("smbios1".into(), kept.join(","));
+            }
+        }
         config.insert("meta".into(), "creation-qemu=9.0.2,ctime=1767225600".into());
         let mut new_volumes = Vec::new();
         for (i, (key, value)) in src.disks().into_iter().enumerate() {
@@ -2259,6 +2277,35 @@ fn is_config_option(k: &str) -> bool {
     PLAIN.contains(&k) || INDEXED.iter().any(|p| is_indexed(k, p))
 }
 
+/// Whether an `smbios1` value has Proxmox's form: known keys, and a `uuid` that is a UUID.
+fn is_smbios1(value: &str) -> bool {
+    const KEYS: &[&str] = &[
+        "uuid",
+        "base64",
+        "family",
+        "manufacturer",
+        "product",
+        "serial",
+        "sku",
+        "version",
+    ];
+    value.len() <= 512
+        && value.split(',').all(|part| {
+            let (key, val) = part.split_once('=').unwrap_or((part, ""));
+            KEYS.contains(&key) && (key != "uuid" || is_uuid(val))
+        })
+}
+
+/// Whether `text` is a UUID in its 8-4-4-4-12 hex form (any case), as qemu-server checks it.
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
 fn is_dns_name(name: &str) -> bool {
     !name.is_empty()
         && name.split('.').all(|label| {
@@ -2323,6 +2370,47 @@ mod tests {
             .expect("unlocked");
         let st = c.task_status("pve1", upid.as_str()).expect("task");
         assert_eq!(st["exitstatus"], "OK");
+    }
+
+    /// Off, `clone_smbios_uuid` gives clones no SMBIOS UUID (keeping the template's other
+    /// SMBIOS fields); a UUID written with the config is kept, a malformed one refused.
+    #[tokio::test(start_paused = true)]
+    async fn clones_without_an_smbios_uuid_take_one_with_their_config() {
+        let mut topology = Topology::example();
+        topology.templates[1].config.insert(
+            "smbios1".into(),
+            "uuid=5c0e0001-1d2b-4c3a-9e8f-000000000001,manufacturer=SGFuZA==,base64=1".into(),
+        );
+        let options = SimOptions {
+            clone_smbios_uuid: false,
+            ..SimOptions::default()
+        };
+        let mut c = Cluster::new(&topology, options, Box::new(|_| false));
+        let now = Instant::now();
+        c.clone_vm(now, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        c.clone_vm(now, "pve1", 9001, &p(&[("newid", "101")]))
+            .expect("clone");
+        let later = now + c.options().clone_duration;
+        c.advance(later);
+        let plain = c.vm_config("pve1", 100).expect("config");
+        assert!(plain.get("smbios1").is_none(), "{plain}");
+        let kept = c.vm_config("pve1", 101).expect("config");
+        assert_eq!(kept["smbios1"], "manufacturer=SGFuZA==,base64=1");
+        let e = c
+            .update_config(
+                later,
+                "pve1",
+                100,
+                &p(&[("smbios1", "uuid=not-a-uuid")]),
+                false,
+            )
+            .expect_err("malformed");
+        assert_eq!(e.status, 400);
+        let uuid = "uuid=0b6e3c1a-4f2d-4e8b-9a7c-5d1e2f3a4b5c";
+        c.update_config(later, "pve1", 100, &p(&[("smbios1", uuid)]), false)
+            .expect("a UUID");
+        assert_eq!(c.vm_config("pve1", 100).expect("config")["smbios1"], uuid);
     }
 
     #[tokio::test(start_paused = true)]

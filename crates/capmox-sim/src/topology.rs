@@ -182,6 +182,9 @@ pub struct SimSettings {
     /// Privileges the token lacks.
     #[serde(default)]
     pub denied: Vec<DenyRule>,
+    /// `false`: clones carry no SMBIOS UUID (see [`SimOptions::clone_smbios_uuid`]).
+    #[serde(default)]
+    pub clone_smbios_uuid: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -396,6 +399,10 @@ pub struct SimOptions {
     pub request_log_capacity: usize,
     /// Privileges the token lacks: matching requests get 403 `Permission check failed (...)`.
     pub denied: Vec<DenyRule>,
+    /// Whether a clone gets a new SMBIOS UUID, as Proxmox gives clones of templates that have
+    /// `smbios1`. Off, a clone keeps its source's `smbios1` without `uuid=` (and has none when
+    /// nothing else is left), as clones of hand-made templates come, so clients must give it one.
+    pub clone_smbios_uuid: bool,
 }
 
 /// A privilege the simulated token does not have on an endpoint.
@@ -421,6 +428,7 @@ impl std::fmt::Debug for SimOptions {
             .field("boot_delay", &self.boot_delay)
             .field("version", &self.version)
             .field("faults", &self.faults)
+            .field("clone_smbios_uuid", &self.clone_smbios_uuid)
             .finish_non_exhaustive()
     }
 }
@@ -444,6 +452,7 @@ impl Default for SimOptions {
             request_log_capacity: 10_000,
             resources_lag: Duration::ZERO,
             denied: Vec::new(),
+            clone_smbios_uuid: true,
         }
     }
 }
@@ -530,6 +539,9 @@ impl SimOptions {
             o.faults = v.clone();
         }
         o.denied = s.denied.clone();
+        if let Some(v) = s.clone_smbios_uuid {
+            o.clone_smbios_uuid = v;
+        }
         o
     }
 }

@@ -1,5 +1,5 @@
-//! Bringing the cloned VM's hardware, NICs, tags and boot disk to what the spec asks, and
-//! recording its identity (provider ID, zone label).
+//! Bringing the cloned VM's hardware, NICs, tags and boot disk to what the spec asks, giving a
+//! clone without an SMBIOS UUID one, and recording its identity (provider ID, zone label).
 
 use super::*;
 
@@ -39,7 +39,86 @@ impl Reconcile<'_> {
         Ok(())
     }
 
-    /// Sockets, cores, memory, description, NICs and tags, and the boot disk size: each only if it differs.
+    /// The Configure phase: reads the config (or takes the one this process wrote before its
+    /// resize), records the provider ID once the config shows the SMBIOS UUID, and brings the
+    /// config to the spec. The config as it is now, or the step the machine waits at.
+    pub(super) async fn configured(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+    ) -> Result<Result<VmConfig, Step>, MachineError> {
+        let read_config = || format!("reading the config of VM {vmid} on {node}");
+        // After the resize this process asked for, the config is as it left it (but the disk's
+        // size, which the resize step does not look at again).
+        let remembered = disk_resized(scope)
+            .then(|| {
+                self.context
+                    .written_configs
+                    .get(&claim_key(self.machine), vmid)
+            })
+            .flatten();
+        let read = match remembered {
+            Some(config) => config,
+            None => self
+                .configs
+                .read(proxmox, node, vmid)
+                .await
+                .during(read_config)?,
+        };
+        // The provider ID (the VM's SMBIOS UUID) is recorded as soon as the config shows it:
+        // CAPI reads it only once the machine is provisioned, and no later pass needs to read
+        // the config for it.
+        self.record_provider_id(scope, placement, &read).await?;
+        let had_uuid = smbios_uuid(&read).is_some();
+        let current = match self
+            .configure(scope, placement, proxmox, node, vmid, &read)
+            .await?
+        {
+            Configured::Unchanged => read,
+            // The bootstrap step works from the config as it is now: as written, or read again
+            // when Proxmox filled in values.
+            Configured::Changed(Some(updated)) => {
+                self.configs.changed(node, vmid);
+                updated
+            }
+            Configured::Changed(None) => {
+                self.configs.changed(node, vmid);
+                self.configs
+                    .read(proxmox, node, vmid)
+                    .await
+                    .during(read_config)?
+            }
+            Configured::Waiting(step) => return Ok(Err(step)),
+        };
+        // A UUID this pass gave the VM (its clone had none) is its provider ID from now on.
+        if !had_uuid {
+            self.record_provider_id(scope, placement, &current).await?;
+        }
+        Ok(Ok(current))
+    }
+
+    /// Records the provider ID of the VM's SMBIOS UUID, unless the spec has one or the config
+    /// shows no UUID.
+    async fn record_provider_id(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        config: &VmConfig,
+    ) -> Result<(), MachineError> {
+        match smbios_uuid(config) {
+            Some(uuid) if self.machine.spec.provider_id.is_none() => {
+                let provider_id = crate::cloudinit::provider_id(&uuid);
+                self.record_identity(scope, placement, &provider_id).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Sockets, cores, memory, description, NICs and tags, the SMBIOS UUID of a clone without
+    /// one, and the boot disk size: each only if it differs.
     pub(super) async fn configure(
         &self,
         scope: &mut Scope,
@@ -50,36 +129,9 @@ impl Reconcile<'_> {
         config: &VmConfig,
     ) -> Result<Configured, MachineError> {
         let spec = &self.machine.spec;
-        let mut update = ConfigUpdate::default();
-        let mut changed = false;
-        let mut set = |key: &str, value: String| {
-            if config.get(key).as_deref() != Some(value.as_str()) {
-                update = std::mem::take(&mut update).set(key, &value);
-                changed = true;
-            }
-        };
-        if let Some(sockets) = spec.num_sockets {
-            set("sockets", sockets.to_string());
-        }
-        if let Some(cores) = spec.num_cores {
-            set("cores", cores.to_string());
-        }
-        if let Some(memory) = spec.memory_mib {
-            set("memory", memory.to_string());
-        }
-        if let Some(description) = &spec.description {
-            set("description", description.clone());
-        }
-        for nic in placement.network_devices() {
-            let existing = config.get(&nic.name).unwrap_or_default();
-            set(&nic.name, nic_value(&existing, nic)?);
-        }
-        if let Some(tags) = self.retagged(&config.tags()) {
-            update = std::mem::take(&mut update).set("tags", tags);
-            changed = true;
-        }
         let mut configured = Configured::Unchanged;
-        if changed {
+        let (update, given_uuid) = self.config_update(placement, config)?;
+        if let Some(update) = update {
             let update = update.digest(config.digest());
             // Synchronous: these settings need neither hotplug nor new storage.
             proxmox
@@ -92,13 +144,14 @@ impl Reconcile<'_> {
                 .filter(|(key, _)| key.starts_with("net"))
                 .all(|(_, value)| crate::cloudinit::mac_from_net_config(value).is_some());
             configured = Configured::Changed(macs_known.then(|| config.updated(&update)));
-            self.event(
-                scope,
-                EventType::Normal,
-                "Configured",
-                &format!("configured VM {vmid}"),
-            )
-            .await;
+            let note = match given_uuid {
+                Some(uuid) => format!(
+                    "configured VM {vmid}, and gave it the SMBIOS UUID {uuid}: its clone had none"
+                ),
+                None => format!("configured VM {vmid}"),
+            };
+            self.event(scope, EventType::Normal, "Configured", &note)
+                .await;
         }
         if let Some(boot) = spec.disks.as_ref().and_then(|d| d.boot_volume.as_ref()) {
             let current_gb = config
@@ -133,6 +186,77 @@ impl Reconcile<'_> {
             }
         }
         Ok(configured)
+    }
+
+    /// What [`Reconcile::configure`] writes in one config update (`None`: nothing differs),
+    /// and the SMBIOS UUID it gives the VM when the config has none.
+    fn config_update(
+        &self,
+        placement: &Placement,
+        config: &VmConfig,
+    ) -> Result<(Option<ConfigUpdate>, Option<String>), MachineError> {
+        let spec = &self.machine.spec;
+        let mut update = ConfigUpdate::default();
+        let mut changed = false;
+        let mut set = |key: &str, value: String| {
+            if config.get(key).as_deref() != Some(value.as_str()) {
+                update = std::mem::take(&mut update).set(key, &value);
+                changed = true;
+            }
+        };
+        if let Some(sockets) = spec.num_sockets {
+            set("sockets", sockets.to_string());
+        }
+        if let Some(cores) = spec.num_cores {
+            set("cores", cores.to_string());
+        }
+        if let Some(memory) = spec.memory_mib {
+            set("memory", memory.to_string());
+        }
+        if let Some(description) = &spec.description {
+            set("description", description.clone());
+        }
+        for nic in placement.network_devices() {
+            let existing = config.get(&nic.name).unwrap_or_default();
+            set(&nic.name, nic_value(&existing, nic)?);
+        }
+        // Proxmox gives a clone a new SMBIOS UUID only when its template has smbios1; the VM
+        // keeps the one written here, so a later pass (or process) reads it back.
+        let given_uuid = match smbios_uuid(config) {
+            Some(_) => None,
+            None => Some(self.uuid_for_clone()?),
+        };
+        if let Some(uuid) = &given_uuid {
+            let current = config.get("smbios1");
+            set(
+                "smbios1",
+                crate::cloudinit::smbios_with_uuid(current.as_deref(), uuid),
+            );
+        }
+        if let Some(tags) = self.retagged(&config.tags()) {
+            update = update.set("tags", tags);
+            changed = true;
+        }
+        Ok((changed.then_some(update), given_uuid))
+    }
+
+    /// The SMBIOS UUID for a VM whose config has none: the one `spec.providerID` records (the
+    /// machine's Node carries it), else a new random one.
+    fn uuid_for_clone(&self) -> Result<String, MachineError> {
+        let recorded = self
+            .machine
+            .spec
+            .provider_id
+            .as_deref()
+            .and_then(|id| id.strip_prefix(PROVIDER_ID_PREFIX))
+            .and_then(|uuid| crate::cloudinit::instance_id_from_smbios(&format!("uuid={uuid}")));
+        if let Some(uuid) = recorded {
+            return Ok(uuid);
+        }
+        let mut bytes = [0u8; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+            .map_err(|_| MachineError::Random)?;
+        Ok(crate::cloudinit::uuid_v4(bytes))
     }
 
     /// The VM's tags with this machine's tag (in place of the tag of the machine a move or

@@ -77,7 +77,6 @@ pub use addresses::BoundAddress;
 use addresses::{Addresses, machine_addresses, pool_metric};
 pub use bootstrap::{SeedIsosRemoved, WrittenConfigs, smbios_uuid};
 use bootstrap::{detach_seed_iso, seed_iso_attached, seed_iso_deleted, seed_iso_uploaded};
-use configure::Configured;
 use status::{apply_status, apply_status_guarded, owned_status, paused_conditions};
 use vm::{Identity, PassConfigs, is_machine_tag};
 
@@ -123,8 +122,8 @@ const PROVIDER_ID_PREFIX: &str = "proxmox://";
 /// Requeue of a machine whose bootstrap data capmox cannot deliver: only a change helps (the
 /// Machine is watched); the long requeue only catches an edited Secret.
 const UNSUPPORTED_BOOTSTRAP_REQUEUE: Duration = Duration::from_secs(600);
-/// How often a VM whose config lacks its SMBIOS UUID is looked at again: Proxmox writes it
-/// with the clone, so a long wait means something else is wrong and polling will not fix it.
+/// How often a VM whose config, read again after capmox wrote its SMBIOS UUID, still lacks one
+/// is looked at again: something else is wrong, and polling will not fix it.
 const VM_CONFIG_BACKOFF: Backoff = Backoff {
     initial: Duration::from_secs(1),
     max: Duration::from_secs(30),
@@ -161,6 +160,10 @@ pub enum MachineError {
     /// The object lacks a name or namespace (never true for objects read from the API).
     #[error("ProxmoxMachine without name or namespace")]
     MissingIdentity,
+    /// The system's random number generator failed, so a clone without an SMBIOS UUID cannot
+    /// be given one.
+    #[error("the system's random number generator failed; no SMBIOS UUID for the VM")]
+    Random,
 }
 
 impl MachineError {

@@ -211,53 +211,12 @@ impl Reconcile<'_> {
         for phase in steps::plan(seen) {
             match phase {
                 Phase::Configure => {
-                    // After the resize this process asked for, the config is as it left it
-                    // (but the disk's size, which the resize step does not look at again).
-                    let remembered = configure::disk_resized(scope)
-                        .then(|| self.context.written_configs.get(&machine_key, vmid))
-                        .flatten();
-                    let read = match remembered {
-                        Some(config) => config,
-                        None => self
-                            .configs
-                            .read(&proxmox, &node, vmid)
-                            .await
-                            .during(read_config)?,
-                    };
-                    // The provider ID (the VM's SMBIOS UUID) is recorded as soon as the config
-                    // shows it: CAPI reads it only once the machine is provisioned, and no later
-                    // pass needs to read the config for it.
-                    if self.machine.spec.provider_id.is_none()
-                        && let Some(uuid) = smbios_uuid(&read)
-                    {
-                        self.record_identity(
-                            scope,
-                            &placement,
-                            &crate::cloudinit::provider_id(&uuid),
-                        )
-                        .await?;
-                    }
                     match self
-                        .configure(scope, &placement, &proxmox, &node, vmid, &read)
+                        .configured(scope, &placement, &proxmox, &node, vmid)
                         .await?
                     {
-                        Configured::Unchanged => config = Some(read),
-                        // The bootstrap step works from the config as it is now: as written, or
-                        // read again when Proxmox filled in values.
-                        Configured::Changed(Some(updated)) => {
-                            self.configs.changed(&node, vmid);
-                            config = Some(updated);
-                        }
-                        Configured::Changed(None) => {
-                            self.configs.changed(&node, vmid);
-                            config = Some(
-                                self.configs
-                                    .read(&proxmox, &node, vmid)
-                                    .await
-                                    .during(read_config)?,
-                            );
-                        }
-                        Configured::Waiting(step) => return Ok(step),
+                        Ok(current) => config = Some(current),
+                        Err(step) => return Ok(step),
                     }
                 }
                 Phase::Retag => {

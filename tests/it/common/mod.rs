@@ -196,8 +196,7 @@ pub const TEMPLATE_VALUES: &[(&str, &str)] = &[
     ("IPV6_PREFIX", "64"),
     ("IPV6_GATEWAY", "2001:db8::1"),
     ("SECONDARY_BRIDGE", "vmbr1"),
-    ("SECONDARY_VLAN", "20"),
-    ("NODE_SECONDARY_IP_RANGES", "[10.0.20.100-10.0.20.150]"),
+    ("SECONDARY_IP_RANGES", "[10.0.20.100-10.0.20.150]"),
     ("SECONDARY_IP_PREFIX", "24"),
     ("SECONDARY_GATEWAY", "10.0.20.1"),
     ("TEMPLATE_TAGS", "ubuntu-24.04, k8s-v1.33"),
@@ -218,7 +217,8 @@ pub fn substitute(text: &str, values: &[(&str, &str)]) -> String {
         }
         out.push_str(&rest[..start]);
         let end = rest[start..].find('}').expect("closing brace") + start;
-        let expr = &rest[start + 2..end];
+        // clusterctl drops spaces around a name (`${ VAR }`, its legacy form).
+        let expr = rest[start + 2..end].trim();
         let (name, default) = match expr.split_once(":=").or_else(|| expr.split_once('=')) {
             Some((name, default)) => (name, Some(default)),
             None => (expr, None),
