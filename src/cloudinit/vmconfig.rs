@@ -13,14 +13,7 @@ pub fn instance_id_from_smbios(smbios1: &str) -> Option<String> {
         return None;
     }
     let hex = hex.to_ascii_lowercase();
-    Some(format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    ))
+    Some(hyphenated(&hex))
 }
 
 /// A random (version 4, RFC 9562) UUID in canonical lower-case form, from 16 random bytes.
@@ -28,6 +21,11 @@ pub fn uuid_v4(mut bytes: [u8; 16]) -> String {
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    hyphenated(&hex)
+}
+
+/// 32 hex digits in the canonical 8-4-4-4-12 form (callers guarantee the length).
+fn hyphenated(hex: &str) -> String {
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],
