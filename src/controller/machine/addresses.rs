@@ -1,6 +1,19 @@
 //! The machine's static addresses: one IPAddressClaim per NIC and pool, read back once bound.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::PostParams;
+use kube::{Api, Resource, ResourceExt};
+
+use super::{MachineError, Reconcile, Scope};
+use crate::api::{
+    IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxMachine, annotations, labels,
+};
+use crate::capi::{self, IPAddress, IPAddressClaim, IpPoolReference};
+use crate::controller::caches::Reads;
+use crate::placement::{self, Placement, PoolClaim};
 
 impl Reconcile<'_> {
     /// Ensures one claim per (NIC, pool) and returns the bound addresses, or `None` while any is pending.
@@ -9,17 +22,6 @@ impl Reconcile<'_> {
         scope: &Scope,
         placement: &Placement,
     ) -> Result<Option<Addresses>, MachineError> {
-        let claims: Api<IPAddressClaim> =
-            Api::namespaced(self.context.client.clone(), &scope.namespace);
-        let reads = self.reads();
-        let owner = OwnerReference {
-            api_version: ProxmoxMachine::api_version(&()).into_owned(),
-            kind: ProxmoxMachine::kind(&()).into_owned(),
-            name: scope.name.clone(),
-            uid: self.machine.metadata.uid.clone().unwrap_or_default(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        };
         let mut result = Addresses::default();
         let mut pending = false;
         let mut default_entry = IpAddressesSpec {
@@ -32,65 +34,7 @@ impl Reconcile<'_> {
                 ..IpAddressesSpec::default()
             };
             for pool in &nic.pools {
-                let claim = match reads
-                    .get::<IPAddressClaim>(&scope.namespace, &pool.claim_name)
-                    .await?
-                {
-                    Some(claim) => claim,
-                    None => {
-                        let mut claim = IPAddressClaim::new(
-                            &pool.claim_name,
-                            capi::IpAddressClaimSpec {
-                                pool_ref: IpPoolReference {
-                                    api_group: pool.pool.api_group.clone(),
-                                    kind: pool.pool.kind.clone(),
-                                    name: pool.pool.name.clone(),
-                                },
-                                cluster_name: Some(scope.cluster_name.clone()),
-                            },
-                        );
-                        claim.metadata.namespace = Some(scope.namespace.clone());
-                        let mut claim_labels = BTreeMap::from([(
-                            labels::CLUSTER_NAME.to_owned(),
-                            scope.cluster_name.clone(),
-                        )]);
-                        if let Some(zone) = &pool.zone_label {
-                            claim_labels.insert(labels::PROXMOX_ZONE.to_owned(), zone.clone());
-                        }
-                        claim.metadata.labels = Some(claim_labels);
-                        let mut claim_annotations = BTreeMap::from([(
-                            annotations::POOL_REF_COUNTER.to_owned(),
-                            pool.index.to_string(),
-                        )]);
-                        if pool.default_gateway {
-                            claim_annotations
-                                .insert(annotations::DEFAULT_GATEWAY.to_owned(), "true".into());
-                        }
-                        claim.metadata.annotations = Some(claim_annotations);
-                        claim.metadata.owner_references = Some(vec![owner.clone()]);
-                        match claims.create(&PostParams::default(), &claim).await {
-                            Ok(created) => Arc::new(created),
-                            Err(kube::Error::Api(status)) if status.code == 409 => {
-                                pending = true;
-                                continue;
-                            }
-                            Err(error) => return Err(error.into()),
-                        }
-                    }
-                };
-                let Some(address_name) = claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.address_ref.as_ref())
-                    .map(|r| r.name.clone())
-                else {
-                    pending = true;
-                    continue;
-                };
-                let Some(address) = reads
-                    .get::<IPAddress>(&scope.namespace, &address_name)
-                    .await?
-                else {
+                let Some(address) = self.bound_address(scope, pool).await? else {
                     pending = true;
                     continue;
                 };
@@ -128,6 +72,88 @@ impl Reconcile<'_> {
             result.status.insert(0, default_entry);
         }
         Ok(Some(result))
+    }
+
+    /// The address bound to the machine's claim on `pool`, claiming it first; `None` while the
+    /// IPAM provider has not bound it.
+    async fn bound_address(
+        &self,
+        scope: &Scope,
+        pool: &PoolClaim,
+    ) -> Result<Option<Arc<IPAddress>>, MachineError> {
+        let reads = self.reads();
+        let claim = match reads
+            .get::<IPAddressClaim>(&scope.namespace, &pool.claim_name)
+            .await?
+        {
+            Some(claim) => claim,
+            None => match self.create_claim(scope, pool).await? {
+                Some(claim) => claim,
+                None => return Ok(None),
+            },
+        };
+        let Some(address_name) = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.address_ref.as_ref())
+            .map(|r| r.name.clone())
+        else {
+            return Ok(None);
+        };
+        Ok(reads
+            .get::<IPAddress>(&scope.namespace, &address_name)
+            .await?)
+    }
+
+    /// Creates the machine's claim on `pool`, owned by the machine; `None` when it exists
+    /// already (another pass made it; the watch brings it).
+    async fn create_claim(
+        &self,
+        scope: &Scope,
+        pool: &PoolClaim,
+    ) -> Result<Option<Arc<IPAddressClaim>>, MachineError> {
+        let owner = OwnerReference {
+            api_version: ProxmoxMachine::api_version(&()).into_owned(),
+            kind: ProxmoxMachine::kind(&()).into_owned(),
+            name: scope.name.clone(),
+            uid: self.machine.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let mut claim = IPAddressClaim::new(
+            &pool.claim_name,
+            capi::IpAddressClaimSpec {
+                pool_ref: IpPoolReference {
+                    api_group: pool.pool.api_group.clone(),
+                    kind: pool.pool.kind.clone(),
+                    name: pool.pool.name.clone(),
+                },
+                cluster_name: Some(scope.cluster_name.clone()),
+            },
+        );
+        claim.metadata.namespace = Some(scope.namespace.clone());
+        let mut claim_labels =
+            BTreeMap::from([(labels::CLUSTER_NAME.to_owned(), scope.cluster_name.clone())]);
+        if let Some(zone) = &pool.zone_label {
+            claim_labels.insert(labels::PROXMOX_ZONE.to_owned(), zone.clone());
+        }
+        claim.metadata.labels = Some(claim_labels);
+        let mut claim_annotations = BTreeMap::from([(
+            annotations::POOL_REF_COUNTER.to_owned(),
+            pool.index.to_string(),
+        )]);
+        if pool.default_gateway {
+            claim_annotations.insert(annotations::DEFAULT_GATEWAY.to_owned(), "true".into());
+        }
+        claim.metadata.annotations = Some(claim_annotations);
+        claim.metadata.owner_references = Some(vec![owner.clone()]);
+        let claims: Api<IPAddressClaim> =
+            Api::namespaced(self.context.client.clone(), &scope.namespace);
+        match claims.create(&PostParams::default(), &claim).await {
+            Ok(created) => Ok(Some(Arc::new(created))),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+            Err(error) => Err(error.into()),
+        }
     }
 }
 

@@ -1,21 +1,39 @@
 //! Bootstrap data: the format check before anything is created, the seed ISO built, uploaded
 //! and attached, and its removal once the node joined.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::addresses::{Addresses, pool_metric};
+use super::looks::Held;
+use super::outcome::{Flow, Stop, waiting, waiting_for_addresses, waiting_longer};
+use super::task::TaskKind;
+use super::{
+    During, MachineError, Reconcile, Scope, UNSUPPORTED_BOOTSTRAP_REQUEUE, VM_CONFIG_BACKOFF,
+    claim_key,
+};
+use crate::controller::failures;
+use crate::placement::{self, Placement};
+use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
 
 impl Reconcile<'_> {
     /// Stops before creating anything when the bootstrap Secret holds data capmox cannot
     /// deliver (unknown formats, malformed Ignition). A missing Secret is reported where it is read.
-    pub(super) async fn unsupported_bootstrap(
-        &self,
-        scope: &Scope,
-        secret_name: &str,
-    ) -> Result<Option<Step>, MachineError> {
+    pub(super) async fn deliverable_bootstrap(&self, scope: &Scope) -> Flow {
+        let Some(secret_name) = bootstrap_secret(scope) else {
+            return Ok(());
+        };
         let Some(secret) = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
             .get_opt(secret_name)
             .await?
         else {
-            return Ok(None);
+            return Ok(());
         };
         let format = secret
             .data
@@ -24,10 +42,10 @@ impl Reconcile<'_> {
             .map(|v| String::from_utf8_lossy(&v.0).into_owned());
         let value = secret.data.as_ref().and_then(|d| d.get("value"));
         let error = match crate::cloudinit::BootstrapFormat::parse(format.as_deref()) {
-            Ok(crate::cloudinit::BootstrapFormat::CloudConfig) => return Ok(None),
+            Ok(crate::cloudinit::BootstrapFormat::CloudConfig) => return Ok(()),
             Ok(crate::cloudinit::BootstrapFormat::Ignition) => {
                 match crate::cloudinit::ignition::check(value.map_or(&[][..], |v| &v.0)) {
-                    Ok(()) => return Ok(None),
+                    Ok(()) => return Ok(()),
                     Err(error) => crate::cloudinit::CloudInitError::from(error),
                 }
             }
@@ -36,52 +54,73 @@ impl Reconcile<'_> {
         let message = format!("bootstrap Secret {secret_name}: {error}");
         self.event(scope, EventType::Warning, error.reason(), &message)
             .await;
-        Ok(Some(waiting(
+        Err(waiting(
             error.reason(),
             message,
             Action::requeue(UNSUPPORTED_BOOTSTRAP_REQUEUE),
-        )))
+        ))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Builds and uploads (a task) the machine's seed ISO, and attaches it.
     pub(super) async fn bootstrap(
         &self,
         scope: &mut Scope,
-        placement: &Placement,
+        held: &Held,
         proxmox: &ProxmoxClient,
         node: &str,
         vmid: u32,
-        config: &VmConfig,
-        secret_name: &str,
-        addresses: Option<&Addresses>,
-    ) -> Result<Option<Step>, MachineError> {
-        let iso_name = crate::cloudinit::seed_iso_name(vmid);
+    ) -> Flow {
+        // After the upload, the attachment needs nothing of the config.
+        let attaching_only = VmConfig::default();
+        let config = held.config.as_ref().unwrap_or(&attaching_only);
         if seed_iso_attached(config, vmid) {
-            return Ok(None);
+            return Ok(());
         }
         // The upload this pass saw succeed: only the attachment is left.
         let image = if seed_iso_uploaded(scope, node) {
             None
         } else {
-            let read;
-            let addresses = match addresses {
-                Some(addresses) => addresses,
-                None => match self.addresses(scope, placement).await? {
-                    Some(addresses) => {
-                        read = addresses;
-                        &read
-                    }
-                    None => return Ok(Some(waiting_for_addresses())),
-                },
-            };
-            match self
-                .seed_image(scope, placement, vmid, config, secret_name, addresses)
-                .await?
-            {
-                Ok(image) => Some(image),
-                Err(step) => return Ok(Some(step)),
-            }
+            Some(self.seed_iso_image(scope, held, vmid, config).await?)
         };
+        self.upload_and_attach(scope, proxmox, node, vmid, config, image)
+            .await
+    }
+
+    /// The seed ISO's image, once the machine's addresses are bound.
+    async fn seed_iso_image(
+        &self,
+        scope: &Scope,
+        held: &Held,
+        vmid: u32,
+        config: &VmConfig,
+    ) -> Flow<Vec<u8>> {
+        let placement = held.placement()?;
+        let read;
+        let addresses = match &held.addresses {
+            Some(addresses) => addresses,
+            None => match self.addresses(scope, placement).await? {
+                Some(addresses) => {
+                    read = addresses;
+                    &read
+                }
+                None => return Err(waiting_for_addresses()),
+            },
+        };
+        self.seed_image(scope, placement, vmid, config, addresses)
+            .await
+    }
+
+    /// Uploads `image` (when given) as the seed ISO on the node's ISO storage, and attaches it.
+    async fn upload_and_attach(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        config: &VmConfig,
+        image: Option<Vec<u8>>,
+    ) -> Flow {
+        let iso_name = crate::cloudinit::seed_iso_name(vmid);
         let storage = self
             .context
             .inventory
@@ -89,27 +128,29 @@ impl Reconcile<'_> {
             .await
             .during(|| format!("listing the ISO storages of {node}"))?;
         let Some(storage) = storage else {
-            return Ok(Some(waiting(
+            return Err(waiting(
                 "NoISOStorage",
                 format!(
                     "node {node} has no storage with content type iso; enable iso content on one"
                 ),
                 Action::requeue(Duration::from_secs(60)),
-            )));
+            ));
         };
         let machine_key = claim_key(self.machine);
         if let Some(image) = image {
             let upload = proxmox.upload_iso(node, &storage, &iso_name, image).await;
-            if let Some(step) =
+            if let Err(stop) =
                 self.submitted(scope, proxmox, upload, TaskKind::UploadSeedIso, || {
                     format!("uploading the seed ISO {iso_name} to {storage} on {node}")
-                })?
+                })
             {
-                // What the pass that attaches the seed ISO leaves is what its removal reads.
-                self.context
-                    .written_configs
-                    .remember(&machine_key, vmid, config.clone());
-                return Ok(Some(step));
+                if matches!(stop, Stop::Wait(_)) {
+                    // What the pass that attaches the seed ISO leaves is what its removal reads.
+                    self.context
+                        .written_configs
+                        .remember(&machine_key, vmid, config.clone());
+                }
+                return Err(stop);
             }
         }
         let attach =
@@ -135,7 +176,7 @@ impl Reconcile<'_> {
             &format!("attached {storage}:iso/{iso_name} to VM {vmid}"),
         )
         .await;
-        Ok(None)
+        Ok(())
     }
 
     /// The seed ISO for the machine's VM (bootstrap data, meta data and network config), or
@@ -146,18 +187,18 @@ impl Reconcile<'_> {
         placement: &Placement,
         vmid: u32,
         config: &VmConfig,
-        secret_name: &str,
         addresses: &Addresses,
-    ) -> Result<Result<Vec<u8>, Step>, MachineError> {
+    ) -> Flow<Vec<u8>> {
+        let secret_name = bootstrap_secret(scope).unwrap_or_default();
         let secret = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
             .get_opt(secret_name)
             .await?;
         let Some(secret) = secret else {
-            return Ok(Err(waiting(
+            return Err(waiting(
                 "WaitingForBootstrapData",
                 format!("bootstrap Secret {secret_name} not found"),
                 Action::requeue(Duration::from_secs(10)),
-            )));
+            ));
         };
         let data = secret.data.unwrap_or_default();
         let value = data.get("value").map(|v| v.0.clone()).unwrap_or_default();
@@ -170,30 +211,20 @@ impl Reconcile<'_> {
                 self.context
                     .retries
                     .failed(&failures::key(self.machine), &VM_CONFIG_BACKOFF, None);
-            return Ok(Err(waiting_longer(
+            return Err(waiting_longer(
                 "WaitingForVMConfig",
                 format!("VM {vmid} has no SMBIOS UUID yet"),
                 &retry,
-            )));
+            ));
         };
-        let macs: BTreeMap<String, String> = placement
-            .network_devices()
-            .iter()
-            .filter_map(|nic| {
-                Some((
-                    nic.name.clone(),
-                    crate::cloudinit::mac_from_net_config(&config.get(&nic.name)?)?,
-                ))
-            })
-            .collect();
         let bootstrap = match crate::cloudinit::BootstrapFormat::parse(Some(&format)) {
             Ok(format) => crate::cloudinit::BootstrapData { value, format },
             Err(error) => {
-                return Ok(Err(waiting(
+                return Err(waiting(
                     "BootstrapDataInvalid",
                     error.to_string(),
                     Action::requeue(Duration::from_secs(60)),
-                )));
+                ));
             }
         };
         let meta = crate::cloudinit::MetaData {
@@ -208,6 +239,37 @@ impl Reconcile<'_> {
                 .then(|| crate::cloudinit::provider_id(&uuid)),
             kubernetes_version: None,
         };
+        let assigned = self
+            .nic_addresses(scope, placement, config, addresses)
+            .await;
+        match crate::cloudinit::render_nocloud(placement, &meta, &assigned, &bootstrap) {
+            Ok(files) => Ok(crate::cloudinit::build_nocloud_iso(&files)),
+            Err(error) => Err(waiting(
+                "BootstrapDataInvalid",
+                error.to_string(),
+                Action::requeue(Duration::from_secs(60)),
+            )),
+        }
+    }
+
+    /// Each NIC's MAC and bound addresses, for the seed ISO's network config.
+    async fn nic_addresses(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        config: &VmConfig,
+        addresses: &Addresses,
+    ) -> Vec<crate::cloudinit::NicAddresses> {
+        let macs: BTreeMap<String, String> = placement
+            .network_devices()
+            .iter()
+            .filter_map(|nic| {
+                Some((
+                    nic.name.clone(),
+                    crate::cloudinit::mac_from_net_config(&config.get(&nic.name)?)?,
+                ))
+            })
+            .collect();
         // Each pool's route metric, read once (only the seed ISO needs it).
         let mut metrics: BTreeMap<String, Option<u32>> = BTreeMap::new();
         let pool_key = |pool: &placement::PoolRef| format!("{}/{}", pool.kind, pool.name);
@@ -218,7 +280,7 @@ impl Reconcile<'_> {
                 entry.insert(pool_metric(self.reads(), &scope.namespace, &bound.pool).await);
             }
         }
-        let assigned: Vec<crate::cloudinit::NicAddresses> = placement
+        placement
             .network_devices()
             .iter()
             .map(|nic| crate::cloudinit::NicAddresses {
@@ -239,17 +301,7 @@ impl Reconcile<'_> {
                     })
                     .collect(),
             })
-            .collect();
-        Ok(
-            match crate::cloudinit::render_nocloud(placement, &meta, &assigned, &bootstrap) {
-                Ok(files) => Ok(crate::cloudinit::build_nocloud_iso(&files)),
-                Err(error) => Err(waiting(
-                    "BootstrapDataInvalid",
-                    error.to_string(),
-                    Action::requeue(Duration::from_secs(60)),
-                )),
-            },
-        )
+            .collect()
     }
 
     /// Deletes the cloud-init ISO (it holds the bootstrap token) once the node has joined, and
@@ -262,9 +314,9 @@ impl Reconcile<'_> {
         node: &str,
         vmid: u32,
         config: &VmConfig,
-    ) -> Result<Option<Step>, MachineError> {
+    ) -> Flow {
         let Some(ide0) = config.get("ide0") else {
-            return Ok(None);
+            return Ok(());
         };
         let iso_name = crate::cloudinit::seed_iso_name(vmid);
         let Some(volume) = ide0
@@ -273,18 +325,15 @@ impl Reconcile<'_> {
             .filter(|v| v.contains(&iso_name))
             .map(str::to_owned)
         else {
-            return Ok(None);
+            return Ok(());
         };
         // The deletion this pass saw succeed: only the detachment is left.
-        if !seed_iso_deleted(scope, node)
-            && let Some(step) = self
-                .delete_seed_iso(scope, proxmox, node, vmid, Some(volume))
-                .await?
-        {
-            return Ok(Some(step));
+        if !seed_iso_deleted(scope, node) {
+            self.delete_seed_iso(scope, proxmox, node, vmid, Some(volume))
+                .await?;
         }
         detach_seed_iso(proxmox, node, vmid).await?;
-        Ok(None)
+        Ok(())
     }
 }
 
@@ -361,6 +410,16 @@ impl WrittenConfigs {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The bootstrap data Secret the CAPI Machine names.
+pub(super) fn bootstrap_secret(scope: &Scope) -> Option<&str> {
+    scope
+        .capi_machine
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.data_secret_name.as_deref())
 }
 
 /// Whether `config` (of VM `vmid`) has the VM's seed ISO attached.

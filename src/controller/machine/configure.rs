@@ -1,7 +1,19 @@
 //! Bringing the cloned VM's hardware, NICs, tags and boot disk to what the spec asks, giving a
 //! clone without an SMBIOS UUID one, and recording its identity (provider ID, zone label).
 
-use super::*;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::bootstrap::smbios_uuid;
+use super::outcome::{Flow, Stop};
+use super::task::TaskKind;
+use super::vm::is_machine_tag;
+use super::{During, MachineError, PROVIDER_ID_PREFIX, Reconcile, Scope, claim_key, machine_tag};
+use crate::api::labels;
+use crate::placement::{self, Placement};
+use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
 
 impl Reconcile<'_> {
     /// Writes `provider_id` to the machine's spec and its zone (`default` without one) to its
@@ -49,7 +61,7 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         node: &str,
         vmid: u32,
-    ) -> Result<Result<VmConfig, Step>, MachineError> {
+    ) -> Flow<VmConfig> {
         let read_config = || format!("reading the config of VM {vmid} on {node}");
         // After the resize this process asked for, the config is as it left it (but the disk's
         // size, which the resize step does not look at again).
@@ -91,13 +103,12 @@ impl Reconcile<'_> {
                     .await
                     .during(read_config)?
             }
-            Configured::Waiting(step) => return Ok(Err(step)),
         };
         // A UUID this pass gave the VM (its clone had none) is its provider ID from now on.
         if !had_uuid {
             self.record_provider_id(scope, placement, &current).await?;
         }
-        Ok(Ok(current))
+        Ok(current)
     }
 
     /// Records the provider ID of the VM's SMBIOS UUID, unless the spec has one or the config
@@ -127,7 +138,7 @@ impl Reconcile<'_> {
         node: &str,
         vmid: u32,
         config: &VmConfig,
-    ) -> Result<Configured, MachineError> {
+    ) -> Flow<Configured> {
         let spec = &self.machine.spec;
         let mut configured = Configured::Unchanged;
         let (update, given_uuid) = self.config_update(placement, config)?;
@@ -168,13 +179,10 @@ impl Reconcile<'_> {
                 // The pass that sees the resize end works from the config as written here.
                 let written = &self.context.written_configs;
                 let machine = claim_key(self.machine);
-                let step = match step {
-                    Ok(step) => step,
-                    Err(error) => {
-                        written.forget(&machine, vmid);
-                        return Err(error);
-                    }
-                };
+                if let Err(failed @ Stop::Failed(_)) = step {
+                    written.forget(&machine, vmid);
+                    return Err(failed);
+                }
                 match &configured {
                     Configured::Unchanged => written.remember(&machine, vmid, config.clone()),
                     Configured::Changed(Some(updated)) => {
@@ -182,7 +190,9 @@ impl Reconcile<'_> {
                     }
                     _ => written.forget(&machine, vmid),
                 }
-                return Ok(step.map_or(Configured::Changed(None), Configured::Waiting));
+                // Waiting for the resize (a task), or done (Proxmox resized synchronously).
+                step?;
+                return Ok(Configured::Changed(None));
             }
         }
         Ok(configured)
@@ -292,8 +302,6 @@ pub(super) enum Configured {
     /// Proxmox took every value as sent (a NIC without a MAC gets one from Proxmox, so its
     /// config must be read again).
     Changed(Option<VmConfig>),
-    /// Started a task (a disk resize) that the machine waits for.
-    Waiting(Step),
 }
 
 /// The `netN` value for a NIC: the template's value with the model (keeping the MAC Proxmox

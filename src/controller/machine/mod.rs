@@ -45,64 +45,48 @@
 //! with `BootstrapFormatUnsupported` / `BootstrapDataInvalid` before anything is created in
 //! Proxmox.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+mod act;
 mod addresses;
 mod bootstrap;
 mod configure;
+mod decide;
 mod delete;
-mod provision;
-mod readiness;
-mod scope;
+mod endpoint;
+mod guest;
+mod looks;
+mod outcome;
+mod pass;
 mod status;
-mod steps;
 mod task;
+mod tracking;
 mod vm;
 
 pub use addresses::BoundAddress;
-use addresses::{Addresses, machine_addresses, pool_metric};
+use addresses::machine_addresses;
 pub use bootstrap::{SeedIsosRemoved, WrittenConfigs, smbios_uuid};
-use bootstrap::{detach_seed_iso, seed_iso_attached, seed_iso_deleted, seed_iso_uploaded};
-use status::{apply_status, apply_status_guarded, owned_status, paused_conditions};
-use vm::{Identity, PassConfigs, is_machine_tag};
+use vm::PassConfigs;
 
 pub use task::{
     TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, TaskKind, TaskPurpose, task_backoff,
 };
 
+use super::Context;
 use super::caches::{Caches, Reads, slot};
-use super::conditions::{self, Decided, Status};
-use super::failures::{self, Backoff, Pass};
+use super::failures::{self, Backoff};
 use super::guarded::{self, WriteError};
-use super::{Context, inventory};
-use crate::api::{
-    self, Initialization, IpAddressesSpec, MachineAddress, MachineAddressType, ProxmoxCluster,
-    ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, annotations, finalizers, labels,
-};
-use crate::capi::{self, IPAddress, IPAddressClaim, IpPoolReference};
-use crate::placement::{
-    self, CloneSources, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory,
-    PlacedMachine, Placement, ScheduleRequest, StorageInfo, TemplateChoice, TemplateCopy,
-    TemplateError, TemplateInfo, TemplateSource,
-};
-use crate::proxmox::{
-    CloneParams, ClusterResource, ConfigUpdate, DeleteParams, PowerAction, ProxmoxClient,
-    ProxmoxError, ResourceType, VmConfig,
-};
+use crate::api::{self, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineStatus, labels};
+use crate::capi::{self};
+use crate::proxmox::ProxmoxError;
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "capmox-proxmoxmachine";
@@ -160,6 +144,9 @@ pub enum MachineError {
     /// The object lacks a name or namespace (never true for objects read from the API).
     #[error("ProxmoxMachine without name or namespace")]
     MissingIdentity,
+    /// A step ran before the look that provides what it needs (a bug in the pass's order).
+    #[error("capmox bug: a step ran without {0}; please report it")]
+    OutOfOrder(String),
     /// The system's random number generator failed, so a clone without an SMBIOS UUID cannot
     /// be given one.
     #[error("the system's random number generator failed; no SMBIOS UUID for the VM")]
@@ -229,75 +216,103 @@ fn claim_key(machine: &ProxmoxMachine) -> String {
     }
 }
 
-/// Runs the controller until `shutdown` is cancelled.
-pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
-    let client = context.client.clone();
-    let namespace = context.config.watch_namespace.clone();
-    fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
+/// The API of kind `K` in the namespace the manager watches (all namespaces: `None`).
+fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     }
-    let namespace = namespace.as_deref();
-    let machines: Api<ProxmoxMachine> = api(&client, namespace);
-    let controller = Controller::new(machines, context.config.shard_watch());
-    let store = controller.store();
-    super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
-    let (caches, writers) = Caches::new(store.clone());
+}
+
+/// The machines of cluster `name` in `namespace`, as the store holds them.
+fn machines_of(
+    store: &Store<ProxmoxMachine>,
+    namespace: Option<String>,
+    name: &str,
+) -> Vec<ObjectRef<ProxmoxMachine>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|m| {
+            m.namespace() == namespace
+                && m.labels().get(labels::CLUSTER_NAME).map(String::as_str) == Some(name)
+        })
+        .map(|m| ObjectRef::from_obj(&*m))
+        .collect()
+}
+
+/// The ProxmoxMachine a CAPI Machine's infrastructure reference names.
+fn infrastructure_of(machine: &capi::Machine) -> Option<ObjectRef<ProxmoxMachine>> {
+    let reference = machine.spec.infrastructure_ref.as_ref()?;
+    (reference.kind == "ProxmoxMachine").then(|| {
+        ObjectRef::new(&reference.name).within(machine.namespace().as_deref().unwrap_or_default())
+    })
+}
+
+/// A watch of kind `K` feeding the caches: of this manager's shard (`sharded`), or whole.
+fn watch<K>(
+    caches: &Caches,
+    slot: usize,
+    context: &Context,
+    sharded: bool,
+    writer: kube::runtime::reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let config = if sharded {
+        context.config.shard_watch()
+    } else {
+        kube::runtime::watcher::Config::default()
+    };
+    let api = scoped_api(&context.client, context.config.watch_namespace.as_deref());
+    caches.watch(slot, api, config, writer)
+}
+
+/// `controller` woken by the objects a machine depends on, each watched into the caches its
+/// reconciles read.
+fn woken_by_related(
+    controller: Controller<ProxmoxMachine>,
+    caches: &Caches,
+    writers: super::caches::Writers,
+    context: &Context,
+    store: Store<ProxmoxMachine>,
+) -> Controller<ProxmoxMachine> {
     // This manager's shard: the CAPI objects it maps from carry the label too; the IPAM
     // objects (made by capmox and the IPAM provider) are watched whole.
-    let whole = kube::runtime::watcher::Config::default;
-    let shard = || context.config.shard_watch();
-    let claims = caches.watch(
-        slot::CLAIMS,
-        api(&client, namespace),
-        whole(),
-        writers.claims,
-    );
-    let addresses = caches.watch(
-        slot::ADDRESSES,
-        api(&client, namespace),
-        whole(),
-        writers.addresses,
-    );
-    let capi_machines = caches.watch(
+    let claims = watch(caches, slot::CLAIMS, context, false, writers.claims);
+    let addresses = watch(caches, slot::ADDRESSES, context, false, writers.addresses);
+    let capi_machines = watch(
+        caches,
         slot::CAPI_MACHINES,
-        api(&client, namespace),
-        shard(),
+        context,
+        true,
         writers.capi_machines,
     );
-    let clusters = caches.watch(
-        slot::CLUSTERS,
-        api(&client, namespace),
-        shard(),
-        writers.clusters,
-    );
-    let capi_clusters = caches.watch(
+    let clusters = watch(caches, slot::CLUSTERS, context, true, writers.clusters);
+    let capi_clusters = watch(
+        caches,
         slot::CAPI_CLUSTERS,
-        api(&client, namespace),
-        shard(),
+        context,
+        true,
         writers.capi_clusters,
     );
-    let pools = caches.watch(slot::POOLS, api(&client, namespace), whole(), writers.pools);
+    let pools = watch(caches, slot::POOLS, context, false, writers.pools);
     let claim_store = caches.claims.clone();
-    let context = Arc::new(Context {
-        caches: Some(caches),
-        ..(*context).clone()
-    });
     let queue = context.metrics.work_queue(CONTROLLER);
     queue.observe(store.clone());
-    let (claim_queue, address_queue, machine_queue, cluster_queue, capi_cluster_queue) = (
-        queue.clone(),
-        queue.clone(),
-        queue.clone(),
-        queue.clone(),
-        queue,
-    );
+    let [
+        claim_queue,
+        address_queue,
+        machine_queue,
+        cluster_queue,
+        capi_cluster_queue,
+    ] = std::array::from_fn(|_| queue.clone());
     let capi_cluster_store = store.clone();
     controller
         // Owned claims wake their ProxmoxMachine (as `owns` would), noted on the work queue.
@@ -307,42 +322,51 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         // A bound address wakes the machine that owns its claim.
         .watches_stream(addresses, move |address| {
             let namespace = address.namespace().unwrap_or_default();
-            let claim = claim_store.get(&ObjectRef::new(&address.spec.claim_ref.name).within(&namespace));
-            address_queue.wake(claim.map(|claim| super::owners::<ProxmoxMachine>(&*claim)).unwrap_or_default())
+            let claim =
+                claim_store.get(&ObjectRef::new(&address.spec.claim_ref.name).within(&namespace));
+            address_queue.wake(
+                claim
+                    .map(|c| super::owners::<ProxmoxMachine>(&*c))
+                    .unwrap_or_default(),
+            )
         })
         .watches_stream(capi_machines, move |machine| {
-            let reference = machine.spec.infrastructure_ref.as_ref();
-            machine_queue.wake(reference.filter(|r| r.kind == "ProxmoxMachine").map(|reference| {
-                ObjectRef::new(&reference.name).within(machine.namespace().as_deref().unwrap_or_default())
-            }))
+            machine_queue.wake(infrastructure_of(&machine))
         })
         // A cluster change (failure domains, pools, readiness) wakes the machines waiting on it.
         .watches_stream(clusters, move |cluster| {
-            let name = cluster.labels().get(labels::CLUSTER_NAME).cloned().unwrap_or_else(|| cluster.name_any());
-            let namespace = cluster.namespace();
-            cluster_queue.wake(
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|m| m.namespace() == namespace && m.labels().get(labels::CLUSTER_NAME) == Some(&name))
-                    .map(|m| ObjectRef::from_obj(&*m)),
-            )
+            let name = cluster.labels().get(labels::CLUSTER_NAME).cloned();
+            let name = name.unwrap_or_else(|| cluster.name_any());
+            cluster_queue.wake(machines_of(&store, cluster.namespace(), &name))
         })
         // A CAPI Cluster change (un-pausing it, its infrastructure becoming provisioned) wakes
         // its machines.
         .watches_stream(capi_clusters, move |cluster| {
-            let name = cluster.name_any();
-            let namespace = cluster.namespace();
-            capi_cluster_queue.wake(
-                capi_cluster_store
-                    .state()
-                    .into_iter()
-                    .filter(|m| m.namespace() == namespace && m.labels().get(labels::CLUSTER_NAME) == Some(&name))
-                    .map(|m| ObjectRef::from_obj(&*m)),
-            )
+            let machines = machines_of(
+                &capi_cluster_store,
+                cluster.namespace(),
+                &cluster.name_any(),
+            );
+            capi_cluster_queue.wake(machines)
         })
         // Pools are only read (for their gateway metric): nothing to wake.
         .watches_stream(pools, |_| None::<ObjectRef<ProxmoxMachine>>)
+}
+
+/// Runs the controller until `shutdown` is cancelled.
+pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
+    let namespace = context.config.watch_namespace.as_deref();
+    let machines: Api<ProxmoxMachine> = scoped_api(&context.client, namespace);
+    let controller = Controller::new(machines, context.config.shard_watch());
+    let store = controller.store();
+    super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
+    let (caches, writers) = Caches::new(store.clone());
+    let controller = woken_by_related(controller, &caches, writers, &context, store);
+    let context = Arc::new(Context {
+        caches: Some(caches),
+        ..(*context).clone()
+    });
+    controller
         .with_config(ControllerConfig::default().concurrency(context.config.machine_concurrency))
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, context)
@@ -400,62 +424,6 @@ pub async fn reconcile(
             Reconcile::new(&machine, &context).and_then_run(),
         )
         .await
-}
-
-/// What a step decided: go on, or stop this reconcile with a condition and a requeue.
-enum Step {
-    Continue,
-    Stop(Decided, Action),
-    /// Stop, and keep the machine's back-off streak going (a pass that stops with
-    /// [`Step::Stop`] ends it).
-    Backoff(Decided, Action),
-}
-
-impl Step {
-    /// The same requeue for a machine that is provisioned: what it waits for now (a task that
-    /// tidies up, such as the seed ISO's removal) does not make it less so.
-    fn still_provisioned(self) -> Step {
-        match self {
-            Step::Continue => Step::Continue,
-            Step::Stop(_, action) => {
-                Step::Stop(Decided::ok(PROVISIONED, "Provisioned", ""), action)
-            }
-            Step::Backoff(_, action) => {
-                Step::Backoff(Decided::ok(PROVISIONED, "Provisioned", ""), action)
-            }
-        }
-    }
-}
-
-/// Waiting for something that polling more often does not bring sooner: the machine's back-off
-/// streak goes on, and the next look comes after `retry.delay`.
-fn waiting_longer(reason: &str, message: impl Into<String>, retry: &failures::Retry) -> Step {
-    Step::Backoff(
-        Decided::failed(PROVISIONED, reason, message),
-        Action::requeue(retry.delay),
-    )
-}
-
-/// Waiting for the IPAM provider to bind the machine's claims (the claims and addresses are
-/// watched; the requeue is a fallback).
-fn waiting_for_addresses() -> Step {
-    waiting(
-        "WaitingForStaticIPAllocation",
-        "waiting for the IP address claims to be bound",
-        Action::requeue(Duration::from_secs(30)),
-    )
-}
-
-fn waiting(reason: &str, message: impl Into<String>, action: Action) -> Step {
-    Step::Stop(
-        Decided {
-            type_: PROVISIONED,
-            status: Status::False,
-            reason: reason.to_owned(),
-            message: message.into(),
-        },
-        action,
-    )
 }
 
 struct Reconcile<'a> {
@@ -566,162 +534,11 @@ impl<'a> Reconcile<'a> {
         }
         (described, Action::requeue(delay))
     }
-
-    /// The Proxmox the machine works with: the one its VM was recorded on while some
-    /// credentials of its cluster still reach it, else its zone's (`zone_credentials`: the
-    /// zone's own `credentialsRef`, `None` for the cluster's credentials). `Err`: why there is
-    /// none.
-    async fn proxmox_client(
-        &self,
-        scope: &Scope,
-        zone_credentials: Option<&api::SecretReference>,
-    ) -> Result<Result<MachineProxmox, String>, MachineError> {
-        let zone = self.client_for(scope, zone_credentials).await?;
-        let Some(recorded) = self.recorded_endpoint(scope) else {
-            return Ok(zone.map(MachineProxmox::as_resolved));
-        };
-        if let Ok(proxmox) = &zone
-            && proxmox.endpoint() == recorded
-        {
-            return Ok(Ok(MachineProxmox::as_resolved(proxmox.clone())));
-        }
-        // The zone's credentials changed since: another of the cluster's may still reach the
-        // Proxmox the VM lives on.
-        let mut others: Vec<Option<&api::SecretReference>> = vec![None];
-        others.extend(
-            placement::zone_credentials(&scope.proxmox_cluster)
-                .into_iter()
-                .map(Some),
-        );
-        for reference in others.into_iter().filter(|r| *r != zone_credentials) {
-            if let Ok(proxmox) = self.client_for(scope, reference).await?
-                && proxmox.endpoint() == recorded
-            {
-                return Ok(Ok(MachineProxmox::as_resolved(proxmox)));
-            }
-        }
-        Ok(zone.map(|proxmox| MachineProxmox {
-            proxmox,
-            moved_from: Some(recorded.to_owned()),
-        }))
-    }
-
-    /// Whether the machine may have a VM: nothing recorded means no clone was ever requested
-    /// (the VMID is recorded first).
-    fn may_have_vm(&self, scope: &Scope) -> bool {
-        scope.recorded_vmid.is_some() || self.machine.spec.provider_id.is_some()
-    }
-
-    /// The Proxmox endpoint the machine's VM was created on, while it may have one.
-    fn recorded_endpoint<'s>(&self, scope: &'s Scope) -> Option<&'s str> {
-        scope
-            .current
-            .proxmox_endpoint
-            .as_deref()
-            .filter(|_| self.may_have_vm(scope))
-    }
-
-    /// `None` when `proxmox` may be trusted with the machine: it is the Proxmox its VM was
-    /// recorded on, or it has the VM (the same Proxmox cluster under another URL). Otherwise
-    /// what the machine reports (with a Warning event once) while it waits.
-    async fn untrusted(
-        &self,
-        scope: &Scope,
-        endpoint: &MachineProxmox,
-    ) -> Result<Option<String>, MachineError> {
-        let (Some(recorded), proxmox) = (&endpoint.moved_from, &endpoint.proxmox) else {
-            return Ok(None);
-        };
-        let resources = self
-            .context
-            .inventory
-            .resources(proxmox, Some(&claim_key(self.machine)))
-            .await
-            .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
-        if self.vm_is_on(scope, proxmox, &resources).await? {
-            tracing::info!(machine = %scope.name, from = %recorded, to = %proxmox.endpoint(), "the machine's VM is reached through another URL of its Proxmox now");
-            return Ok(None);
-        }
-        let message = format!(
-            "{} was created on the Proxmox at {recorded}, but no credentials of ProxmoxCluster {} reach it now (its zone's reach {}, which does not have the VM); give the zone credentials for {recorded} again. capmox neither creates a second VM nor releases this machine meanwhile",
-            self.recorded_vm(scope),
-            scope.proxmox_cluster.name_any(),
-            proxmox.endpoint()
-        );
-        tracing::warn!(machine = %scope.name, reason = ENDPOINT_CHANGED, "{message}");
-        self.warn_once(scope, ENDPOINT_CHANGED, &message).await;
-        Ok(Some(message))
-    }
-
-    /// The client for the cluster's credentials `reference` names (`None`: its own).
-    async fn client_for(
-        &self,
-        scope: &Scope,
-        reference: Option<&api::SecretReference>,
-    ) -> Result<Result<ProxmoxClient, String>, MachineError> {
-        let config = super::credentials::client_config(
-            self.context,
-            &scope.proxmox_cluster,
-            &scope.namespace,
-            reference,
-            false,
-        )
-        .await?;
-        Ok(match config {
-            Ok(config) => self.context.proxmox.get(&config).map_err(|e| e.to_string()),
-            Err(error) => Err(error.to_string()),
-        })
-    }
-
-    /// Whether the machine's VM is on `proxmox`: its tag is listed there, or the VM with its
-    /// recorded VMID (or spec's SMBIOS UUID) is shown to be its own by its config. Decides
-    /// whether a Proxmox other than the recorded one may be trusted with the machine.
-    async fn vm_is_on(
-        &self,
-        scope: &Scope,
-        proxmox: &ProxmoxClient,
-        resources: &[ClusterResource],
-    ) -> Result<bool, MachineError> {
-        let identity = Identity::of(self.machine, &scope.name);
-        if let Some(vmid) = scope.recorded_vmid
-            && let Some(vm) = vm::vms(resources).find(|r| r.vmid == Some(vmid))
-            && identity
-                .owned_listed(proxmox, &self.configs, vm)
-                .await?
-                .is_some()
-        {
-            return Ok(true);
-        }
-        Ok(identity
-            .search(proxmox, &self.configs, resources, scope.recorded_vmid)
-            .await?
-            .is_some())
-    }
 }
-
-/// The Proxmox a pass works with.
-struct MachineProxmox {
-    proxmox: ProxmoxClient,
-    /// Set when the VM was recorded on another Proxmox (this URL) that none of the cluster's
-    /// credentials reach any more: the pass may go on only once it finds the VM here.
-    moved_from: Option<String>,
-}
-
-impl MachineProxmox {
-    fn as_resolved(proxmox: ProxmoxClient) -> Self {
-        Self {
-            proxmox,
-            moved_from: None,
-        }
-    }
-}
-
-/// Reason of `VirtualMachineProvisioned` (and of the deletion's wait) while the machine's VM
-/// is on a Proxmox its cluster's credentials no longer reach.
-const ENDPOINT_CHANGED: &str = "ProxmoxEndpointChanged";
 
 #[cfg(test)]
 mod tests {
+    use super::vm::is_machine_tag;
     use super::*;
 
     #[test]

@@ -1,6 +1,16 @@
 //! What a pass writes: the machine's status (guarded against stale copies) and its events.
 
-use super::*;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, Resource};
+use serde_json::json;
+
+use super::{FIELD_MANAGER, MachineError, PROVISIONED, Reconcile, Scope};
+use crate::api::{self, ProxmoxMachine, ProxmoxMachineStatus};
+use crate::controller::conditions::{self, Decided};
+use crate::controller::failures;
+use crate::controller::guarded::WriteError;
 
 impl Reconcile<'_> {
     /// Writes the status a pass decided, unless the pass worked from a copy of the machine
@@ -38,6 +48,26 @@ impl Reconcile<'_> {
         apply_status(api, name, current, desired).await
     }
 
+    /// Says the machine is paused (its other conditions stay as they are).
+    pub(super) async fn report_paused(&self, scope: &mut Scope) -> Result<(), MachineError> {
+        scope.status.conditions = paused_conditions(&scope.current, scope.generation);
+        self.write_status(&scope.api, &scope.name, &scope.current, &scope.status)
+            .await
+    }
+
+    /// A Warning event, unless the machine reports `reason` already (one per episode, not one
+    /// per pass).
+    pub(super) async fn warn_once(&self, scope: &Scope, reason: &str, message: &str) {
+        let reported = scope
+            .current
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PROVISIONED && c.reason == reason);
+        if !reported {
+            self.event(scope, EventType::Warning, reason, message).await;
+        }
+    }
+
     pub(super) async fn event(&self, scope: &Scope, type_: EventType, reason: &str, note: &str) {
         match type_ {
             EventType::Normal => tracing::info!(machine = %scope.name, reason, "{note}"),
@@ -53,11 +83,6 @@ impl Reconcile<'_> {
         )
         .await;
     }
-}
-
-/// The status fields this controller owns, as currently recorded.
-pub(super) fn owned_status(current: &ProxmoxMachineStatus) -> ProxmoxMachineStatus {
-    current.clone()
 }
 
 pub(super) fn paused_conditions(

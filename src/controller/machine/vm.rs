@@ -1,7 +1,39 @@
 //! Finding the machine's VM, or creating it: the VM's identity, VMID choice, placement on a
 //! node and the clone.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::bootstrap::smbios_uuid;
+use super::looks::Held;
+use super::outcome::{Flow, Stop, waiting};
+use super::status::{apply_status, apply_status_guarded};
+use super::task::TaskKind;
+use super::{
+    During, MACHINE_TAG_PREFIX, MAX_VMID, MachineError, PROVIDER_ID_PREFIX, PROVISIONED, Reconcile,
+    Scope, claim_key, machine_tag,
+};
+use crate::api::{self, ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, labels};
+use crate::capi::{self};
+use crate::controller::conditions::{self, Decided};
+use crate::controller::guarded::{self};
+use crate::controller::inventory;
+use crate::placement::{
+    self, CloneSources, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory,
+    PlacedMachine, Placement, ScheduleRequest, StorageInfo, TemplateChoice, TemplateCopy,
+    TemplateError, TemplateInfo, TemplateSource,
+};
+use crate::proxmox::{
+    CloneParams, ClusterResource, ProxmoxClient, ProxmoxError, ResourceType, VmConfig,
+};
 
 impl Reconcile<'_> {
     /// The machine's VM: by its tag, by the recorded VMID (if that VM is still the machine's),
@@ -90,32 +122,41 @@ impl Reconcile<'_> {
         Ok(patched.metadata.resource_version)
     }
 
-    pub(super) async fn create_vm(
+    /// Creates the machine's VM: chooses the template copy, node and VMID, records them (the
+    /// intent, before the request), and requests the clone. The pass always waits after it.
+    pub(super) async fn create_vm(&self, scope: &mut Scope, held: &Held) -> Flow<Infallible> {
+        let (placement, proxmox) = (held.placement()?, held.proxmox()?);
+        let resources = held.resources.as_deref().map_or(&[][..], Vec::as_slice);
+        let (source, target) = self
+            .clone_source(scope, placement, proxmox, resources)
+            .await?;
+        let vmid = self.claim_vmid(scope, proxmox, resources).await?;
+        let cloning = format!(
+            "cloning template {} on {} to VM {vmid} on {target}",
+            source.vmid, source.node
+        );
+        self.record_intent(scope, placement, proxmox, vmid, &target, source.vmid)
+            .await?;
+        self.request_clone(scope, proxmox, &source, vmid, &target, &cloning)
+            .await
+    }
+
+    /// The VMID for the machine's VM, claimed for it until it is deleted, so no other machine
+    /// ever records it, even while a clone that did not happen leaves it free in Proxmox: the
+    /// recorded one if it is still free, else from the range or Proxmox.
+    async fn claim_vmid(
         &self,
-        scope: &mut Scope,
-        placement: &Placement,
+        scope: &Scope,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Result<Step, MachineError> {
-        let (source, target) = match self
-            .clone_source(scope, placement, proxmox, resources)
-            .await?
-        {
-            Ok(chosen) => chosen,
-            Err(step) => return Ok(step),
-        };
-        let (source_node, template_vmid) = (source.node, source.vmid);
-
-        // The VMID: the recorded one if it is still free, else from the range or Proxmox.
-        // Claimed for this machine until it is deleted, so no other machine ever records it,
-        // even while a clone that did not happen leaves it free in Proxmox.
+    ) -> Flow<u32> {
         let vmid = match self.pick_vmid(scope, proxmox, resources).await? {
             Picked::Vmid(claim) => claim,
             Picked::Unlisted(vmid) => {
                 // Proxmox has a VM with the recorded VMID that it does not list yet (a clone
                 // requested before a move): the next look tells whether it is ours.
                 self.context.reservations.lock().await.release(&scope.name);
-                return Ok(waiting(
+                return Err(waiting(
                     "Cloning",
                     format!("VMID {vmid} is in use in Proxmox but not listed yet; looking again"),
                     Action::requeue(Duration::from_secs(1)),
@@ -128,7 +169,7 @@ impl Reconcile<'_> {
                 } else {
                     "Proxmox has no free VMID; free VMIDs"
                 };
-                return Ok(waiting(
+                return Err(waiting(
                     "VMIDRangeExhausted",
                     message,
                     Action::requeue(Duration::from_secs(60)),
@@ -140,16 +181,26 @@ impl Reconcile<'_> {
             .lock()
             .await
             .set_vmid(&scope.name, vmid);
+        Ok(vmid)
+    }
 
-        // Intent first: a crash after the clone request finds the VM by this VMID. The spec
-        // holds it too, since a move or restore keeps the spec but not the status; that write
-        // is guarded by the resourceVersion this pass saw, and the status checkpoint by the one
-        // it produced.
+    /// Intent first: a crash after the clone request finds the VM by this VMID. The spec holds
+    /// it too, since a move or restore keeps the spec but not the status; that write is guarded
+    /// by the resourceVersion this pass saw, and the status checkpoint by the one it produced.
+    async fn record_intent(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        vmid: u32,
+        target: &str,
+        template_vmid: u32,
+    ) -> Flow {
         let guard = scope.resource_version.clone();
         scope.resource_version = self.record_vmid(scope, vmid, guard).await?;
         scope.recorded_vmid = Some(vmid);
         scope.status.virtual_machine_id = Some(i64::from(vmid));
-        scope.status.proxmox_node = Some(target.clone());
+        scope.status.proxmox_node = Some(target.to_owned());
         scope.status.proxmox_endpoint = Some(proxmox.endpoint().to_owned());
         scope.status.failure_domain = placement.failure_domain().map(str::to_owned);
         scope.status.vm_status = Some(VirtualMachineState::Pending);
@@ -177,28 +228,22 @@ impl Reconcile<'_> {
         )
         .await?;
         scope.current = checkpoint;
+        Ok(())
+    }
 
-        let spec = &self.machine.spec;
-        let params = CloneParams {
-            newid: vmid,
-            name: Some(scope.name.clone()),
-            description: spec.description.clone(),
-            target: (target != source_node).then(|| target.clone()),
-            full: Some(spec.full.unwrap_or(true)),
-            storage: spec.storage.clone(),
-            format: spec.format.map(|f| {
-                serde_json::to_value(f)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-            }),
-            pool: spec.pool.clone(),
-            snapname: spec.snap_name.clone(),
-        };
-        let cloning = || {
-            format!("cloning template {template_vmid} on {source_node} to VM {vmid} on {target}")
-        };
-        match proxmox.clone_vm(&source_node, template_vmid, &params).await {
+    /// Requests the clone of `source` to VM `vmid` on `target`, and records its task.
+    async fn request_clone(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        source: &TemplateChoice,
+        vmid: u32,
+        target: &str,
+        cloning: &str,
+    ) -> Flow<Infallible> {
+        let params = self.clone_params(scope, source, vmid, target);
+        let cloning = || cloning.to_owned();
+        match proxmox.clone_vm(&source.node, source.vmid, &params).await {
             Ok(upid) => {
                 // The task in flight: a restarted controller checks it instead of cloning
                 // again (and the VMID recorded above finds the VM either way). Recorded now,
@@ -210,7 +255,10 @@ impl Reconcile<'_> {
                     Ok(Some(upid.clone())),
                     TaskKind::Clone,
                     cloning,
-                )?;
+                );
+                if let Err(failed @ Stop::Failed(_)) = step {
+                    return Err(failed);
+                }
                 let mut recorded = scope.status.clone();
                 recorded.conditions = scope.current.conditions.clone();
                 apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
@@ -222,7 +270,7 @@ impl Reconcile<'_> {
                     &format!("{} (task {upid})", cloning()),
                 )
                 .await;
-                Ok(step.unwrap_or_else(|| {
+                Err(step.err().unwrap_or_else(|| {
                     waiting(
                         "Cloning",
                         cloning(),
@@ -237,13 +285,17 @@ impl Reconcile<'_> {
                 self.context
                     .vmid_claims
                     .unclaim(vmid, &claim_key(self.machine));
-                Ok(waiting(
+                Err(waiting(
                     "VMIDTaken",
                     format!("VMID {vmid} was taken meanwhile; choosing another"),
                     Action::requeue(Duration::from_millis(200)),
                 ))
             }
-            Err(error) => Err(error).during(cloning),
+            Err(error) => Err(MachineError::ProxmoxStep {
+                step: cloning(),
+                source: error,
+            }
+            .into()),
         }
     }
 
@@ -257,36 +309,10 @@ impl Reconcile<'_> {
         placement: &Placement,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Result<Result<(TemplateChoice, String), Step>, MachineError> {
-        let templates = crate::controller::inventory::templates(resources);
-        let copies = match template_copies(placement.template(), &templates) {
-            Ok(copies) => copies,
-            Err((reason, message)) => {
-                return Ok(Err(self.template_refused(scope, reason, message).await));
-            }
-        };
-        // Where the copies' volumes live matters only for a candidate node without a copy.
-        let elsewhere = match placement.candidates() {
-            NodeCandidates::Nodes(nodes) => {
-                nodes.iter().any(|n| !copies.iter().any(|c| c.node == *n))
-            }
-            NodeCandidates::TemplateNode => false,
-        };
-        let mut with_storages = Vec::with_capacity(copies.len());
-        for template in copies {
-            let storages = if elsewhere {
-                Some(
-                    self.context
-                        .inventory
-                        .template_config(proxmox, &template.node, template.vmid)
-                        .await?
-                        .volume_storages(),
-                )
-            } else {
-                None
-            };
-            with_storages.push(TemplateCopy { template, storages });
-        }
+    ) -> Flow<(TemplateChoice, String)> {
+        let with_storages = self
+            .template_copies_for(scope, placement, proxmox, resources)
+            .await?;
         let template_memory = with_storages.first().and_then(|c| {
             resources
                 .iter()
@@ -313,7 +339,7 @@ impl Reconcile<'_> {
         let node = if placement.needs_scheduling() {
             let narrowed = match sources.narrow(placement) {
                 Ok(narrowed) => narrowed,
-                Err(error) => return Ok(Err(self.template_waiting(scope, &error).await)),
+                Err(error) => return Err(self.template_waiting(scope, &error).await),
             };
             let inventory = self.inventory(scope, proxmox, resources).await?;
             let request = ScheduleRequest::new(&narrowed, template_memory);
@@ -323,11 +349,11 @@ impl Reconcile<'_> {
             match reservations.schedule_and_reserve(&narrowed, &inventory, &request) {
                 Ok(choice) => Some(choice.node),
                 Err(error) => {
-                    return Ok(Err(waiting(
+                    return Err(waiting(
                         error.reason(),
                         error.to_string(),
                         Action::requeue(Duration::from_secs(30)),
-                    )));
+                    ));
                 }
             }
         } else {
@@ -336,20 +362,88 @@ impl Reconcile<'_> {
         match sources.choose(node.as_deref()) {
             Ok(source) => {
                 let target = node.unwrap_or_else(|| source.node.clone());
-                Ok(Ok((source, target)))
+                Ok((source, target))
             }
-            Err(error) => Ok(Err(self.template_waiting(scope, &error).await)),
+            Err(error) => Err(self.template_waiting(scope, &error).await),
         }
+    }
+
+    /// What the clone request asks of Proxmox, from the machine's spec.
+    fn clone_params(
+        &self,
+        scope: &Scope,
+        source: &TemplateChoice,
+        vmid: u32,
+        target: &str,
+    ) -> CloneParams {
+        let spec = &self.machine.spec;
+        CloneParams {
+            newid: vmid,
+            name: Some(scope.name.clone()),
+            description: spec.description.clone(),
+            target: (target != source.node).then(|| target.to_owned()),
+            full: Some(spec.full.unwrap_or(true)),
+            storage: spec.storage.clone(),
+            format: spec.format.map(|f| {
+                serde_json::to_value(f)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            }),
+            pool: spec.pool.clone(),
+            snapname: spec.snap_name.clone(),
+        }
+    }
+
+    /// The template's copies the machine may clone, each with the storages of its volumes
+    /// when a candidate node has no copy of its own (only then do they matter).
+    async fn template_copies_for(
+        &self,
+        scope: &Scope,
+        placement: &Placement,
+        proxmox: &ProxmoxClient,
+        resources: &[ClusterResource],
+    ) -> Flow<Vec<TemplateCopy>> {
+        let templates = crate::controller::inventory::templates(resources);
+        let copies = match template_copies(placement.template(), &templates) {
+            Ok(copies) => copies,
+            Err((reason, message)) => {
+                return Err(self.template_refused(scope, reason, message).await);
+            }
+        };
+        // Where the copies' volumes live matters only for a candidate node without a copy.
+        let elsewhere = match placement.candidates() {
+            NodeCandidates::Nodes(nodes) => {
+                nodes.iter().any(|n| !copies.iter().any(|c| c.node == *n))
+            }
+            NodeCandidates::TemplateNode => false,
+        };
+        let mut with_storages = Vec::with_capacity(copies.len());
+        for template in copies {
+            let storages = if elsewhere {
+                Some(
+                    self.context
+                        .inventory
+                        .template_config(proxmox, &template.node, template.vmid)
+                        .await?
+                        .volume_storages(),
+                )
+            } else {
+                None
+            };
+            with_storages.push(TemplateCopy { template, storages });
+        }
+        Ok(with_storages)
     }
 
     /// Waits on a template problem (checked again in a minute: templates are not watched),
     /// giving back any memory reserved for the machine.
-    pub(super) async fn template_waiting(&self, scope: &Scope, error: &TemplateError) -> Step {
+    pub(super) async fn template_waiting(&self, scope: &Scope, error: &TemplateError) -> Stop {
         self.template_refused(scope, error.reason(), error.to_string())
             .await
     }
 
-    async fn template_refused(&self, scope: &Scope, reason: &'static str, message: String) -> Step {
+    async fn template_refused(&self, scope: &Scope, reason: &'static str, message: String) -> Stop {
         self.context.reservations.lock().await.release(&scope.name);
         waiting(reason, message, Action::requeue(Duration::from_secs(60)))
     }
