@@ -99,28 +99,26 @@ pub struct Context {
     pub proxmox: Arc<ClientRegistry>,
     /// Credentials for clusters without a `credentialsRef`.
     pub global_credentials: GlobalCredentials,
-    /// Credentials machine reconciles resolved from clusters' Secrets, reused for a short while.
+    /// Credentials machine reconciles resolved from clusters' Secrets, reused for a short while
+    /// so a pass costs no Secret read. After a restart: the Secrets are read again.
     pub credentials: credentials::CredentialsMemo,
-    /// Memory promised to machines whose VMs are still being created, so parallel reconciles
-    /// never both take the last slot on a node.
-    pub reservations: Arc<tokio::sync::Mutex<inventory::EndpointReservations>>,
-    /// VMIDs held by the machines that chose them (until those are deleted), so parallel
-    /// reconciles never pick the same one and a VMID freed by a failed clone is not handed on.
-    pub vmid_claims: vmid::VmidClaims,
-    /// Each failing object's back-off, so retries slow down per object.
+    /// What the machine reconciler remembers of the VMs it creates ([`machine::Vms`]).
+    pub vms: machine::Vms,
+    /// Each failing object's back-off, so retries slow down per object. After a restart: the
+    /// back-offs start over (a failed task's is kept in the machine's `status.retryAfter`).
     pub retries: failures::Retries,
-    /// When the Proxmox tasks machines wait for are expected to end.
+    /// When the Proxmox tasks machines wait for are expected to end, so a pass checks a task
+    /// once rather than polling. After a restart: the tasks recorded in status are checked at
+    /// once and durations are learned again.
     pub task_clock: machine::TaskClock,
-    /// What each Proxmox endpoint lists, shared by all machine reconciles.
+    /// What each Proxmox endpoint lists, shared by all machine reconciles, so a pass costs no
+    /// listing of its own. After a restart: each endpoint is listed again on first use.
     pub inventory: inventory::Inventory,
-    /// The VMs whose seed ISO is known to be gone.
-    pub seed_isos_removed: machine::SeedIsosRemoved,
-    /// VM configs as this process last wrote them, until their seed ISO is removed.
-    pub written_configs: machine::WrittenConfigs,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
     /// The objects machine reconciles read, kept by the machine controller's watches; `None`
-    /// outside a running controller, where reconciles read from the API server.
+    /// outside a running controller, where reconciles read from the API server. After a
+    /// restart: listed again, and no pass runs until every watch has listed once.
     pub caches: Option<caches::Caches>,
 }
 
@@ -139,13 +137,10 @@ impl Context {
             proxmox,
             global_credentials,
             credentials: credentials::CredentialsMemo::default(),
-            reservations: Arc::default(),
-            vmid_claims: vmid::VmidClaims::default(),
+            vms: machine::Vms::default(),
             retries: failures::Retries::default(),
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
-            seed_isos_removed: machine::SeedIsosRemoved::default(),
-            written_configs: machine::WrittenConfigs::default(),
             readiness: Readiness::default(),
             caches: None,
         }
@@ -211,13 +206,10 @@ pub async fn run(
             proxmox,
             global_credentials,
             credentials: credentials::CredentialsMemo::default(),
-            reservations: Arc::default(),
-            vmid_claims: vmid::VmidClaims::default(),
+            vms: machine::Vms::default(),
             retries: failures::Retries::default(),
             task_clock: machine::TaskClock::default(),
             inventory: inventory::Inventory::default(),
-            seed_isos_removed: machine::SeedIsosRemoved::default(),
-            written_configs: machine::WrittenConfigs::default(),
             readiness: readiness.clone(),
             caches: None,
         };

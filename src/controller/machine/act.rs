@@ -13,8 +13,7 @@ use super::outcome::{Flow, Stop, waiting, waiting_for_addresses};
 use super::task::TaskKind;
 use super::vm::Identity;
 use super::{During, MachineError, Reconcile, Scope, claim_key, machine_addresses};
-use crate::api::{Initialization, VirtualMachineState, finalizers};
-use crate::controller::guarded;
+use crate::api::{Initialization, VirtualMachineState};
 use crate::proxmox::{ConfigUpdate, PowerAction, ProxmoxClient, ProxmoxError, VmConfig};
 
 /// How soon a machine whose HA rules another machine changed meanwhile tries again.
@@ -35,7 +34,7 @@ impl Reconcile<'_> {
                 observed.paused_reported = true;
             }
             Effect::EnsureFinalizer => {
-                guarded::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?;
+                self.ensure_finalizer(scope).await?;
                 observed.finalizer = true;
             }
             Effect::RecordVm => {
@@ -326,6 +325,7 @@ impl Reconcile<'_> {
             (_, None) => {
                 let remembered = self
                     .context
+                    .vms
                     .written_configs
                     .get(&machine_key, vmid)
                     .filter(|config| seed_iso_attached(config, vmid));
@@ -340,8 +340,11 @@ impl Reconcile<'_> {
                 self.remove_iso(scope, proxmox, node, vmid, &config).await?;
             }
         }
-        self.context.seed_isos_removed.insert(&machine_key, vmid);
-        self.context.written_configs.forget(&machine_key, vmid);
+        self.context
+            .vms
+            .seed_isos_removed
+            .insert(&machine_key, vmid);
+        self.context.vms.written_configs.forget(&machine_key, vmid);
         Ok(())
     }
 

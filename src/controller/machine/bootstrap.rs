@@ -147,6 +147,7 @@ impl Reconcile<'_> {
                 if matches!(stop, Stop::Wait(_)) {
                     // What the pass that attaches the seed ISO leaves is what its removal reads.
                     self.context
+                        .vms
                         .written_configs
                         .remember(&machine_key, vmid, config.clone());
                 }
@@ -162,10 +163,11 @@ impl Reconcile<'_> {
         if attached.is_err() {
             // Perhaps attached all the same (a lost answer): what this process wrote no longer
             // tells what the VM has.
-            self.context.written_configs.forget(&machine_key, vmid);
+            self.context.vms.written_configs.forget(&machine_key, vmid);
         }
         attached?;
         self.context
+            .vms
             .written_configs
             .written(&machine_key, vmid, &attach);
         scope.status.bootstrap_data_provided = Some(true);

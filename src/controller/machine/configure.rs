@@ -1,56 +1,17 @@
 //! Bringing the cloned VM's hardware, NICs, tags and boot disk to what the spec asks, giving a
 //! clone without an SMBIOS UUID one, and recording its identity (provider ID, zone label).
 
-use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 use super::bootstrap::smbios_uuid;
 use super::outcome::{Flow, Stop};
 use super::task::TaskKind;
 use super::vm::is_machine_tag;
 use super::{During, MachineError, PROVIDER_ID_PREFIX, Reconcile, Scope, claim_key, machine_tag};
-use crate::api::labels;
 use crate::placement::{self, Placement};
 use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
 
 impl Reconcile<'_> {
-    /// Writes `provider_id` to the machine's spec and its zone (`default` without one) to its
-    /// `topology.kubernetes.io/proxmox-zone` label, as the Go provider labels its machines for
-    /// users to select on, unless both are there already.
-    pub(super) async fn record_identity(
-        &self,
-        scope: &mut Scope,
-        placement: &Placement,
-        provider_id: &str,
-    ) -> Result<(), MachineError> {
-        let zone = placement.zone_label();
-        if self.machine.spec.provider_id.as_deref() == Some(provider_id)
-            && self
-                .machine
-                .labels()
-                .get(labels::PROXMOX_ZONE)
-                .map(String::as_str)
-                == Some(zone)
-        {
-            return Ok(());
-        }
-        let patched = scope
-            .api
-            .patch(
-                &scope.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({
-                    "metadata": {"labels": {labels::PROXMOX_ZONE: zone}},
-                    "spec": {"providerID": provider_id},
-                })),
-            )
-            .await?;
-        scope.generation = patched.metadata.generation;
-        Ok(())
-    }
-
     /// The Configure phase: reads the config (or takes the one this process wrote before its
     /// resize), records the provider ID once the config shows the SMBIOS UUID, and brings the
     /// config to the spec. The config as it is now, or the step the machine waits at.
@@ -68,6 +29,7 @@ impl Reconcile<'_> {
         let remembered = disk_resized(scope)
             .then(|| {
                 self.context
+                    .vms
                     .written_configs
                     .get(&claim_key(self.machine), vmid)
             })
@@ -177,7 +139,7 @@ impl Reconcile<'_> {
                     format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb)
                 });
                 // The pass that sees the resize end works from the config as written here.
-                let written = &self.context.written_configs;
+                let written = &self.context.vms.written_configs;
                 let machine = claim_key(self.machine);
                 if let Err(failed @ Stop::Failed(_)) = step {
                     written.forget(&machine, vmid);

@@ -13,8 +13,6 @@ use super::outcome::{Flow, Stop, Wait, waiting};
 use super::task::TaskKind;
 use super::vm::Identity;
 use super::{During, MachineError, Reconcile, Scope, claim_key};
-use crate::api::finalizers;
-use crate::controller::guarded;
 use crate::proxmox::{DeleteParams, PowerAction, ProxmoxClient, VmConfig};
 
 /// How soon a deletion waiting for a VM's lock looks again.
@@ -225,11 +223,20 @@ impl Reconcile<'_> {
 
     /// Nothing is left in Proxmox: lets the object go.
     pub(super) async fn released(&self, scope: &Scope) -> Result<(), MachineError> {
-        self.context.reservations.lock().await.release(&scope.name);
-        guarded::release(&scope.api, self.machine, Some(finalizers::MACHINE), None).await?;
-        self.context.vmid_claims.release(&claim_key(self.machine));
+        self.context
+            .vms
+            .reservations
+            .lock()
+            .await
+            .release(&scope.name);
+        self.release_finalizer(scope).await?;
+        self.context
+            .vms
+            .vmid_claims
+            .release(&claim_key(self.machine));
         if let Some(vmid) = scope.recorded_vmid {
             self.context
+                .vms
                 .written_configs
                 .forget(&claim_key(self.machine), vmid);
         }

@@ -225,7 +225,11 @@ impl Reconcile<'_> {
                 .as_ref()
                 .and_then(|s| s.node_ref.as_ref())
                 .is_some(),
-            seed_iso_removed: self.context.seed_isos_removed.contains(&machine_key, vmid),
+            seed_iso_removed: self
+                .context
+                .vms
+                .seed_isos_removed
+                .contains(&machine_key, vmid),
             seed_iso_deleted: super::bootstrap::seed_iso_deleted(scope, &node),
             ha_pending,
         })

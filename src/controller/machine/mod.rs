@@ -1,5 +1,15 @@
 //! The ProxmoxMachine reconciler: the InfraMachine half of the CAPI v1beta2 contract.
 //!
+//! How a pass is built: `pass` reads what the caches hold into an `decide::Observed`, then
+//! asks `decide::decide` (pure, table-tested) for the next step until the pass ends: a look
+//! (`looks`: the bootstrap data, the Proxmox to use and whether to trust it, the task in
+//! flight, the addresses, the VM), an effect (`act`: record, create, a phase, delete,
+//! release), or the end with what the machine reports, which the status writer (`status`,
+//! where every write of the ProxmoxMachine lives) applies once. A step either goes on or
+//! stops (`outcome::Flow`): waiting with a report, or failing. What outlives a pass lives in
+//! services on the [`super::Context`] ([`Vms`], the inventory, the task clock, back-offs),
+//! each saying what a restart without it means.
+//!
 //! Level-triggered: each reconcile observes the VM (by the machine's tag, the recorded VMID, or
 //! `spec.providerID`) and takes the next needed step. The VMID is written to
 //! `spec.virtualMachineID`, and with node and zone to status, before the clone request (each
@@ -70,11 +80,13 @@ mod status;
 mod task;
 mod tracking;
 mod vm;
+mod vms;
 
 pub use addresses::BoundAddress;
 use addresses::machine_addresses;
 pub use bootstrap::{SeedIsosRemoved, WrittenConfigs, smbios_uuid};
 use vm::PassConfigs;
+pub use vms::Vms;
 
 pub use task::{
     TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, TaskKind, TaskPurpose, task_backoff,

@@ -1,16 +1,18 @@
-//! What a pass writes: the machine's status (guarded against stale copies) and its events.
+//! Every write of a pass to its ProxmoxMachine (status guarded against stale copies, the VMID
+//! and provider ID in its spec, its finalizer) and its events, in one place.
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::{Api, Resource};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::{FIELD_MANAGER, MachineError, PROVISIONED, Reconcile, Scope};
-use crate::api::{self, ProxmoxMachine, ProxmoxMachineStatus};
+use crate::api::{self, ProxmoxMachine, ProxmoxMachineStatus, finalizers, labels};
 use crate::controller::conditions::{self, Decided};
 use crate::controller::failures;
-use crate::controller::guarded::WriteError;
+use crate::controller::guarded::{self, WriteError};
+use crate::placement::Placement;
 
 impl Reconcile<'_> {
     /// Writes the status a pass decided, unless the pass worked from a copy of the machine
@@ -46,6 +48,145 @@ impl Reconcile<'_> {
             .into());
         }
         apply_status(api, name, current, desired).await
+    }
+
+    /// Records `vmid` in `spec.virtualMachineID`, where it survives `clusterctl move` and
+    /// restores (status does not), unless it is there already. Guarded by `guard` (a
+    /// resourceVersion) when given. Returns the resourceVersion to guard the next write with.
+    pub(super) async fn record_vmid(
+        &self,
+        scope: &mut Scope,
+        vmid: u32,
+        guard: Option<String>,
+    ) -> Result<Option<String>, MachineError> {
+        if self.machine.spec.virtual_machine_id == Some(i64::from(vmid)) {
+            return Ok(guard);
+        }
+        let mut ops = Vec::new();
+        if let Some(version) = &guard {
+            ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
+        }
+        ops.push(json!({"op": "add", "path": "/spec/virtualMachineID", "value": vmid}));
+        let patched = scope
+            .api
+            .patch(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(serde_json::Value::Array(ops))?),
+            )
+            .await
+            .map_err(|error| guarded::guarded_write_error(self.machine, error))?;
+        scope.generation = patched.metadata.generation;
+        Ok(patched.metadata.resource_version)
+    }
+
+    /// Writes `provider_id` to the machine's spec and its zone (`default` without one) to its
+    /// `topology.kubernetes.io/proxmox-zone` label, as the Go provider labels its machines for
+    /// users to select on, unless both are there already.
+    pub(super) async fn record_identity(
+        &self,
+        scope: &mut Scope,
+        placement: &Placement,
+        provider_id: &str,
+    ) -> Result<(), MachineError> {
+        let zone = placement.zone_label();
+        if self.machine.spec.provider_id.as_deref() == Some(provider_id)
+            && self
+                .machine
+                .labels()
+                .get(labels::PROXMOX_ZONE)
+                .map(String::as_str)
+                == Some(zone)
+        {
+            return Ok(());
+        }
+        let patched = scope
+            .api
+            .patch(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": {"labels": {labels::PROXMOX_ZONE: zone}},
+                    "spec": {"providerID": provider_id},
+                })),
+            )
+            .await?;
+        scope.generation = patched.metadata.generation;
+        Ok(())
+    }
+
+    /// Removes the finished task `upid` from the recorded status, if it is still there: a JSON
+    /// patch that first tests `status.taskRef`, so only the first pass that sees the task
+    /// finished gets `true`.
+    pub(super) async fn forget_task(
+        &self,
+        scope: &mut Scope,
+        upid: &str,
+    ) -> Result<bool, MachineError> {
+        let patch = json!([
+            {"op": "test", "path": "/status/taskRef", "value": upid},
+            {"op": "remove", "path": "/status/taskRef"}
+        ]);
+        let patched = scope
+            .api
+            .patch_status(
+                &scope.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(patch)?),
+            )
+            .await;
+        match patched {
+            Ok(_) => {
+                scope.current.task_ref = None;
+                Ok(true)
+            }
+            // The test failed: an earlier pass already forgot it.
+            Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Adds the machine's finalizer, guarded by the resourceVersion this pass saw, so a stale
+    /// copy of the machine never goes on to clone.
+    pub(super) async fn ensure_finalizer(&self, scope: &Scope) -> Result<(), MachineError> {
+        guarded::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?;
+        Ok(())
+    }
+
+    /// Removes the machine's finalizer: nothing of it is left in Proxmox.
+    pub(super) async fn release_finalizer(&self, scope: &Scope) -> Result<(), MachineError> {
+        guarded::release(&scope.api, self.machine, Some(finalizers::MACHINE), None).await?;
+        Ok(())
+    }
+
+    /// Writes the intent before a clone: guarded by the observed resourceVersion (when this
+    /// pass did not just prove it fresh with the finalizer patch), so a stale cached object can
+    /// never start a second clone.
+    pub(super) async fn write_checkpoint(
+        &self,
+        scope: &mut Scope,
+        checkpoint: ProxmoxMachineStatus,
+    ) -> Result<(), MachineError> {
+        apply_status_guarded(
+            &scope.api,
+            &scope.name,
+            &checkpoint,
+            scope.resource_version.as_deref(),
+        )
+        .await?;
+        scope.current = checkpoint;
+        Ok(())
+    }
+
+    /// Records the clone's task right after the request, not at the end of the pass, so a
+    /// failed write of the pass's status cannot lose it (a restarted controller checks the task
+    /// instead of cloning again).
+    pub(super) async fn write_task_record(&self, scope: &mut Scope) -> Result<(), MachineError> {
+        let mut recorded = scope.status.clone();
+        recorded.conditions = scope.current.conditions.clone();
+        apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
+        scope.current = recorded;
+        Ok(())
     }
 
     /// Says the machine is paused (its other conditions stay as they are).
@@ -116,7 +257,7 @@ pub(super) fn paused_conditions(
 
 /// Writes the whole status, refused with 409 Conflict unless the object still has
 /// `resource_version` (when given): for writes that must not be based on a stale view.
-pub(super) async fn apply_status_guarded(
+async fn apply_status_guarded(
     api: &Api<ProxmoxMachine>,
     name: &str,
     desired: &ProxmoxMachineStatus,
@@ -139,7 +280,7 @@ pub(super) async fn apply_status_guarded(
     Ok(())
 }
 
-pub(super) async fn apply_status(
+async fn apply_status(
     api: &Api<ProxmoxMachine>,
     name: &str,
     current: &ProxmoxMachineStatus,

@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 use super::outcome::{Flow, Stop, Wait, wait, waiting};
 use super::task::{FinishedTask, TaskKind, TaskPurpose, task_backoff};
@@ -358,33 +356,6 @@ impl Reconcile<'_> {
             self.event(scope, EventType::Normal, reason, &note).await;
         }
         Ok(())
-    }
-
-    /// Removes the finished task `upid` from the recorded status, if it is still there: a JSON
-    /// patch that first tests `status.taskRef`, so only the first pass that sees the task
-    /// finished gets `true`.
-    async fn forget_task(&self, scope: &mut Scope, upid: &str) -> Result<bool, MachineError> {
-        let patch = json!([
-            {"op": "test", "path": "/status/taskRef", "value": upid},
-            {"op": "remove", "path": "/status/taskRef"}
-        ]);
-        let patched = scope
-            .api
-            .patch_status(
-                &scope.name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(serde_json::from_value(patch)?),
-            )
-            .await;
-        match patched {
-            Ok(_) => {
-                scope.current.task_ref = None;
-                Ok(true)
-            }
-            // The test failed: an earlier pass already forgot it.
-            Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
-            Err(error) => Err(error.into()),
-        }
     }
 
     /// Records a failed task: its UPID, one more consecutive failure, and the time before

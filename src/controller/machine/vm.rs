@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -15,7 +14,6 @@ use serde_json::json;
 use super::bootstrap::smbios_uuid;
 use super::looks::Held;
 use super::outcome::{Flow, Stop, waiting};
-use super::status::{apply_status, apply_status_guarded};
 use super::task::TaskKind;
 use super::{
     During, MACHINE_TAG_PREFIX, MAX_VMID, MachineError, PROVIDER_ID_PREFIX, PROVISIONED, Reconcile,
@@ -24,7 +22,6 @@ use super::{
 use crate::api::{self, ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, labels};
 use crate::capi::{self};
 use crate::controller::conditions::{self, Decided};
-use crate::controller::guarded::{self};
 use crate::controller::inventory;
 use crate::placement::{
     self, CloneSources, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory,
@@ -61,6 +58,7 @@ impl Reconcile<'_> {
             // The VMID belongs to someone else now: forget it and create ours elsewhere.
             tracing::warn!(machine = %scope.name, vmid, "the recorded VMID belongs to another VM; choosing a new one");
             self.context
+                .vms
                 .vmid_claims
                 .unclaim(vmid, &claim_key(self.machine));
             scope.recorded_vmid = None;
@@ -90,36 +88,6 @@ impl Reconcile<'_> {
             return Ok(Some(described));
         }
         Ok(None)
-    }
-
-    /// Records `vmid` in `spec.virtualMachineID`, where it survives `clusterctl move` and
-    /// restores (status does not), unless it is there already. Guarded by `guard` (a
-    /// resourceVersion) when given. Returns the resourceVersion to guard the next write with.
-    pub(super) async fn record_vmid(
-        &self,
-        scope: &mut Scope,
-        vmid: u32,
-        guard: Option<String>,
-    ) -> Result<Option<String>, MachineError> {
-        if self.machine.spec.virtual_machine_id == Some(i64::from(vmid)) {
-            return Ok(guard);
-        }
-        let mut ops = Vec::new();
-        if let Some(version) = &guard {
-            ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
-        }
-        ops.push(json!({"op": "add", "path": "/spec/virtualMachineID", "value": vmid}));
-        let patched = scope
-            .api
-            .patch(
-                &scope.name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(serde_json::from_value(serde_json::Value::Array(ops))?),
-            )
-            .await
-            .map_err(|error| guarded::guarded_write_error(self.machine, error))?;
-        scope.generation = patched.metadata.generation;
-        Ok(patched.metadata.resource_version)
     }
 
     /// Creates the machine's VM: chooses the template copy, node and VMID, records them (the
@@ -155,7 +123,12 @@ impl Reconcile<'_> {
             Picked::Unlisted(vmid) => {
                 // Proxmox has a VM with the recorded VMID that it does not list yet (a clone
                 // requested before a move): the next look tells whether it is ours.
-                self.context.reservations.lock().await.release(&scope.name);
+                self.context
+                    .vms
+                    .reservations
+                    .lock()
+                    .await
+                    .release(&scope.name);
                 return Err(waiting(
                     "Cloning",
                     format!("VMID {vmid} is in use in Proxmox but not listed yet; looking again"),
@@ -163,7 +136,12 @@ impl Reconcile<'_> {
                 ));
             }
             Picked::Exhausted => {
-                self.context.reservations.lock().await.release(&scope.name);
+                self.context
+                    .vms
+                    .reservations
+                    .lock()
+                    .await
+                    .release(&scope.name);
                 let message = if self.machine.spec.vm_id_range.is_some() {
                     "no free VMID in spec.vmIDRange; widen the range or free VMIDs"
                 } else {
@@ -177,6 +155,7 @@ impl Reconcile<'_> {
             }
         };
         self.context
+            .vms
             .reservations
             .lock()
             .await
@@ -218,16 +197,7 @@ impl Reconcile<'_> {
             scope.generation,
             Timestamp::now(),
         );
-        // Guarded by the observed resourceVersion (when this pass did not just prove it fresh
-        // with the finalizer patch): a stale cached object can never start a second clone.
-        apply_status_guarded(
-            &scope.api,
-            &scope.name,
-            &checkpoint,
-            scope.resource_version.as_deref(),
-        )
-        .await?;
-        scope.current = checkpoint;
+        self.write_checkpoint(scope, checkpoint).await?;
         Ok(())
     }
 
@@ -259,10 +229,7 @@ impl Reconcile<'_> {
                 if let Err(failed @ Stop::Failed(_)) = step {
                     return Err(failed);
                 }
-                let mut recorded = scope.status.clone();
-                recorded.conditions = scope.current.conditions.clone();
-                apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
-                scope.current = recorded;
+                self.write_task_record(scope).await?;
                 self.event(
                     scope,
                     EventType::Normal,
@@ -283,6 +250,7 @@ impl Reconcile<'_> {
                 scope.status.virtual_machine_id = None;
                 scope.recorded_vmid = None;
                 self.context
+                    .vms
                     .vmid_claims
                     .unclaim(vmid, &claim_key(self.machine));
                 Err(waiting(
@@ -343,7 +311,7 @@ impl Reconcile<'_> {
             };
             let inventory = self.inventory(scope, proxmox, resources).await?;
             let request = ScheduleRequest::new(&narrowed, template_memory);
-            let mut by_endpoint = self.context.reservations.lock().await;
+            let mut by_endpoint = self.context.vms.reservations.lock().await;
             let reservations = by_endpoint.of(proxmox.endpoint());
             reservations.release_visible(&inventory);
             match reservations.schedule_and_reserve(&narrowed, &inventory, &request) {
@@ -444,7 +412,12 @@ impl Reconcile<'_> {
     }
 
     async fn template_refused(&self, scope: &Scope, reason: &'static str, message: String) -> Stop {
-        self.context.reservations.lock().await.release(&scope.name);
+        self.context
+            .vms
+            .reservations
+            .lock()
+            .await
+            .release(&scope.name);
         waiting(reason, message, Action::requeue(Duration::from_secs(60)))
     }
 
@@ -456,7 +429,7 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
     ) -> Result<Picked, MachineError> {
-        let claims = &self.context.vmid_claims;
+        let claims = &self.context.vms.vmid_claims;
         claims.seed(|| self.recorded_vmids()).await?;
         let key = claim_key(self.machine);
         let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
