@@ -1,8 +1,6 @@
 //! The executor: performs the effect [`super::decide`] chose, through Proxmox and the
 //! Kubernetes API, and records what it did for the next decision.
 
-use std::time::Duration;
-
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
@@ -12,12 +10,9 @@ use super::looks::Held;
 use super::outcome::{Flow, Stop, waiting, waiting_for_addresses};
 use super::task::TaskKind;
 use super::vm::Identity;
-use super::{During, MachineError, Reconcile, Scope, claim_key, machine_addresses};
+use super::{During, Reconcile, Scope, claim_key, machine_addresses};
 use crate::api::{Initialization, VirtualMachineState};
 use crate::proxmox::{ConfigUpdate, PowerAction, ProxmoxClient, ProxmoxError, VmConfig};
-
-/// How soon a machine whose HA rules another machine changed meanwhile tries again.
-const HA_RETRY: Duration = Duration::from_secs(1);
 
 impl Reconcile<'_> {
     /// Performs `effect`, recording in `observed` that it is done.
@@ -199,35 +194,6 @@ impl Reconcile<'_> {
         Ok(read)
     }
 
-    /// Registers the running VM with Proxmox HA; another machine changing the HA rules
-    /// meanwhile makes it try again soon.
-    async fn register_ha_phase(
-        &self,
-        scope: &Scope,
-        held: &Held,
-        proxmox: &ProxmoxClient,
-        vmid: u32,
-    ) -> Flow {
-        let placement = held.placement()?;
-        let Some(ha) = placement.ha() else {
-            return Ok(());
-        };
-        let managed = held.vm.as_ref().is_some_and(|vm| vm.hastate.is_some());
-        if self
-            .register_ha(scope, proxmox, vmid, ha, placement.role(), managed)
-            .await?
-        {
-            return Ok(());
-        }
-        Err(waiting(
-            "WaitingForHA",
-            format!(
-                "VM {vmid} is HA-managed; its HA rules changed concurrently and are updated again"
-            ),
-            Action::requeue(HA_RETRY),
-        ))
-    }
-
     /// Records the machine provisioned: provider ID, addresses, readiness. The provider ID
     /// comes from the VM's SMBIOS UUID; once recorded (for this VM: it is how the VM was
     /// found), it is not read again.
@@ -346,54 +312,5 @@ impl Reconcile<'_> {
             .insert(&machine_key, vmid);
         self.context.vms.written_configs.forget(&machine_key, vmid);
         Ok(())
-    }
-
-    /// Registers the running VM `vmid` with Proxmox HA ([`crate::controller::ha`]): what
-    /// Proxmox refuses is reported by a Warning event and does not stop provisioning;
-    /// concurrent changes are retried on the next pass. Whether the registration is complete.
-    async fn register_ha(
-        &self,
-        scope: &Scope,
-        proxmox: &ProxmoxClient,
-        vmid: u32,
-        ha: &crate::placement::MachineHa,
-        role: crate::placement::MachineRole,
-        managed: bool,
-    ) -> Result<bool, MachineError> {
-        let names = scope.ha_names();
-        let control_plane = role == crate::placement::MachineRole::ControlPlane;
-        let major = self.pve_major(proxmox).await?;
-        let registered = crate::controller::ha::register(
-            proxmox,
-            major,
-            &names,
-            &scope.name,
-            control_plane,
-            vmid,
-            ha,
-            managed,
-        )
-        .await
-        .during(|| format!("registering VM {vmid} with Proxmox HA"))?;
-        if !managed {
-            self.context
-                .inventory
-                .changed(proxmox, &claim_key(self.machine));
-        }
-        for warning in &registered.warnings {
-            self.event(
-                scope,
-                EventType::Warning,
-                "HAConfigurationRefused",
-                &format!("VM {vmid} is HA-managed, but {warning}; fix the HA configuration in Proxmox or the zone's nodes"),
-            )
-            .await;
-        }
-        if registered.complete {
-            self.context
-                .inventory
-                .set_ha_registered(proxmox, vmid, true);
-        }
-        Ok(registered.complete)
     }
 }

@@ -23,6 +23,40 @@ use crate::placement::{self, Placement};
 use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
 
 impl Reconcile<'_> {
+    /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on
+    /// the node's ISO storage. A missing ISO is fine; a failure fails the pass, so the machine
+    /// is not released (and the ISO with its bootstrap token forgotten) before it is gone.
+    pub(super) async fn delete_seed_iso(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        attached: Option<String>,
+    ) -> Flow {
+        let seed = crate::cloudinit::seed_iso_name(vmid);
+        let volume = match attached {
+            Some(volume) => Some(volume).filter(|v| v.contains(&seed)),
+            None => self
+                .context
+                .inventory
+                .iso_storage(proxmox, node)
+                .await
+                .during(|| format!("listing the ISO storages of {node}"))?
+                .map(|s| format!("{s}:iso/{seed}")),
+        };
+        let Some(volume) = volume else {
+            return Ok(());
+        };
+        let Some((storage, _)) = volume.split_once(':') else {
+            return Ok(());
+        };
+        let started = proxmox.delete_volume(node, storage, &volume).await;
+        self.deletion_submitted(scope, proxmox, started, TaskKind::DeleteSeedIso, || {
+            format!("deleting the seed ISO {volume} of VM {vmid}")
+        })
+    }
+
     /// Stops before creating anything when the bootstrap Secret holds data capmox cannot
     /// deliver (unknown formats, malformed Ignition). A missing Secret is reported where it is read.
     pub(super) async fn deliverable_bootstrap(&self, scope: &Scope) -> Flow {

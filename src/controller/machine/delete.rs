@@ -3,11 +3,9 @@
 
 use std::time::Duration;
 
-use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::decide::misconfigured;
 use super::looks::Held;
 use super::outcome::{Flow, Stop, Wait, waiting};
 use super::task::TaskKind;
@@ -50,25 +48,6 @@ impl Reconcile<'_> {
         self.delete_vm(scope, &proxmox, vmid)
             .await
             .map_err(deletion_wait)
-    }
-
-    /// The machine's spec names a VM (`spec.providerID`) that Proxmox does not have: it waits
-    /// and says so, instead of creating a second VM that would take the first one's place and
-    /// addresses.
-    pub(super) async fn vm_not_found(&self, scope: &Scope) -> Stop {
-        const REASON: &str = "VirtualMachineNotFound";
-        let provider_id = self.machine.spec.provider_id.as_deref().unwrap_or_default();
-        let message = format!(
-            "spec.providerID is {provider_id}, but Proxmox has no VM named {} with that SMBIOS UUID{}; capmox never creates a second VM for a machine that has one. Bring the VM back (a restore must keep its name and SMBIOS UUID), or delete this machine",
-            scope.name,
-            self.machine
-                .spec
-                .virtual_machine_id
-                .map(|vmid| format!(" (spec.virtualMachineID is {vmid})"))
-                .unwrap_or_default()
-        );
-        self.warn_once(scope, REASON, &message).await;
-        Stop::Wait(misconfigured(REASON, message))
     }
 
     /// Deletes the machine's VM `vmid` and its seed ISO; `Some` while that has to wait.
@@ -164,63 +143,6 @@ impl Reconcile<'_> {
         Ok(())
     }
 
-    /// Removes VM `vmid`'s HA resource, and the cluster's HA rules or the zone's group it
-    /// leaves without purpose ([`crate::controller::ha::unregister`]).
-    async fn unregister_ha(
-        &self,
-        scope: &Scope,
-        proxmox: &ProxmoxClient,
-        vmid: u32,
-    ) -> Result<(), MachineError> {
-        let names = scope.ha_names();
-        let major = self.pve_major(proxmox).await?;
-        let zone = scope.current.failure_domain.as_deref();
-        crate::controller::ha::unregister(proxmox, major, &names, vmid, zone)
-            .await
-            .during(|| format!("removing VM {vmid} from Proxmox HA"))?;
-        self.context
-            .inventory
-            .set_ha_registered(proxmox, vmid, false);
-        self.context
-            .inventory
-            .changed(proxmox, &claim_key(self.machine));
-        Ok(())
-    }
-
-    /// Deletes the seed ISO of `vmid`: the attached volume, or (when unknown) the seed name on
-    /// the node's ISO storage. A missing ISO is fine; a failure fails the pass, so the machine
-    /// is not released (and the ISO with its bootstrap token forgotten) before it is gone.
-    pub(super) async fn delete_seed_iso(
-        &self,
-        scope: &mut Scope,
-        proxmox: &ProxmoxClient,
-        node: &str,
-        vmid: u32,
-        attached: Option<String>,
-    ) -> Flow {
-        let seed = crate::cloudinit::seed_iso_name(vmid);
-        let volume = match attached {
-            Some(volume) => Some(volume).filter(|v| v.contains(&seed)),
-            None => self
-                .context
-                .inventory
-                .iso_storage(proxmox, node)
-                .await
-                .during(|| format!("listing the ISO storages of {node}"))?
-                .map(|s| format!("{s}:iso/{seed}")),
-        };
-        let Some(volume) = volume else {
-            return Ok(());
-        };
-        let Some((storage, _)) = volume.split_once(':') else {
-            return Ok(());
-        };
-        let started = proxmox.delete_volume(node, storage, &volume).await;
-        self.deletion_submitted(scope, proxmox, started, TaskKind::DeleteSeedIso, || {
-            format!("deleting the seed ISO {volume} of VM {vmid}")
-        })
-    }
-
     /// Nothing is left in Proxmox: lets the object go.
     pub(super) async fn released(&self, scope: &Scope) -> Result<(), MachineError> {
         self.context
@@ -279,23 +201,5 @@ async fn config_if_present(
         Ok(config) => Ok(Some(config)),
         Err(error) if error.is_not_found() => Ok(None),
         Err(error) => Err(error).during(|| format!("reading the config of VM {vmid} on {node}")),
-    }
-}
-
-impl Scope {
-    /// The ids and comments of this machine's cluster's HA objects in Proxmox.
-    pub(super) fn ha_names(&self) -> crate::controller::ha::HaNames {
-        crate::controller::ha::HaNames::new(&self.namespace, &self.proxmox_cluster.name_any())
-    }
-}
-
-impl Reconcile<'_> {
-    /// The Proxmox VE major version behind `proxmox` (which HA objects it offers).
-    pub(super) async fn pve_major(&self, proxmox: &ProxmoxClient) -> Result<u32, MachineError> {
-        self.context
-            .inventory
-            .pve_major(proxmox)
-            .await
-            .during(|| "reading the Proxmox VE version".to_owned())
     }
 }

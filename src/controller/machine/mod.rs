@@ -73,6 +73,7 @@ mod decide;
 mod delete;
 mod endpoint;
 mod guest;
+mod ha;
 mod looks;
 mod outcome;
 mod pass;

@@ -12,6 +12,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::bootstrap::smbios_uuid;
+use super::decide::misconfigured;
 use super::looks::Held;
 use super::outcome::{Flow, Stop, waiting};
 use super::task::TaskKind;
@@ -33,6 +34,25 @@ use crate::proxmox::{
 };
 
 impl Reconcile<'_> {
+    /// The machine's spec names a VM (`spec.providerID`) that Proxmox does not have: it waits
+    /// and says so, instead of creating a second VM that would take the first one's place and
+    /// addresses.
+    pub(super) async fn vm_not_found(&self, scope: &Scope) -> Stop {
+        const REASON: &str = "VirtualMachineNotFound";
+        let provider_id = self.machine.spec.provider_id.as_deref().unwrap_or_default();
+        let message = format!(
+            "spec.providerID is {provider_id}, but Proxmox has no VM named {} with that SMBIOS UUID{}; capmox never creates a second VM for a machine that has one. Bring the VM back (a restore must keep its name and SMBIOS UUID), or delete this machine",
+            scope.name,
+            self.machine
+                .spec
+                .virtual_machine_id
+                .map(|vmid| format!(" (spec.virtualMachineID is {vmid})"))
+                .unwrap_or_default()
+        );
+        self.warn_once(scope, REASON, &message).await;
+        Stop::Wait(misconfigured(REASON, message))
+    }
+
     /// The machine's VM: by its tag, by the recorded VMID (if that VM is still the machine's),
     /// by `spec.providerID` (a machine moved or restored under a new UID), or as a clone in
     /// flight that Proxmox does not list yet.
