@@ -464,7 +464,7 @@ pub(super) fn unreachable(message: impl Into<String>) -> Wait {
 }
 
 #[cfg(test)]
-mod decide_tests {
+mod tests {
     use super::*;
     use crate::controller::conditions::Status;
 
@@ -1018,26 +1018,6 @@ mod decide_tests {
                 expected.to_owned()
             };
             assert_eq!(next(observed), expected, "{name}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn new_vm() -> Seen {
-        Seen {
-            running: false,
-            retag: false,
-            seed_iso_uploaded: false,
-            started: false,
-            provisioned: false,
-            guest_check: GuestCheck::CloudInit,
-            node_joined: false,
-            seed_iso_removed: false,
-            seed_iso_deleted: false,
-            ha_pending: false,
         }
     }
 

@@ -145,12 +145,7 @@ impl Reconcile<'_> {
 
     /// Nothing is left in Proxmox: lets the object go.
     pub(super) async fn released(&self, scope: &Scope) -> Result<(), MachineError> {
-        self.context
-            .vms
-            .reservations
-            .lock()
-            .await
-            .release(&scope.name);
+        self.context.vms.release_reservation(&scope.name).await;
         self.release_finalizer(scope).await?;
         self.context
             .vms

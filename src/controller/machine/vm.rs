@@ -143,12 +143,7 @@ impl Reconcile<'_> {
             Picked::Unlisted(vmid) => {
                 // Proxmox has a VM with the recorded VMID that it does not list yet (a clone
                 // requested before a move): the next look tells whether it is ours.
-                self.context
-                    .vms
-                    .reservations
-                    .lock()
-                    .await
-                    .release(&scope.name);
+                self.context.vms.release_reservation(&scope.name).await;
                 return Err(waiting(
                     "Cloning",
                     format!("VMID {vmid} is in use in Proxmox but not listed yet; looking again"),
@@ -156,12 +151,7 @@ impl Reconcile<'_> {
                 ));
             }
             Picked::Exhausted => {
-                self.context
-                    .vms
-                    .reservations
-                    .lock()
-                    .await
-                    .release(&scope.name);
+                self.context.vms.release_reservation(&scope.name).await;
                 let message = if self.machine.spec.vm_id_range.is_some() {
                     "no free VMID in spec.vmIDRange; widen the range or free VMIDs"
                 } else {
@@ -432,12 +422,7 @@ impl Reconcile<'_> {
     }
 
     async fn template_refused(&self, scope: &Scope, reason: &'static str, message: String) -> Stop {
-        self.context
-            .vms
-            .reservations
-            .lock()
-            .await
-            .release(&scope.name);
+        self.context.vms.release_reservation(&scope.name).await;
         waiting(reason, message, Action::requeue(Duration::from_secs(60)))
     }
 

@@ -26,3 +26,10 @@ pub struct Vms {
     /// for it. After a restart: each provisioned machine reads its config once more.
     pub seed_isos_removed: SeedIsosRemoved,
 }
+
+impl Vms {
+    /// Gives back the memory promised to `machine` (its VM is listed now, or will not be made).
+    pub(super) async fn release_reservation(&self, machine: &str) {
+        self.reservations.lock().await.release(machine);
+    }
+}
