@@ -24,10 +24,6 @@ impl Reconcile<'_> {
         held: &mut Held,
     ) -> Flow {
         match effect {
-            Effect::ReportPaused => {
-                self.report_paused(scope).await?;
-                observed.paused_reported = true;
-            }
             Effect::EnsureFinalizer => {
                 self.ensure_finalizer(scope).await?;
                 observed.finalizer = true;

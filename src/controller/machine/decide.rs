@@ -251,8 +251,6 @@ pub(super) enum Look {
 /// Something to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Effect {
-    /// Say the machine is paused.
-    ReportPaused,
     /// Add the finalizer (guarded, so a stale copy of the machine never clones).
     EnsureFinalizer,
     /// Record the VM found as the machine's: VMID in spec and status, node, zone.
@@ -280,6 +278,8 @@ pub(super) enum End {
     Waiting(Wait),
     /// The machine is provisioned.
     Provisioned,
+    /// Reconciliation is paused: say so (once), then wait for a change.
+    Paused,
 }
 
 /// What comes next.
@@ -308,7 +308,7 @@ pub(super) fn decide(observed: &mut Observed) -> Next {
         return if o.paused_reported {
             Next::End(End::Quietly(Action::await_change()))
         } else {
-            Next::Do(Effect::ReportPaused)
+            Next::End(End::Paused)
         };
     }
     if o.deleting {
@@ -526,6 +526,7 @@ mod tests {
             Next::Do(effect) => format!("do {effect:?}"),
             Next::End(End::Quietly(action)) => format!("quietly {action:?}"),
             Next::End(End::Provisioned) => "provisioned".to_owned(),
+            Next::End(End::Paused) => "paused".to_owned(),
             Next::End(End::Waiting(wait)) => {
                 let status = if wait.decided.status == Status::True {
                     "True"
@@ -571,7 +572,7 @@ mod tests {
                     paused: true,
                     ..ready()
                 },
-                "do ReportPaused".into(),
+                "paused".into(),
             ),
             (
                 "paused and said",
@@ -851,7 +852,7 @@ mod tests {
                     paused: true,
                     ..deleting()
                 },
-                "do ReportPaused",
+                "paused",
             ),
             (
                 "Proxmox not looked for, even without owners",

@@ -229,7 +229,9 @@ impl Reconcile<'_> {
         let Some((proxmox, step)) = error.proxmox() else {
             return Err(error);
         };
-        if let (ProxmoxError::TaskFailed { upid, exitstatus }, false) = (proxmox, deleting) {
+        if let (ProxmoxError::TaskFailed { upid, exitstatus }, false) =
+            (proxmox, deleting || tidying)
+        {
             return Ok(self.record_task_failure(scope, upid, exitstatus).await);
         }
         let (described, action) = self.proxmox_failure(scope, step, proxmox).await;
@@ -251,6 +253,10 @@ impl Reconcile<'_> {
     async fn finish(&self, scope: &mut Scope, end: End) -> Result<Pass, MachineError> {
         let wait = match end {
             End::Quietly(action) => return Ok(Pass::Done(action)),
+            End::Paused => {
+                self.report_paused(scope).await?;
+                return Ok(Pass::Done(Action::await_change()));
+            }
             End::Waiting(wait) => wait,
             End::Provisioned => Wait {
                 decided: Decided::ok(PROVISIONED, "Provisioned", ""),
