@@ -181,7 +181,19 @@ struct Template {
     variables: BTreeMap<String, Option<String>>,
 }
 
-fn templates(dir: &Path) -> Result<(Vec<Template>, Vec<(String, String)>), DocsError> {
+/// A ClusterClass file of the templates directory.
+struct ClassFile {
+    file: String,
+    text: String,
+}
+
+/// What the templates directory holds.
+struct Templates {
+    flavors: Vec<Template>,
+    classes: Vec<ClassFile>,
+}
+
+fn templates(dir: &Path) -> Result<Templates, DocsError> {
     let entries = std::fs::read_dir(dir).map_err(|source| DocsError::Read {
         path: dir.to_owned(),
         source,
@@ -207,12 +219,15 @@ fn templates(dir: &Path) -> Result<(Vec<Template>, Vec<(String, String)>), DocsE
                 variables: variables(&text),
             });
         } else if file.starts_with("clusterclass-") && file.ends_with(".yaml") {
-            classes.push((file, text));
+            classes.push(ClassFile { file, text });
         }
     }
     // The default flavor first, as clusterctl offers it without --flavor.
     templates.sort_by_key(|t| (t.flavor != "default", t.flavor.clone()));
-    Ok((templates, classes))
+    Ok(Templates {
+        flavors: templates,
+        classes,
+    })
 }
 
 fn check_variables(templates: &[Template]) -> Result<(), DocsError> {
@@ -312,7 +327,10 @@ fn cluster_class(file: &str, text: &str) -> Result<String, DocsError> {
 }
 
 pub(super) fn render(dir: &Path) -> Result<String, DocsError> {
-    let (templates, classes) = templates(dir)?;
+    let Templates {
+        flavors: templates,
+        classes,
+    } = templates(dir)?;
     check_variables(&templates)?;
     let mut out = String::from(INTRO);
     out.push_str("\n## Flavors\n\n| flavor | what it is |\n|---|---|\n");
@@ -326,8 +344,8 @@ pub(super) fn render(dir: &Path) -> Result<String, DocsError> {
     }
     out.push_str("\n## Variables\n\n");
     out.push_str(&variable_table(&templates));
-    for (file, text) in &classes {
-        out.push_str(&cluster_class(file, text)?);
+    for class in &classes {
+        out.push_str(&cluster_class(&class.file, &class.text)?);
     }
     Ok(out)
 }
