@@ -21,6 +21,7 @@ mod conformance;
 mod conversion;
 mod crds;
 mod dependencies;
+mod docs;
 mod ha;
 mod hostile_input;
 mod ignition;

@@ -8,7 +8,7 @@ pub mod env;
 pub mod fixture_server;
 pub mod logs;
 
-pub use crate::paths::{TEMPLATE_VALUES, cargo, data, run_ok, substitute, tool, venv_tool};
+pub use crate::paths::{TEMPLATE_VALUES, cargo, data, root, run_ok, substitute, tool, venv_tool};
 
 /// A ProxmoxMachine's `topology.kubernetes.io/proxmox-zone` label.
 pub fn zone_label(machine: &capmox::api::ProxmoxMachine) -> Option<&str> {

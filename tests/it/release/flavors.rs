@@ -1,16 +1,22 @@
 //! The cluster templates: every flavor ships, its objects pass the CRDs and the webhook, capmox
 //! places its machines, each flavor does what it says, every kubelet gets the provider ID and
-//! every control plane runs kube-vip; and the README documents them.
+//! every control plane runs kube-vip; and the book documents them.
 
 use super::*;
 
+/// A page of the book (`docs/src/<page>`).
+fn book_page(page: &str) -> String {
+    let path = crate::common::root().join("docs/src").join(page);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 #[test]
-fn every_template_variable_is_documented_in_the_readme() {
-    let readme = std::fs::read_to_string("README.md").expect("README.md");
+fn the_book_documents_every_template_variable_and_flavor() {
+    let page = book_page("reference/flavors.md");
     let mut undocumented = Vec::new();
     for template in TEMPLATES {
         for variable in variables(&read_out(template)) {
-            if !readme.contains(&format!("`{variable}`")) {
+            if !page.contains(&format!("`{variable}`")) {
                 undocumented.push(format!("{template}: {variable}"));
             }
         }
@@ -18,26 +24,26 @@ fn every_template_variable_is_documented_in_the_readme() {
             .strip_prefix("cluster-template-")
             .and_then(|f| f.strip_suffix(".yaml"));
         if let Some(flavor) = flavor
-            && !readme.contains(&format!("--flavor {flavor}"))
+            && !page.contains(&format!("--flavor {flavor}"))
         {
             undocumented.push(format!("{template}: how to use `--flavor {flavor}`"));
         }
     }
     assert!(
         undocumented.is_empty(),
-        "README.md does not document: {undocumented:#?}"
+        "docs/src/reference/flavors.md does not document (run `make docs-pages`): {undocumented:#?}"
     );
 }
 
-/// The README section under `heading` (a whole heading line), up to the next heading of its
-/// level or above.
-fn readme_section<'a>(readme: &'a str, heading: &str) -> &'a str {
-    let start = readme
+/// The part of a Markdown `page` under `heading` (a whole heading line), up to the next
+/// heading of its level or above.
+fn page_section<'a>(page: &'a str, heading: &str) -> &'a str {
+    let start = page
         .find(&format!("\n{heading}\n"))
-        .unwrap_or_else(|| panic!("README.md has no section {heading:?}"))
+        .unwrap_or_else(|| panic!("no section {heading:?}"))
         + 1;
     let level = heading.chars().take_while(|c| *c == '#').count();
-    let body = &readme[start + heading.len()..];
+    let body = &page[start + heading.len()..];
     let end = body
         .match_indices("\n#")
         .find(|(at, _)| {
@@ -49,10 +55,12 @@ fn readme_section<'a>(readme: &'a str, heading: &str) -> &'a str {
 }
 
 /// Cluster API keeps Ignition bootstrap data and managed topologies behind feature gates, whose
-/// real webhooks refuse a flavor that needs them: the README says how to turn them on.
+/// real webhooks refuse a flavor that needs them: the book's install page, and the topic page
+/// of each, say how to turn them on.
 #[test]
-fn the_readme_names_the_feature_gates_flavors_need() {
-    let readme = std::fs::read_to_string("README.md").expect("README.md");
+fn the_book_names_the_feature_gates_flavors_need() {
+    let install = book_page("getting-started/install.md");
+    let gates = page_section(&install, "## Feature gates");
     let mut missing = Vec::new();
     for template in TEMPLATES.iter().chain(CLUSTER_CLASSES) {
         let objects = rendered(template);
@@ -66,22 +74,27 @@ fn the_readme_names_the_feature_gates_flavors_need() {
         let needs = [
             (
                 ignition,
-                "## Flatcar / Ignition",
+                "topics/flatcar.md",
                 "EXP_KUBEADM_BOOTSTRAP_FORMAT_IGNITION=true clusterctl init",
             ),
             (
                 topology,
-                "### Cluster templates",
+                "topics/clusterclass.md",
                 "CLUSTER_TOPOLOGY=true clusterctl init",
             ),
         ];
-        for (needed, heading, how) in needs {
-            if needed && !readme_section(&readme, heading).contains(how) {
-                missing.push(format!("{template}: `{how}` under {heading:?}"));
+        for (needed, topic, how) in needs {
+            if needed && !gates.contains(how) {
+                missing.push(format!(
+                    "{template}: `{how}` under install.md's Feature gates"
+                ));
+            }
+            if needed && !book_page(topic).contains(how) {
+                missing.push(format!("{template}: `{how}` in {topic}"));
             }
         }
     }
-    assert!(missing.is_empty(), "README.md does not say: {missing:#?}");
+    assert!(missing.is_empty(), "the book does not say: {missing:#?}");
 }
 
 #[test]
