@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox e2e-real bench soak clean deny deny-tool advisories sbom
+.PHONY: build test verify fmt-check lint crds crds-check tools release-manifests docker-build docker-push sandbox e2e-real bench soak clean deny deny-tool advisories sbom docs docs-serve docs-pages mdbook-tool
 
 build: ## Build the capmox binary (release).
 	$(CARGO) build --locked --release --bin capmox
@@ -32,7 +32,7 @@ OUT ?= out
 
 # Namespaces (space-separated) capmox alone reads Secrets in: the ClusterRole loses its Secret
 # rule, the manager runs with --secret-namespaces, and $(OUT)/secret-namespaces-rbac.yaml holds a
-# Role and RoleBinding per namespace, to apply with kubectl (README: "Credentials"). Unset:
+# Role and RoleBinding per namespace, to apply with kubectl (the book: getting-started/install.md, "Secrets in listed namespaces only"). Unset:
 # Secrets are read in any namespace.
 SECRET_NAMESPACES ?=
 
@@ -82,7 +82,7 @@ crds-check: ## Fail when crds/ differs from what the API types generate.
 	diff -u <($(CARGO) run --locked --quiet --bin capmox -- crds) <(for f in crds/*.yaml; do echo ---; cat "$$f"; done)
 
 # cargo-deny checks deny.toml's licence, duplicate-version and source rules, offline (the
-# advisories need the RustSec database: README "Supply chain"). It is installed into .tools on
+# advisories need the RustSec database: the book: developer/release.md, "Supply chain"). It is installed into .tools on
 # first use, built with its own target directory (5 to 10 minutes on 2 cores), and reused after.
 CARGO_DENY_VERSION := 0.20.2
 CARGO_DENY := .tools/bin/cargo-deny
@@ -118,7 +118,34 @@ sbom: ## Write the product's CycloneDX SBOM to $(OUT)/capmox.cdx.json.
 	mkdir -p $(OUT)
 	python3 hack/sbom.py --out $(OUT)/capmox.cdx.json
 
-verify: fmt-check lint crds-check deny test ## Everything CI checks.
+# The book (docs/, mdBook). mdbook is installed into .tools on first use, as cargo-deny is,
+# without its own web server (docs-serve serves the built book with Python's): a few minutes on
+# 2 cores, reused after. `make test` checks the book without it (tests/it/docs.rs).
+MDBOOK_VERSION := 0.5.4
+MDBOOK := .tools/bin/mdbook
+DOCS_PORT ?= 3000
+
+mdbook-tool:
+	@if [ "$$($(MDBOOK) --version 2>/dev/null)" != "mdbook v$(MDBOOK_VERSION)" ]; then \
+	  echo "installing mdbook $(MDBOOK_VERSION) into .tools" >&2; \
+	  CARGO_TARGET_DIR=.tools/target CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+	    $(CARGO) install --quiet --locked mdbook --version $(MDBOOK_VERSION) --no-default-features --features search --root .tools; \
+	  rm -rf .tools/target; \
+	fi
+
+docs: mdbook-tool ## Build the book (docs/) into $(OUT)/docs; any mdbook warning fails it.
+	@if ! log=$$($(MDBOOK) build docs --dest-dir "$(abspath $(OUT))/docs" 2>&1); then echo "$$log" >&2; exit 1; fi; \
+	  echo "$$log"; \
+	  if grep -qE 'WARN|ERROR' <<<"$$log"; then echo "make docs: mdbook warned (above); fix the book" >&2; exit 1; fi; \
+	  echo "the book is in $(OUT)/docs/index.html"
+
+docs-serve: docs ## Serve the built book on http://127.0.0.1:$(DOCS_PORT) (DOCS_PORT=...).
+	python3 -m http.server --bind 127.0.0.1 --directory "$(OUT)/docs" $(DOCS_PORT)
+
+docs-pages: ## Regenerate the book's generated pages (reasons, metrics, API, flags, flavors) from the code.
+	$(CARGO) run --locked --quiet --bin capmox -- docs --output-dir docs/src
+
+verify: fmt-check lint crds-check deny test docs ## Everything CI checks.
 
 sandbox: ## See capmox work end to end on this machine (simulated Proxmox, in-process Kubernetes API).
 	$(CARGO) run --locked --quiet -p capmox-sandbox -- $(SANDBOX_ARGS)
@@ -129,7 +156,7 @@ e2e-real: release-manifests ## The sandbox scenario on the cluster in KUBECONFIG
 	  echo "make e2e-real needs a cluster: set KUBECONFIG (the run installs CRDs and RBAC there)" >&2; exit 1; fi
 	$(CARGO) run --locked --quiet -p capmox-sandbox --bin capmox-e2e-real -- $(E2E_ARGS)
 
-# `make test` runs the soak's first 20 seeds; this runs many more (README: "Randomized fault soak").
+# `make test` runs the soak's first 20 seeds; this runs many more (the book: developer/rigs.md, "Randomized fault soak").
 SOAK_SEEDS ?= 1000
 SOAK_JOBS ?= 8
 soak: ## Randomized fault soak: SOAK_SEEDS seeded provision/scale/delete runs with Proxmox and Kubernetes faults and controller kills.

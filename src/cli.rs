@@ -1,4 +1,4 @@
-//! Command-line interface: `capmox run | crds | version`.
+//! Command-line interface: `capmox run | crds | docs | version`.
 
 use std::process::ExitCode;
 
@@ -26,6 +26,9 @@ pub enum CliError {
     /// The log filter was malformed.
     #[error(transparent)]
     LogFilter(#[from] LogFilterError),
+    /// A book page could not be generated.
+    #[error(transparent)]
+    Docs(#[from] crate::docs::DocsError),
 }
 
 /// The log filter given on the command line or in `RUST_LOG` was malformed.
@@ -122,6 +125,18 @@ pub enum Command {
         /// Write one file per CRD (`<group>_<plural>.yaml`) into this directory instead.
         #[arg(long)]
         output_dir: Option<std::path::PathBuf>,
+    },
+    /// Print a generated page of the book (docs/) as Markdown, or write them all.
+    Docs {
+        /// The page to print; every page when `--output-dir` is given.
+        #[arg(value_enum, required_unless_present = "output_dir")]
+        page: Option<crate::docs::Page>,
+        /// Write every page to its place under this directory (the book's `docs/src`).
+        #[arg(long)]
+        output_dir: Option<std::path::PathBuf>,
+        /// Directory of the cluster templates the flavors page describes.
+        #[arg(long, default_value = "templates")]
+        templates: std::path::PathBuf,
     },
     /// Print the capmox version.
     Version,
@@ -380,6 +395,11 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
+        Command::Docs {
+            page,
+            output_dir,
+            templates,
+        } => write_docs(page, output_dir.as_deref(), &templates),
         Command::Version => {
             println!("capmox {}", env!("CARGO_PKG_VERSION"));
             Ok(())
@@ -389,6 +409,32 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             block_on(run(*args))?
         }
     }
+}
+
+/// Prints `page`, or writes every page under `output_dir`.
+fn write_docs(
+    page: Option<crate::docs::Page>,
+    output_dir: Option<&std::path::Path>,
+    templates: &std::path::Path,
+) -> Result<(), CliError> {
+    use std::io::Write;
+    match (output_dir, page) {
+        (Some(dir), _) => {
+            for page in crate::docs::Page::ALL {
+                let path = dir.join(page.path());
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::write(path, crate::docs::render(page, templates)?)?;
+            }
+        }
+        (None, Some(page)) => {
+            std::io::stdout().write_all(crate::docs::render(page, templates)?.as_bytes())?;
+        }
+        // clap requires one of the two.
+        (None, None) => {}
+    }
+    Ok(())
 }
 
 /// Logs to stderr in `format`, filtered by `filter` (RUST_LOG syntax; `RUST_LOG` or `info` when

@@ -11,6 +11,7 @@ pub mod capi;
 pub mod cli;
 pub mod cloudinit;
 pub mod controller;
+pub mod docs;
 pub mod placement;
 pub mod proxmox;
 pub mod webhook;

@@ -6,6 +6,7 @@ pub mod conversion;
 pub mod crd;
 mod machine;
 pub mod names;
+pub mod reasons;
 mod template_status;
 pub mod v1alpha1;
 pub mod validation;

@@ -48,7 +48,7 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_JSON_VALUES: usize = MAX_BODY_BYTES / 16;
 
 /// Reviews read and answered at once; the rest wait up to [`REVIEW_QUEUE_TIMEOUT`]. With
-/// [`MAX_BODY_BYTES`] and [`MAX_JSON_VALUES`] this bounds the webhook's memory (see README).
+/// [`MAX_BODY_BYTES`] and [`MAX_JSON_VALUES`] this bounds the webhook's memory (the book: Security, "Listener limits").
 pub const MAX_CONCURRENT_REVIEWS: usize = 4;
 
 /// How long a review waits for one of the [`MAX_CONCURRENT_REVIEWS`] slots before it gets 503.

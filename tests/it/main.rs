@@ -1,6 +1,10 @@
-//! The integration tests, in one binary so `make test` links the crate once for all of them.
-//! One module per subject; `common` and `machine_support` are their shared helpers, and the
-//! data they read is in `tests/data/`.
+//! capmox's integration tests, in one binary so `make test` links the crate once for all of
+//! them. One module per subject; `common` and `machine_support` are their shared helpers,
+//! `tests/support/` what they share with the rig crates' tests (`crates/*/tests/`), and the data
+//! they read is in `tests/data/`.
+
+#[path = "../support/paths.rs"]
+mod paths;
 
 mod common;
 mod machine_support;
@@ -17,6 +21,7 @@ mod conformance;
 mod conversion;
 mod crds;
 mod dependencies;
+mod docs;
 mod ha;
 mod hostile_input;
 mod ignition;
@@ -38,25 +43,12 @@ mod proxmox_fixtures;
 mod proxmox_tls;
 mod rbac;
 mod release;
-mod sandbox;
 mod sharding;
-mod sim;
-mod sim_ha;
-mod sim_shapes;
 mod soak;
-mod standin;
-mod standin_capmox;
 mod supply;
 mod task_names;
 mod template_capacity;
 mod tenancy;
-mod testkit_controller;
-mod testkit_crud;
-mod testkit_faults;
-mod testkit_http;
-mod testkit_lifecycle;
-mod testkit_patch;
-mod testkit_watch;
 mod webhook;
 mod webhook_memory;
 
@@ -88,5 +80,51 @@ fn every_test_file_is_a_module_of_this_binary() {
             main.contains(&format!("\nmod {module};\n")),
             "tests/it/{module}.rs is not declared in tests/it/main.rs"
         );
+    }
+}
+
+/// Each rig crate under `crates/` has its tests in one binary, `tests/<name>/main.rs`, whose
+/// modules are every file beside it, as this binary does; and `tests/it` holds capmox's own.
+#[test]
+fn every_rig_crate_has_one_test_binary_with_every_file_in_it() {
+    let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let entries = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+            .map(|entry| entry.expect("directory entry").path())
+            .collect();
+        paths.sort();
+        paths
+    };
+    for krate in entries(&crates).into_iter().filter(|p| p.is_dir()) {
+        let tests = krate.join("tests");
+        let (dirs, files): (Vec<_>, Vec<_>) = entries(&tests).into_iter().partition(|p| p.is_dir());
+        assert_eq!(
+            files,
+            Vec::<std::path::PathBuf>::new(),
+            "{}: put the tests in the crate's one test binary directory",
+            tests.display()
+        );
+        assert_eq!(
+            dirs.len(),
+            1,
+            "{}: one test binary, found {dirs:?}",
+            tests.display()
+        );
+        let main = std::fs::read_to_string(dirs[0].join("main.rs"))
+            .unwrap_or_else(|e| panic!("{}/main.rs: {e}", dirs[0].display()));
+        for file in entries(&dirs[0]) {
+            let Some(module) = file.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            if file.extension().is_some_and(|e| e == "rs") && module != "main" {
+                assert!(
+                    main.contains(&format!("\nmod {module};\n")),
+                    "{} is not a module of {}/main.rs",
+                    file.display(),
+                    dirs[0].display()
+                );
+            }
+        }
     }
 }

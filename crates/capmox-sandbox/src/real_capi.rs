@@ -99,8 +99,8 @@ pub async fn check_real_capi(admin: &Client) -> Result<(), RealError> {
     } else {
         Err(RealError::Option(
             "--capi real needs the real Cluster API controllers running against KUBECONFIG (no \
-             webhook serves controlplane.cluster.x-k8s.io): start them first (README: \"With the \
-             real Cluster API\")"
+             webhook serves controlplane.cluster.x-k8s.io): start them first (the book: \
+             docs/src/developer/real-checks.md, \"With the real Cluster API\")"
                 .into(),
         ))
     }

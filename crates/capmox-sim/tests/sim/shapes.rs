@@ -3,14 +3,16 @@
 //! error responses use the same status, reason phrase and body keys.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::time::Duration;
 
 use capmox::proxmox::*;
 use capmox_sim::{SimOptions, Simulator, Topology};
 use serde_json::Value;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pve-fixtures");
+/// The recorded Proxmox answers under `tests/data/`.
+fn fixtures() -> std::path::PathBuf {
+    crate::paths::data("pve-fixtures")
+}
 
 fn kind(v: &Value) -> &'static str {
     match v {
@@ -165,7 +167,7 @@ async fn raw(sim: &Simulator, method: reqwest::Method, path: &str, form: &[(&str
 }
 
 fn fixture(file: &str) -> Value {
-    let text = std::fs::read_to_string(Path::new(FIXTURES).join(file)).expect("fixture file");
+    let text = std::fs::read_to_string(fixtures().join(file)).expect("fixture file");
     serde_json::from_str(&text).expect("fixture JSON")
 }
 
@@ -407,7 +409,8 @@ async fn simulator_matches_fixture_shapes() {
 
 #[tokio::test]
 async fn simulator_errors_match_fixture_errors() {
-    let dir = Path::new(FIXTURES);
+    let dir = fixtures();
+    let dir = dir.as_path();
     let index: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).expect("index"))
             .expect("json");

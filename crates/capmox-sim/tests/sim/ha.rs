@@ -4,7 +4,6 @@
 //! match the subset's documented `returns` (types, enums, and for fully documented
 //! objects, no undocumented keys).
 
-use std::path::Path;
 use std::time::Duration;
 
 use capmox_sim::{
@@ -13,14 +12,9 @@ use capmox_sim::{
 use reqwest::Method as M;
 use serde_json::Value;
 
-const API91: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/pve-api/apidata.json"
-);
-const API84: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/pve-api/pve8/apidata.json"
-);
+/// The PVE API schema subsets under `tests/data/`.
+const API91: &str = "pve-api/apidata.json";
+const API84: &str = "pve-api/pve8/apidata.json";
 
 /// Four nodes in two zones (n1, n2 | n3, n4) on shared storage, five running guests.
 const TOPOLOGY: &str = "
@@ -102,7 +96,7 @@ async fn call(sim: &Simulator, method: M, path: &str, form: &[(&str, &str)]) -> 
 
 /// path → method → {parameters, returns} of a schema subset.
 fn schema(file: &str) -> Value {
-    let text = std::fs::read_to_string(Path::new(file)).expect("schema subset");
+    let text = std::fs::read_to_string(crate::paths::data(file)).expect("schema subset");
     serde_json::from_str::<Value>(&text).expect("JSON")["endpoints"].clone()
 }
 

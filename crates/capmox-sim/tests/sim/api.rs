@@ -1057,8 +1057,7 @@ async fn upload_parser_is_strict() {
 
 #[tokio::test]
 async fn topology_file_drives_the_simulator() {
-    let topo =
-        Topology::load(std::path::Path::new("tests/data/sim-topology.yaml")).expect("example file");
+    let topo = Topology::load(&crate::paths::data("sim-topology.yaml")).expect("example file");
     let opts = SimOptions::from_topology(&topo);
     assert_eq!(opts.token_id, "capmox@pve!sim");
     let sim = Simulator::start(topo, opts).await.expect("sim");

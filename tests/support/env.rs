@@ -1,6 +1,8 @@
+#![allow(dead_code)]
 //! A management cluster on one machine: the in-process Kubernetes API with capmox's and the
 //! upstream CRDs (objects validated against their schemas, as the API server would), and the
-//! Proxmox VE simulator.
+//! Proxmox VE simulator. Shared by capmox's tests and the sandbox crate's (included with
+//! `#[path]`, beside `paths.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,10 +54,10 @@ impl Env {
         let server = ApiServer::new();
         server.register_builtin_kinds();
         server
-            .register_crd_dir("crds")
+            .register_crd_dir(crate::paths::root().join("crds"))
             .expect("capmox CRDs register");
         server
-            .register_crd_dir(super::data("external-crds"))
+            .register_crd_dir(crate::paths::data("external-crds"))
             .expect("upstream CRDs register (tests/data/external-crds)");
         for crd in capmox::api::crd::all().expect("CRDs render") {
             let schema = capmox::api::crd::schema_json(&crd).expect("schema");

@@ -212,17 +212,17 @@ async fn kubectl_applies_a_v1alpha1_manifest_through_the_conversion_webhook() {
     let sandbox = Sandbox::start(&options, true)
         .await
         .expect("sandbox starts");
-    let manifest = crate::common::substitute(
-        &std::fs::read_to_string(crate::common::data(
+    let manifest = crate::paths::substitute(
+        &std::fs::read_to_string(crate::paths::data(
             "conversion/v1alpha1-cluster-template.yaml",
         ))
         .expect("test data"),
-        crate::common::TEMPLATE_VALUES,
+        crate::paths::TEMPLATE_VALUES,
     );
     let file = dir.join("v1alpha1.yaml");
     std::fs::write(&file, manifest).expect("write manifest");
     let kubectl = |args: &[&str]| {
-        let mut command = std::process::Command::new(crate::common::kubectl());
+        let mut command = std::process::Command::new(crate::paths::kubectl());
         command
             .arg("--kubeconfig")
             .arg(&options.kubeconfig)
@@ -333,13 +333,10 @@ async fn the_ha_sandbox_shows_resources_rules_and_a_failover_within_the_zone() {
 /// the second site.
 fn two_sites() -> SandboxOptions {
     SandboxOptions {
-        topology: Some(
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/examples/sandbox-two-sites.yaml"
-            )
-            .into(),
-        ),
+        topology: Some(crate::paths::in_repository(
+            "examples/sandbox-two-sites.yaml",
+            "the example is part of the repository",
+        )),
         control_plane: 3,
         workers: 2,
         worker_failure_domain: "rack-c".into(),

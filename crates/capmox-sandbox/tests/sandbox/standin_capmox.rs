@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::env::Env;
+use crate::env::Env;
 use capmox::api::{FailureDomain, ProxmoxCluster, labels};
 use capmox::capi::{Cluster, Machine};
 use capmox_sandbox::standin::{self, CapiStandIn, ExampleCluster};

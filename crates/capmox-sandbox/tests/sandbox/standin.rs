@@ -33,12 +33,11 @@ const HOLD: &str = "test.capmox/hold-deletion";
 fn server() -> ApiServer {
     let server = ApiServer::new();
     server.register_builtin_kinds();
-    server.register_crd_dir("crds").expect("capmox CRDs");
     server
-        .register_crd_dir(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/external-crds"
-        ))
+        .register_crd_dir(crate::paths::root().join("crds"))
+        .expect("capmox CRDs");
+    server
+        .register_crd_dir(crate::paths::data("external-crds"))
         .expect("upstream CRDs (tests/data/external-crds)");
     // capmox objects are checked against their schemas, so the stand-in's ProxmoxMachines
     // must be valid ones.

@@ -19,9 +19,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
 
-const CA: &str = include_str!("../../../tests/data/tls/ca.pem");
-const NODE_CERT: &str = include_str!("../../../tests/data/tls/node.pem");
-const NODE_KEY: &str = include_str!("../../../tests/data/tls/node.key");
+const CA: &str = include_str!("../../../../tests/data/tls/ca.pem");
+const NODE_CERT: &str = include_str!("../../../../tests/data/tls/node.pem");
+const NODE_KEY: &str = include_str!("../../../../tests/data/tls/node.key");
 const WAIT: Duration = Duration::from_secs(10);
 
 /// How the fake webhook answers.
