@@ -24,6 +24,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
+pub use super::cluster_conditions::PLAIN_HTTP;
+use super::cluster_conditions::{self, ClusterSeen, EndpointFailure, EndpointSeen};
 use super::conditions::{self, Decided};
 use super::credentials::{client_config, release_secret};
 use super::failures::{self, Pass};
@@ -41,8 +43,6 @@ pub const FIELD_MANAGER: &str = "capmox-proxmoxcluster";
 /// Controller name in metrics and logs.
 pub const CONTROLLER: &str = "proxmoxcluster";
 
-/// How often a healthy cluster is looked at again (Proxmox reachability, node list).
-const RESYNC: Duration = Duration::from_secs(300);
 /// How soon a cluster that waits on something not watched (machines going away) is retried.
 const SHORT_RETRY: Duration = Duration::from_secs(2);
 
@@ -85,10 +85,6 @@ impl ClusterError {
             })
     }
 }
-
-/// `ProxmoxAvailable` reason (and Warning event) when Proxmox answers over plain HTTP: it works,
-/// but the API token crosses the network unencrypted.
-pub const PLAIN_HTTP: &str = "AvailableOverPlainHTTP";
 
 /// Runs the controller until `shutdown` is cancelled.
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
@@ -209,7 +205,20 @@ async fn reconcile_inner(
             .map(Pass::Done);
     }
 
-    ensure_finalizer(&api, cluster, finalizers::CLUSTER).await?;
+    reconcile_live(cluster, context, &api, &namespace, &name, current).await
+}
+
+/// A pass over a live, unpaused cluster: finalizer, failure domains, pools, the checks of every
+/// Proxmox it uses, and the status they decide.
+async fn reconcile_live(
+    cluster: &ProxmoxCluster,
+    context: &Context,
+    api: &Api<ProxmoxCluster>,
+    namespace: &str,
+    name: &str,
+    current: ProxmoxClusterStatus,
+) -> Result<Pass, ClusterError> {
+    ensure_finalizer(api, cluster, finalizers::CLUSTER).await?;
 
     let mut decided = vec![Decided {
         type_: api::conditions::PAUSED,
@@ -230,198 +239,55 @@ async fn reconcile_inner(
 
     // IP pools for the cluster and each zone with its own IP config.
     let desired_pools = placement::cluster_pools(cluster);
-    reconcile_pools(context, cluster, &namespace, &desired_pools).await?;
+    reconcile_pools(context, cluster, namespace, &desired_pools).await?;
     record_pools(&mut status, &desired_pools);
 
     // Credentials and reachability of every Proxmox the zones use (one unless zones name
-    // credentials of their own): each is checked against the nodes of its own zones.
+    // credentials of their own), checked side by side: one that does not answer holds up no
+    // other's report.
     let groups = placement::zones_by_credentials(cluster);
-    let several = groups.len() > 1;
-    let mut requeue = RESYNC;
-    // Checked side by side: a Proxmox that does not answer holds up no other's report.
     let reports: Vec<EndpointReport> = futures::future::try_join_all(
         groups
             .iter()
-            .map(|group| check_endpoint(context, cluster, &namespace, group)),
+            .map(|group| check_endpoint(context, cluster, namespace, group)),
     )
     .await?;
-    for report in &reports {
-        if let EndpointState::Available { proxmox, .. } = &report.state
-            && zone_problem.is_none()
-            && report.unknown_nodes().is_empty()
-            && crate::placement::ha_enabled_anywhere(&cluster.spec)
-        {
-            sync_ha_zones(context, proxmox, cluster, report.group, &namespace, &name).await;
+    let seen = ClusterSeen {
+        zone_problem,
+        endpoints: reports.iter().map(EndpointReport::seen).collect(),
+        endpoint_known: control_plane_endpoint_known(cluster),
+        plain_http_reported: current
+            .conditions
+            .iter()
+            .any(|c| c.type_ == api::conditions::PROXMOX_AVAILABLE && c.reason == PLAIN_HTTP),
+        ha_enabled: crate::placement::ha_enabled_anywhere(&cluster.spec),
+    };
+    let plan = cluster_conditions::plan(&seen);
+    for report in plan.sync_ha.iter().filter_map(|&i| reports.get(i)) {
+        if let EndpointState::Available { proxmox, .. } = &report.state {
+            sync_ha_zones(context, proxmox, cluster, report.group, namespace, name).await;
         }
     }
-    let unknown_nodes: Vec<(String, String)> = reports
-        .iter()
-        .flat_map(|r| r.unknown_nodes().iter().cloned())
-        .collect();
-    let failed: Vec<&EndpointReport> = reports.iter().filter(|r| !r.available()).collect();
-    let proxmox_failed = failed.iter().any(|r| r.backs_off());
-    if let Some(first) = failed.first() {
-        let mut message = failed
-            .iter()
-            .map(|r| r.failure_message(several))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let reachable: Vec<&str> = reports
-            .iter()
-            .filter(|r| r.available())
-            .flat_map(|r| r.group.zones.iter().map(String::as_str))
-            .collect();
-        if several && !reachable.is_empty() {
-            message.push_str(&format!(
-                "; zones {} are reachable and keep working",
-                reachable.join(", ")
-            ));
+    let requeue = match &plan.backoff {
+        Some((reason, message, retry_after)) => {
+            back_off(context, cluster, name, reason, message, *retry_after).await
         }
-        if first.backs_off() {
-            let retry = context.retries.failed(
-                &failures::key(cluster),
-                &failures::PROXMOX_BACKOFF,
-                Some(first.reason()),
-            );
-            requeue = retry.delay.max(first.retry_after());
-            if retry.news {
-                tracing::warn!(cluster = %name, reason = first.reason(), "{message}");
-                failures::publish_event(
-                    &context.client,
-                    FIELD_MANAGER,
-                    &cluster.object_ref(&()),
-                    EventType::Warning,
-                    first.reason(),
-                    &message,
-                )
-                .await;
-            } else {
-                tracing::warn!(cluster = %name, reason = first.reason(), failures = retry.failures, retry_in_ms = failures::millis(requeue), "Proxmox check failed again; backing off: {message}");
-            }
-        } else if failed
-            .iter()
-            .any(|r| matches!(r.state, EndpointState::NoCredentials(_)))
-        {
-            requeue = Duration::from_secs(30);
-        }
-        decided.push(Decided::failed(
-            api::conditions::PROXMOX_AVAILABLE,
-            first.reason(),
+        None => plan.requeue,
+    };
+    if let Some(message) = &plan.plain_http_warning {
+        tracing::warn!(cluster = %name, "Proxmox is reached over plain HTTP; the API token is sent unencrypted");
+        failures::publish_event(
+            &context.client,
+            FIELD_MANAGER,
+            &cluster.object_ref(&()),
+            EventType::Warning,
+            PLAIN_HTTP,
             message,
-        ));
-    } else {
-        let plain: Vec<&str> = reports
-            .iter()
-            .filter_map(|r| r.url.as_deref())
-            .filter(|url| url.starts_with("http://"))
-            .collect();
-        if plain.is_empty() {
-            decided.push(Decided::ok(
-                api::conditions::PROXMOX_AVAILABLE,
-                "Available",
-                "",
-            ));
-        } else {
-            // Reachable, but the token travels in clear: say so where users look, once.
-            let message = plain
-                .iter()
-                .map(|url| format!("Proxmox at {url} is reached over plain HTTP, so the API token is sent unencrypted; use an https:// URL"))
-                .collect::<Vec<_>>()
-                .join("; ");
-            let already_said = current
-                .conditions
-                .iter()
-                .any(|c| c.type_ == api::conditions::PROXMOX_AVAILABLE && c.reason == PLAIN_HTTP);
-            if !already_said {
-                tracing::warn!(cluster = %name, urls = ?plain, "Proxmox is reached over plain HTTP; the API token is sent unencrypted");
-                failures::publish_event(
-                    &context.client,
-                    FIELD_MANAGER,
-                    &cluster.object_ref(&()),
-                    EventType::Warning,
-                    PLAIN_HTTP,
-                    &message,
-                )
-                .await;
-            }
-            decided.push(Decided::ok(
-                api::conditions::PROXMOX_AVAILABLE,
-                PLAIN_HTTP,
-                message,
-            ));
-        }
+        )
+        .await;
     }
-    // The failure domains of a Proxmox that does not answer while others do: still published
-    // (their machines are not orphans, and KCP does not move the control plane for an outage),
-    // but marked here.
-    let lost: Vec<String> = failed
-        .iter()
-        .filter(|r| r.backs_off())
-        .flat_map(|r| {
-            r.group
-                .zone_nodes
-                .iter()
-                .map(|(zone, _)| zone.clone())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .map(move |zone| format!("{zone} ({})", r.endpoint_name()))
-        })
-        .collect();
-    let partial = several && failed.len() < reports.len();
-
-    decided.push(match (&zone_problem, unknown_nodes.is_empty()) {
-        (Some(problem), _) => Decided::failed(
-            api::conditions::FAILURE_DOMAINS_READY,
-            "InvalidZoneConfig",
-            problem.clone(),
-        ),
-        (None, false) => Decided::failed(
-            api::conditions::FAILURE_DOMAINS_READY,
-            "UnknownNode",
-            format!(
-                "Proxmox does not know {}; fix spec.zoneConfig or add the nodes",
-                unknown_nodes
-                    .iter()
-                    .map(|(zone, node)| format!("node {node:?} of zone {zone:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ),
-        (None, true) if partial && !lost.is_empty() => Decided::failed(
-            api::conditions::FAILURE_DOMAINS_READY,
-            "ProxmoxUnavailable",
-            format!(
-                "the Proxmox of failure domains {} does not answer: their machines wait until it does, and the other failure domains keep working; set controlPlaneEligible: false on a lost zone to keep new control-plane machines out of it",
-                lost.join(", ")
-            ),
-        ),
-        (None, true) => Decided::ok(api::conditions::FAILURE_DOMAINS_READY, "Ready", ""),
-    });
-
-    // The control plane endpoint must be known before CAPI may proceed.
-    let endpoint_known = cluster
-        .spec
-        .control_plane_endpoint
-        .as_ref()
-        .is_some_and(|endpoint| {
-            endpoint.host.as_deref().is_some_and(|h| !h.is_empty()) && endpoint.port.is_some()
-        });
-    if !endpoint_known {
-        decided.push(Decided::failed(
-            "ControlPlaneEndpointAvailable",
-            "MissingControlPlaneEndpoint",
-            "spec.controlPlaneEndpoint is not set yet; set it, or let the external control plane provider set it",
-        ));
-        if !proxmox_failed {
-            // Not sooner than the back-off of a failing Proxmox.
-            requeue = requeue.min(Duration::from_secs(10));
-        }
-    }
-
-    let proxmox_ok = decided.iter().any(|d| {
-        d.type_ == api::conditions::PROXMOX_AVAILABLE && d.status == conditions::Status::True
-    });
-    if proxmox_ok && endpoint_known {
+    decided.extend(plan.decided);
+    if plan.provisioned {
         status.initialization = Some(Initialization {
             provisioned: Some(true),
         });
@@ -434,12 +300,56 @@ async fn reconcile_inner(
         cluster.metadata.generation,
         Timestamp::now(),
     );
-    apply_status_if_changed(&api, &name, &current, status).await?;
-    Ok(if proxmox_failed {
+    apply_status_if_changed(api, name, &current, status).await?;
+    Ok(if plan.proxmox_failed {
         Pass::BackingOff(Action::requeue(requeue))
     } else {
         Pass::Done(Action::requeue(requeue))
     })
+}
+
+/// Whether `spec.controlPlaneEndpoint` has a host and a port: CAPI may not proceed before.
+fn control_plane_endpoint_known(cluster: &ProxmoxCluster) -> bool {
+    cluster
+        .spec
+        .control_plane_endpoint
+        .as_ref()
+        .is_some_and(|endpoint| {
+            endpoint.host.as_deref().is_some_and(|h| !h.is_empty()) && endpoint.port.is_some()
+        })
+}
+
+/// One more failure in the cluster's streak for a Proxmox that failed on its own account: a
+/// Warning event when the streak starts or its reason changes. When to look again.
+async fn back_off(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    name: &str,
+    reason: &'static str,
+    message: &str,
+    retry_after: Duration,
+) -> Duration {
+    let retry = context.retries.failed(
+        &failures::key(cluster),
+        &failures::PROXMOX_BACKOFF,
+        Some(reason),
+    );
+    let requeue = retry.delay.max(retry_after);
+    if retry.news {
+        tracing::warn!(cluster = %name, reason, "{message}");
+        failures::publish_event(
+            &context.client,
+            FIELD_MANAGER,
+            &cluster.object_ref(&()),
+            EventType::Warning,
+            reason,
+            message,
+        )
+        .await;
+    } else {
+        tracing::warn!(cluster = %name, reason, failures = retry.failures, retry_in_ms = failures::millis(requeue), "Proxmox check failed again; backing off: {message}");
+    }
+    requeue
 }
 
 /// Name of the owning CAPI Cluster, from the owner references CAPI sets.
@@ -707,6 +617,24 @@ enum EndpointState {
 }
 
 impl EndpointReport<'_> {
+    /// What the cluster's conditions are decided from.
+    fn seen(&self) -> EndpointSeen {
+        EndpointSeen {
+            zones: self.group.zones.clone(),
+            zone_nodes: self.group.zone_nodes.clone(),
+            url: self.url.clone(),
+            name: self.endpoint_name(),
+            failure: (!self.available()).then(|| EndpointFailure {
+                reason: self.reason(),
+                message: self.failure_message(),
+                backs_off: self.backs_off(),
+                no_credentials: matches!(self.state, EndpointState::NoCredentials(_)),
+                retry_after: self.retry_after(),
+            }),
+            unknown_nodes: self.unknown_nodes().to_vec(),
+        }
+    }
+
     fn available(&self) -> bool {
         matches!(self.state, EndpointState::Available { .. })
     }
@@ -751,23 +679,14 @@ impl EndpointReport<'_> {
         }
     }
 
-    /// What failed; with several Proxmox clusters, prefixed with the zones it serves.
-    fn failure_message(&self, several: bool) -> String {
-        let message = match &self.state {
+    /// What failed.
+    fn failure_message(&self) -> String {
+        match &self.state {
             EndpointState::Available { .. } => String::new(),
             EndpointState::NoCredentials(error) => error.to_string(),
             EndpointState::Unusable(error) => error.to_string(),
             EndpointState::Unreachable(described) => described.message.clone(),
-        };
-        if !several {
-            return message;
         }
-        let zones = if self.group.zones.is_empty() {
-            "machines outside the zones".to_owned()
-        } else {
-            format!("zones {}", self.group.zones.join(", "))
-        };
-        format!("{zones}: {message}")
     }
 }
 

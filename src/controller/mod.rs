@@ -3,6 +3,7 @@
 
 pub mod caches;
 pub mod cluster;
+pub mod cluster_conditions;
 pub mod conditions;
 pub mod credentials;
 pub mod failures;
