@@ -220,27 +220,9 @@ async fn reconcile_live(
 ) -> Result<Pass, ClusterError> {
     ensure_finalizer(api, cluster, finalizers::CLUSTER).await?;
 
-    let mut decided = vec![Decided {
-        type_: api::conditions::PAUSED,
-        status: conditions::Status::False,
-        reason: "NotPaused".into(),
-        message: String::new(),
-    }];
+    let mut decided = vec![Decided::failed(api::conditions::PAUSED, "NotPaused", "")];
     let mut status = owned_status(&current);
-
-    // Failure domains: a bad zone configuration keeps the last good list.
-    let zone_problem = match placement::failure_domains(cluster) {
-        Ok(domains) => {
-            status.failure_domains = domains;
-            None
-        }
-        Err(error) => Some(error.to_string()),
-    };
-
-    // IP pools for the cluster and each zone with its own IP config.
-    let desired_pools = placement::cluster_pools(cluster);
-    reconcile_pools(context, cluster, namespace, &desired_pools).await?;
-    record_pools(&mut status, &desired_pools);
+    let zone_problem = domains_and_pools(context, cluster, namespace, &mut status).await?;
 
     // Credentials and reachability of every Proxmox the zones use (one unless zones name
     // credentials of their own), checked side by side: one that does not answer holds up no
@@ -306,6 +288,27 @@ async fn reconcile_live(
     } else {
         Pass::Done(Action::requeue(requeue))
     })
+}
+
+/// The cluster's failure domains (a bad zone configuration keeps the last good list; why it is
+/// bad is returned) and its IP pools, for the cluster and each zone with its own IP config.
+async fn domains_and_pools(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    namespace: &str,
+    status: &mut ProxmoxClusterStatus,
+) -> Result<Option<String>, ClusterError> {
+    let zone_problem = match placement::failure_domains(cluster) {
+        Ok(domains) => {
+            status.failure_domains = domains;
+            None
+        }
+        Err(error) => Some(error.to_string()),
+    };
+    let desired_pools = placement::cluster_pools(cluster);
+    reconcile_pools(context, cluster, namespace, &desired_pools).await?;
+    record_pools(status, &desired_pools);
+    Ok(zone_problem)
 }
 
 /// Whether `spec.controlPlaneEndpoint` has a host and a port: CAPI may not proceed before.
