@@ -241,6 +241,9 @@ struct Unread {
     message: String,
 }
 
+/// How soon a template whose tags or templates in Proxmox need fixing is looked at again.
+const TEMPLATE_RETRY: Duration = Duration::from_secs(60);
+
 /// Where a template's Proxmox config is read: the first credentials the cluster uses (its
 /// own, unless every zone names its own Proxmox).
 async fn template_credentials(
@@ -267,75 +270,9 @@ async fn reconcile_inner(
         .clone()
         .ok_or(TemplateError::MissingIdentity)?;
     let spec = &template.spec.template.spec;
-    let mut requeue = RESYNC;
-    let mut backing_off = false;
-
-    let config = match find_cluster(template, &namespace, reads) {
-        Err(unread) => Err(unread),
-        Ok(cluster) => match template_credentials(context, &cluster, &namespace).await? {
-            Err(error) => {
-                requeue = CREDENTIALS_RETRY;
-                Err(Unread {
-                    reason: error.reason().to_owned(),
-                    message: format!("ProxmoxCluster {}: {error}", cluster.name_any()),
-                })
-            }
-            Ok(config) => match context.proxmox.get(&config) {
-                Err(error) => Err(Unread {
-                    reason: failures::reason(&error).to_owned(),
-                    message: error.to_string(),
-                }),
-                Ok(proxmox) => match template_config(context, &proxmox, spec).await {
-                    Ok(Ok(config)) => Ok(config),
-                    Ok(Err(error)) => {
-                        // Waiting for someone to fix the tags or templates in Proxmox.
-                        requeue = Duration::from_secs(60);
-                        Err(Unread {
-                            reason: error.reason().to_owned(),
-                            message: error.to_string(),
-                        })
-                    }
-                    Err((step, error)) => {
-                        let described = failures::describe(&step, &error);
-                        let retry = context.retries.failed(
-                            &failures::key(template),
-                            &failures::PROXMOX_BACKOFF,
-                            Some(described.reason),
-                        );
-                        requeue = retry.delay.max(described.retry_after.unwrap_or_default());
-                        backing_off = true;
-                        tracing::warn!(template = %name, namespace = %namespace, reason = described.reason, failures = retry.failures, retry_in_ms = failures::millis(requeue), "{}", described.message);
-                        Err(Unread {
-                            reason: described.reason.to_owned(),
-                            message: described.message,
-                        })
-                    }
-                },
-            },
-        },
-    };
-
-    let resolved = resolve_capacity(spec, config.as_ref().ok());
-    let decided = match (&config, resolved.missing.is_empty()) {
-        (Ok(_), true) => Decided::ok(RESOLVED, "Resolved", ""),
-        (Ok(_), false) => Decided::failed(
-            RESOLVED,
-            "TemplateIncomplete",
-            format!(
-                "the Proxmox template's config lacks {}",
-                resolved.missing.join(", ")
-            ),
-        ),
-        (Err(unread), _) => Decided::failed(
-            RESOLVED,
-            &unread.reason,
-            format!(
-                "cannot read the Proxmox template: {}; {}",
-                unread.message,
-                resolved.spec_only_summary()
-            ),
-        ),
-    };
+    let read = read_template(template, context, reads, &namespace, &name).await?;
+    let resolved = resolve_capacity(spec, read.config.as_ref().ok());
+    let decided = resolved_condition(&read.config, &resolved);
     let current = template.status.clone().unwrap_or_default();
     let desired = ProxmoxMachineTemplateStatus {
         capacity: resolved.capacity,
@@ -362,11 +299,108 @@ async fn reconcile_inner(
         .await?;
         tracing::info!(template = %name, namespace = %namespace, capacity = ?desired.capacity, "published the template's capacity");
     }
-    Ok(if backing_off {
-        Pass::BackingOff(Action::requeue(requeue))
+    Ok(if read.backing_off {
+        Pass::BackingOff(Action::requeue(read.requeue))
     } else {
-        Pass::Done(Action::requeue(requeue))
+        Pass::Done(Action::requeue(read.requeue))
     })
+}
+
+/// The template's Proxmox config as a pass read it, or why it could not, and when to look again.
+struct TemplateRead {
+    config: Result<VmConfig, Unread>,
+    requeue: Duration,
+    /// Proxmox failed on its own account: the template's back-off streak goes on.
+    backing_off: bool,
+}
+
+/// Reads the template's config from the Proxmox of its cluster's first credentials.
+async fn read_template(
+    template: &ProxmoxMachineTemplate,
+    context: &Context,
+    reads: &Reads,
+    namespace: &str,
+    name: &str,
+) -> Result<TemplateRead, TemplateError> {
+    let unread = |requeue, reason: &str, message: String| TemplateRead {
+        config: Err(Unread {
+            reason: reason.to_owned(),
+            message,
+        }),
+        requeue,
+        backing_off: false,
+    };
+    let cluster = match find_cluster(template, namespace, reads) {
+        Ok(cluster) => cluster,
+        Err(error) => {
+            return Ok(TemplateRead {
+                config: Err(error),
+                requeue: RESYNC,
+                backing_off: false,
+            });
+        }
+    };
+    let config = match template_credentials(context, &cluster, namespace).await? {
+        Ok(config) => config,
+        Err(error) => {
+            let message = format!("ProxmoxCluster {}: {error}", cluster.name_any());
+            return Ok(unread(CREDENTIALS_RETRY, error.reason(), message));
+        }
+    };
+    let proxmox = match context.proxmox.get(&config) {
+        Ok(proxmox) => proxmox,
+        Err(error) => return Ok(unread(RESYNC, failures::reason(&error), error.to_string())),
+    };
+    Ok(
+        match template_config(context, &proxmox, &template.spec.template.spec).await {
+            Ok(Ok(config)) => TemplateRead {
+                config: Ok(config),
+                requeue: RESYNC,
+                backing_off: false,
+            },
+            // Waiting for someone to fix the tags or templates in Proxmox.
+            Ok(Err(error)) => unread(TEMPLATE_RETRY, error.reason(), error.to_string()),
+            Err((step, error)) => {
+                let described = failures::describe(&step, &error);
+                let retry = context.retries.failed(
+                    &failures::key(template),
+                    &failures::PROXMOX_BACKOFF,
+                    Some(described.reason),
+                );
+                let requeue = retry.delay.max(described.retry_after.unwrap_or_default());
+                tracing::warn!(template = %name, namespace = %namespace, reason = described.reason, failures = retry.failures, retry_in_ms = failures::millis(requeue), "{}", described.message);
+                TemplateRead {
+                    backing_off: true,
+                    ..unread(requeue, described.reason, described.message)
+                }
+            }
+        },
+    )
+}
+
+/// `Resolved`: the template's config was read and has what the capacity needs, or what is
+/// missing, or why it could not be read (with what the spec alone tells).
+fn resolved_condition(config: &Result<VmConfig, Unread>, resolved: &ResolvedCapacity) -> Decided {
+    match (config, resolved.missing.is_empty()) {
+        (Ok(_), true) => Decided::ok(RESOLVED, "Resolved", ""),
+        (Ok(_), false) => Decided::failed(
+            RESOLVED,
+            "TemplateIncomplete",
+            format!(
+                "the Proxmox template's config lacks {}",
+                resolved.missing.join(", ")
+            ),
+        ),
+        (Err(unread), _) => Decided::failed(
+            RESOLVED,
+            &unread.reason,
+            format!(
+                "cannot read the Proxmox template: {}; {}",
+                unread.message,
+                resolved.spec_only_summary()
+            ),
+        ),
+    }
 }
 
 /// The status fields this controller owns, as currently recorded.
