@@ -148,6 +148,79 @@ impl Context {
     }
 }
 
+/// Serves the probes, the metrics and (when configured) the conversion webhook until `stop`.
+async fn serve(
+    config: &ManagerConfig,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    stop: &CancellationToken,
+) -> Result<(), ManagerError> {
+    for server in bind_endpoints(config, metrics, readiness).await? {
+        if let Some(address) = server.local_addr() {
+            tracing::info!(%address, "serving /healthz, /readyz and /metrics");
+        }
+        tokio::spawn(server.serve(stop.clone()));
+    }
+    if let Some(webhook) = &config.webhook {
+        let server =
+            crate::webhook::WebhookServer::bind(webhook, crate::webhook::capmox_converter())
+                .await?;
+        if let Some(address) = server.local_addr() {
+            tracing::info!(%address, cert_dir = %webhook.cert_dir.display(), "serving the conversion webhook");
+        }
+        tokio::spawn(server.serve(stop.clone()));
+    }
+    Ok(())
+}
+
+/// Runs the reconcilers while this replica leads: until shutdown or the loss of leadership
+/// (the reconciles in flight finish, fenced from Proxmox), or an error when they stop on
+/// their own.
+async fn lead(
+    context: Context,
+    registry: Arc<ClientRegistry>,
+    readiness: &Readiness,
+    leading: &mut watch::Receiver<bool>,
+    shutdown: &CancellationToken,
+) -> Result<(), ManagerError> {
+    readiness.set_standby(false);
+    readiness.set_leading(true);
+    // A shutdown signal reaches the reconcilers through the child token; so does the loss of
+    // leadership. Either way the reconciles in flight finish before the manager returns.
+    let controllers_stop = shutdown.child_token();
+    let mut controllers =
+        tokio::spawn(run_controllers(Arc::new(context), controllers_stop.clone()));
+    tokio::select! {
+        ended = &mut controllers => {
+            if !shutdown.is_cancelled() {
+                // Nothing reconciles any more: exit, so the pod restarts (or another
+                // replica takes the Lease) instead of renewing a Lease it does not use.
+                registry.fence();
+                readiness.set_leading(false);
+                let cause = match ended {
+                    Ok(()) => "they stopped on their own".to_owned(),
+                    Err(join_error) => join_error.to_string(),
+                };
+                tracing::error!(%cause, "the reconcilers stopped while leading; exiting");
+                return Err(ManagerError::ControllersStopped(cause));
+            }
+        }
+        _ = async { leading.wait_for(|leading| !*leading).await.is_ok() } => {
+            if shutdown.is_cancelled() {
+                tracing::info!("lease released for shutdown; stopping all reconcilers");
+            } else {
+                tracing::error!("leadership lost; stopping all reconcilers");
+            }
+            // Reconciles in flight finish without another Proxmox write: the new leader may
+            // already act on the same VMs.
+            registry.fence();
+            controllers_stop.cancel();
+            let _ = controllers.await;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the manager until `shutdown` is cancelled or leadership is lost.
 pub async fn run(
     client: Client,
@@ -158,23 +231,8 @@ pub async fn run(
     let proxmox = Arc::new(ClientRegistry::new());
     let metrics = Metrics::new().with_proxmox(proxmox.clone());
     let readiness = Readiness::default();
-    let endpoints = bind_endpoints(&config, &metrics, &readiness).await?;
     let server_stop = CancellationToken::new();
-    for server in endpoints {
-        if let Some(address) = server.local_addr() {
-            tracing::info!(%address, "serving /healthz, /readyz and /metrics");
-        }
-        tokio::spawn(server.serve(server_stop.clone()));
-    }
-    if let Some(webhook) = &config.webhook {
-        let server =
-            crate::webhook::WebhookServer::bind(webhook, crate::webhook::capmox_converter())
-                .await?;
-        if let Some(address) = server.local_addr() {
-            tracing::info!(%address, cert_dir = %webhook.cert_dir.display(), "serving the conversion webhook");
-        }
-        tokio::spawn(server.serve(server_stop.clone()));
-    }
+    serve(&config, &metrics, &readiness, &server_stop).await?;
     let _stop_servers = server_stop.drop_guard();
 
     let (leading_tx, mut leading) = watch::channel(config.leader_election.is_none());
@@ -214,41 +272,7 @@ pub async fn run(
             readiness: readiness.clone(),
             caches: None,
         };
-        readiness.set_standby(false);
-        readiness.set_leading(true);
-        // A shutdown signal reaches the reconcilers through the child token; so does the loss of
-        // leadership. Either way the reconciles in flight finish before the manager returns.
-        let controllers_stop = shutdown.child_token();
-        let mut controllers =
-            tokio::spawn(run_controllers(Arc::new(context), controllers_stop.clone()));
-        tokio::select! {
-            ended = &mut controllers => {
-                if !shutdown.is_cancelled() {
-                    // Nothing reconciles any more: exit, so the pod restarts (or another
-                    // replica takes the Lease) instead of renewing a Lease it does not use.
-                    registry.fence();
-                    readiness.set_leading(false);
-                    let cause = match ended {
-                        Ok(()) => "they stopped on their own".to_owned(),
-                        Err(join_error) => join_error.to_string(),
-                    };
-                    tracing::error!(%cause, "the reconcilers stopped while leading; exiting");
-                    return Err(ManagerError::ControllersStopped(cause));
-                }
-            }
-            _ = async { leading.wait_for(|leading| !*leading).await.is_ok() } => {
-                if shutdown.is_cancelled() {
-                    tracing::info!("lease released for shutdown; stopping all reconcilers");
-                } else {
-                    tracing::error!("leadership lost; stopping all reconcilers");
-                }
-                // Reconciles in flight finish without another Proxmox write: the new leader may
-                // already act on the same VMs.
-                registry.fence();
-                controllers_stop.cancel();
-                let _ = controllers.await;
-            }
-        }
+        lead(context, registry, &readiness, &mut leading, &shutdown).await?;
         readiness.set_leading(false);
     }
     match election {
