@@ -293,8 +293,19 @@ pub struct Described {
 /// `step` (what capmox was doing, e.g. "cloning template 9000 on pve1 to VM 101 on pve3")
 /// failed with `error`: its reason, and a message with Proxmox's answer and what to fix.
 pub fn describe(step: &str, error: &ProxmoxError) -> Described {
-    let reason = reason(error);
-    let detail = match error {
+    Described {
+        reason: reason(error),
+        message: format!("{step}: {}", what_to_fix(error)),
+        retry_after: match error {
+            ProxmoxError::RateLimited { retry_after, .. } => *retry_after,
+            _ => None,
+        },
+    }
+}
+
+/// What Proxmox answered, and what to fix for it.
+fn what_to_fix(error: &ProxmoxError) -> String {
+    match error {
         ProxmoxError::Unauthorized { reason } => format!(
             "Proxmox rejected the API token (HTTP 401: {reason}); check the API token id and secret in the credentials"
         ),
@@ -333,6 +344,23 @@ pub fn describe(step: &str, error: &ProxmoxError) -> Described {
         ProxmoxError::Api { status, reason } => format!(
             "Proxmox failed (HTTP {status}: {reason}); fix what Proxmox names (storage, node, template) or check the node's health"
         ),
+        ProxmoxError::Transient { .. } => transient_detail(error),
+        ProxmoxError::TaskFailed { upid, exitstatus } => {
+            format!("Proxmox task {upid} failed: {exitstatus}; fix what the task log names")
+        }
+        ProxmoxError::TaskTimeout { upid, waited_ms } => format!(
+            "Proxmox task {upid} still runs after {waited_ms} ms; it is checked again (see its log on the node if it hangs)"
+        ),
+        ProxmoxError::Decode { endpoint, message } => format!(
+            "cannot read Proxmox's answer to {endpoint} ({message}); check that the URL points at the Proxmox VE API (https://host:8006), not at another service or a login page"
+        ),
+        ProxmoxError::Config(text) => text.clone(),
+    }
+}
+
+/// What a failure that may pass on its own tells, and what to check meanwhile.
+fn transient_detail(error: &ProxmoxError) -> String {
+    match error {
         ProxmoxError::Transient {
             status: Some(500),
             reason,
@@ -360,24 +388,7 @@ pub fn describe(step: &str, error: &ProxmoxError) -> Described {
         } => format!(
             "cannot reach Proxmox ({reason}); check the URL, DNS and firewall, and that pveproxy runs"
         ),
-        ProxmoxError::TaskFailed { upid, exitstatus } => {
-            format!("Proxmox task {upid} failed: {exitstatus}; fix what the task log names")
-        }
-        ProxmoxError::TaskTimeout { upid, waited_ms } => format!(
-            "Proxmox task {upid} still runs after {waited_ms} ms; it is checked again (see its log on the node if it hangs)"
-        ),
-        ProxmoxError::Decode { endpoint, message } => format!(
-            "cannot read Proxmox's answer to {endpoint} ({message}); check that the URL points at the Proxmox VE API (https://host:8006), not at another service or a login page"
-        ),
-        ProxmoxError::Config(text) => text.clone(),
-    };
-    Described {
-        reason,
-        message: format!("{step}: {detail}"),
-        retry_after: match error {
-            ProxmoxError::RateLimited { retry_after, .. } => *retry_after,
-            _ => None,
-        },
+        other => other.to_string(),
     }
 }
 

@@ -161,6 +161,66 @@ fn refused(out: &mut Registered, what: &str, error: ProxmoxError) -> Result<(), 
     Ok(())
 }
 
+/// Puts the VM in its zone's node-affinity rule (PVE 9), creating the rule or bringing its
+/// nodes up to date; a rule of another cluster's under the same id is left alone and reported.
+async fn zone_rule(
+    proxmox: &ProxmoxClient,
+    names: &HaNames,
+    sid: &str,
+    vmid: u32,
+    zone: &str,
+    nodes: &[String],
+    out: &mut Registered,
+) -> Result<(), ProxmoxError> {
+    let rules = proxmox.ha_rules().await?;
+    let id = names.zone_id(zone);
+    let what = format!("HA rule {id} (zone {zone})");
+    let node_list = nodes.join(",");
+    let result = match rules.iter().find(|r| r.rule == id) {
+        None => {
+            proxmox
+                .create_ha_rule(&HaRuleEntry {
+                    rule: id.clone(),
+                    kind: NODE_AFFINITY.to_owned(),
+                    resources: sid.to_owned(),
+                    nodes: Some(node_list),
+                    strict: true,
+                    comment: Some(names.zone_comment(zone)),
+                    ..HaRuleEntry::default()
+                })
+                .await
+        }
+        Some(rule) if !names.owns(&rule.rule, rule.comment.as_deref()) => {
+            out.warnings.push(format!(
+                "{what} exists but is not this cluster's (its comment does not name it); VM {vmid} is not restricted to the zone's nodes"
+            ));
+            Ok(())
+        }
+        Some(rule) => {
+            let mut resources = rule.resource_ids();
+            let want_nodes: BTreeSet<String> = nodes.iter().cloned().collect();
+            if resources.insert(sid.to_owned()) || rule.node_names() != want_nodes {
+                let resources = resources.into_iter().collect::<Vec<_>>().join(",");
+                proxmox
+                    .update_ha_rule(
+                        &id,
+                        NODE_AFFINITY,
+                        Some(&resources),
+                        Some(&node_list),
+                        rule.digest.as_deref(),
+                    )
+                    .await
+            } else {
+                Ok(())
+            }
+        }
+    };
+    if let Err(error) = result {
+        refused(out, &what, error)?;
+    }
+    Ok(())
+}
+
 /// Makes VM `vmid` of `machine` an HA resource (unless `managed` already) and puts it into
 /// its zone's rule or group and, for control-plane machines on PVE 9, into the cluster's
 /// negative resource-affinity rule.
@@ -213,52 +273,7 @@ pub async fn register(
         return Ok(out);
     }
     if let Some((zone, nodes)) = &ha.zone {
-        let rules = proxmox.ha_rules().await?;
-        let id = names.zone_id(zone);
-        let what = format!("HA rule {id} (zone {zone})");
-        let node_list = nodes.join(",");
-        let result = match rules.iter().find(|r| r.rule == id) {
-            None => {
-                proxmox
-                    .create_ha_rule(&HaRuleEntry {
-                        rule: id.clone(),
-                        kind: NODE_AFFINITY.to_owned(),
-                        resources: sid.clone(),
-                        nodes: Some(node_list),
-                        strict: true,
-                        comment: Some(names.zone_comment(zone)),
-                        ..HaRuleEntry::default()
-                    })
-                    .await
-            }
-            Some(rule) if !names.owns(&rule.rule, rule.comment.as_deref()) => {
-                out.warnings.push(format!(
-                    "{what} exists but is not this cluster's (its comment does not name it); VM {vmid} is not restricted to the zone's nodes"
-                ));
-                Ok(())
-            }
-            Some(rule) => {
-                let mut resources = rule.resource_ids();
-                let want_nodes: BTreeSet<String> = nodes.iter().cloned().collect();
-                if resources.insert(sid.clone()) || rule.node_names() != want_nodes {
-                    let resources = resources.into_iter().collect::<Vec<_>>().join(",");
-                    proxmox
-                        .update_ha_rule(
-                            &id,
-                            NODE_AFFINITY,
-                            Some(&resources),
-                            Some(&node_list),
-                            rule.digest.as_deref(),
-                        )
-                        .await
-                } else {
-                    Ok(())
-                }
-            }
-        };
-        if let Err(error) = result {
-            refused(&mut out, &what, error)?;
-        }
+        zone_rule(proxmox, names, &sid, vmid, zone, nodes, &mut out).await?;
     }
     if control_plane {
         control_plane_rule(proxmox, names, Some(&sid), &mut out).await?;
