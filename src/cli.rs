@@ -245,6 +245,11 @@ pub struct RunArgs {
     /// ProxmoxMachines reconciled at once.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxmachine_concurrency: u16,
+    /// When a machine's Proxmox task or booting guest is looked at again: `learned` models
+    /// task durations and clone queues per node, `plain` polls with a doubling interval (the
+    /// book's Performance page compares them).
+    #[arg(long, value_enum, default_value_t)]
+    pub task_timing: crate::controller::machine::TaskTimingPolicy,
 }
 
 impl RunArgs {
@@ -267,6 +272,7 @@ impl RunArgs {
             watch_filter: self.watch_filter.clone(),
             cluster_concurrency: self.proxmoxcluster_concurrency,
             machine_concurrency: self.proxmoxmachine_concurrency,
+            task_timing: self.task_timing,
             webhook: (!self.disable_webhook).then(|| crate::webhook::WebhookConfig {
                 bind_address: self.webhook_bind_address,
                 cert_dir: self.webhook_cert_dir.clone(),
@@ -591,6 +597,24 @@ mod tests {
             assert!(error.contains("not a label value"), "{bad:?}: {error}");
         }
         assert!(run_args(&["--watch-filter", "a"]).is_ok());
+    }
+
+    #[test]
+    fn task_timing_is_learned_unless_the_flag_names_another_policy() {
+        use crate::controller::machine::TaskTimingPolicy;
+        let timing = |extra: &[&str]| run_args(extra).map(|args| args.task_timing);
+        assert_eq!(timing(&[]).expect("default"), TaskTimingPolicy::Learned);
+        assert_eq!(
+            timing(&["--task-timing", "plain"]).expect("plain"),
+            TaskTimingPolicy::Plain
+        );
+        let error = timing(&["--task-timing", "fast"])
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            error.contains("learned") && error.contains("plain"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct Launch<'a> {
     pub secret: String,
     /// `--proxmoxmachine-concurrency`.
     pub machine_concurrency: u16,
+    /// `--task-timing`, when not capmox's default.
+    pub task_timing: Option<capmox::controller::machine::TaskTimingPolicy>,
     /// Show every log line of the child (else only warnings and errors).
     pub verbose: bool,
 }
@@ -107,6 +109,13 @@ impl CapmoxProcess {
             .args(["--global-credentials-namespaces", "*"])
             .arg("--proxmoxmachine-concurrency")
             .arg(launch.machine_concurrency.to_string())
+            .args(
+                launch
+                    .task_timing
+                    .map(|timing| ["--task-timing", timing.as_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             .env("KUBECONFIG", launch.kubeconfig)
             // The secret through the environment, as the CLI recommends (never in `ps`).
             .env("PROXMOX_SECRET", &launch.secret)

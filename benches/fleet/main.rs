@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use capmox::api::{ProxmoxMachine, labels};
 use capmox::capi;
+use capmox::controller::machine::TaskTimingPolicy;
 use capmox_sandbox::run::capi_kinds;
 use capmox_sandbox::standin::{
     CapiStandIn, ExampleCluster, create_example_cluster, deployment_resource,
@@ -107,6 +108,11 @@ struct Args {
     /// Any other task (volume deletion, shutdown, ...) (ms).
     #[arg(long, default_value_t = 100)]
     other_ms: u64,
+    /// How capmox times its looks at Proxmox tasks and booting guests (`capmox run
+    /// --task-timing`); unset: capmox's default, and the flag is not passed (so a `--capmox`
+    /// build from before the flag still starts).
+    #[arg(long, value_enum)]
+    task_timing: Option<TaskTimingPolicy>,
     /// ProxmoxMachine reconciles at once (`capmox run --proxmoxmachine-concurrency`).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     machine_concurrency: u16,
@@ -804,6 +810,7 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
             token_id: token_id.to_string(),
             secret: secret.to_string(),
             machine_concurrency: args.machine_concurrency,
+            task_timing: args.task_timing,
             verbose: std::env::var_os("RUST_LOG").is_some(),
         },
         Duration::from_secs(60),
@@ -930,11 +937,7 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     drop(capmox);
 
     Ok(json!({
-        "command": if args.sites == 1 {
-            format!("make bench BENCH_ARGS=\"--machines {}\"", args.machines)
-        } else {
-            format!("make bench BENCH_ARGS=\"--machines {} --sites {}\"", args.machines, args.sites)
-        },
+        "command": bench_command(args),
         "host": machine_host(),
         "processes": {
             "capmox_process": format!("`{} run` in a child process (global Proxmox credentials, no leader election, --proxmoxmachine-concurrency {}), measured through /proc/<pid> (utime + stime; VmRSS; VmHWM, reset at each phase's start through clear_refs) and its /metrics; its Kubernetes requests are counted by the API server under the User-Agent product token {client:?}", binary.display(), args.machine_concurrency),
@@ -943,6 +946,7 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
         "settings": {
             "machines": args.machines, "zones": args.zones, "nodes_per_zone": args.nodes_per_zone,
             "clone_slots_per_node": args.clone_slots, "machine_concurrency": args.machine_concurrency,
+            "task_timing": args.task_timing.unwrap_or_default().as_str(),
             "credentials": if args.credentials_ref { "credentialsRef Secret" } else { "global (capmox run --proxmox-url/--proxmox-token, PROXMOX_SECRET)" },
             "sites": args.sites,
             "site_zones": sites.names.iter().zip(site_zones(args))
@@ -1301,10 +1305,11 @@ fn render(report: &Value) -> String {
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let pw = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max(12);
     let mut out = format!(
-        "\ncapmox fleet benchmark — {} cores, {} MiB, {}\n\n{:<width$}  {:<pw$}  {}\n",
+        "\ncapmox fleet benchmark — {} cores, {} MiB, {}; task timing: {}\n\n{:<width$}  {:<pw$}  {}\n",
         num(&h["cores"]),
         num(&h["memory_mib"]),
         h["cpu"].as_str().unwrap_or(""),
+        report["settings"]["task_timing"].as_str().unwrap_or("-"),
         "",
         "provisioning",
         "deletion"
@@ -1342,4 +1347,21 @@ fn render(report: &Value) -> String {
         }
     }
     out
+}
+
+/// The command that repeats this run.
+fn bench_command(args: &Args) -> String {
+    let sites = if args.sites == 1 {
+        String::new()
+    } else {
+        format!(" --sites {}", args.sites)
+    };
+    let timing = args
+        .task_timing
+        .map(|timing| format!(" --task-timing {timing}"))
+        .unwrap_or_default();
+    format!(
+        "make bench BENCH_ARGS=\"--machines {}{sites}{timing}\"",
+        args.machines
+    )
 }

@@ -16,7 +16,7 @@ use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
 
-use super::queue::WorkQueue;
+use super::queue_depth::WorkQueue;
 use crate::proxmox::{ClientRegistry, EndpointStats};
 
 /// Labels of per-controller series.

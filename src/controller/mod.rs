@@ -14,7 +14,7 @@ pub mod inventory;
 pub mod leader;
 pub mod machine;
 pub mod metrics;
-pub mod queue;
+pub mod queue_depth;
 pub mod template;
 pub mod vmid;
 
@@ -68,6 +68,8 @@ pub struct ManagerConfig {
     pub cluster_concurrency: u16,
     /// Reconciles of ProxmoxMachines that may run at once.
     pub machine_concurrency: u16,
+    /// When machines' Proxmox tasks and booting guests are looked at again.
+    pub task_timing: machine::TaskTimingPolicy,
     /// The conversion webhook, served by every replica (leader or not) since the API server
     /// needs it whichever pod the Service picks; `None` for local runs and tests.
     pub webhook: Option<crate::webhook::WebhookConfig>,
@@ -111,7 +113,7 @@ pub struct Context {
     /// When the Proxmox tasks machines wait for are expected to end, so a pass checks a task
     /// once rather than polling. After a restart: the tasks recorded in status are checked at
     /// once and durations are learned again.
-    pub task_clock: machine::TaskClock,
+    pub task_timing: machine::TaskTimer,
     /// What each Proxmox endpoint lists, shared by all machine reconciles, so a pass costs no
     /// listing of its own. After a restart: each endpoint is listed again on first use.
     pub inventory: inventory::Inventory,
@@ -131,6 +133,7 @@ impl Context {
         global_credentials: GlobalCredentials,
     ) -> Self {
         let proxmox = Arc::new(ClientRegistry::new());
+        let task_timing = machine::TaskTimer::new(config.task_timing);
         Self {
             client,
             metrics: Metrics::new().with_proxmox(proxmox.clone()),
@@ -140,7 +143,7 @@ impl Context {
             credentials: credentials::CredentialsMemo::default(),
             vms: machine::Vms::default(),
             retries: failures::Retries::default(),
-            task_clock: machine::TaskClock::default(),
+            task_timing,
             inventory: inventory::Inventory::default(),
             readiness: Readiness::default(),
             caches: None,
@@ -258,6 +261,7 @@ pub async fn run(
     };
     if became_leader {
         let registry = proxmox.clone();
+        let task_timing = machine::TaskTimer::new(config.task_timing);
         let context = Context {
             client,
             metrics,
@@ -267,7 +271,7 @@ pub async fn run(
             credentials: credentials::CredentialsMemo::default(),
             vms: machine::Vms::default(),
             retries: failures::Retries::default(),
-            task_clock: machine::TaskClock::default(),
+            task_timing,
             inventory: inventory::Inventory::default(),
             readiness: readiness.clone(),
             caches: None,

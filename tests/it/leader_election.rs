@@ -186,6 +186,7 @@ async fn after_losing_the_lease_no_proxmox_write_follows() {
         watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 2,
+        task_timing: Default::default(),
         webhook: None,
     };
     let stop = CancellationToken::new();

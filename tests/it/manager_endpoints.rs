@@ -113,6 +113,7 @@ async fn the_manager_future_can_be_spawned() {
         watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        task_timing: Default::default(),
         webhook: Some(capmox::webhook::WebhookConfig {
             bind_address: "127.0.0.1:0".parse().expect("address"),
             cert_dir: "/nonexistent".into(),
@@ -152,6 +153,7 @@ async fn a_shutdown_before_the_caches_sync_stops_the_manager() {
         watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        task_timing: Default::default(),
         webhook: None,
     };
     let stop = CancellationToken::new();

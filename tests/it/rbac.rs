@@ -174,6 +174,7 @@ async fn record_a_lifecycle(
         watch_filter: None,
         cluster_concurrency: 2,
         machine_concurrency: 4,
+        task_timing: Default::default(),
         webhook: None,
     };
     let manager = tokio::spawn(capmox::controller::run(

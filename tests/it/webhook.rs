@@ -666,6 +666,7 @@ async fn a_follower_serves_the_webhook_until_it_stops() {
         watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        task_timing: Default::default(),
         webhook: Some(WebhookConfig {
             bind_address: address,
             cert_dir: dir.0.clone(),

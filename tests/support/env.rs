@@ -362,6 +362,7 @@ pub fn manager_config() -> ManagerConfig {
         watch_filter: None,
         cluster_concurrency: 2,
         machine_concurrency: 4,
+        task_timing: Default::default(),
         webhook: None,
     }
 }

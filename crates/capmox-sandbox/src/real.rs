@@ -520,6 +520,7 @@ pub(crate) fn manager_config() -> ManagerConfig {
         watch_filter: None,
         cluster_concurrency: 4,
         machine_concurrency: 10,
+        task_timing: Default::default(),
         webhook: None,
     }
 }

@@ -328,6 +328,7 @@ impl Sandbox {
             watch_filter: None,
             cluster_concurrency: 4,
             machine_concurrency: 16,
+            task_timing: Default::default(),
             webhook: None,
         };
         let context = Arc::new(Context::new(

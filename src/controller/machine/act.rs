@@ -145,7 +145,7 @@ impl Reconcile<'_> {
             Phase::AwaitBoot => {
                 let wait = self
                     .context
-                    .task_clock
+                    .task_timing
                     .boot_remaining(&claim_key(self.machine), &node);
                 return Err(waiting(
                     "WaitingForGuestAgent",
@@ -203,11 +203,11 @@ impl Reconcile<'_> {
         already_provisioned: bool,
     ) -> Flow {
         let machine_key = claim_key(self.machine);
-        self.context.task_clock.boot_answered(&machine_key);
+        self.context.task_timing.boot_answered(&machine_key);
         if held.addresses_pending {
             return Err(waiting_for_addresses());
         }
-        let known_up = self.context.task_clock.guest_up(&machine_key, vmid);
+        let known_up = self.context.task_timing.guest_up(&machine_key, vmid);
         let provider_id = match (&held.config, self.machine.spec.provider_id.as_deref()) {
             (None, Some(recorded)) => recorded.to_owned(),
             (config, _) => {

@@ -26,7 +26,7 @@ impl Reconcile<'_> {
         check: GuestCheck,
     ) -> Flow {
         let machine_key = claim_key(self.machine);
-        let booting = || Action::requeue(self.context.task_clock.boot_silent(&machine_key, node));
+        let booting = || Action::requeue(self.context.task_timing.boot_silent(&machine_key, node));
         let agent_silent = || {
             Err(waiting(
                 "WaitingForGuestAgent",
@@ -47,7 +47,7 @@ impl Reconcile<'_> {
                 Ok(None) => Err(waiting(
                     "WaitingForCloudInit",
                     CLOUD_INIT_RUNNING,
-                    Action::requeue(self.context.task_clock.command_wait(&machine_key)),
+                    Action::requeue(self.context.task_timing.command_wait(&machine_key)),
                 )),
                 Ok(Some(CloudInitStatus::Running)) => Err(waiting(
                     "WaitingForCloudInit",
@@ -86,7 +86,7 @@ impl Reconcile<'_> {
                     "cloud-init failed in VM {vmid} (exit code {exit}): {output}; check the bootstrap data and the guest's /var/log/cloud-init.log"
                 );
                 self.context
-                    .task_clock
+                    .task_timing
                     .boot_answered(&claim_key(self.machine));
                 self.event(scope, EventType::Warning, "CloudInitFailed", &message)
                     .await;
@@ -109,7 +109,7 @@ impl Reconcile<'_> {
         vmid: u32,
         machine_key: &str,
     ) -> Result<Option<crate::proxmox::CloudInitStatus>, ProxmoxError> {
-        let clock = &self.context.task_clock;
+        let clock = &self.context.task_timing;
         let Some(pid) = clock.command_pending(machine_key, vmid) else {
             let pid = proxmox
                 .agent_exec(node, vmid, &["cloud-init", "status"], None)

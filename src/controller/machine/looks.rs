@@ -199,7 +199,7 @@ impl Reconcile<'_> {
         let machine_key = claim_key(self.machine);
         let running = vm.status.as_deref() == Some("running");
         let checks = self.machine.spec.checks.clone().unwrap_or_default();
-        let clock = &self.context.task_clock;
+        let clock = &self.context.task_timing;
         let ha_pending = held.placement()?.ha().is_some()
             && !(vm.hastate.is_some() && self.context.inventory.ha_registered(proxmox, vmid));
         Ok(Seen {

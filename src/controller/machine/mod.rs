@@ -7,7 +7,7 @@
 //! release), or the end with what the machine reports, which the status writer (`status`,
 //! where every write of the ProxmoxMachine lives) applies once. A step either goes on or
 //! stops (`outcome::Flow`): waiting with a report, or failing. What outlives a pass lives in
-//! services on the [`super::Context`] ([`Vms`], the inventory, the task clock, back-offs),
+//! services on the [`super::Context`] ([`Vms`], the inventory, the task timing, back-offs),
 //! each saying what a restart without it means.
 //!
 //! Level-triggered: each reconcile observes the VM (by the machine's tag, the recorded VMID, or
@@ -79,6 +79,7 @@ mod outcome;
 mod pass;
 mod status;
 mod task;
+mod timing;
 mod tracking;
 mod vm;
 mod vms;
@@ -89,9 +90,8 @@ pub use bootstrap::{SeedIsosRemoved, WrittenConfigs, smbios_uuid};
 use vm::PassConfigs;
 pub use vms::Vms;
 
-pub use task::{
-    TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskClock, TaskKind, TaskPurpose, task_backoff,
-};
+pub use task::{TASK_BACKOFF_INITIAL, TASK_BACKOFF_MAX, TaskKind, TaskPurpose, task_backoff};
+pub use timing::{TaskTimer, TaskTiming, TaskTimingPolicy};
 
 use super::Context;
 use super::caches::{Caches, Reads, slot};

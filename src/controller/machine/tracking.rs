@@ -91,7 +91,7 @@ impl Reconcile<'_> {
     /// How long until the task this process submitted for the machine is expected to end, if
     /// it has one and that is still ahead.
     pub(super) fn task_not_due(&self) -> Option<Duration> {
-        let clock = &self.context.task_clock;
+        let clock = &self.context.task_timing;
         let machine = claim_key(self.machine);
         match clock.in_flight_for(&machine) {
             Some((upid, _)) => clock.not_due(&upid.parse().ok()?),
@@ -136,7 +136,7 @@ impl Reconcile<'_> {
         let purpose = TaskPurpose::new(kind, purpose());
         let recorded = purpose.recorded();
         let machine = claim_key(self.machine);
-        let clock = &self.context.task_clock;
+        let clock = &self.context.task_timing;
         let mut wait = clock.submitted(&upid, &machine, &recorded);
         if kind == TaskKind::Start && look_at_guest {
             clock.boot_started(&machine, &upid.node);
@@ -178,7 +178,7 @@ impl Reconcile<'_> {
         if scope.status.task_ref.is_none()
             && let Some((upid, purpose)) = self
                 .context
-                .task_clock
+                .task_timing
                 .in_flight_for(&claim_key(self.machine))
         {
             // This pass works from a copy older than the status that records the task.
@@ -198,7 +198,7 @@ impl Reconcile<'_> {
         };
         let purpose = scope.status.task_purpose.as_deref().map(TaskPurpose::parse);
         let backing_off = scope.status.retry_after.is_some();
-        if !backing_off && let Some(wait) = self.context.task_clock.not_due(&upid) {
+        if !backing_off && let Some(wait) = self.context.task_timing.not_due(&upid) {
             return Err(running_step(&upid, purpose.as_ref(), wait));
         }
         let status = match proxmox.task_status(&upid).await {
@@ -207,7 +207,7 @@ impl Reconcile<'_> {
                 // Proxmox no longer knows the task (rotated away, node reinstalled): what
                 // exists in Proxmox tells the next step.
                 tracing::info!(machine = %scope.name, %upid, "Proxmox no longer knows the recorded task; forgetting it");
-                self.context.task_clock.forget(&upid);
+                self.context.task_timing.forget(&upid);
                 clear_task(scope);
                 return Ok(());
             }
@@ -223,10 +223,10 @@ impl Reconcile<'_> {
             }
         };
         if !status.is_finished() {
-            let wait = self.context.task_clock.still_running(&upid);
+            let wait = self.context.task_timing.still_running(&upid);
             return Err(running_step(&upid, purpose.as_ref(), wait));
         }
-        self.context.task_clock.finished(&upid);
+        self.context.task_timing.finished(&upid);
         if purpose.as_ref().is_none_or(TaskPurpose::changes_listing) {
             self.context
                 .inventory
@@ -258,7 +258,7 @@ impl Reconcile<'_> {
         let kind = purpose.and_then(|p| p.kind);
         self.announce(scope, &upid, kind, raw).await?;
         let machine = claim_key(self.machine);
-        let times = self.context.task_clock.succeeded(&machine, kind);
+        let times = self.context.task_timing.succeeded(&machine, kind);
         if times > REPEATS_ALLOWED
             && let Some(purpose) = purpose
         {

@@ -547,6 +547,7 @@ async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
         watch_filter: None,
         cluster_concurrency: 1,
         machine_concurrency: 1,
+        task_timing: Default::default(),
         webhook: None,
     };
     let stop = tokio_util::sync::CancellationToken::new();

@@ -1,0 +1,127 @@
+//! What the reconciler relies on between passes whatever the timing policy: the task each
+//! machine waits for, the successful tasks it repeats, and the guests seen up. A pass may work
+//! from a cached copy of the machine older than the status that records these, so this
+//! process remembers them itself.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::MAX_IN_FLIGHT;
+use crate::controller::machine::{TaskKind, TaskPurpose};
+use crate::proxmox::Upid;
+
+/// Successes further apart than this do not count as a row (a VM stopped by someone once a
+/// day is started again each time).
+const REPEAT_WINDOW: Duration = Duration::from_secs(900);
+
+#[derive(Default)]
+pub(super) struct Ledger {
+    /// The task each machine waits for (by machine key), with its purpose: a pass working
+    /// from a cached copy older than the status that records it still sees it.
+    by_machine: HashMap<String, (String, String)>,
+    /// The VM (by machine key) whose guest this process saw up, so a pass working from a copy
+    /// older than the status that says so does not look at the guest again.
+    guests_up: HashMap<String, u32>,
+    /// Per machine, the kind of task it last saw succeed, how many times in a row, and when.
+    succeeded: HashMap<String, (TaskKind, u32, Instant)>,
+}
+
+impl Ledger {
+    /// Notes the task just submitted for `machine` for `purpose` (as recorded in status).
+    pub(super) fn submitted(&mut self, upid: &Upid, machine: &str, purpose: &str) {
+        if self.by_machine.len() >= MAX_IN_FLIGHT {
+            self.by_machine.clear();
+        }
+        self.by_machine.insert(
+            machine.to_owned(),
+            (upid.as_str().to_owned(), purpose.to_owned()),
+        );
+        if TaskPurpose::parse(purpose).kind == Some(TaskKind::Clone) {
+            // A new VM (perhaps with the VMID of one the machine had): its guest is not up.
+            self.guests_up.remove(machine);
+        }
+    }
+
+    /// Notes that `upid` ended or was forgotten: no machine waits for it any more.
+    pub(super) fn task_ended(&mut self, upid: &Upid) {
+        self.by_machine.retain(|_, (task, _)| task != upid.as_str());
+    }
+
+    /// The task this process submitted for `machine` and has not seen end, with its purpose.
+    pub(super) fn in_flight_for(&self, machine: &str) -> Option<(String, String)> {
+        self.by_machine.get(machine).cloned()
+    }
+
+    /// Notes that a task of `kind` submitted for `machine` succeeded at `now`; returns how
+    /// many of that kind it saw succeed in a row (0 for a task of unknown purpose).
+    pub(super) fn succeeded(&mut self, machine: &str, kind: Option<TaskKind>, now: Instant) -> u32 {
+        let Some(kind) = kind else {
+            self.succeeded.remove(machine);
+            return 0;
+        };
+        if self.succeeded.len() >= MAX_IN_FLIGHT {
+            self.succeeded.clear();
+        }
+        let streak = self
+            .succeeded
+            .entry(machine.to_owned())
+            .or_insert((kind, 0, now));
+        if streak.0 != kind || now.duration_since(streak.2) > REPEAT_WINDOW {
+            *streak = (kind, 0, now);
+        }
+        streak.1 = streak.1.saturating_add(1);
+        streak.2 = now;
+        streak.1
+    }
+
+    /// Notes that `machine`'s VM was asked to start: its guest is looked at anew.
+    pub(super) fn vm_started(&mut self, machine: &str) {
+        self.guests_up.remove(machine);
+    }
+
+    /// Notes that `machine`'s guest in VM `vmid` is up; returns whether this was known.
+    pub(super) fn guest_up(&mut self, machine: &str, vmid: u32) -> bool {
+        if self.guests_up.len() >= MAX_IN_FLIGHT {
+            self.guests_up.clear();
+        }
+        self.guests_up.insert(machine.to_owned(), vmid) == Some(vmid)
+    }
+
+    /// Whether `machine`'s guest in VM `vmid` was seen up since its VM was last started.
+    pub(super) fn seen_up(&self, machine: &str, vmid: u32) -> bool {
+        self.guests_up.get(machine) == Some(&vmid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn successes_far_apart_are_no_row() {
+        let mut ledger = Ledger::default();
+        let upload = Some(TaskKind::UploadSeedIso);
+        let start = Instant::now();
+        assert_eq!(ledger.succeeded("m1", upload, start), 1);
+        assert_eq!(ledger.succeeded("m1", upload, start + REPEAT_WINDOW), 2);
+        let later = start + REPEAT_WINDOW * 2 + Duration::from_secs(1);
+        assert_eq!(ledger.succeeded("m1", upload, later), 1);
+    }
+
+    #[test]
+    fn a_full_ledger_forgets_rather_than_grows() {
+        let mut ledger = Ledger::default();
+        let now = Instant::now();
+        for n in 0..MAX_IN_FLIGHT {
+            ledger.guest_up(&format!("m{n}"), 101);
+            ledger.succeeded(&format!("m{n}"), Some(TaskKind::Start), now);
+        }
+        assert!(ledger.seen_up("m0", 101));
+        ledger.guest_up("new", 101);
+        ledger.succeeded("new", Some(TaskKind::Start), now);
+        assert!(!ledger.seen_up("m0", 101), "forgotten, so looked at again");
+        assert!(ledger.seen_up("new", 101));
+        assert_eq!(ledger.guests_up.len(), 1);
+        assert_eq!(ledger.succeeded.len(), 1);
+    }
+}
