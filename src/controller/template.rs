@@ -539,73 +539,23 @@ const GIB: u64 = 1 << 30;
 /// gives a 20 GiB disk, published as `20Gi` (Kubernetes' `20G` would be 10^9-byte GB, 7 % less).
 /// Disks only grow, so the template's disk counts when it is larger than `sizeGb`.
 pub fn resolve_capacity(spec: &ProxmoxMachineSpec, config: Option<&VmConfig>) -> ResolvedCapacity {
-    let number = |key: &str, default: u64| -> Option<u64> {
-        let config = config?;
-        Some(match config.get(key) {
-            Some(value) => value.trim().parse().ok()?,
-            None => default,
-        })
-    };
-    let from_spec = |value: Option<i32>| value.and_then(|v| u64::try_from(v).ok());
     let mut capacity = BTreeMap::new();
     let mut missing = Vec::new();
-
-    let sockets = from_spec(spec.num_sockets).or_else(|| number("sockets", DEFAULT_SOCKETS));
-    let cores = from_spec(spec.num_cores).or_else(|| number("cores", DEFAULT_CORES));
-    match (sockets, cores) {
-        (Some(sockets), Some(cores)) => {
-            capacity.insert(
-                CAPACITY_CPU.to_owned(),
-                Quantity((sockets * cores).to_string()),
-            );
+    let resources = [
+        (CAPACITY_CPU, cpu_quantity(spec, config)),
+        (CAPACITY_MEMORY, memory_quantity(spec, config)),
+        (CAPACITY_EPHEMERAL_STORAGE, disk_quantity(spec, config)),
+    ];
+    for (resource, quantity) in resources {
+        match quantity {
+            Some(quantity) => {
+                capacity.insert(resource.to_owned(), quantity);
+            }
+            None => missing.push(resource),
         }
-        _ => missing.push(CAPACITY_CPU),
     }
-
-    let memory = from_spec(spec.memory_mib).or_else(|| match config {
-        Some(config) if config.get("memory").is_some() => config.memory_mib(),
-        Some(_) => Some(DEFAULT_MEMORY_MIB),
-        None => None,
-    });
-    match memory {
-        Some(mib) => {
-            capacity.insert(CAPACITY_MEMORY.to_owned(), Quantity(format!("{mib}Mi")));
-        }
-        None => missing.push(CAPACITY_MEMORY),
-    }
-
-    let boot = spec.disks.as_ref().and_then(|d| d.boot_volume.as_ref());
-    let template_disk = config.and_then(|config| {
-        let disk = match boot {
-            Some(boot) => boot.disk.clone(),
-            None => boot_disk(config)?,
-        };
-        disk_size_bytes(&config.get(&disk)?)
-    });
-    let wanted = boot
-        .and_then(|b| u64::try_from(b.size_gb).ok())
-        .map(|gb| gb * GIB);
-    match wanted.into_iter().chain(template_disk).max() {
-        Some(bytes) => {
-            capacity.insert(CAPACITY_EPHEMERAL_STORAGE.to_owned(), bytes_quantity(bytes));
-        }
-        None => missing.push(CAPACITY_EPHEMERAL_STORAGE),
-    }
-
     let node_info = match config {
-        Some(config) => TemplateNodeInfo {
-            architecture: Some(match config.get("arch").as_deref() {
-                Some("aarch64") => NodeArchitecture::Arm64,
-                _ => NodeArchitecture::Amd64,
-            }),
-            operating_system: Some(
-                if config.get("ostype").is_some_and(|os| os.starts_with('w')) {
-                    NodeOperatingSystem::Windows
-                } else {
-                    NodeOperatingSystem::Linux
-                },
-            ),
-        },
+        Some(config) => template_node_info(config),
         None => {
             missing.push("nodeInfo");
             TemplateNodeInfo {
@@ -618,6 +568,73 @@ pub fn resolve_capacity(spec: &ProxmoxMachineSpec, config: Option<&VmConfig>) ->
         capacity,
         node_info,
         missing,
+    }
+}
+
+/// The number `key` of the template's config (Proxmox's `default` when unset); `None` without
+/// a config or for a value that is no number.
+fn config_number(config: Option<&VmConfig>, key: &str, default: u64) -> Option<u64> {
+    let config = config?;
+    Some(match config.get(key) {
+        Some(value) => value.trim().parse().ok()?,
+        None => default,
+    })
+}
+
+fn from_spec(value: Option<i32>) -> Option<u64> {
+    value.and_then(|v| u64::try_from(v).ok())
+}
+
+/// Sockets × cores, each from the spec or else the template.
+fn cpu_quantity(spec: &ProxmoxMachineSpec, config: Option<&VmConfig>) -> Option<Quantity> {
+    let sockets =
+        from_spec(spec.num_sockets).or_else(|| config_number(config, "sockets", DEFAULT_SOCKETS));
+    let cores = from_spec(spec.num_cores).or_else(|| config_number(config, "cores", DEFAULT_CORES));
+    Some(Quantity((sockets? * cores?).to_string()))
+}
+
+fn memory_quantity(spec: &ProxmoxMachineSpec, config: Option<&VmConfig>) -> Option<Quantity> {
+    let memory = from_spec(spec.memory_mib).or_else(|| match config {
+        Some(config) if config.get("memory").is_some() => config.memory_mib(),
+        Some(_) => Some(DEFAULT_MEMORY_MIB),
+        None => None,
+    });
+    memory.map(|mib| Quantity(format!("{mib}Mi")))
+}
+
+/// The boot disk's size: the larger of the spec's and the template's (a clone never shrinks).
+fn disk_quantity(spec: &ProxmoxMachineSpec, config: Option<&VmConfig>) -> Option<Quantity> {
+    let boot = spec.disks.as_ref().and_then(|d| d.boot_volume.as_ref());
+    let template_disk = config.and_then(|config| {
+        let disk = match boot {
+            Some(boot) => boot.disk.clone(),
+            None => boot_disk(config)?,
+        };
+        disk_size_bytes(&config.get(&disk)?)
+    });
+    let wanted = boot
+        .and_then(|b| u64::try_from(b.size_gb).ok())
+        .map(|gb| gb * GIB);
+    wanted
+        .into_iter()
+        .chain(template_disk)
+        .max()
+        .map(bytes_quantity)
+}
+
+fn template_node_info(config: &VmConfig) -> TemplateNodeInfo {
+    TemplateNodeInfo {
+        architecture: Some(match config.get("arch").as_deref() {
+            Some("aarch64") => NodeArchitecture::Arm64,
+            _ => NodeArchitecture::Amd64,
+        }),
+        operating_system: Some(
+            if config.get("ostype").is_some_and(|os| os.starts_with('w')) {
+                NodeOperatingSystem::Windows
+            } else {
+                NodeOperatingSystem::Linux
+            },
+        ),
     }
 }
 
