@@ -17,7 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -107,6 +107,19 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     };
     let config = ControllerConfig::default().concurrency(context.config.cluster_concurrency);
     let controller = Controller::new(clusters, context.config.shard_watch());
+    // The owners' store is written before their change wakes a pass, so a pass never reads an
+    // owner older than the change that woke it.
+    let (owners, owners_writer) = reflector::store();
+    let owners_watch = super::caches::reflected(
+        capi_clusters,
+        context.config.shard_watch(),
+        owners_writer,
+        || {},
+    );
+    let context = Arc::new(Context {
+        capi_clusters: Some(owners),
+        ..(*context).clone()
+    });
     super::report_cache_sync(controller.store(), context.readiness.clone(), CONTROLLER);
     let queue = context.metrics.work_queue(CONTROLLER);
     queue.observe(controller.store());
@@ -116,7 +129,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
         .watches_stream(super::caches::trigger_watch(pools, watcher::Config::default()), move |pool| {
             pool_queue.wake(super::owners::<ProxmoxCluster>(&pool))
         })
-        .watches_stream(super::caches::trigger_watch(capi_clusters, context.config.shard_watch()), move |cluster| {
+        .watches_stream(owners_watch, move |cluster| {
             let reference = cluster.spec.infrastructure_ref.as_ref();
             cluster_queue.wake(reference.filter(|r| r.kind == "ProxmoxCluster" && r.api_group == api::GROUP).map(|reference| {
                 ObjectRef::new(&reference.name).within(cluster.namespace().as_deref().unwrap_or_default())
@@ -179,10 +192,7 @@ async fn reconcile_inner(
         tracing::info!(cluster = %name, "waiting for the CAPI Cluster controller to set the owner reference");
         return Ok(Pass::Done(Action::await_change()));
     };
-    let capi_cluster = Api::<capi::Cluster>::namespaced(context.client.clone(), &namespace)
-        .get_opt(&owner)
-        .await?;
-    let Some(capi_cluster) = capi_cluster else {
+    let Some(capi_cluster) = owner_cluster(context, &namespace, &owner).await? else {
         tracing::info!(cluster = %name, owner = %owner, "owner Cluster not found yet");
         return Ok(Pass::Done(Action::requeue(SHORT_RETRY)));
     };
@@ -206,6 +216,24 @@ async fn reconcile_inner(
     }
 
     reconcile_live(cluster, context, &api, &namespace, &name, current).await
+}
+
+/// The CAPI Cluster `namespace/name` from the controller's store, or from the API server
+/// outside the controller.
+async fn owner_cluster(
+    context: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Arc<capi::Cluster>>, kube::Error> {
+    match &context.capi_clusters {
+        Some(store) => Ok(store.get(&ObjectRef::new(name).within(namespace))),
+        None => Ok(
+            Api::<capi::Cluster>::namespaced(context.client.clone(), namespace)
+                .get_opt(name)
+                .await?
+                .map(Arc::new),
+        ),
+    }
 }
 
 /// A pass over a live, unpaused cluster: finalizer, failure domains, pools, the checks of every

@@ -123,6 +123,10 @@ pub struct Context {
     /// outside a running controller, where reconciles read from the API server. After a
     /// restart: listed again, and no pass runs until every watch has listed once.
     pub caches: Option<caches::Caches>,
+    /// The CAPI Clusters the ProxmoxCluster controller's watch keeps, so its pass costs no
+    /// read; `None` outside that controller, where the pass reads from the API server. After a
+    /// restart: listed again, and a cluster whose owner is not listed yet is looked at shortly.
+    pub capi_clusters: Option<kube::runtime::reflector::Store<crate::capi::Cluster>>,
 }
 
 impl Context {
@@ -147,6 +151,7 @@ impl Context {
             inventory: inventory::Inventory::default(),
             readiness: Readiness::default(),
             caches: None,
+            capi_clusters: None,
         }
     }
 }
@@ -275,6 +280,7 @@ pub async fn run(
             inventory: inventory::Inventory::default(),
             readiness: readiness.clone(),
             caches: None,
+            capi_clusters: None,
         };
         lead(context, registry, &readiness, &mut leading, &shutdown).await?;
         readiness.set_leading(false);

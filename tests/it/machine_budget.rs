@@ -261,9 +261,19 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
     );
     // Secrets are never cached: the bootstrap data is read when its format is checked and when
     // the seed ISO is built, the credentials at most once. The cluster controller looks at its
-    // pools when the IPAM provider allocates from them (get Cluster, get and list pools).
-    // Everything else comes from the watches.
+    // pools when the IPAM provider allocates from them (get and list pools). Everything else,
+    // the CAPI Cluster included, comes from the watches.
     for (which, machine) in [("first", &first), ("second", &second)] {
+        let cluster_reads = machine
+            .kubernetes_reads_by_resource
+            .get("get clusters.cluster.x-k8s.io")
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(
+            cluster_reads, 0,
+            "the {which} machine's provisioning read the CAPI Cluster from the API server: {:#?}",
+            machine.kubernetes_reads_by_resource
+        );
         assert!(
             machine.kubernetes_reads <= 6,
             "provisioning the {which} machine made {} Kubernetes reads (budget 6): {:#?}",
@@ -312,6 +322,7 @@ async fn with_one_worker_every_clone_is_submitted_before_the_first_one_ends() {
     cluster_started_by(&env, rack_a_cluster(), |env| {
         let config = capmox::controller::ManagerConfig {
             machine_concurrency: 1,
+            task_timing: Default::default(),
             ..crate::common::env::manager_config()
         };
         let context = Arc::new(capmox::controller::Context::new(
