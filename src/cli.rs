@@ -250,6 +250,13 @@ pub struct RunArgs {
     /// book's Performance page compares them).
     #[arg(long, value_enum, default_value_t)]
     pub task_timing: crate::controller::machine::TaskTimingPolicy,
+    /// How long a zone must have no online node (or no answering Proxmox) before its failure
+    /// domain is no longer offered to the control plane (`controlPlane: false`).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub zone_drain_after: std::time::Duration,
+    /// How long such a zone must be healthy again before it is offered again.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub zone_restore_after: std::time::Duration,
 }
 
 impl RunArgs {
@@ -273,6 +280,10 @@ impl RunArgs {
             cluster_concurrency: self.proxmoxcluster_concurrency,
             machine_concurrency: self.proxmoxmachine_concurrency,
             task_timing: self.task_timing,
+            zone_holds: crate::controller::zone_health::ZoneHolds {
+                drain_after: self.zone_drain_after,
+                restore_after: self.zone_restore_after,
+            },
             webhook: (!self.disable_webhook).then(|| crate::webhook::WebhookConfig {
                 bind_address: self.webhook_bind_address,
                 cert_dir: self.webhook_cert_dir.clone(),

@@ -79,6 +79,8 @@ pub mod conditions {
     pub const PROXMOX_AVAILABLE: &str = "ProxmoxAvailable";
     /// The zone configuration yields valid failure domains.
     pub const FAILURE_DOMAINS_READY: &str = "FailureDomainsReady";
+    /// Every zone with nodes can take machines (a node online, its Proxmox answering).
+    pub const FAILURE_DOMAINS_AVAILABLE: &str = "FailureDomainsAvailable";
     /// The machine's VM exists, is configured and running.
     pub const VIRTUAL_MACHINE_PROVISIONED: &str = "VirtualMachineProvisioned";
     /// A ProxmoxMachineTemplate's `status.capacity` and `status.nodeInfo` are complete: nothing

@@ -51,6 +51,7 @@ const fn condition(kind: &'static str, condition: &'static str, status: &'static
 const CLUSTER_READY_FALSE: Seen = condition(CLUSTER, "Ready", "False");
 const CLUSTER_AVAILABLE_FALSE: Seen = condition(CLUSTER, "ProxmoxAvailable", "False");
 const DOMAINS_FALSE: Seen = condition(CLUSTER, "FailureDomainsReady", "False");
+const DOMAINS_AVAILABLE_FALSE: Seen = condition(CLUSTER, "FailureDomainsAvailable", "False");
 const MACHINE_PROVISIONED_FALSE: Seen = condition(MACHINE, "VirtualMachineProvisioned", "False");
 const MACHINE_READY_FALSE: Seen = condition(MACHINE, "Ready", "False");
 const CAPACITY_FALSE: Seen = condition(TEMPLATE, "CapacityResolved", "False");
@@ -112,8 +113,11 @@ pub const REASONS: &[Reason] = &[
     },
     Reason {
         name: "Available",
-        seen: &[condition(CLUSTER, "ProxmoxAvailable", "True")],
-        meaning: "Every Proxmox endpoint of the cluster answers with its credentials.",
+        seen: &[
+            condition(CLUSTER, "ProxmoxAvailable", "True"),
+            condition(CLUSTER, "FailureDomainsAvailable", "True"),
+        ],
+        meaning: "Every Proxmox endpoint of the cluster answers with its credentials, and every zone has a node online.",
         action: "Nothing.",
     },
     Reason {
@@ -298,8 +302,8 @@ pub const REASONS: &[Reason] = &[
     Reason {
         name: "NodesUnavailable",
         seen: PLACEMENT,
-        meaning: "None of the candidate nodes could be read from Proxmox (offline or not visible to the token); retried.",
-        action: "Check that the nodes are online and the token may see them (Sys.Audit).",
+        meaning: "None of the candidate nodes is online in Proxmox (down, or not visible to the token): the machine waits; retried.",
+        action: "Bring a node of the zone back, or check that the token may see them (Sys.Audit); the ProxmoxCluster's FailureDomainsAvailable names the zones without an online node.",
     },
     Reason {
         name: "NoISOStorage",
@@ -579,6 +583,18 @@ pub const REASONS: &[Reason] = &[
         seen: PLACEMENT,
         meaning: "Machine.spec.failureDomain and ProxmoxMachine spec.network.zone are both set and differ.",
         action: "Make them agree, or drop spec.network.zone.",
+    },
+    Reason {
+        name: "ZoneRecovering",
+        seen: &[DOMAINS_AVAILABLE_FALSE, CLUSTER_READY_FALSE],
+        meaning: "A zone that was taken from the control plane for its health is healthy again; it is offered again once it has stayed healthy for capmox run --zone-restore-after.",
+        action: "Nothing: the message says when the zone is offered again.",
+    },
+    Reason {
+        name: "ZoneUnhealthy",
+        seen: &[DOMAINS_AVAILABLE_FALSE, CLUSTER_READY_FALSE],
+        meaning: "A zone has no online node, or its Proxmox does not answer. After capmox run --zone-drain-after its failure domain is published with controlPlane: false, so KCP places new control-plane machines elsewhere (never every zone at once); its machines wait.",
+        action: "Bring the zone's nodes or its Proxmox back; to take a zone out on purpose, set controlPlaneEligible: false on it.",
     },
 ];
 

@@ -30,13 +30,14 @@ use super::conditions::{self, Decided};
 use super::credentials::{client_config, release_secret};
 use super::failures::{self, Pass};
 use super::guarded::{STALE_RETRY, WriteError, cluster_owner_reference, ensure_finalizer, release};
+use super::zone_health::{self, ZoneSeen};
 use crate::api::{
     self, InClusterZoneRef, Initialization, LocalObjectReference, ProxmoxCluster,
     ProxmoxClusterStatus, ProxmoxMachine, annotations, finalizers, labels,
 };
 use crate::capi::{self, InClusterIPPool, PoolAddresses};
 use crate::placement::{self, ClusterPool, IpFamily, ZonesByCredentials};
-use crate::proxmox::ProxmoxClient;
+use crate::proxmox::{NodeState, ProxmoxClient};
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "capmox-proxmoxcluster";
@@ -262,9 +263,12 @@ async fn reconcile_live(
             .map(|group| check_endpoint(context, cluster, namespace, group)),
     )
     .await?;
+    let endpoints: Vec<EndpointSeen> = reports.iter().map(EndpointReport::seen).collect();
     let seen = ClusterSeen {
         zone_problem,
-        endpoints: reports.iter().map(EndpointReport::seen).collect(),
+        zones: zones_seen(context, cluster, &current, &endpoints),
+        holds: context.config.zone_holds,
+        endpoints,
         endpoint_known: control_plane_endpoint_known(cluster),
         plain_http_reported: current
             .conditions
@@ -296,6 +300,11 @@ async fn reconcile_live(
         )
         .await;
     }
+    for domain in &mut status.failure_domains {
+        if plan.drained.contains(&domain.name) {
+            domain.control_plane = Some(false);
+        }
+    }
     decided.extend(plan.decided);
     if plan.provisioned {
         status.initialization = Some(Initialization {
@@ -316,6 +325,37 @@ async fn reconcile_live(
     } else {
         Pass::Done(Action::requeue(requeue))
     })
+}
+
+/// Each zone's health as the pass saw it, timed by the zone states the context keeps.
+fn zones_seen(
+    context: &Context,
+    cluster: &ProxmoxCluster,
+    current: &ProxmoxClusterStatus,
+    endpoints: &[EndpointSeen],
+) -> Vec<ZoneSeen> {
+    let key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    zone_health::zone_problems(endpoints)
+        .into_iter()
+        .map(|(zone, problem)| {
+            let eligible_by_spec = placement::offered_to_control_plane(cluster, &zone);
+            let published_out = current
+                .failure_domains
+                .iter()
+                .any(|d| d.name == zone && d.control_plane == Some(false));
+            ZoneSeen {
+                in_state_for: context.zone_states.observe(&key, &zone, problem.is_none()),
+                drained: eligible_by_spec && published_out,
+                eligible_by_spec,
+                problem,
+                zone,
+            }
+        })
+        .collect()
 }
 
 /// The cluster's failure domains (a bad zone configuration keeps the last good list; why it is
@@ -425,6 +465,7 @@ const OWNED_CONDITIONS: &[&str] = &[
     api::conditions::PAUSED,
     api::conditions::PROXMOX_AVAILABLE,
     api::conditions::FAILURE_DOMAINS_READY,
+    zone_health::FAILURE_DOMAINS_AVAILABLE,
     "ControlPlaneEndpointAvailable",
 ];
 
@@ -529,6 +570,7 @@ async fn reconcile_delete(
         release_secret(context, cluster, namespace, reference).await?;
     }
     release(&api, cluster, Some(finalizers::CLUSTER), None).await?;
+    context.zone_states.forget(&format!("{namespace}/{name}"));
     tracing::info!(cluster = %name, "released; IP pools go with owner garbage collection");
     Ok(Action::await_change())
 }
@@ -637,7 +679,7 @@ enum EndpointState {
     /// Reachable; the zone nodes it does not know.
     Available {
         proxmox: ProxmoxClient,
-        unknown_nodes: Vec<(String, String)>,
+        nodes: ZoneNodes,
     },
     /// No usable credentials.
     NoCredentials(super::credentials::CredentialsError),
@@ -662,7 +704,8 @@ impl EndpointReport<'_> {
                 no_credentials: matches!(self.state, EndpointState::NoCredentials(_)),
                 retry_after: self.retry_after(),
             }),
-            unknown_nodes: self.unknown_nodes().to_vec(),
+            unknown_nodes: self.nodes().unknown.clone(),
+            offline_nodes: self.nodes().offline.clone(),
         }
     }
 
@@ -675,10 +718,14 @@ impl EndpointReport<'_> {
         matches!(self.state, EndpointState::Unreachable(_))
     }
 
-    fn unknown_nodes(&self) -> &[(String, String)] {
+    fn nodes(&self) -> &ZoneNodes {
+        const NONE: &ZoneNodes = &ZoneNodes {
+            unknown: Vec::new(),
+            offline: Vec::new(),
+        };
         match &self.state {
-            EndpointState::Available { unknown_nodes, .. } => unknown_nodes,
-            _ => &[],
+            EndpointState::Available { nodes, .. } => nodes,
+            _ => NONE,
         }
     }
 
@@ -759,10 +806,7 @@ async fn check_endpoint<'a>(
         }
     };
     let state = match check_proxmox(&proxmox, &group.zone_nodes).await {
-        Ok(unknown_nodes) => EndpointState::Available {
-            proxmox,
-            unknown_nodes,
-        },
+        Ok(nodes) => EndpointState::Available { proxmox, nodes },
         Err(error) => EndpointState::Unreachable(failures::describe(
             &format!("checking Proxmox at {}", config.url),
             &error,
@@ -771,21 +815,33 @@ async fn check_endpoint<'a>(
     Ok(EndpointReport { group, url, state })
 }
 
-/// Proxmox answers `/version`; returns the zone nodes Proxmox does not know.
+/// The zone nodes (zone, node) Proxmox does not know, and those it lists as not online.
+#[derive(Debug, Default)]
+struct ZoneNodes {
+    unknown: Vec<(String, String)>,
+    offline: Vec<(String, String)>,
+}
+
+/// Proxmox answers `/version`; returns which zone nodes it does not know or lists offline.
 async fn check_proxmox(
     proxmox: &ProxmoxClient,
     zone_nodes: &[(String, String)],
-) -> Result<Vec<(String, String)>, crate::proxmox::ProxmoxError> {
+) -> Result<ZoneNodes, crate::proxmox::ProxmoxError> {
     proxmox.version().await?;
     if zone_nodes.is_empty() {
-        return Ok(Vec::new());
+        return Ok(ZoneNodes::default());
     }
-    let known: Vec<String> = proxmox.nodes().await?.into_iter().map(|n| n.node).collect();
-    Ok(zone_nodes
-        .iter()
-        .filter(|(_, node)| !known.contains(node))
-        .cloned()
-        .collect())
+    let listed = proxmox.nodes().await?;
+    let state = |node: &str| listed.iter().find(|n| n.node == node).map(|n| &n.status);
+    let mut nodes = ZoneNodes::default();
+    for pair in zone_nodes {
+        match state(&pair.1) {
+            None => nodes.unknown.push(pair.clone()),
+            Some(NodeState::Online) => {}
+            Some(_) => nodes.offline.push(pair.clone()),
+        }
+    }
+    Ok(nodes)
 }
 
 /// Creates or updates the desired pools and deletes the ones this cluster no longer asks for.

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::conditions::Decided;
+use super::zone_health::{self, ZoneHolds, ZoneSeen};
 use crate::api;
 
 /// How often a healthy cluster is looked at again (Proxmox reachability, node list).
@@ -32,6 +33,8 @@ pub struct EndpointSeen {
     pub failure: Option<EndpointFailure>,
     /// The zone nodes it does not know (when it answered).
     pub unknown_nodes: Vec<(String, String)>,
+    /// The zone nodes it knows but lists as not online (when it answered).
+    pub offline_nodes: Vec<(String, String)>,
 }
 
 /// Why a Proxmox could not be used.
@@ -59,6 +62,10 @@ pub struct ClusterSeen {
     pub plain_http_reported: bool,
     /// Proxmox HA is on for some zone.
     pub ha_enabled: bool,
+    /// Each zone with nodes: its health and how long it has been so.
+    pub zones: Vec<ZoneSeen>,
+    /// How long a zone's health must last before it changes what is published.
+    pub holds: ZoneHolds,
 }
 
 /// What the cluster reports and does after its checks.
@@ -79,6 +86,8 @@ pub struct ClusterPlan {
     pub plain_http_warning: Option<String>,
     /// The endpoints (indices) whose zones' HA rules are brought to the zones' nodes.
     pub sync_ha: Vec<usize>,
+    /// The zones published with `controlPlane: false` for their health.
+    pub drained: BTreeSet<String>,
 }
 
 /// What the cluster reports from what its pass saw.
@@ -101,7 +110,15 @@ pub fn plan(seen: &ClusterSeen) -> ClusterPlan {
     let proxmox_failed = failed
         .iter()
         .any(|e| e.failure.as_ref().is_some_and(|f| f.backs_off));
-    let mut decided = vec![proxmox, failure_domains_ready(seen, &failed, several)];
+    let zones = zone_health::verdict(&seen.zones, &seen.holds);
+    if let Some(recheck) = zones.recheck {
+        requeue = requeue.min(recheck);
+    }
+    let mut decided = vec![
+        proxmox,
+        failure_domains_ready(seen, &failed, several),
+        zones.condition,
+    ];
     if !seen.endpoint_known {
         decided.push(Decided::failed(
             "ControlPlaneEndpointAvailable",
@@ -134,6 +151,7 @@ pub fn plan(seen: &ClusterSeen) -> ClusterPlan {
         proxmox_failed,
         plain_http_warning,
         sync_ha,
+        drained: zones.drained,
     }
 }
 
@@ -326,6 +344,41 @@ mod tests {
         }
     }
 
+    fn unhealthy_zone(zone: &str, secs: u64) -> ZoneSeen {
+        ZoneSeen {
+            zone: zone.into(),
+            problem: Some("no node online (pve1)".into()),
+            eligible_by_spec: true,
+            drained: false,
+            in_state_for: Duration::from_secs(secs),
+        }
+    }
+
+    fn healthy_zone(zone: &str) -> ZoneSeen {
+        ZoneSeen {
+            problem: None,
+            ..unhealthy_zone(zone, 0)
+        }
+    }
+
+    #[test]
+    fn an_unhealthy_zone_is_drained_after_its_hold_and_looked_at_again_soon() {
+        let seen = |secs| ClusterSeen {
+            zones: vec![unhealthy_zone("rack-a", secs), healthy_zone("rack-b")],
+            ..healthy()
+        };
+        let early = plan(&seen(30));
+        assert!(early.drained.is_empty());
+        assert_eq!(early.requeue, zone_health::UNHEALTHY_RECHECK);
+        let late = plan(&seen(500));
+        assert_eq!(late.drained, BTreeSet::from(["rack-a".to_owned()]));
+        assert!(
+            late.provisioned,
+            "a zone's health is no reason to unprovision"
+        );
+        assert_eq!(plan(&healthy()).drained, BTreeSet::new());
+    }
+
     /// Each condition as `Type=Status/Reason`, as `kubectl describe` shows it.
     fn said(plan: &ClusterPlan) -> Vec<String> {
         plan.decided
@@ -350,6 +403,7 @@ mod tests {
                 &[
                     "ProxmoxAvailable=True/Available",
                     "FailureDomainsReady=True/Ready",
+                    "FailureDomainsAvailable=True/Available",
                 ],
                 true,
             ),
@@ -362,6 +416,7 @@ mod tests {
                 &[
                     "ProxmoxAvailable=True/AvailableOverPlainHTTP",
                     "FailureDomainsReady=True/Ready",
+                    "FailureDomainsAvailable=True/Available",
                 ],
                 true,
             ),
@@ -374,6 +429,7 @@ mod tests {
                 &[
                     "ProxmoxAvailable=False/CredentialsNotFound",
                     "FailureDomainsReady=True/Ready",
+                    "FailureDomainsAvailable=True/Available",
                 ],
                 false,
             ),
@@ -386,6 +442,7 @@ mod tests {
                 &[
                     "ProxmoxAvailable=False/ProxmoxUnreachable",
                     "FailureDomainsReady=True/Ready",
+                    "FailureDomainsAvailable=True/Available",
                 ],
                 false,
             ),
@@ -401,6 +458,7 @@ mod tests {
                 &[
                     "ProxmoxAvailable=False/ProxmoxUnreachable",
                     "FailureDomainsReady=False/ProxmoxUnavailable",
+                    "FailureDomainsAvailable=True/Available",
                 ],
                 false,
             ),
@@ -413,6 +471,7 @@ mod tests {
                 &[
                     "ProxmoxAvailable=True/Available",
                     "FailureDomainsReady=False/InvalidZoneConfig",
+                    "FailureDomainsAvailable=True/Available",
                 ],
                 true,
             ),
@@ -428,6 +487,7 @@ mod tests {
                 &[
                     "ProxmoxAvailable=True/Available",
                     "FailureDomainsReady=False/UnknownNode",
+                    "FailureDomainsAvailable=True/Available",
                 ],
                 true,
             ),
@@ -440,9 +500,23 @@ mod tests {
                 &[
                     "ProxmoxAvailable=True/Available",
                     "FailureDomainsReady=True/Ready",
+                    "FailureDomainsAvailable=True/Available",
                     "ControlPlaneEndpointAvailable=False/MissingControlPlaneEndpoint",
                 ],
                 false,
+            ),
+            (
+                "a zone without an online node, for less than its hold",
+                ClusterSeen {
+                    zones: vec![unhealthy_zone("rack-a", 30), healthy_zone("rack-b")],
+                    ..healthy()
+                },
+                &[
+                    "ProxmoxAvailable=True/Available",
+                    "FailureDomainsReady=True/Ready",
+                    "FailureDomainsAvailable=False/ZoneUnhealthy",
+                ],
+                true,
             ),
         ];
         for (name, seen, expected, provisioned) in rows {

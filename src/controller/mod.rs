@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod queue_depth;
 pub mod template;
 pub mod vmid;
+pub mod zone_health;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -70,6 +71,9 @@ pub struct ManagerConfig {
     pub machine_concurrency: u16,
     /// When machines' Proxmox tasks and booting guests are looked at again.
     pub task_timing: machine::TaskTimingPolicy,
+    /// How long a zone's health must last before its failure domain is no longer offered to
+    /// the control plane, or offered again.
+    pub zone_holds: zone_health::ZoneHolds,
     /// The conversion webhook, served by every replica (leader or not) since the API server
     /// needs it whichever pod the Service picks; `None` for local runs and tests.
     pub webhook: Option<crate::webhook::WebhookConfig>,
@@ -117,6 +121,9 @@ pub struct Context {
     /// What each Proxmox endpoint lists, shared by all machine reconciles, so a pass costs no
     /// listing of its own. After a restart: each endpoint is listed again on first use.
     pub inventory: inventory::Inventory,
+    /// Since when each cluster's zones have been healthy or not, so a zone's failure domain
+    /// changes only after its state lasted. After a restart: timed from the first pass again.
+    pub zone_states: zone_health::ZoneStates,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
     /// The objects machine reconciles read, kept by the machine controller's watches; `None`
@@ -149,6 +156,7 @@ impl Context {
             retries: failures::Retries::default(),
             task_timing,
             inventory: inventory::Inventory::default(),
+            zone_states: zone_health::ZoneStates::default(),
             readiness: Readiness::default(),
             caches: None,
             capi_clusters: None,
@@ -278,6 +286,7 @@ pub async fn run(
             retries: failures::Retries::default(),
             task_timing,
             inventory: inventory::Inventory::default(),
+            zone_states: zone_health::ZoneStates::default(),
             readiness: readiness.clone(),
             caches: None,
             capi_clusters: None,

@@ -93,6 +93,17 @@ pub(crate) fn quoted_list(items: &[String]) -> String {
         .join(", ")
 }
 
+/// Whether the spec offers `zone` to the control plane (`controlPlaneEligible` unset or true), so
+/// the cluster controller tells a zone it took out for its health from one the user keeps out.
+pub fn offered_to_control_plane(cluster: &ProxmoxCluster, zone: &str) -> bool {
+    cluster
+        .spec
+        .zone_config
+        .iter()
+        .find(|z| z.zone == zone)
+        .is_none_or(|z| z.control_plane_eligible != Some(false))
+}
+
 /// Every (zone, node) pair the zones name, in spec order, so the cluster controller can check the
 /// nodes exist in Proxmox without reading the zone configuration itself.
 pub fn zone_nodes(cluster: &ProxmoxCluster) -> Vec<(String, String)> {

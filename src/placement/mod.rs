@@ -51,7 +51,8 @@ mod tests;
 
 pub use failure_domains::{
     MAX_FAILURE_DOMAINS, ZoneConfigError, ZoneProblem, ZonesByCredentials, credentials_of_zone,
-    credentials_secrets, failure_domains, zone_credentials, zone_nodes, zones_by_credentials,
+    credentials_secrets, failure_domains, offered_to_control_plane, zone_credentials, zone_nodes,
+    zones_by_credentials,
 };
 pub use ha::{MachineHa, ha_enabled_anywhere, ha_zones};
 pub use pools::{

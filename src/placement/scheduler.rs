@@ -267,10 +267,10 @@ pub enum ScheduleError {
         /// ProxmoxMachine name.
         machine: String,
     },
-    /// None of the candidate nodes is in the inventory (offline or unreadable); retried.
+    /// None of the candidate nodes is online in the inventory; retried.
     #[error(
-        "none of the candidate nodes {candidates:?} of machine {machine} could be read from Proxmox; \
-         check that they are online"
+        "none of the candidate nodes {candidates:?} of machine {machine} is online in Proxmox: \
+         the machine waits until one is (see the ProxmoxCluster's FailureDomainsAvailable)"
     )]
     NoNodesAvailable {
         /// ProxmoxMachine name.
@@ -838,8 +838,8 @@ mod tests {
         assert_eq!(err.reason(), "NodesUnavailable");
         assert_eq!(
             err.to_string(),
-            "none of the candidate nodes [\"a\", \"b\"] of machine m1 could be read from Proxmox; \
-             check that they are online"
+            "none of the candidate nodes [\"a\", \"b\"] of machine m1 is online in Proxmox: \
+             the machine waits until one is (see the ProxmoxCluster's FailureDomainsAvailable)"
         );
     }
 

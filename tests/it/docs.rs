@@ -436,6 +436,7 @@ const NOT_REASONS: &[&str] = &[
     // Condition types and statuses.
     "CapacityResolved",
     "ControlPlaneEndpointAvailable",
+    "FailureDomainsAvailable",
     "FailureDomainsReady",
     "ProxmoxAvailable",
     "VirtualMachineProvisioned",

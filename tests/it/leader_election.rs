@@ -187,6 +187,7 @@ async fn after_losing_the_lease_no_proxmox_write_follows() {
         cluster_concurrency: 1,
         machine_concurrency: 2,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: None,
     };
     let stop = CancellationToken::new();

@@ -323,6 +323,7 @@ async fn with_one_worker_every_clone_is_submitted_before_the_first_one_ends() {
         let config = capmox::controller::ManagerConfig {
             machine_concurrency: 1,
             task_timing: Default::default(),
+            zone_holds: Default::default(),
             ..crate::common::env::manager_config()
         };
         let context = Arc::new(capmox::controller::Context::new(

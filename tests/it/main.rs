@@ -51,6 +51,7 @@ mod template_capacity;
 mod tenancy;
 mod webhook;
 mod webhook_memory;
+mod zone_health;
 
 /// Every `.rs` file beside this one is a module of this binary (a file left out would never
 /// compile or run), and no test file sits directly in `tests/` (it would link a binary of its own).

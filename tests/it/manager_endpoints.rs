@@ -114,6 +114,7 @@ async fn the_manager_future_can_be_spawned() {
         cluster_concurrency: 1,
         machine_concurrency: 1,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: Some(capmox::webhook::WebhookConfig {
             bind_address: "127.0.0.1:0".parse().expect("address"),
             cert_dir: "/nonexistent".into(),
@@ -154,6 +155,7 @@ async fn a_shutdown_before_the_caches_sync_stops_the_manager() {
         cluster_concurrency: 1,
         machine_concurrency: 1,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: None,
     };
     let stop = CancellationToken::new();

@@ -175,6 +175,7 @@ async fn record_a_lifecycle(
         cluster_concurrency: 2,
         machine_concurrency: 4,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: None,
     };
     let manager = tokio::spawn(capmox::controller::run(

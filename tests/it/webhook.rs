@@ -667,6 +667,7 @@ async fn a_follower_serves_the_webhook_until_it_stops() {
         cluster_concurrency: 1,
         machine_concurrency: 1,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: Some(WebhookConfig {
             bind_address: address,
             cert_dir: dir.0.clone(),

@@ -363,6 +363,7 @@ pub fn manager_config() -> ManagerConfig {
         cluster_concurrency: 2,
         machine_concurrency: 4,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: None,
     }
 }

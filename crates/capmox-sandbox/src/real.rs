@@ -521,6 +521,7 @@ pub(crate) fn manager_config() -> ManagerConfig {
         cluster_concurrency: 4,
         machine_concurrency: 10,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: None,
     }
 }

@@ -329,6 +329,7 @@ impl Sandbox {
             cluster_concurrency: 4,
             machine_concurrency: 16,
             task_timing: Default::default(),
+            zone_holds: Default::default(),
             webhook: None,
         };
         let context = Arc::new(Context::new(

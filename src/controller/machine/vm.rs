@@ -537,9 +537,10 @@ impl Reconcile<'_> {
                 })
                 .collect()
         };
+        // An offline node takes no clone (and a zone with none online waits, saying so).
         let nodes = resources
             .iter()
-            .filter(|r| r.kind == ResourceType::Node)
+            .filter(|r| r.kind == ResourceType::Node && r.status.as_deref() == Some("online"))
             .filter_map(|r| {
                 let name = r.node.clone()?;
                 let guests = resources

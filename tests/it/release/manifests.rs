@@ -548,6 +548,7 @@ async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
         cluster_concurrency: 1,
         machine_concurrency: 1,
         task_timing: Default::default(),
+        zone_holds: Default::default(),
         webhook: None,
     };
     let stop = tokio_util::sync::CancellationToken::new();
