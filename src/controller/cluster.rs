@@ -249,7 +249,6 @@ async fn reconcile_live(
 ) -> Result<Pass, ClusterError> {
     ensure_finalizer(api, cluster, finalizers::CLUSTER).await?;
 
-    let mut decided = vec![Decided::failed(api::conditions::PAUSED, "NotPaused", "")];
     let mut status = owned_status(&current);
     let zone_problem = domains_and_pools(context, cluster, namespace, &mut status).await?;
 
@@ -300,12 +299,27 @@ async fn reconcile_live(
         )
         .await;
     }
+    let status = planned_status(cluster, &current, status, &plan);
+    apply_status_if_changed(api, name, &current, status).await?;
+    Ok(if plan.proxmox_failed {
+        Pass::BackingOff(Action::requeue(requeue))
+    } else {
+        Pass::Done(Action::requeue(requeue))
+    })
+}
+
+/// The status `plan` decides over what the pass recorded (`status`: domains and pools).
+fn planned_status(
+    cluster: &ProxmoxCluster,
+    current: &ProxmoxClusterStatus,
+    mut status: ProxmoxClusterStatus,
+    plan: &cluster_conditions::ClusterPlan,
+) -> ProxmoxClusterStatus {
     for domain in &mut status.failure_domains {
         if plan.drained.contains(&domain.name) {
             domain.control_plane = Some(false);
         }
     }
-    decided.extend(plan.decided);
     if plan.provisioned {
         status.initialization = Some(Initialization {
             provisioned: Some(true),
@@ -313,18 +327,15 @@ async fn reconcile_live(
     } else if !Initialization::provisioned(status.initialization.as_ref()) {
         status.initialization = None;
     }
+    let mut decided = vec![Decided::failed(api::conditions::PAUSED, "NotPaused", "")];
+    decided.extend(plan.decided.iter().cloned());
     status.conditions = conditions::merge(
         &current.conditions,
         &decided,
         cluster.metadata.generation,
         Timestamp::now(),
     );
-    apply_status_if_changed(api, name, &current, status).await?;
-    Ok(if plan.proxmox_failed {
-        Pass::BackingOff(Action::requeue(requeue))
-    } else {
-        Pass::Done(Action::requeue(requeue))
-    })
+    status
 }
 
 /// Each zone's health as the pass saw it, timed by the zone states the context keeps.
