@@ -16,10 +16,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::guest::GuestBoot;
 use super::ledger::Ledger;
 use super::{
-    COMMAND_FIRST_LOOK, DEFAULT_BOOT, DEFAULT_CLONE, DEFAULT_TASK, MAX_IN_FLIGHT, MAX_RECHECK,
-    MIN_RECHECK, TaskTiming, estimate,
+    DEFAULT_BOOT, DEFAULT_CLONE, DEFAULT_TASK, MAX_IN_FLIGHT, MAX_RECHECK, MIN_RECHECK, TaskTiming,
+    estimate,
 };
 use crate::controller::machine::TaskKind;
 use crate::proxmox::Upid;
@@ -71,21 +72,24 @@ struct ClockState {
 }
 
 struct Booting {
-    node: String,
-    started: Instant,
-    /// How long after the start the guest was last seen not done.
-    last_seen_silent: Duration,
-    /// When to look again.
-    due: Instant,
-    /// The `cloud-init status` this process started in the guest, as (VMID, pid), until its
-    /// result is read.
-    command: Option<(u32, u64)>,
-    /// How long after the start the latest command was started: when its result says done,
-    /// the guest was done by then.
-    command_issued: Option<Duration>,
+    guest: GuestBoot,
     /// Its look was held back until the scout's answer: when it answers says nothing about
     /// how long it took.
     held_for_scout: bool,
+}
+
+impl std::ops::Deref for Booting {
+    type Target = GuestBoot;
+
+    fn deref(&self) -> &GuestBoot {
+        &self.guest
+    }
+}
+
+impl std::ops::DerefMut for Booting {
+    fn deref_mut(&mut self) -> &mut GuestBoot {
+        &mut self.guest
+    }
 }
 
 struct InFlight {
@@ -329,12 +333,7 @@ impl TaskTiming for LearnedClock {
         state.booting.insert(
             machine.to_owned(),
             Booting {
-                node: node.to_owned(),
-                started: now,
-                last_seen_silent: Duration::ZERO,
-                due: now + expected,
-                command: None,
-                command_issued: None,
+                guest: GuestBoot::new(node, now, now + expected),
                 held_for_scout: false,
             },
         );
@@ -406,38 +405,32 @@ impl TaskTiming for LearnedClock {
     /// `node`): its result is worth reading after [`COMMAND_FIRST_LOOK`].
     fn command_started(&self, machine: &str, node: &str, vmid: u32, pid: u64) {
         let now = Instant::now();
-        let mut state = self.lock();
-        let entry = state.booting_entry(machine, node, now, now);
-        entry.command = Some((vmid, pid));
-        entry.command_issued = Some(now - entry.started);
-        entry.due = now + COMMAND_FIRST_LOOK;
+        self.lock()
+            .booting_entry(machine, node, now, now)
+            .command_started(vmid, pid, now);
     }
 
     /// The pid of the `cloud-init status` this process started in VM `vmid` for `machine`
     /// and has not read the result of.
     fn command_pending(&self, machine: &str, vmid: u32) -> Option<u64> {
-        let state = self.lock();
-        let (command_vmid, pid) = state.booting.get(machine)?.command?;
-        (command_vmid == vmid).then_some(pid)
+        self.lock().booting.get(machine)?.command_pending(vmid)
     }
 
     /// Notes that the machine's command still runs: looked at again shortly.
     fn command_running(&self, machine: &str) {
-        let now = Instant::now();
         if let Some(entry) = self.lock().booting.get_mut(machine) {
-            entry.due = now + MIN_RECHECK;
+            entry.command_running(Instant::now());
         }
     }
 
     /// How long until the result of the machine's command is worth reading.
     fn command_wait(&self, machine: &str) -> Duration {
         let now = Instant::now();
-        self.lock()
+        let state = self.lock();
+        state
             .booting
             .get(machine)
-            .map_or(MIN_RECHECK, |entry| {
-                entry.due.saturating_duration_since(now).max(MIN_RECHECK)
-            })
+            .map_or(MIN_RECHECK, |entry| entry.command_wait(now))
     }
 
     /// Forgets the machine's command (its result was read, or it cannot be).
@@ -461,8 +454,8 @@ impl TaskTiming for LearnedClock {
         if boot.held_for_scout {
             return;
         }
-        let samples = state.boots_learned.entry(boot.node).or_default();
         let up = boot.command_issued.unwrap_or(now - boot.started);
+        let samples = state.boots_learned.entry(boot.guest.node).or_default();
         learn(samples, Duration::ZERO, up);
     }
 
@@ -507,12 +500,7 @@ impl ClockState {
         self.booting
             .entry(machine.to_owned())
             .or_insert_with(|| Booting {
-                node: node.to_owned(),
-                started: now,
-                last_seen_silent: Duration::ZERO,
-                due,
-                command: None,
-                command_issued: None,
+                guest: GuestBoot::new(node, now, due),
                 held_for_scout: false,
             })
     }
@@ -670,6 +658,7 @@ fn pass_requeue(task_type: &str, until_check: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::machine::timing::COMMAND_FIRST_LOOK;
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")

@@ -4,6 +4,7 @@
 //! whatever the timing (`ledger.rs`): the task a machine waits for, repeats of successful tasks,
 //! guests seen up; and the `cloud-init status` command started in a booting guest.
 
+mod guest;
 mod learned;
 mod ledger;
 mod plain;

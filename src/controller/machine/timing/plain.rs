@@ -1,7 +1,7 @@
 //! The plain task timing: a task is first checked after the duration last seen for its type on
 //! its node, then ever less often; a booting guest is looked at likewise. No scouts and no
-//! model of the clone queues: what those save is measured by the bench (README:
-//! "Performance").
+//! model of the clone queues: what those save is measured by the bench (the book's Performance
+//! page).
 //!
 //! Its rules, each for one reason:
 //! - The first check comes after the last seen duration of the task's type on its node: on
@@ -24,10 +24,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::guest::GuestBoot;
 use super::ledger::Ledger;
 use super::{
-    COMMAND_FIRST_LOOK, DEFAULT_BOOT, DEFAULT_CLONE, DEFAULT_TASK, DUE_SLACK, MAX_IN_FLIGHT,
-    MAX_RECHECK, MIN_RECHECK, TaskTiming, estimate,
+    DEFAULT_BOOT, DEFAULT_CLONE, DEFAULT_TASK, DUE_SLACK, MAX_IN_FLIGHT, MAX_RECHECK, MIN_RECHECK,
+    TaskTiming, estimate,
 };
 use crate::controller::machine::TaskKind;
 use crate::proxmox::Upid;
@@ -76,34 +77,33 @@ struct Polled {
 
 /// A guest being waited for.
 struct Boot {
-    node: String,
-    started: Instant,
-    /// When to look next.
-    due: Instant,
+    guest: GuestBoot,
     /// The wait after the next look that finds it not done.
     next_wait: Duration,
-    /// How long after the start a look last found it not done (zero: none did).
-    last_seen_silent: Duration,
-    /// The `cloud-init status` started in the guest, as (VMID, pid), until its result is read.
-    command: Option<(u32, u64)>,
-    /// How long after the start the latest command was started: when its result says done,
-    /// the guest was done by then.
-    command_issued: Option<Duration>,
     /// Started by this process, so how long it took is known.
     learns: bool,
+}
+
+impl std::ops::Deref for Boot {
+    type Target = GuestBoot;
+
+    fn deref(&self) -> &GuestBoot {
+        &self.guest
+    }
+}
+
+impl std::ops::DerefMut for Boot {
+    fn deref_mut(&mut self) -> &mut GuestBoot {
+        &mut self.guest
+    }
 }
 
 impl Boot {
     /// A guest this process did not see start (after a restart): counted as started `now`.
     fn unknown(node: &str, now: Instant, due: Instant) -> Self {
         Boot {
-            node: node.to_owned(),
-            started: now,
-            due,
+            guest: GuestBoot::new(node, now, due),
             next_wait: MIN_RECHECK,
-            last_seen_silent: Duration::ZERO,
-            command: None,
-            command_issued: None,
             learns: false,
         }
     }
@@ -263,36 +263,30 @@ impl TaskTiming for PlainClock {
 
     fn command_started(&self, machine: &str, node: &str, vmid: u32, pid: u64) {
         let now = Instant::now();
-        let mut state = self.lock();
-        let boot = state
+        self.lock()
             .booting
             .entry(machine.to_owned())
-            .or_insert_with(|| Boot::unknown(node, now, now));
-        boot.command = Some((vmid, pid));
-        boot.command_issued = Some(now - boot.started);
-        boot.due = now + COMMAND_FIRST_LOOK;
+            .or_insert_with(|| Boot::unknown(node, now, now))
+            .command_started(vmid, pid, now);
     }
 
     fn command_pending(&self, machine: &str, vmid: u32) -> Option<u64> {
-        let (command_vmid, pid) = self.lock().booting.get(machine)?.command?;
-        (command_vmid == vmid).then_some(pid)
+        self.lock().booting.get(machine)?.command_pending(vmid)
     }
 
     fn command_running(&self, machine: &str) {
-        let now = Instant::now();
         if let Some(boot) = self.lock().booting.get_mut(machine) {
-            boot.due = now + MIN_RECHECK;
+            boot.command_running(Instant::now());
         }
     }
 
     fn command_wait(&self, machine: &str) -> Duration {
         let now = Instant::now();
-        self.lock()
+        let state = self.lock();
+        state
             .booting
             .get(machine)
-            .map_or(MIN_RECHECK, |boot| {
-                boot.due.saturating_duration_since(now).max(MIN_RECHECK)
-            })
+            .map_or(MIN_RECHECK, |boot| boot.command_wait(now))
     }
 
     fn command_ended(&self, machine: &str) {
@@ -311,7 +305,7 @@ impl TaskTiming for PlainClock {
             let up = boot.command_issued.unwrap_or(now - boot.started);
             let took = estimate(boot.last_seen_silent, up);
             state.last_boot_anywhere = Some(took);
-            state.last_boot.insert(boot.node, took);
+            state.last_boot.insert(boot.guest.node, took);
         }
     }
 
@@ -368,6 +362,7 @@ impl PlainState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::machine::timing::COMMAND_FIRST_LOOK;
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
