@@ -242,8 +242,8 @@ fn failure_message(endpoint: &EndpointSeen, several: bool) -> String {
 
 /// `FailureDomainsReady`: the zone configuration is usable and Proxmox knows its nodes. The
 /// failure domains of a Proxmox that does not answer while others do stay published (their
-/// machines are not orphans, and KCP does not move the control plane for an outage), but are
-/// named here.
+/// machines are not orphans; whether they stay offered to the control plane is
+/// `FailureDomainsAvailable`'s), but are named here.
 fn failure_domains_ready(seen: &ClusterSeen, failed: &[&EndpointSeen], several: bool) -> Decided {
     const TYPE: &str = api::conditions::FAILURE_DOMAINS_READY;
     if let Some(problem) = &seen.zone_problem {
@@ -282,7 +282,7 @@ fn failure_domains_ready(seen: &ClusterSeen, failed: &[&EndpointSeen], several: 
             TYPE,
             "ProxmoxUnavailable",
             format!(
-                "the Proxmox of failure domains {} does not answer: their machines wait until it does, and the other failure domains keep working; set controlPlaneEligible: false on a lost zone to keep new control-plane machines out of it",
+                "the Proxmox of failure domains {} does not answer: their machines wait until it does, and the other failure domains keep working; FailureDomainsAvailable says when they stop being offered to the control plane",
                 lost.join(", ")
             ),
         );

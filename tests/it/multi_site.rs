@@ -380,6 +380,28 @@ async fn losing_one_site_keeps_the_others_working_and_marks_its_failure_domain()
         ["rack-a", "rack-b", "site-b"],
         "the lost site's failure domain stays published"
     );
+    // Within --zone-drain-after it stays offered to the control plane, and says so.
+    let offered = lost.status.as_ref().is_some_and(|s| {
+        s.failure_domains
+            .iter()
+            .all(|d| d.control_plane == Some(true))
+    });
+    assert!(
+        offered,
+        "{:?}",
+        lost.status.as_ref().map(|s| &s.failure_domains)
+    );
+    let (status, reason, message) = condition(&lost, "FailureDomainsAvailable").expect("condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ZoneUnhealthy")
+    );
+    assert!(
+        message.contains("zone site-b: its Proxmox")
+            && message.contains("still offered to the control plane")
+            && !message.contains("rack-a"),
+        "{message}"
+    );
 
     // Site A keeps provisioning; a new site B machine waits without a VM anywhere.
     env.create_machine("demo", "demo-w-3", Some("rack-b"), false, machine_spec())
