@@ -416,7 +416,7 @@ pub const REASONS: &[Reason] = &[
             MACHINE_READY_FALSE,
         ],
         meaning: "Some of the cluster's Proxmox endpoints do not answer: the lost failure domains stay published and their machines wait; a machine whose zone's Proxmox cannot be reached waits.",
-        action: "Bring the Proxmox back; set controlPlaneEligible: false on zones of a site that stays down.",
+        action: "Bring the Proxmox back. Its zones stay offered to the control plane for capmox run --zone-drain-after, then are not until it answers again (FailureDomainsAvailable).",
     },
     Reason {
         name: "ProxmoxUnreachable",
