@@ -11,6 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::common::env::{Env, condition, manager_config};
+use crate::machine_support::scenario::condition_status;
 
 fn spec(memory_adjustment: Option<i64>) -> Value {
     let mut spec = json!({
@@ -178,16 +179,6 @@ async fn the_last_zone_is_never_taken_from_the_control_plane() {
     );
 }
 
-fn condition_of(machine: &ProxmoxMachine, type_: &str) -> Option<String> {
-    machine
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.clone())
-}
-
 fn machine_spec() -> Value {
     json!({
         "sourceNode": "pve1", "templateID": 9000, "memoryMiB": 2048,
@@ -231,7 +222,7 @@ async fn a_machine_is_never_scheduled_on_an_offline_node_and_waits_when_its_zone
         .collect();
     assert_eq!(vms.len(), 1, "only worker-b's VM exists: {vms:?}");
     assert_eq!(
-        condition_of(&machine, "VirtualMachineProvisioned"),
+        condition_status(&machine, "VirtualMachineProvisioned"),
         Some("False".to_owned())
     );
 }
