@@ -257,6 +257,10 @@ pub struct RunArgs {
     /// How long such a zone must be healthy again before it is offered again.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub zone_restore_after: std::time::Duration,
+    /// Requests capmox sends to one Proxmox API at once, over all clusters and tokens that
+    /// reach it; more wait in capmox (pveproxy serves only a few at a time).
+    #[arg(long, default_value_t = crate::proxmox::DEFAULT_REQUESTS_IN_FLIGHT, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u16).range(1..=256), usize::from))]
+    pub proxmox_requests_in_flight: usize,
 }
 
 impl RunArgs {
@@ -284,6 +288,7 @@ impl RunArgs {
                 drain_after: self.zone_drain_after,
                 restore_after: self.zone_restore_after,
             },
+            proxmox_requests_in_flight: self.proxmox_requests_in_flight,
             webhook: (!self.disable_webhook).then(|| crate::webhook::WebhookConfig {
                 bind_address: self.webhook_bind_address,
                 cert_dir: self.webhook_cert_dir.clone(),

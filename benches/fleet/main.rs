@@ -81,6 +81,10 @@ struct Args {
     /// through its storage and config locks.
     #[arg(long, default_value_t = 1)]
     clone_slots: usize,
+    /// Clone and disk tasks capmox lets run at once on a node (the ProxmoxCluster's
+    /// `taskLimits.perNode`); unset: not set on the cluster, so capmox's default applies.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    node_task_limit: Option<u32>,
     /// Clone task duration (ms).
     #[arg(long, default_value_t = 2000)]
     clone_ms: u64,
@@ -390,7 +394,22 @@ fn cluster_spec(args: &Args) -> Value {
     if args.credentials_ref {
         spec["credentialsRef"] = json!({"name": CREDENTIALS_SECRET});
     }
+    if let Some(limit) = args.node_task_limit {
+        spec["taskLimits"] = json!({"perNode": limit});
+    }
     spec
+}
+
+/// Clones that can run at once on a node: the simulator's slots (0: any number) and capmox's
+/// node limit, whichever is lower.
+fn effective_clone_slots(args: &Args) -> usize {
+    let capmox = args
+        .node_task_limit
+        .unwrap_or(capmox::placement::DEFAULT_PER_NODE) as usize;
+    match args.clone_slots {
+        0 => capmox,
+        sim => sim.min(capmox),
+    }
 }
 
 fn machine_spec() -> Value {
@@ -946,6 +965,8 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
         "settings": {
             "machines": args.machines, "zones": args.zones, "nodes_per_zone": args.nodes_per_zone,
             "clone_slots_per_node": args.clone_slots, "machine_concurrency": args.machine_concurrency,
+            "node_task_limit": args.node_task_limit.unwrap_or(capmox::placement::DEFAULT_PER_NODE),
+            "clones_at_once_per_node": effective_clone_slots(args),
             "task_timing": args.task_timing.unwrap_or_default().as_str(),
             "credentials": if args.credentials_ref { "credentialsRef Secret" } else { "global (capmox run --proxmox-url/--proxmox-token, PROXMOX_SECRET)" },
             "sites": args.sites,
@@ -1087,7 +1108,12 @@ impl Rig<'_> {
                 json!({"formula": "longest deletion path (run times of its stop, destroy and ISO removal tasks) of any machine; deletions do not queue"}),
             )
         } else {
-            lower_bound(&timeline_machines, &path_tasks, args.clone_slots, sites)
+            lower_bound(
+                &timeline_machines,
+                &path_tasks,
+                effective_clone_slots(args),
+                sites,
+            )
         };
         let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
         let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
@@ -1360,8 +1386,17 @@ fn bench_command(args: &Args) -> String {
         .task_timing
         .map(|timing| format!(" --task-timing {timing}"))
         .unwrap_or_default();
+    let limits = match (args.clone_slots, args.node_task_limit) {
+        (1, None) => String::new(),
+        (slots, limit) => format!(
+            " --clone-slots {slots}{}",
+            limit
+                .map(|l| format!(" --node-task-limit {l}"))
+                .unwrap_or_default()
+        ),
+    };
     format!(
-        "make bench BENCH_ARGS=\"--machines {}{sites}{timing}\"",
+        "make bench BENCH_ARGS=\"--machines {}{sites}{timing}{limits}\"",
         args.machines
     )
 }

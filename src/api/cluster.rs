@@ -105,6 +105,27 @@ pub struct ProxmoxClusterSpec {
     /// it field by field); off when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ha: Option<HaSpec>,
+    /// Clone and disk-resize tasks capmox runs at once, the default for every zone (a zone's
+    /// `taskLimits` overrides it field by field); unset fields take capmox's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_limits: Option<TaskLimits>,
+}
+
+/// How many tasks that take Proxmox's storage and config locks (clones, disk resizes) capmox
+/// lets run at once. Machines over a limit wait in capmox's queue, in the order they came, with
+/// a `WaitingForTaskSlot` condition, instead of in Proxmox's lock queue, where a long wait
+/// fails with a lock timeout.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskLimits {
+    /// On one Proxmox node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub per_node: Option<i32>,
+    /// On one shared storage (Ceph RBD, NFS, ...), over every node that clones to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub per_storage: Option<i32>,
 }
 
 /// Proxmox High Availability for machines: each VM becomes an HA resource once capmox has
@@ -203,6 +224,10 @@ pub struct ZoneConfigSpec {
     /// namespace rules as `spec.credentialsRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_ref: Option<SecretReference>,
+    /// Tasks capmox runs at once on this zone's nodes and storages, over the cluster's
+    /// `taskLimits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_limits: Option<TaskLimits>,
 }
 
 /// Observed state of the cluster: readiness, pools, failure domains.

@@ -296,6 +296,7 @@ impl Part for ClusterSpec {
             zone_config: earlier.map(|e| e.zone_config.clone()).unwrap_or_default(),
             credentials_ref: s.credentials_ref.clone(),
             ha: earlier.and_then(|e| e.ha.clone()),
+            task_limits: earlier.and_then(|e| e.task_limits.clone()),
         }
     }
 

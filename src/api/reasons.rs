@@ -573,6 +573,12 @@ pub const REASONS: &[Reason] = &[
         action: "Nothing.",
     },
     Reason {
+        name: "WaitingForTaskSlot",
+        seen: MACHINE_WAITS,
+        meaning: "As many clone or disk tasks as the ProxmoxCluster's (or its zone's) taskLimits allow run on the machine's node or storage; the machine waits in capmox's queue, in the order machines came, and is woken when a slot frees. The message names the node or storage, the limit and how many machines wait before it.",
+        action: "Nothing; raise spec.taskLimits.perNode / perStorage (or the zone's) if your storage takes more clones at once.",
+    },
+    Reason {
         name: "WaitingForVMConfig",
         seen: MACHINE_WAITS,
         meaning: "The VM's config shows no SMBIOS UUID even after capmox wrote one; looked at again after 1 s, doubling to 30 s.",

@@ -17,7 +17,8 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 
 use super::queue_depth::WorkQueue;
-use crate::proxmox::{ClientRegistry, EndpointStats};
+use super::task_slots::{SlotStats, TaskSlots};
+use crate::proxmox::{ClientRegistry, EndpointStats, GateStats};
 
 /// Labels of per-controller series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -68,6 +69,7 @@ pub struct Metrics {
     active_workers: Family<ControllerLabels, Gauge>,
     proxmox: Option<Arc<ClientRegistry>>,
     queues: Arc<std::sync::Mutex<BTreeMap<String, WorkQueue>>>,
+    task_slots: Arc<std::sync::Mutex<Option<TaskSlots>>>,
 }
 
 impl Default for Metrics {
@@ -121,6 +123,7 @@ impl Metrics {
             active_workers,
             proxmox: None,
             queues: Arc::default(),
+            task_slots: Arc::default(),
         }
     }
 
@@ -128,6 +131,16 @@ impl Metrics {
     pub fn with_proxmox(mut self, registry: Arc<ClientRegistry>) -> Self {
         self.proxmox = Some(registry);
         self
+    }
+
+    /// Exposes how many machines wait for a clone or disk task slot, and for how long; gives
+    /// `slots` back for the manager to keep.
+    pub fn observe_task_slots(&self, slots: TaskSlots) -> TaskSlots {
+        *self
+            .task_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(slots.clone());
+        slots
     }
 
     /// The work queue of `controller`, created on first use.
@@ -216,8 +229,17 @@ impl Metrics {
         }
         let mut body = out.strip_suffix("# EOF\n").unwrap_or(&out).to_owned();
         body.push_str(&self.queue_series());
+        let slots = self
+            .task_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(slots) = slots {
+            body.push_str(&task_slot_series(&slots.stats()));
+        }
         if let Some(registry) = &self.proxmox {
             body.push_str(&proxmox_series(&registry.endpoint_stats()));
+            body.push_str(&gate_series(&registry.gate_stats()));
         }
         body + "# EOF\n"
     }
@@ -255,6 +277,66 @@ impl Drop for ActiveReconcile {
     fn drop(&mut self) {
         self.0.dec();
     }
+}
+
+/// Requests waiting at each Proxmox API's gate and the time they waited, in the text format.
+fn gate_series(stats: &BTreeMap<String, GateStats>) -> String {
+    if stats.is_empty() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&GateStats) -> String| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        for (api, stat) in stats {
+            let api = api.replace('\\', "\\\\").replace('"', "\\\"");
+            out.push_str(&format!(
+                "{name}{suffix}{{proxmox=\"{api}\"}} {}\n",
+                value(stat)
+            ));
+        }
+    };
+    family(
+        "capmox_proxmox_requests_waiting",
+        "gauge",
+        "Requests waiting in capmox for their turn at a Proxmox API (--proxmox-requests-in-flight).",
+        &|s| s.waiting.to_string(),
+    );
+    family(
+        "capmox_proxmox_request_waits",
+        "counter",
+        "Requests that waited for their turn at a Proxmox API.",
+        &|s| s.waits.to_string(),
+    );
+    family(
+        "capmox_proxmox_request_wait_seconds",
+        "counter",
+        "Time requests waited for their turn at a Proxmox API, summed.",
+        &|s| format!("{:.6}", s.wait_time.as_secs_f64()),
+    );
+    out
+}
+
+/// Clone and disk task slots: held, waited for, and the time spent waiting, in the text format.
+fn task_slot_series(stats: &SlotStats) -> String {
+    format!(
+        "# HELP capmox_task_slots_held Clone and disk task slots held now (one per node and storage a running task uses).\n\
+         # TYPE capmox_task_slots_held gauge\n\
+         capmox_task_slots_held {}\n\
+         # HELP capmox_task_slot_waiting Machines waiting in capmox's queue for a clone or disk task slot (taskLimits).\n\
+         # TYPE capmox_task_slot_waiting gauge\n\
+         capmox_task_slot_waiting {}\n\
+         # HELP capmox_task_slot_waits Machines that got their task slots after waiting.\n\
+         # TYPE capmox_task_slot_waits counter\n\
+         capmox_task_slot_waits_total {}\n\
+         # HELP capmox_task_slot_wait_seconds Time those machines spent waiting, summed.\n\
+         # TYPE capmox_task_slot_wait_seconds counter\n\
+         capmox_task_slot_wait_seconds_total {:.3}\n",
+        stats.held,
+        stats.waiting,
+        stats.waits,
+        stats.wait_time.as_secs_f64()
+    )
 }
 
 /// Proxmox API calls, errors and latency per endpoint template, in the text format.

@@ -15,6 +15,7 @@ pub mod leader;
 pub mod machine;
 pub mod metrics;
 pub mod queue_depth;
+pub mod task_slots;
 pub mod template;
 pub mod vmid;
 pub mod zone_health;
@@ -74,6 +75,8 @@ pub struct ManagerConfig {
     /// How long a zone's health must last before its failure domain is no longer offered to
     /// the control plane, or offered again.
     pub zone_holds: zone_health::ZoneHolds,
+    /// Requests capmox sends to one Proxmox API at once, over all its clusters and tokens.
+    pub proxmox_requests_in_flight: usize,
     /// The conversion webhook, served by every replica (leader or not) since the API server
     /// needs it whichever pod the Service picks; `None` for local runs and tests.
     pub webhook: Option<crate::webhook::WebhookConfig>,
@@ -124,6 +127,10 @@ pub struct Context {
     /// Since when each cluster's zones have been healthy or not, so a zone's failure domain
     /// changes only after its state lasted. After a restart: timed from the first pass again.
     pub zone_states: zone_health::ZoneStates,
+    /// The clone and disk tasks running per node and storage, and the machines waiting for
+    /// one ([`task_slots`]). After a restart: a running task counts again once its machine's
+    /// next pass sees it.
+    pub task_slots: task_slots::TaskSlots,
     /// What `/readyz` reports; the controllers mark their caches synced here.
     pub readiness: Readiness,
     /// The objects machine reconciles read, kept by the machine controller's watches; `None`
@@ -143,11 +150,15 @@ impl Context {
         config: ManagerConfig,
         global_credentials: GlobalCredentials,
     ) -> Self {
-        let proxmox = Arc::new(ClientRegistry::new());
+        let proxmox = Arc::new(ClientRegistry::with_requests_in_flight(
+            config.proxmox_requests_in_flight,
+        ));
         let task_timing = machine::TaskTimer::new(config.task_timing);
+        let metrics = Metrics::new().with_proxmox(proxmox.clone());
         Self {
             client,
-            metrics: Metrics::new().with_proxmox(proxmox.clone()),
+            task_slots: metrics.observe_task_slots(task_slots::TaskSlots::default()),
+            metrics,
             config,
             proxmox,
             global_credentials,
@@ -244,7 +255,9 @@ pub async fn run(
     global_credentials: GlobalCredentials,
     shutdown: CancellationToken,
 ) -> Result<(), ManagerError> {
-    let proxmox = Arc::new(ClientRegistry::new());
+    let proxmox = Arc::new(ClientRegistry::with_requests_in_flight(
+        config.proxmox_requests_in_flight,
+    ));
     let metrics = Metrics::new().with_proxmox(proxmox.clone());
     let readiness = Readiness::default();
     let server_stop = CancellationToken::new();
@@ -277,6 +290,7 @@ pub async fn run(
         let task_timing = machine::TaskTimer::new(config.task_timing);
         let context = Context {
             client,
+            task_slots: metrics.observe_task_slots(task_slots::TaskSlots::default()),
             metrics,
             config,
             proxmox,

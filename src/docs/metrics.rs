@@ -66,6 +66,48 @@ const FAMILIES: &[Family] = &[
         labels: "`endpoint`",
         meaning: "Total time spent in Proxmox API requests per endpoint template; its rate over the requests' rate is the mean latency.",
     },
+    Family {
+        name: "capmox_proxmox_requests_waiting",
+        kind: "gauge",
+        labels: "`proxmox` (the API, `scheme://host:port`)",
+        meaning: "Requests waiting in capmox for their turn at a Proxmox API: at most `--proxmox-requests-in-flight` are sent to one API at once, over every cluster and token that reaches it.",
+    },
+    Family {
+        name: "capmox_proxmox_request_waits",
+        kind: "counter",
+        labels: "`proxmox`",
+        meaning: "Requests that waited for their turn at a Proxmox API.",
+    },
+    Family {
+        name: "capmox_proxmox_request_wait_seconds",
+        kind: "counter",
+        labels: "`proxmox`",
+        meaning: "Time those requests waited, summed; its rate over the waits' rate is the mean wait.",
+    },
+    Family {
+        name: "capmox_task_slots_held",
+        kind: "gauge",
+        labels: "—",
+        meaning: "Clone and disk task slots held now: a running clone holds one on its node (two when it clones to another node) and one per storage it writes to.",
+    },
+    Family {
+        name: "capmox_task_slot_waiting",
+        kind: "gauge",
+        labels: "—",
+        meaning: "Machines waiting in capmox's queue for a clone or disk task slot (`taskLimits`); each reports `WaitingForTaskSlot`.",
+    },
+    Family {
+        name: "capmox_task_slot_waits",
+        kind: "counter",
+        labels: "—",
+        meaning: "Machines that got their task slots after waiting.",
+    },
+    Family {
+        name: "capmox_task_slot_wait_seconds",
+        kind: "counter",
+        labels: "—",
+        meaning: "Time those machines waited, summed; its rate over the waits' rate is the mean wait.",
+    },
 ];
 
 /// The families the page describes, as `(name, type)` as the registry names them (counters

@@ -287,6 +287,7 @@ pub struct Placement {
     owner: Option<MachineOwner>,
     role: MachineRole,
     ha: Option<super::MachineHa>,
+    task_limits: super::MachineTaskLimits,
     credentials: Option<SecretReference>,
 }
 
@@ -348,6 +349,7 @@ impl Placement {
             owner: machine_owner(capi_machine),
             role: machine_role(capi_machine),
             ha: super::ha::ha_for_machine(&cluster.spec, zone_for_ha.as_deref()),
+            task_limits: super::task_limits_for_machine(&cluster.spec, zone_for_ha.as_deref()),
             credentials: zone_config
                 .and_then(|z| super::failure_domains::own_credentials(&cluster.spec, z))
                 .cloned(),
@@ -451,6 +453,11 @@ impl Placement {
     /// when HA is off for it.
     pub fn ha(&self) -> Option<&super::MachineHa> {
         self.ha.as_ref()
+    }
+
+    /// How many clone and disk tasks may run at once where the machine's VM is made.
+    pub fn task_limits(&self) -> super::MachineTaskLimits {
+        self.task_limits
     }
 }
 

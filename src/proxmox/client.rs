@@ -1,7 +1,7 @@
 //! The HTTP core of the Proxmox VE client: auth header, envelope decoding, error
 //! classification, timeouts, retries with jitter, per-endpoint concurrency and counters.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,10 +11,10 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tokio::sync::Semaphore;
 
 use super::config::{ClientConfig, RetryPolicy, endpoint_of};
 use super::error::{ProxmoxError, Result};
+use super::gate::RequestGate;
 use super::tls;
 
 /// Counters for one endpoint template (e.g. `GET /nodes/{node}/qemu/{vmid}/config`).
@@ -118,8 +118,7 @@ struct Inner {
     auth: HeaderValue,
     retry: RetryPolicy,
     upload_timeout: Duration,
-    max_per_endpoint: usize,
-    limits: Mutex<HashMap<&'static str, Arc<Semaphore>>>,
+    gate: Arc<RequestGate>,
     metrics: Metrics,
     jitter: AtomicU64,
     fence: Fence,
@@ -169,6 +168,11 @@ impl ProxmoxClient {
 
     /// Builds a client whose writes stop once `fence` is raised.
     pub fn with_fence(config: &ClientConfig, fence: Fence) -> Result<Self> {
+        Self::with_gate(config, fence, RequestGate::new(config.max_in_flight))
+    }
+
+    /// Builds a client whose requests pass `gate`, shared with every client of the same API.
+    pub fn with_gate(config: &ClientConfig, fence: Fence, gate: Arc<RequestGate>) -> Result<Self> {
         let url = config.url.trim_end_matches('/');
         let parsed = reqwest::Url::parse(url).map_err(|e| {
             ProxmoxError::Config(format!(
@@ -217,8 +221,7 @@ impl ProxmoxClient {
                 auth,
                 retry: config.retry.clone(),
                 upload_timeout: config.upload_timeout,
-                max_per_endpoint: config.max_concurrent_per_endpoint.max(1),
-                limits: Mutex::new(HashMap::new()),
+                gate,
                 metrics: Metrics::default(),
                 jitter: AtomicU64::new(seed | 1),
                 fence,
@@ -249,14 +252,6 @@ impl ProxmoxClient {
 
     pub(crate) fn upload_timeout(&self) -> Duration {
         self.inner.upload_timeout
-    }
-
-    fn limiter(&self, endpoint: &'static str) -> Arc<Semaphore> {
-        let mut limits = self.inner.limits.lock().unwrap_or_else(|p| p.into_inner());
-        limits
-            .entry(endpoint)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.inner.max_per_endpoint)))
-            .clone()
     }
 
     /// Next jittered back-off delay for `attempt` (1-based), ±50 % around the exponential value.
@@ -308,10 +303,11 @@ impl ProxmoxClient {
             return Err(ProxmoxError::Fenced);
         }
         let permit = self
-            .limiter(req.endpoint)
-            .acquire_owned()
+            .inner
+            .gate
+            .enter()
             .await
-            .map_err(|_| ProxmoxError::Transient {
+            .ok_or_else(|| ProxmoxError::Transient {
                 status: None,
                 reason: "client is shutting down".to_string(),
             })?;

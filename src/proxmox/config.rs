@@ -152,8 +152,9 @@ pub struct ClientConfig {
     pub upload_timeout: Duration,
     /// Retry policy for idempotent requests.
     pub retry: RetryPolicy,
-    /// Maximum number of concurrent in-flight requests per endpoint template.
-    pub max_concurrent_per_endpoint: usize,
+    /// Requests in flight at once when the client is built alone (a registry's clients share
+    /// its limit per Proxmox API instead).
+    pub max_in_flight: usize,
 }
 
 impl ClientConfig {
@@ -167,7 +168,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(10),
             upload_timeout: Duration::from_secs(300),
             retry: RetryPolicy::default(),
-            max_concurrent_per_endpoint: 8,
+            max_in_flight: super::gate::DEFAULT_REQUESTS_IN_FLIGHT,
         }
     }
 }

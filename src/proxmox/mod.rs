@@ -25,6 +25,7 @@ pub mod client;
 pub mod config;
 pub mod de;
 pub mod error;
+pub mod gate;
 pub(crate) mod path;
 pub mod registry;
 pub mod tasks;
@@ -36,6 +37,7 @@ pub use api::{CLIENT_ENDPOINTS, CLIENT_ENDPOINTS_PVE9, CloudInitStatus, Resource
 pub use client::{EndpointStats, Fence, MAX_RESPONSE_BODY, ProxmoxClient, error_from_parts};
 pub use config::{ApiToken, ClientConfig, RetryPolicy, Secret, TlsOptions, endpoint_of};
 pub use error::{ProxmoxError, Result};
+pub use gate::{DEFAULT_REQUESTS_IN_FLIGHT, GateStats, RequestGate};
 pub use registry::ClientRegistry;
 pub use tasks::WaitOptions;
 pub use tls::Fingerprint;

@@ -1,24 +1,62 @@
 //! One client per (URL, token, TLS settings), shared across reconciles so connection
 //! pools, concurrency limits and counters are not rebuilt every time.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use super::client::{Fence, ProxmoxClient};
-use super::config::ClientConfig;
+use super::config::{ClientConfig, endpoint_of};
 use super::error::Result;
+use super::gate::{DEFAULT_REQUESTS_IN_FLIGHT, GateStats, RequestGate};
 
 /// A cache of clients keyed by their full configuration.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ClientRegistry {
     clients: Mutex<HashMap<ClientConfig, ProxmoxClient>>,
     fence: Fence,
+    requests_in_flight: usize,
+    /// One per Proxmox API (`scheme://host:port`), whatever token or cluster reaches it.
+    gates: Mutex<BTreeMap<String, Arc<RequestGate>>>,
+}
+
+impl Default for ClientRegistry {
+    fn default() -> Self {
+        Self::with_requests_in_flight(DEFAULT_REQUESTS_IN_FLIGHT)
+    }
 }
 
 impl ClientRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry whose clients send at most `limit` requests to one Proxmox API at once.
+    pub fn with_requests_in_flight(limit: usize) -> Self {
+        Self {
+            clients: Mutex::default(),
+            fence: Fence::default(),
+            requests_in_flight: limit.max(1),
+            gates: Mutex::default(),
+        }
+    }
+
+    fn gate(&self, url: &str) -> Arc<RequestGate> {
+        let api = endpoint_of(url).unwrap_or_else(|| url.to_owned());
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates
+            .entry(api)
+            .or_insert_with(|| RequestGate::new(self.requests_in_flight))
+            .clone()
+    }
+
+    /// What each Proxmox API's gate saw, by `scheme://host:port`, for `/metrics`.
+    pub fn gate_stats(&self) -> BTreeMap<String, GateStats> {
+        let gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates
+            .iter()
+            .map(|(api, gate)| (api.clone(), gate.stats()))
+            .collect()
     }
 
     /// The shared client for this config, built on first use. A changed secret or TLS
@@ -28,7 +66,7 @@ impl ClientRegistry {
         if let Some(c) = clients.get(config) {
             return Ok(c.clone());
         }
-        let client = ProxmoxClient::with_fence(config, self.fence.clone())?;
+        let client = ProxmoxClient::with_gate(config, self.fence.clone(), self.gate(&config.url))?;
         // Forget older clients for the same URL and token id (rotated secret or TLS change).
         clients.retain(|k, _| !(k.url == config.url && k.token.token_id == config.token.token_id));
         clients.insert(config.clone(), client.clone());

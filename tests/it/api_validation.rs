@@ -716,3 +716,26 @@ fn v1alpha1_strings_have_the_same_formats() {
         );
     }
 }
+
+#[test]
+fn task_limits_are_between_one_and_sixty_four() {
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(json!({"taskLimits": {"perNode": 0}})),
+        ".spec.taskLimits.perNode",
+    );
+    assert_rejected(
+        "ProxmoxCluster",
+        cluster(
+            json!({"zoneConfig": [{"zone": "rack-a", "nodes": ["pve1"], "taskLimits": {"perStorage": 65}}]}),
+        ),
+        ".spec.zoneConfig[0].taskLimits.perStorage",
+    );
+    assert!(
+        violations(
+            "ProxmoxCluster",
+            &cluster(json!({"taskLimits": {"perNode": 1, "perStorage": 64}}))
+        )
+        .is_empty()
+    );
+}

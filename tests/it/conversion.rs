@@ -287,7 +287,8 @@ fn a_v1alpha1_spec_edit_keeps_zones_failure_domains_and_v1alpha2_nic_settings() 
         "spec": {
             "dnsServers": ["10.0.0.2"],
             "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
-            "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1"]}, {"zone": "rack-b", "nodes": ["pve2"], "controlPlaneEligible": false}]
+            "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1"], "taskLimits": {"perStorage": 1}}, {"zone": "rack-b", "nodes": ["pve2"], "controlPlaneEligible": false}],
+            "taskLimits": {"perNode": 1}
         },
         "status": {
             "initialization": {"provisioned": true},
@@ -306,6 +307,7 @@ fn a_v1alpha1_spec_edit_keeps_zones_failure_domains_and_v1alpha2_nic_settings() 
     let new = convert(old, V1ALPHA2).expect("converts back");
     assert_eq!(new["spec"]["dnsServers"], json!(["10.0.0.3"]));
     assert_eq!(new["spec"]["zoneConfig"], cluster["spec"]["zoneConfig"]);
+    assert_eq!(new["spec"]["taskLimits"], cluster["spec"]["taskLimits"]);
     assert_eq!(new["status"], cluster["status"]);
     assert!(new["metadata"].get("annotations").is_none(), "{new:#}");
 

@@ -188,6 +188,7 @@ async fn after_losing_the_lease_no_proxmox_write_follows() {
         machine_concurrency: 2,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: None,
     };
     let stop = CancellationToken::new();

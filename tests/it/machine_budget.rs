@@ -319,11 +319,15 @@ async fn with_one_worker_every_clone_is_submitted_before_the_first_one_ends() {
         ..instant_sim()
     })
     .await;
-    cluster_started_by(&env, rack_a_cluster(), |env| {
+    // Limits that hold back no clone: what is measured is the reconciles, not capmox's queue.
+    let mut cluster = rack_a_cluster();
+    cluster["taskLimits"] = json!({"perNode": MACHINES, "perStorage": MACHINES});
+    cluster_started_by(&env, cluster, |env| {
         let config = capmox::controller::ManagerConfig {
             machine_concurrency: 1,
             task_timing: Default::default(),
             zone_holds: Default::default(),
+            proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
             ..crate::common::env::manager_config()
         };
         let context = Arc::new(capmox::controller::Context::new(

@@ -162,6 +162,17 @@ async fn a_fleet_backs_off_during_an_outage_reports_it_once_and_recovers() {
     /// How long Proxmox answers every request with 500; the requests in it are counted.
     const OUTAGE: Duration = Duration::from_secs(20);
     let scenario = Scenario::start(quick_sim()).await;
+    // No clone waits in capmox's queue: what is measured is the back-off and the recovery.
+    Api::<capmox::api::ProxmoxCluster>::namespaced(scenario.env.client(), "default")
+        .patch(
+            "demo",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"taskLimits": {"perNode": 64, "perStorage": 64}}}),
+            ),
+        )
+        .await
+        .expect("limits raised");
     let names: Vec<String> = (0..MACHINES).map(|i| format!("demo-md-{i:02}")).collect();
     let first_request = scenario.tap.log().len();
     scenario.tap.set_fault(Box::new(|_, _| {

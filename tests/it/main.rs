@@ -46,6 +46,7 @@ mod release;
 mod sharding;
 mod soak;
 mod supply;
+mod task_limits;
 mod task_names;
 mod template_capacity;
 mod tenancy;

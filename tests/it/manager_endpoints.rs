@@ -115,6 +115,7 @@ async fn the_manager_future_can_be_spawned() {
         machine_concurrency: 1,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: Some(capmox::webhook::WebhookConfig {
             bind_address: "127.0.0.1:0".parse().expect("address"),
             cert_dir: "/nonexistent".into(),
@@ -156,6 +157,7 @@ async fn a_shutdown_before_the_caches_sync_stops_the_manager() {
         machine_concurrency: 1,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: None,
     };
     let stop = CancellationToken::new();

@@ -176,6 +176,7 @@ async fn record_a_lifecycle(
         machine_concurrency: 4,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: None,
     };
     let manager = tokio::spawn(capmox::controller::run(

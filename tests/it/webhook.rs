@@ -668,6 +668,7 @@ async fn a_follower_serves_the_webhook_until_it_stops() {
         machine_concurrency: 1,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: Some(WebhookConfig {
             bind_address: address,
             cert_dir: dir.0.clone(),

@@ -42,6 +42,7 @@ async fn started(memory_adjustment: Option<i64>) -> (Env, ProxmoxCluster) {
             drain_after: Duration::ZERO,
             restore_after: Duration::ZERO,
         },
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         ..manager_config()
     };
     let context = Arc::new(Context::new(

@@ -364,6 +364,7 @@ pub fn manager_config() -> ManagerConfig {
         machine_concurrency: 4,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: None,
     }
 }

@@ -522,6 +522,7 @@ pub(crate) fn manager_config() -> ManagerConfig {
         machine_concurrency: 10,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: None,
     }
 }

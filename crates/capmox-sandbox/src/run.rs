@@ -330,6 +330,7 @@ impl Sandbox {
             machine_concurrency: 16,
             task_timing: Default::default(),
             zone_holds: Default::default(),
+            proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
             webhook: None,
         };
         let context = Arc::new(Context::new(

@@ -40,6 +40,9 @@ impl Reconcile<'_> {
                     Some(VmSeen::Present(seen)) => *seen,
                     _ => return Err(super::looks::missing("the VM as seen")),
                 };
+                if phase != Phase::Configure {
+                    self.task_slots_done(false);
+                }
                 self.phase(phase, seen, provisioned, scope, held).await?;
                 observed.done.push(phase);
             }
@@ -58,6 +61,7 @@ impl Reconcile<'_> {
             }
             Effect::Release => {
                 self.released(scope).await?;
+                self.task_slots_done(true);
                 observed.released = true;
             }
         }

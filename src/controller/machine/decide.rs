@@ -226,6 +226,11 @@ pub(super) struct Observed {
     pub found_deleted: bool,
     /// The machine was let go: nothing of it is left in Proxmox.
     pub released: bool,
+    /// The machine waits in line for a clone slot: a pass of it passed every check before
+    /// the clone (its bootstrap data is not read again).
+    pub in_line: bool,
+    /// ... and it is not its turn: until its recheck, a pass would only cost reads.
+    pub held_in_line: Option<Duration>,
 }
 
 /// Something to look at before the pass decides further.
@@ -314,6 +319,9 @@ pub(super) fn decide(observed: &mut Observed) -> Next {
     if o.deleting {
         return decide_deletion(o);
     }
+    if let Some(left) = o.held_in_line {
+        return Next::End(End::Quietly(Action::requeue(left)));
+    }
     if let Some(next) = gates(o) {
         return next;
     }
@@ -340,6 +348,7 @@ fn gates(o: &mut Observed) -> Option<Next> {
     // Bootstrap data capmox cannot deliver: said before anything is created.
     if !o.provisioned
         && !o.vmid_recorded
+        && !o.in_line
         && let Some(next) = verdict(&mut o.bootstrap, Look::Bootstrap)
     {
         return Some(next);
@@ -631,6 +640,24 @@ mod tests {
                     ..ready()
                 },
                 "look Vm".into(),
+            ),
+            (
+                "bootstrap data not looked at again while waiting in line for a clone slot",
+                Observed {
+                    bootstrap: None,
+                    in_line: true,
+                    ..ready()
+                },
+                "look Vm".into(),
+            ),
+            (
+                "waiting in line for a clone slot, not its turn",
+                Observed {
+                    in_line: true,
+                    held_in_line: Some(Duration::from_secs(7)),
+                    ..ready()
+                },
+                format!("quietly {:?}", Action::requeue(Duration::from_secs(7))),
             ),
             (
                 "bootstrap data not looked at again once provisioned",

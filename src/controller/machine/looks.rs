@@ -106,6 +106,7 @@ impl Reconcile<'_> {
             Look::Task => {
                 let proxmox = held.proxmox()?.clone();
                 let tracked = self.tracked_task(scope, &proxmox, observed.deleting).await;
+                self.task_slots_after_look(scope, &proxmox, observed.deleting);
                 observed.task = Some(verdict(tracked.map_err(|stop| {
                     if observed.deleting {
                         super::delete::deletion_wait(stop)

@@ -77,6 +77,7 @@ mod ha;
 mod looks;
 mod outcome;
 mod pass;
+mod slots;
 mod status;
 mod task;
 mod timing;
@@ -375,6 +376,18 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let (caches, writers) = Caches::new(store.clone());
     let controller = woken_by_related(controller, &caches, writers, &context, store);
+    // A freed clone or disk task slot wakes the machines next in line.
+    let controller = match context.task_slots.take_wakeups() {
+        Some(woken) => {
+            let queue = context.metrics.work_queue(CONTROLLER);
+            let woken = futures::stream::unfold(woken, |mut woken| async move {
+                woken.recv().await.map(|machine| (machine, woken))
+            })
+            .flat_map(move |machine| futures::stream::iter(queue.wake([machine])));
+            controller.reconcile_on(woken)
+        }
+        None => controller,
+    };
     let context = Arc::new(Context {
         caches: Some(caches),
         ..(*context).clone()

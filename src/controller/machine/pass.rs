@@ -183,6 +183,7 @@ impl Reconcile<'_> {
         let paused = capi_cluster.is_some_and(|c| {
             c.spec.paused == Some(true) || c.annotations().contains_key(annotations::PAUSED)
         }) || self.machine.annotations().contains_key(annotations::PAUSED);
+        let in_line = kube::runtime::reflector::ObjectRef::from_obj(self.machine);
         Observed {
             deleting: self.machine.metadata.deletion_timestamp.is_some(),
             owned: cached.owner.is_some(),
@@ -205,6 +206,8 @@ impl Reconcile<'_> {
             vmid_recorded,
             named_by_spec: self.machine.spec.provider_id.is_some(),
             finalizer,
+            in_line: self.context.task_slots.is_waiting(&in_line),
+            held_in_line: self.context.task_slots.holds_back(&in_line),
             ..Observed::default()
         }
     }

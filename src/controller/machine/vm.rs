@@ -33,6 +33,13 @@ use crate::proxmox::{
     CloneParams, ClusterResource, ProxmoxClient, ProxmoxError, ResourceType, VmConfig,
 };
 
+/// What a clone is made from and where, and the task slots it needs.
+pub(super) struct CloneChoice {
+    source: TemplateChoice,
+    target: String,
+    wants: Vec<crate::controller::task_slots::Want>,
+}
+
 impl Reconcile<'_> {
     /// The machine's spec names a VM (`spec.providerID`) that Proxmox does not have: it waits
     /// and says so, instead of creating a second VM that would take the first one's place and
@@ -115,9 +122,16 @@ impl Reconcile<'_> {
     pub(super) async fn create_vm(&self, scope: &mut Scope, held: &Held) -> Flow<Infallible> {
         let (placement, proxmox) = (held.placement()?, held.proxmox()?);
         let resources = held.resources.as_deref().map_or(&[][..], Vec::as_slice);
-        let (source, target) = self
+        let CloneChoice {
+            source,
+            target,
+            wants,
+        } = self
             .clone_source(scope, placement, proxmox, resources)
             .await?;
+        // A waiting machine keeps the memory promised on its node, so the machines after it
+        // are spread over the other nodes and wait in their lines.
+        self.take_task_slots(wants)?;
         let vmid = self.claim_vmid(scope, proxmox, resources).await?;
         let cloning = format!(
             "cloning template {} on {} to VM {vmid} on {target}",
@@ -277,7 +291,7 @@ impl Reconcile<'_> {
         }
     }
 
-    /// The template copy to clone and the node to clone to. The template's copies (one, or
+    /// The template copy to clone and the node to clone to, with the task slots the clone needs. The template's copies (one, or
     /// one per node for node-local storage) decide which candidate nodes can receive a clone;
     /// the scheduler chooses among those only, and the chosen node clones its own copy, else a
     /// copy on shared storage. `Err`: the machine waits (no template, ambiguous, no node).
@@ -287,10 +301,18 @@ impl Reconcile<'_> {
         placement: &Placement,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Flow<(TemplateChoice, String)> {
+    ) -> Flow<CloneChoice> {
         let with_storages = self
             .template_copies_for(scope, placement, proxmox, resources)
             .await?;
+        // The storages of each copy whose config was read, for the task slots of its clones.
+        let copy_storages: BTreeMap<(String, u32), Vec<String>> = with_storages
+            .iter()
+            .filter_map(|c| {
+                let storages = c.storages.clone()?;
+                Some(((c.template.node.clone(), c.template.vmid), storages))
+            })
+            .collect();
         let template_memory = with_storages.first().and_then(|c| {
             resources
                 .iter()
@@ -340,7 +362,28 @@ impl Reconcile<'_> {
         match sources.choose(node.as_deref()) {
             Ok(source) => {
                 let target = node.unwrap_or_else(|| source.node.clone());
-                Ok((source, target))
+                // Where the clone writes: the storage asked for, else its copy's volumes'
+                // (known when read; a copy serving its own node only is counted on the node).
+                let writes_to = match &self.machine.spec.storage {
+                    Some(storage) => vec![storage.clone()],
+                    None => copy_storages
+                        .get(&(source.node.clone(), source.vmid))
+                        .cloned()
+                        .unwrap_or_default(),
+                };
+                let wants = super::slots::clone_wants(
+                    proxmox.endpoint(),
+                    &source.node,
+                    &target,
+                    &writes_to,
+                    &storages,
+                    placement.task_limits(),
+                );
+                Ok(CloneChoice {
+                    source,
+                    target,
+                    wants,
+                })
             }
             Err(error) => Err(self.template_waiting(scope, &error).await),
         }

@@ -549,6 +549,7 @@ async fn a_rolling_update_can_finish_while_the_old_replica_leads() {
         machine_concurrency: 1,
         task_timing: Default::default(),
         zone_holds: Default::default(),
+        proxmox_requests_in_flight: capmox::proxmox::DEFAULT_REQUESTS_IN_FLIGHT,
         webhook: None,
     };
     let stop = tokio_util::sync::CancellationToken::new();

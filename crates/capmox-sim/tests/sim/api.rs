@@ -809,7 +809,7 @@ async fn concurrency_limit_per_endpoint() {
         .await
         .expect("sim");
     let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
-    cfg.max_concurrent_per_endpoint = 1;
+    cfg.max_in_flight = 1;
     let client = ProxmoxClient::new(&cfg).expect("client");
     let start = tokio::time::Instant::now();
     let (a, b, c, d) = tokio::join!(
