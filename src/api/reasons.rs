@@ -599,8 +599,8 @@ pub const REASONS: &[Reason] = &[
     Reason {
         name: "ZoneUnhealthy",
         seen: &[DOMAINS_AVAILABLE_FALSE, CLUSTER_READY_FALSE],
-        meaning: "A zone has no online node, or its Proxmox does not answer. After capmox run --zone-drain-after its failure domain is published with controlPlane: false, so KCP places new control-plane machines elsewhere (never every zone at once); its machines wait.",
-        action: "Bring the zone's nodes or its Proxmox back; to take a zone out on purpose, set controlPlaneEligible: false on it.",
+        meaning: "A zone has no online node, none of its online nodes can take a VM disk (every storage for VM disks inactive or at least 98% used), or its Proxmox does not answer. After capmox run --zone-drain-after its failure domain is published with controlPlane: false, so KCP places new control-plane machines elsewhere (never every zone at once); its machines wait.",
+        action: "Bring the zone's nodes, storages or its Proxmox back, or free space; to take a zone out on purpose, set controlPlaneEligible: false on it.",
     },
 ];
 

@@ -37,7 +37,7 @@ use crate::api::{
 };
 use crate::capi::{self, InClusterIPPool, PoolAddresses};
 use crate::placement::{self, ClusterPool, IpFamily, ZonesByCredentials};
-use crate::proxmox::{NodeState, ProxmoxClient};
+use crate::proxmox::{NodeState, ProxmoxClient, ResourceFilter};
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "capmox-proxmoxcluster";
@@ -717,6 +717,7 @@ impl EndpointReport<'_> {
             }),
             unknown_nodes: self.nodes().unknown.clone(),
             offline_nodes: self.nodes().offline.clone(),
+            nodes_without_disk_room: self.nodes().without_disk_room.clone(),
         }
     }
 
@@ -733,6 +734,7 @@ impl EndpointReport<'_> {
         const NONE: &ZoneNodes = &ZoneNodes {
             unknown: Vec::new(),
             offline: Vec::new(),
+            without_disk_room: Vec::new(),
         };
         match &self.state {
             EndpointState::Available { nodes, .. } => nodes,
@@ -826,14 +828,17 @@ async fn check_endpoint<'a>(
     Ok(EndpointReport { group, url, state })
 }
 
-/// The zone nodes (zone, node) Proxmox does not know, and those it lists as not online.
+/// The zone nodes (zone, node) Proxmox does not know, those it lists as not online, and those
+/// online whose storages for VM disks are all inactive or full (with why).
 #[derive(Debug, Default)]
 struct ZoneNodes {
     unknown: Vec<(String, String)>,
     offline: Vec<(String, String)>,
+    without_disk_room: Vec<(String, String, String)>,
 }
 
-/// Proxmox answers `/version`; returns which zone nodes it does not know or lists offline.
+/// Proxmox answers `/version`; returns which zone nodes it does not know, lists offline, or
+/// lists online without room for a VM disk (its storages, listed only when a node is online).
 async fn check_proxmox(
     proxmox: &ProxmoxClient,
     zone_nodes: &[(String, String)],
@@ -845,11 +850,25 @@ async fn check_proxmox(
     let listed = proxmox.nodes().await?;
     let state = |node: &str| listed.iter().find(|n| n.node == node).map(|n| &n.status);
     let mut nodes = ZoneNodes::default();
+    let mut online = Vec::new();
     for pair in zone_nodes {
         match state(&pair.1) {
             None => nodes.unknown.push(pair.clone()),
-            Some(NodeState::Online) => {}
+            Some(NodeState::Online) => online.push(pair),
             Some(_) => nodes.offline.push(pair.clone()),
+        }
+    }
+    if online.is_empty() {
+        return Ok(nodes);
+    }
+    let storages = proxmox
+        .cluster_resources(Some(ResourceFilter::Storage))
+        .await?;
+    for (zone, node) in online {
+        if let Some(why) = zone_health::no_disk_room(&storages, node) {
+            nodes
+                .without_disk_room
+                .push((zone.clone(), node.clone(), why));
         }
     }
     Ok(nodes)

@@ -35,6 +35,8 @@ pub struct EndpointSeen {
     pub unknown_nodes: Vec<(String, String)>,
     /// The zone nodes it knows but lists as not online (when it answered).
     pub offline_nodes: Vec<(String, String)>,
+    /// The online zone nodes whose storages for VM disks are all inactive or full, with why.
+    pub nodes_without_disk_room: Vec<(String, String, String)>,
 }
 
 /// Why a Proxmox could not be used.

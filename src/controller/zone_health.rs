@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::cluster_conditions::EndpointSeen;
 use super::conditions::Decided;
+use crate::proxmox::{ClusterResource, ResourceType};
 
 pub use crate::api::conditions::FAILURE_DOMAINS_AVAILABLE;
 /// How soon a cluster with an unhealthy or recovering zone is looked at again: Proxmox sends no
@@ -93,7 +94,9 @@ pub fn zone_problems(endpoints: &[EndpointSeen]) -> Vec<(String, Option<String>)
     problems
 }
 
-/// "no node online (…)" when every node of `zone` is offline or unknown to its Proxmox.
+/// "no node online (…)" when every node of `zone` is offline or unknown to its Proxmox; "no
+/// node can take a VM disk (…)" when the online ones have every storage for VM disks inactive
+/// or full.
 fn no_node_online(endpoint: &EndpointSeen, zone: &str) -> Option<String> {
     let nodes: Vec<&str> = endpoint
         .zone_nodes
@@ -105,11 +108,55 @@ fn no_node_online(endpoint: &EndpointSeen, zone: &str) -> Option<String> {
         let named = |list: &[(String, String)]| list.iter().any(|(z, n)| z == zone && n == node);
         named(&endpoint.offline_nodes) || named(&endpoint.unknown_nodes)
     };
+    let no_room = |node: &str| {
+        endpoint
+            .nodes_without_disk_room
+            .iter()
+            .find(|(z, n, _)| z == zone && n == node)
+            .map(|(_, _, why)| why.as_str())
+    };
     if nodes.iter().all(down) {
-        Some(format!("no node online ({})", nodes.join(", ")))
-    } else {
-        None
+        return Some(format!("no node online ({})", nodes.join(", ")));
     }
+    if !nodes.iter().all(|n| down(n) || no_room(n).is_some()) {
+        return None;
+    }
+    let each: Vec<String> = nodes
+        .iter()
+        .map(|node| match no_room(node) {
+            Some(why) => format!("{node}: {why}"),
+            None => format!("{node}: offline"),
+        })
+        .collect();
+    Some(format!("no node can take a VM disk ({})", each.join("; ")))
+}
+
+/// Used share of a storage from which it counts as full: clones of usual disks no longer fit.
+const FULL_AT_PERCENT: u64 = 98;
+
+/// Why `node` cannot take a VM disk: every storage it lists for VM disks (content `images`) is
+/// inactive or full. `None` when one can, or when it lists none (the token may not see them).
+pub fn no_disk_room(resources: &[ClusterResource], node: &str) -> Option<String> {
+    let storages: Vec<&ClusterResource> = resources
+        .iter()
+        .filter(|r| r.kind == ResourceType::Storage && r.node.as_deref() == Some(node))
+        .filter(|r| {
+            r.content
+                .as_deref()
+                .is_some_and(|c| c.split(',').any(|c| c.trim() == "images"))
+        })
+        .collect();
+    let why = |storage: &ClusterResource| {
+        let name = storage.storage.as_deref().unwrap_or("?");
+        if storage.status.as_deref() != Some("available") {
+            return Some(format!("{name} inactive"));
+        }
+        let (used, size) = (storage.disk?, storage.maxdisk.filter(|s| *s > 0)?);
+        let percent = used.saturating_mul(100) / size;
+        (percent >= FULL_AT_PERCENT).then(|| format!("{name} full ({percent}% used)"))
+    };
+    let reasons: Vec<String> = storages.iter().map(|s| why(s)).collect::<Option<_>>()?;
+    (!reasons.is_empty()).then(|| reasons.join(", "))
 }
 
 /// Which zones are drained, and what `FailureDomainsAvailable` says. A zone is drained once
@@ -434,6 +481,75 @@ mod tests {
                     )
                 ),
                 ("e".to_owned(), None),
+            ]
+        );
+    }
+
+    fn storage(node: &str, name: &str, content: &str, status: &str, used: u64) -> ClusterResource {
+        serde_json::from_value(serde_json::json!({
+            "id": format!("storage/{node}/{name}"), "type": "storage", "node": node,
+            "storage": name, "content": content, "status": status, "disk": used, "maxdisk": 100
+        }))
+        .expect("a storage entry")
+    }
+
+    #[test]
+    fn a_node_takes_no_vm_disk_when_every_storage_for_them_is_inactive_or_full() {
+        let listed = vec![
+            storage("pve1", "local", "iso,vztmpl", "available", 100),
+            storage("pve1", "local-lvm", "images,rootdir", "available", 99),
+            storage("pve1", "ceph", "images", "unknown", 0),
+            storage("pve2", "local-lvm", "images", "available", 99),
+            storage("pve2", "ceph", "images", "available", 50),
+            storage("pve3", "local", "iso", "unknown", 0),
+        ];
+        assert_eq!(
+            no_disk_room(&listed, "pve1").as_deref(),
+            Some("local-lvm full (99% used), ceph inactive"),
+            "an ISO-only storage does not count"
+        );
+        assert_eq!(no_disk_room(&listed, "pve2"), None, "ceph has room");
+        assert_eq!(
+            no_disk_room(&listed, "pve3"),
+            None,
+            "no storage for disks listed"
+        );
+        assert_eq!(no_disk_room(&listed, "pve4"), None);
+    }
+
+    #[test]
+    fn a_zone_whose_online_nodes_have_no_disk_room_is_unhealthy() {
+        let pair = |z: &str, n: &str| (z.to_owned(), n.to_owned());
+        let full = |z: &str, n: &str| {
+            (
+                z.to_owned(),
+                n.to_owned(),
+                "ceph full (99% used)".to_owned(),
+            )
+        };
+        let seen = EndpointSeen {
+            name: "https://a:8006".into(),
+            zone_nodes: vec![
+                pair("a", "pve1"),
+                pair("a", "pve2"),
+                pair("b", "pve3"),
+                pair("b", "pve4"),
+            ],
+            offline_nodes: vec![pair("a", "pve2")],
+            nodes_without_disk_room: vec![full("a", "pve1"), full("b", "pve3")],
+            ..EndpointSeen::default()
+        };
+        assert_eq!(
+            zone_problems(&[seen]),
+            vec![
+                (
+                    "a".to_owned(),
+                    Some(
+                        "no node can take a VM disk (pve1: ceph full (99% used); pve2: offline)"
+                            .to_owned()
+                    )
+                ),
+                ("b".to_owned(), None),
             ]
         );
     }

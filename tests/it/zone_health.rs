@@ -180,6 +180,49 @@ async fn the_last_zone_is_never_taken_from_the_control_plane() {
     );
 }
 
+#[tokio::test]
+async fn a_zone_whose_storages_are_full_or_inactive_leaves_the_control_plane_until_they_recover() {
+    let (env, _) = started(None).await;
+    env.sim.with_cluster(|c| {
+        for node in ["pve3", "pve4"] {
+            assert!(c.fill_storage("local", node, 99), "{node}");
+            assert!(c.set_storage_active("ceph", node, false), "{node}");
+        }
+    });
+    touch(&env, "storage-down").await;
+    let drained = env
+        .wait_cluster("demo", "rack-b taken from the control plane", |c| {
+            domains(c) == [domain("rack-a", true), domain("rack-b", false)]
+        })
+        .await;
+    let (status, reason, message) =
+        condition(&drained, "FailureDomainsAvailable").expect("condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ZoneUnhealthy")
+    );
+    assert!(
+        message.contains(
+            "zone rack-b: no node can take a VM disk (pve3: ceph inactive, local full (99% used); pve4: ceph inactive, local full (99% used))"
+        ),
+        "{message}"
+    );
+
+    // One node with an active storage for VM disks is enough.
+    env.sim
+        .with_cluster(|c| c.set_storage_active("ceph", "pve4", true));
+    touch(&env, "storage-back").await;
+    let restored = env
+        .wait_cluster("demo", "rack-b offered again", |c| {
+            domains(c) == [domain("rack-a", true), domain("rack-b", true)]
+        })
+        .await;
+    assert_eq!(
+        condition(&restored, "FailureDomainsAvailable").map(|c| (c.0, c.1)),
+        Some(("True".to_owned(), "Available".to_owned()))
+    );
+}
+
 fn machine_spec() -> Value {
     json!({
         "sourceNode": "pve1", "templateID": 9000, "memoryMiB": 2048,

@@ -359,6 +359,10 @@ pub struct Cluster {
     clone_queue: VecDeque<String>,
     /// Clone tasks running per node.
     clone_slots_used: BTreeMap<String, usize>,
+    /// (storage, node) pairs a test made inactive: listed with status `unknown`, `active: 0`.
+    inactive_storages: std::collections::BTreeSet<(String, String)>,
+    /// (storage, node) pairs a test filled: at least this much is listed as used.
+    filled_storages: BTreeMap<(String, String), u64>,
     pools: BTreeMap<String, Option<String>>,
     execs: HashMap<(u32, u64), Exec>,
     counter: u64,
@@ -413,6 +417,8 @@ impl Cluster {
             running: BTreeSet::new(),
             clone_queue: VecDeque::new(),
             clone_slots_used: BTreeMap::new(),
+            inactive_storages: Default::default(),
+            filled_storages: BTreeMap::new(),
             pools: topology.pools.iter().map(|p| (p.clone(), None)).collect(),
             execs: HashMap::new(),
             counter: 0,
@@ -966,8 +972,13 @@ impl Cluster {
                     if !s.nodes.is_empty() && !s.nodes.contains(node) {
                         continue;
                     }
+                    let status = if self.storage_active(&s.name, node) {
+                        "available"
+                    } else {
+                        "unknown"
+                    };
                     out.push(json!({"id": format!("storage/{node}/{}", s.name), "type": "storage", "storage": s.name,
-                        "node": node, "status": "available", "plugintype": s.kind, "shared": u8::from(s.shared),
+                        "node": node, "status": status, "plugintype": s.kind, "shared": u8::from(s.shared),
                         "content": s.content.join(","), "disk": self.storage_used(&s.name, node), "maxdisk": s.size_gib << 30}));
                 }
             }
@@ -986,11 +997,24 @@ impl Cluster {
     }
 
     fn storage_used(&self, storage: &str, node: &str) -> u64 {
-        self.volumes
+        let volumes = self
+            .volumes
             .iter()
             .filter(|v| v.storage == storage && v.node.as_deref().is_none_or(|n| n == node))
             .map(|v| v.size)
-            .sum()
+            .sum();
+        let filled = self
+            .filled_storages
+            .get(&(storage.to_owned(), node.to_owned()))
+            .copied()
+            .unwrap_or(0);
+        filled.max(volumes)
+    }
+
+    fn storage_active(&self, storage: &str, node: &str) -> bool {
+        !self
+            .inactive_storages
+            .contains(&(storage.to_owned(), node.to_owned()))
     }
 
     /// `GET /cluster/nextid[?vmid=]` (returned as a string, like real servers).
@@ -1672,7 +1696,8 @@ impl Cluster {
                 .map(|s| {
                     let total = s.size_gib << 30;
                     let used = self.storage_used(&s.name, node);
-                    json!({"storage": s.name, "type": s.kind, "content": s.content.join(","), "active": 1, "enabled": 1,
+                    let active = u8::from(self.storage_active(&s.name, node));
+                    json!({"storage": s.name, "type": s.kind, "content": s.content.join(","), "active": active, "enabled": 1,
                            "shared": u8::from(s.shared), "total": total, "used": used, "avail": total.saturating_sub(used),
                            "used_fraction": used as f64 / total.max(1) as f64})
                 })
@@ -2197,6 +2222,35 @@ impl Cluster {
             .get_mut(node)
             .map(|n| n.online = online)
             .is_some()
+    }
+
+    /// Marks a storage active or not as `node` sees it (a lost NFS mount, a Ceph pool down).
+    pub fn set_storage_active(&mut self, storage: &str, node: &str, active: bool) -> bool {
+        if !self.storages.contains_key(storage) || !self.nodes.contains_key(node) {
+            return false;
+        }
+        let key = (storage.to_owned(), node.to_owned());
+        if active {
+            self.inactive_storages.remove(&key);
+        } else {
+            self.inactive_storages.insert(key);
+        }
+        true
+    }
+
+    /// Lists `storage` on `node` as `percent` used (at least: what its volumes take counts too).
+    pub fn fill_storage(&mut self, storage: &str, node: &str, percent: u64) -> bool {
+        let Some(size) = self.storages.get(storage).map(|s| s.size_gib << 30) else {
+            return false;
+        };
+        if !self.nodes.contains_key(node) {
+            return false;
+        }
+        self.filled_storages.insert(
+            (storage.to_owned(), node.to_owned()),
+            size.saturating_mul(percent.min(100)).div_ceil(100),
+        );
+        true
     }
 }
 

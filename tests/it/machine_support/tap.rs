@@ -25,6 +25,8 @@ pub struct Seen {
     pub method: String,
     /// Path below `/api2/json` (query excluded).
     pub path: String,
+    /// The query, without `?` (empty when none).
+    pub query: String,
     /// When Proxmox (or the tap, for an injected error) answered it.
     pub at: SystemTime,
     /// The answer's HTTP status.
@@ -42,6 +44,7 @@ impl Seen {
 pub type Rewrite = Box<dyn Fn(&str, &str, &[u8]) -> Option<Vec<u8>> + Send + Sync>;
 
 /// Answers a request (method, path) with an error instead of passing it on (`None`: pass it on).
+/// Called with the method and the path below `/api2/json` with its query (`?…`), if any.
 pub type Fault = Box<dyn Fn(&str, &str) -> Option<Injected> + Send + Sync>;
 
 /// Decides, once Proxmox has answered a request, whether the answer is lost (`true`).
@@ -209,7 +212,13 @@ impl Tap {
 }
 
 /// The answer of an injected error, logged like any other.
-fn inject(state: &State, method: &str, path: String, injected: Injected) -> Response<Full<Bytes>> {
+fn inject(
+    state: &State,
+    method: &str,
+    path: String,
+    query: String,
+    injected: Injected,
+) -> Response<Full<Bytes>> {
     let body = serde_json::json!({
         "data": null, "message": format!("{}\n", injected.reason), "errors": injected.errors
     });
@@ -230,6 +239,7 @@ fn inject(state: &State, method: &str, path: String, injected: Injected) -> Resp
     state.log.lock().expect("tap log").push(Seen {
         method: method.to_owned(),
         path,
+        query,
         at: SystemTime::now(),
         status: injected.status,
     });
@@ -248,14 +258,22 @@ async fn forward(
         .unwrap_or_default();
     let path = req.uri().path().to_owned();
     let api_path = path.strip_prefix("/api2/json").unwrap_or(&path).to_owned();
+    let query = req.uri().query().unwrap_or_default().to_owned();
+    // The fault sees the query too, so it can tell `/cluster/resources?type=storage` (the
+    // cluster controller's) from the machines' listing.
+    let asked = if query.is_empty() {
+        api_path.clone()
+    } else {
+        format!("{api_path}?{query}")
+    };
     let injected = state
         .fault
         .lock()
         .expect("tap fault")
         .as_ref()
-        .and_then(|fault| fault(method.as_str(), &api_path));
+        .and_then(|fault| fault(method.as_str(), &asked));
     if let Some(injected) = injected {
-        return Ok(inject(&state, method.as_str(), api_path, injected));
+        return Ok(inject(&state, method.as_str(), api_path, query, injected));
     }
     let headers = req.headers().clone();
     let body = req
@@ -291,6 +309,7 @@ async fn forward(
     let seen = Seen {
         method: method.to_string(),
         path: api_path,
+        query,
         at: SystemTime::now(),
         status,
     };
