@@ -400,15 +400,13 @@ fn cluster_spec(args: &Args) -> Value {
     spec
 }
 
-/// Clones that can run at once on a node: the simulator's slots (0: any number) and capmox's
-/// node limit, whichever is lower.
+/// Clones that can run at once on a node: the simulator's slots and capmox's node limit
+/// (`--node-task-limit`), whichever is lower; 0: any number.
 fn effective_clone_slots(args: &Args) -> usize {
-    let capmox = args
-        .node_task_limit
-        .unwrap_or(capmox::placement::DEFAULT_PER_NODE) as usize;
-    match args.clone_slots {
-        0 => capmox,
-        sim => sim.min(capmox),
+    match (args.clone_slots, args.node_task_limit.map(|l| l as usize)) {
+        (sim, None) => sim,
+        (0, Some(capmox)) => capmox,
+        (sim, Some(capmox)) => sim.min(capmox),
     }
 }
 
@@ -965,7 +963,7 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
         "settings": {
             "machines": args.machines, "zones": args.zones, "nodes_per_zone": args.nodes_per_zone,
             "clone_slots_per_node": args.clone_slots, "machine_concurrency": args.machine_concurrency,
-            "node_task_limit": args.node_task_limit.unwrap_or(capmox::placement::DEFAULT_PER_NODE),
+            "node_task_limit": args.node_task_limit,
             "clones_at_once_per_node": effective_clone_slots(args),
             "task_timing": args.task_timing.unwrap_or_default().as_str(),
             "credentials": if args.credentials_ref { "credentialsRef Secret" } else { "global (capmox run --proxmox-url/--proxmox-token, PROXMOX_SECRET)" },

@@ -106,7 +106,7 @@ pub struct ProxmoxClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ha: Option<HaSpec>,
     /// Clone and disk-resize tasks capmox runs at once, the default for every zone (a zone's
-    /// `taskLimits` overrides it field by field); unset fields take capmox's defaults.
+    /// `taskLimits` overrides it field by field); an unset field sets no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_limits: Option<TaskLimits>,
 }

@@ -575,7 +575,7 @@ pub const REASONS: &[Reason] = &[
     Reason {
         name: "WaitingForTaskSlot",
         seen: MACHINE_WAITS,
-        meaning: "As many clone or disk tasks as the ProxmoxCluster's (or its zone's) taskLimits allow run on the machine's node or storage; the machine waits in capmox's queue, in the order machines came, and is woken when a slot frees. The message names the node or storage, the limit and how many machines wait before it.",
+        meaning: "As many clone or disk tasks as the ProxmoxCluster's (or its zone's) taskLimits allow run on the machine's node or storage; the machine waits in capmox's queue, in the order machines came, and is woken when a slot frees (it also looks again every 2 minutes). The message names the node or storage and the limit; capmox_task_slot_waiting counts the machines waiting.",
         action: "Nothing; raise spec.taskLimits.perNode / perStorage (or the zone's) if your storage takes more clones at once.",
     },
     Reason {

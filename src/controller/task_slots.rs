@@ -20,11 +20,12 @@ use crate::api::ProxmoxMachine;
 /// How long a slot stays held when its machine's passes no longer say its task runs (the
 /// machine was removed without a deletion pass): longer than any look at a running task.
 const HOLDER_UNSEEN: Duration = Duration::from_secs(15 * 60);
-/// How often a waiting machine looks again when nothing wakes it.
-pub const WAITER_RECHECK: Duration = Duration::from_secs(30);
+/// How often a waiting machine looks again when nothing wakes it: a safety net only (a freed
+/// slot wakes the machines next in line), so hundreds of waiting machines cost few passes.
+pub const WAITER_RECHECK: Duration = Duration::from_secs(120);
 /// How long a place in line is kept for a machine that stopped asking (it was deleted, or now
 /// waits on something else).
-const WAITER_UNSEEN: Duration = Duration::from_secs(3 * 30);
+const WAITER_UNSEEN: Duration = Duration::from_secs(3 * 120);
 
 /// What a limit counts tasks on.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -75,17 +76,14 @@ pub struct Queued {
     pub ahead: usize,
 }
 
+/// Says where the machine waits and why, the same while it waits for the same slot (how many
+/// run and wait changes all the time; a message that changed would be a status write each).
 impl std::fmt::Display for Queued {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let line = match self.ahead {
-            0 => "next in line".to_owned(),
-            1 => "1 machine waits before it".to_owned(),
-            n => format!("{n} machines wait before it"),
-        };
         write!(
             f,
-            "{} clone or disk task(s) run on {} (limit {}, taskLimits of the ProxmoxCluster or its zone); {line}",
-            self.running, self.slot, self.limit
+            "{} runs as many clone or disk tasks as its limit allows ({}, taskLimits of the ProxmoxCluster or its zone); waiting in capmox's queue, in order, until a slot frees",
+            self.slot, self.limit
         )
     }
 }
@@ -402,7 +400,9 @@ mod tests {
             .expect_err("ceph busy");
         assert_eq!(b.slot, shared("ceph"));
         assert!(
-            b.to_string().contains("shared storage ceph (limit 1"),
+            b.to_string().starts_with(
+                "shared storage ceph runs as many clone or disk tasks as its limit allows (1,"
+            ),
             "{b}"
         );
         assert_eq!(line.forget(&who("a")), vec![who("b")]);

@@ -69,9 +69,7 @@ pub use scheduler::{
     Reservations, ScheduleError, ScheduleRequest, schedule,
 };
 pub use sources::{CloneSources, StorageInfo, TemplateCopy};
-pub use task_limits::{
-    DEFAULT_PER_NODE, DEFAULT_PER_STORAGE, MachineTaskLimits, task_limits_for_machine,
-};
+pub use task_limits::{MachineTaskLimits, task_limits_for_machine};
 pub use templates::{
     TagSelector, TemplateChoice, TemplateError, TemplateInfo, normalize_tags, select_template,
     split_proxmox_tags,

@@ -1,52 +1,34 @@
 //! How many clone and disk tasks a machine's zone lets run at once: the zone's `taskLimits`
-//! over the cluster's, over capmox's defaults.
+//! over the cluster's; no limit when neither sets one.
 
 use crate::api::{ProxmoxClusterSpec, TaskLimits};
 
-/// Clone and disk tasks at once on one node when nothing says otherwise: one more than
-/// Proxmox's storage locks let run side by side, so the next clone is queued in Proxmox the
-/// moment the running one ends and no lock time is lost, while no machine waits long enough
-/// in Proxmox's lock queue to hit its lock timeout.
-pub const DEFAULT_PER_NODE: u32 = 2;
-/// Clone and disk tasks at once on one shared storage when nothing says otherwise: clones to
-/// shared storage allocate their volumes under a cluster-wide lock, held briefly per volume.
-pub const DEFAULT_PER_STORAGE: u32 = 4;
-
-/// The limits a machine's tasks run under.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The limits a machine's tasks run under; `None`: no limit (the default: capmox's queue then
+/// stays out of the way, and Proxmox queues what it cannot run at once).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MachineTaskLimits {
     /// On the node the VM is cloned to (and the template's node, when another).
-    pub per_node: u32,
-    /// On each shared storage the clone writes to.
-    pub per_storage: u32,
+    pub per_node: Option<u32>,
+    /// On each storage the clone writes to.
+    pub per_storage: Option<u32>,
 }
 
-impl Default for MachineTaskLimits {
-    fn default() -> Self {
-        Self {
-            per_node: DEFAULT_PER_NODE,
-            per_storage: DEFAULT_PER_STORAGE,
-        }
-    }
-}
-
-/// The limits of a machine in `zone`: the zone's fields over the cluster's over the defaults.
+/// The limits of a machine in `zone`: the zone's fields over the cluster's.
 pub fn task_limits_for_machine(spec: &ProxmoxClusterSpec, zone: Option<&str>) -> MachineTaskLimits {
     let zone_limits = zone
         .and_then(|z| spec.zone_config.iter().find(|c| c.zone == z))
         .and_then(|z| z.task_limits.as_ref());
     let cluster_limits = spec.task_limits.as_ref();
-    let pick = |field: fn(&TaskLimits) -> Option<i32>, default: u32| {
+    let pick = |field: fn(&TaskLimits) -> Option<i32>| {
         zone_limits
             .and_then(field)
             .or_else(|| cluster_limits.and_then(field))
             .and_then(|v| u32::try_from(v).ok())
             .filter(|v| *v > 0)
-            .unwrap_or(default)
     };
     MachineTaskLimits {
-        per_node: pick(|l| l.per_node, DEFAULT_PER_NODE),
-        per_storage: pick(|l| l.per_storage, DEFAULT_PER_STORAGE),
+        per_node: pick(|l| l.per_node),
+        per_storage: pick(|l| l.per_storage),
     }
 }
 
@@ -84,15 +66,19 @@ mod tests {
             let l = task_limits_for_machine(&spec, zone);
             (l.per_node, l.per_storage)
         };
-        assert_eq!(of(Some("rack-a")), (3, 1), "zone's storage, cluster's node");
-        assert_eq!(of(Some("rack-b")), (1, DEFAULT_PER_STORAGE), "zone's node");
-        assert_eq!(of(None), (3, DEFAULT_PER_STORAGE), "no zone: the cluster's");
-        assert_eq!(of(Some("unknown")), (3, DEFAULT_PER_STORAGE));
+        assert_eq!(
+            of(Some("rack-a")),
+            (Some(3), Some(1)),
+            "zone's storage, cluster's node"
+        );
+        assert_eq!(of(Some("rack-b")), (Some(1), None), "zone's node");
+        assert_eq!(of(None), (Some(3), None), "no zone: the cluster's");
+        assert_eq!(of(Some("unknown")), (Some(3), None));
         let bare = ProxmoxClusterSpec::default();
         assert_eq!(
             task_limits_for_machine(&bare, Some("rack-a")),
             MachineTaskLimits::default(),
-            "nothing set: the defaults"
+            "nothing set: no limit"
         );
     }
 }

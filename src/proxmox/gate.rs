@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-/// Requests in flight to one Proxmox API when nothing says otherwise: a little above the
-/// workers a default pveproxy runs, so one is always queued there while none waits long.
-pub const DEFAULT_REQUESTS_IN_FLIGHT: usize = 4;
+/// Requests in flight to one Proxmox API when nothing says otherwise: pveproxy multiplexes
+/// connections over its few workers, so a few per worker keep it busy without a backlog.
+pub const DEFAULT_REQUESTS_IN_FLIGHT: usize = 16;
 
 /// The gate of one Proxmox API, shared by every client that reaches it.
 #[derive(Debug)]

@@ -26,17 +26,23 @@ pub(super) fn clone_wants(
     known: &[StorageInfo],
     limits: MachineTaskLimits,
 ) -> Vec<Want> {
-    let node = |node: &str| Want {
-        slot: Slot::Node {
-            endpoint: endpoint.to_owned(),
-            node: node.to_owned(),
-        },
-        limit: limits.per_node,
-    };
-    let mut wants = vec![node(target)];
-    if source_node != target {
-        wants.push(node(source_node));
+    let mut wants = Vec::new();
+    if let Some(limit) = limits.per_node {
+        let node = |node: &str| Want {
+            slot: Slot::Node {
+                endpoint: endpoint.to_owned(),
+                node: node.to_owned(),
+            },
+            limit,
+        };
+        wants.push(node(target));
+        if source_node != target {
+            wants.push(node(source_node));
+        }
     }
+    let Some(limit) = limits.per_storage else {
+        return wants;
+    };
     for storage in storages {
         let shared = known
             .iter()
@@ -47,7 +53,7 @@ pub(super) fn clone_wants(
                 storage: storage.clone(),
                 node: (!shared).then(|| target.to_owned()),
             },
-            limit: limits.per_storage,
+            limit,
         });
     }
     wants
@@ -141,8 +147,8 @@ mod tests {
             },
         ];
         let limits = MachineTaskLimits {
-            per_node: 2,
-            per_storage: 3,
+            per_node: Some(2),
+            per_storage: Some(3),
         };
         let storages = ["ceph".to_owned(), "local-lvm".to_owned()];
         let wants = clone_wants(
@@ -168,5 +174,14 @@ mod tests {
         );
         let same_node = clone_wants("https://pve:8006", "pve2", "pve2", &[], &known, limits);
         assert_eq!(same_node.len(), 1, "one node, no storage named");
+        let unlimited = clone_wants(
+            "https://pve:8006",
+            "pve1",
+            "pve2",
+            &storages,
+            &known,
+            MachineTaskLimits::default(),
+        );
+        assert!(unlimited.is_empty(), "no limit set: nothing to wait for");
     }
 }
