@@ -286,15 +286,7 @@ fn gate_series(stats: &BTreeMap<String, GateStats>) -> String {
     }
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&GateStats) -> String| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        let suffix = if kind == "counter" { "_total" } else { "" };
-        for (api, stat) in stats {
-            let api = api.replace('\\', "\\\\").replace('"', "\\\"");
-            out.push_str(&format!(
-                "{name}{suffix}{{proxmox=\"{api}\"}} {}\n",
-                value(stat)
-            ));
-        }
+        keyed_family(&mut out, "proxmox", stats, [name, kind, help], value);
     };
     family(
         "capmox_proxmox_requests_waiting",
@@ -339,20 +331,31 @@ fn task_slot_series(stats: &SlotStats) -> String {
     )
 }
 
+/// One family (`[name, type, help]`) with a series per key of `stats`, labelled `label`.
+fn keyed_family<S>(
+    out: &mut String,
+    label: &str,
+    stats: &BTreeMap<String, S>,
+    [name, kind, help]: [&str; 3],
+    value: &dyn Fn(&S) -> String,
+) {
+    out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+    let suffix = if kind == "counter" { "_total" } else { "" };
+    for (key, stat) in stats {
+        let key = key.replace('\\', "\\\\").replace('"', "\\\"");
+        out.push_str(&format!(
+            "{name}{suffix}{{{label}=\"{key}\"}} {}\n",
+            value(stat)
+        ));
+    }
+}
+
 /// Proxmox API calls, errors and latency per endpoint template, in the text format.
 fn proxmox_series(stats: &BTreeMap<String, EndpointStats>) -> String {
     let mut out = String::new();
     let mut family =
         |name: &str, kind: &str, help: &str, value: &dyn Fn(&EndpointStats) -> String| {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            for (endpoint, stat) in stats {
-                let endpoint = endpoint.replace('\\', "\\\\").replace('"', "\\\"");
-                let suffix = if kind == "counter" { "_total" } else { "" };
-                out.push_str(&format!(
-                    "{name}{suffix}{{endpoint=\"{endpoint}\"}} {}\n",
-                    value(stat)
-                ));
-            }
+            keyed_family(&mut out, "endpoint", stats, [name, kind, help], value);
         };
     family(
         "capmox_proxmox_api_requests",
