@@ -527,6 +527,18 @@ pub(crate) fn manager_config() -> ManagerConfig {
     }
 }
 
+/// As [`manager_config`], acting on a zone's health within seconds (`--zone-drain-after` and
+/// `--zone-restore-after` of 5s), so a run sees a zone leave the control plane and come back.
+pub(crate) fn manager_config_with_quick_zone_holds() -> ManagerConfig {
+    ManagerConfig {
+        zone_holds: capmox::controller::zone_health::ZoneHolds {
+            drain_after: std::time::Duration::from_secs(5),
+            restore_after: std::time::Duration::from_secs(5),
+        },
+        ..manager_config()
+    }
+}
+
 /// The ProxmoxCluster and machine specs for this run: the simulators' example (`sims`), or the
 /// example on the real Proxmox's zones.
 fn specs(

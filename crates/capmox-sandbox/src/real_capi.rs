@@ -559,7 +559,7 @@ pub async fn scenario(
         ..policy
     };
     println!("Global credentials for:  {namespace} (the flavor names no credentialsRef)");
-    let config = super::real::manager_config();
+    let config = super::real::manager_config_with_quick_zone_holds();
     let mut manager = tokio::spawn(capmox::controller::run(
         manager_client,
         config,
@@ -631,7 +631,7 @@ pub async fn scenario(
         let lifecycle: &[Step] = if capi.cluster_class.is_some() {
             &[]
         } else {
-            &[Step::RollOut, Step::Scale, Step::Remediate]
+            &[Step::RollOut, Step::Scale, Step::Remediate, Step::ZoneDown]
         };
         for step in lifecycle.iter().copied() {
             let summary = tokio::select! {
@@ -751,6 +751,7 @@ enum Step {
     RollOut,
     Scale,
     Remediate,
+    ZoneDown,
 }
 
 impl Step {
@@ -764,6 +765,7 @@ impl Step {
             Self::RollOut => steps::roll_out(run, version).await,
             Self::Scale => steps::scale_down_and_up(run).await,
             Self::Remediate => steps::remediate_worker(run, ZONES[1].0).await,
+            Self::ZoneDown => steps::drain_unhealthy_zone(run, ZONES[1].0, ZONES[1].1).await,
         }
     }
 }

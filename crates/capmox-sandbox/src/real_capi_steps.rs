@@ -1,6 +1,6 @@
 //! The lifecycle steps of the real-controllers run after the cluster is up: a KCP rollout, a
-//! control-plane scale-down and back, and a MachineHealthCheck remediation of a worker whose VM
-//! stopped. Each step waits for the real controllers to finish it and checks what capmox did.
+//! control-plane scale-down and back, a MachineHealthCheck remediation of a worker whose VM
+//! stopped, and a zone whose storages fail. Each step waits for the real controllers to finish it and checks what capmox did.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -214,6 +214,135 @@ pub async fn remediate_worker(run: &Run<'_>, zone: &str) -> Result<String, RealE
     Ok(format!(
         "remediation: {} (kubelet failed, VM {vmid}) replaced by {} in {zone} on {} (VM {}), {placement}, {vms} VMs",
         victim.machine, replacement.machine, replacement.node, replacement.vmid
+    ))
+}
+
+/// Whether the CAPI Cluster offers `zone` to the control plane, as the real Cluster controller
+/// copied it from the ProxmoxCluster; `None` while the zone is not listed.
+async fn offered(run: &Run<'_>, zone: &str) -> Result<Option<bool>, RealError> {
+    let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster");
+    let cluster = Api::<DynamicObject>::namespaced_with(
+        run.admin.clone(),
+        run.namespace,
+        &ApiResource::from_gvk(&gvk),
+    )
+    .get(CLUSTER)
+    .await?;
+    let domains = cluster.data["status"]["failureDomains"].as_array().cloned();
+    Ok(domains.into_iter().flatten().find_map(|d| {
+        (d["name"].as_str() == Some(zone)).then(|| d["controlPlane"].as_bool().unwrap_or(false))
+    }))
+}
+
+/// Waits until the CAPI Cluster offers `zone` to the control plane (`offered`) or not.
+async fn wait_offered(run: &Run<'_>, zone: &str, wanted: bool) -> Result<(), RealError> {
+    let deadline = tokio::time::Instant::now() + run.timeout;
+    loop {
+        if offered(run, zone).await? == Some(wanted) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RealError::Timeout {
+                what: format!("the Cluster offering {zone} to the control plane: {wanted}"),
+                timeout: run.timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Proxmox sends no events: an annotation makes the ProxmoxCluster controller look now rather
+/// than at its next resync.
+async fn touch_cluster(run: &Run<'_>, value: &str) -> Result<(), RealError> {
+    Api::<capmox::api::ProxmoxCluster>::namespaced(run.admin.clone(), run.namespace)
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"e2e.capmox.dev/touched": value}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Every storage for VM disks of `nodes` fills up (local) or goes inactive (Ceph), or recovers.
+fn set_storages(run: &Run<'_>, nodes: &[&str], down: bool) {
+    run.sims.sim.with_cluster(|cluster| {
+        for node in nodes {
+            cluster.fill_storage("local", node, if down { 99 } else { 0 });
+            cluster.set_storage_active("ceph", node, !down);
+        }
+    });
+}
+
+/// A zone's storages fail: capmox stops offering it to the control plane, the real Cluster
+/// controller copies that, and the real KCP puts the control-plane machines it adds (scaled up
+/// by two) elsewhere. Once the storages recover the zone is offered again, and KCP scales back
+/// down from the zone with the most machines.
+pub async fn drain_unhealthy_zone(
+    run: &Run<'_>,
+    zone: &str,
+    nodes: &[&str],
+) -> Result<String, RealError> {
+    let before: BTreeSet<String> = rows(run.admin, run.namespace)
+        .await?
+        .into_iter()
+        .filter(|r| r.control_plane)
+        .map(|r| r.machine)
+        .collect();
+    println!(
+        "The storages of {zone} ({}) fill up and go inactive",
+        nodes.join(", ")
+    );
+    set_storages(run, nodes, true);
+    touch_cluster(run, "storages-down").await?;
+    let drained_in = tokio::time::Instant::now();
+    wait_offered(run, zone, false).await?;
+    let drained_after = drained_in.elapsed();
+    let larger = run.control_plane + 2;
+    println!("{zone} is not offered to the control plane; scaling the control plane to {larger}");
+    run.patch_kcp(json!({ "replicas": larger })).await?;
+    let up = wait_rows(
+        run.admin,
+        run.namespace,
+        "the control plane scaled up beside the unhealthy zone",
+        run.timeout,
+        |rows| all_running(rows, larger, run.workers),
+    )
+    .await?;
+    let added: Vec<&super::real_capi::Row> = up
+        .iter()
+        .filter(|r| r.control_plane && !before.contains(&r.machine))
+        .collect();
+    if added.len() != 2 || added.iter().any(|r| r.failure_domain == zone) {
+        let placed: Vec<String> = added
+            .iter()
+            .map(|r| format!("{} in {}", r.machine, r.failure_domain))
+            .collect();
+        return Err(RealError::Check(format!(
+            "the control-plane machines KCP added while {zone} was unhealthy: {placed:?}"
+        )));
+    }
+    let added_to: BTreeSet<&str> = added.iter().map(|r| r.failure_domain.as_str()).collect();
+    println!("Both went to {added_to:?}; the storages of {zone} recover");
+    set_storages(run, nodes, false);
+    touch_cluster(run, "storages-back").await?;
+    wait_offered(run, zone, true).await?;
+    let replicas = i64::try_from(run.control_plane).unwrap_or(3);
+    run.patch_kcp(json!({ "replicas": replicas })).await?;
+    let back = wait_rows(
+        run.admin,
+        run.namespace,
+        "the control plane back at its size",
+        run.timeout,
+        |rows| all_running(rows, run.control_plane, run.workers),
+    )
+    .await?;
+    let placement = check_placement(&back, run.control_plane)?;
+    let vms = run.check_one_vm_per_machine(&back)?;
+    Ok(format!(
+        "zone health: {zone}'s storages failed, it left the control plane after {:.1}s, the real KCP added both new control-plane machines in {added_to:?}; recovered and back at {}: {placement}, {vms} VMs",
+        drained_after.as_secs_f64(),
+        run.control_plane
     ))
 }
 
