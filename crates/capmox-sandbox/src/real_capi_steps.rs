@@ -56,6 +56,22 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Sets KCP's replicas and waits until that many control-plane machines (and every worker)
+    /// run with a Node.
+    async fn scale_control_plane(
+        &self,
+        replicas: usize,
+        what: &str,
+    ) -> Result<Vec<Row>, RealError> {
+        let wanted = i64::try_from(replicas)
+            .map_err(|_| RealError::Option(format!("{replicas} replicas")))?;
+        self.patch_kcp(json!({ "replicas": wanted })).await?;
+        wait_rows(self.admin, self.namespace, what, self.timeout, |rows| {
+            all_running(rows, replicas, self.workers)
+        })
+        .await
+    }
+
     /// VMs the machines added, and the VMIDs the ProxmoxMachines record: one VM per machine.
     fn check_one_vm_per_machine(&self, rows: &[Row]) -> Result<usize, RealError> {
         let vms = self.sims.machine_vm_count();
@@ -121,27 +137,14 @@ pub async fn roll_out(run: &Run<'_>, version: &str) -> Result<String, RealError>
 /// KCP scales the control plane down to one machine and back up, spreading again.
 pub async fn scale_down_and_up(run: &Run<'_>) -> Result<String, RealError> {
     println!("Scaling the control plane down to 1");
-    run.patch_kcp(json!({ "replicas": 1 })).await?;
-    let down = wait_rows(
-        run.admin,
-        run.namespace,
-        "the control plane at 1 machine",
-        run.timeout,
-        |rows| all_running(rows, 1, run.workers),
-    )
-    .await?;
+    let down = run
+        .scale_control_plane(1, "the control plane at 1 machine")
+        .await?;
     let vms_down = run.check_one_vm_per_machine(&down)?;
     println!("Scaling the control plane back to {}", run.control_plane);
-    let replicas = i64::try_from(run.control_plane).unwrap_or(3);
-    run.patch_kcp(json!({ "replicas": replicas })).await?;
-    let up = wait_rows(
-        run.admin,
-        run.namespace,
-        "the control plane back at full size",
-        run.timeout,
-        |rows| all_running(rows, run.control_plane, run.workers),
-    )
-    .await?;
+    let up = run
+        .scale_control_plane(run.control_plane, "the control plane back at full size")
+        .await?;
     let placement = check_placement(&up, run.control_plane)?;
     let vms_up = run.check_one_vm_per_machine(&up)?;
     Ok(format!(
@@ -300,15 +303,12 @@ pub async fn drain_unhealthy_zone(
     let drained_after = drained_in.elapsed();
     let larger = run.control_plane + 2;
     println!("{zone} is not offered to the control plane; scaling the control plane to {larger}");
-    run.patch_kcp(json!({ "replicas": larger })).await?;
-    let up = wait_rows(
-        run.admin,
-        run.namespace,
-        "the control plane scaled up beside the unhealthy zone",
-        run.timeout,
-        |rows| all_running(rows, larger, run.workers),
-    )
-    .await?;
+    let up = run
+        .scale_control_plane(
+            larger,
+            "the control plane scaled up beside the unhealthy zone",
+        )
+        .await?;
     let added: Vec<&super::real_capi::Row> = up
         .iter()
         .filter(|r| r.control_plane && !before.contains(&r.machine))
@@ -327,16 +327,9 @@ pub async fn drain_unhealthy_zone(
     set_storages(run, nodes, false);
     touch_cluster(run, "storages-back").await?;
     wait_offered(run, zone, true).await?;
-    let replicas = i64::try_from(run.control_plane).unwrap_or(3);
-    run.patch_kcp(json!({ "replicas": replicas })).await?;
-    let back = wait_rows(
-        run.admin,
-        run.namespace,
-        "the control plane back at its size",
-        run.timeout,
-        |rows| all_running(rows, run.control_plane, run.workers),
-    )
-    .await?;
+    let back = run
+        .scale_control_plane(run.control_plane, "the control plane back at its size")
+        .await?;
     let placement = check_placement(&back, run.control_plane)?;
     let vms = run.check_one_vm_per_machine(&back)?;
     Ok(format!(
