@@ -1,4 +1,4 @@
-//! The CustomResourceDefinitions of the four kinds, as committed under `crds/`.
+//! The CustomResourceDefinitions of capmox's kinds, as committed under `crds/`.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps,
@@ -7,7 +7,8 @@ use kube::CustomResourceExt;
 use serde_json::Value;
 
 use super::{
-    ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate, v1alpha1,
+    ProxmoxCluster, ProxmoxClusterTemplate, ProxmoxMachine, ProxmoxMachineTemplate,
+    ProxmoxRemediation, ProxmoxRemediationTemplate, v1alpha1,
 };
 
 /// Why the CRDs could not be produced.
@@ -39,10 +40,11 @@ pub enum CrdError {
     },
 }
 
-/// All capmox CRDs, in a stable order, with their schemas finalised for the API server: each
-/// serves v1alpha2 (stored) and the deprecated v1alpha1.
+/// All capmox CRDs, in a stable order, with their schemas finalised for the API server: the
+/// kinds the Go provider had serve v1alpha2 (stored) and the deprecated v1alpha1; the
+/// remediation kinds, new with capmox, v1alpha2 only.
 pub fn all() -> Result<Vec<CustomResourceDefinition>, CrdError> {
-    [
+    let versioned = [
         (ProxmoxCluster::crd(), v1alpha1::ProxmoxCluster::crd()),
         (
             ProxmoxClusterTemplate::crd(),
@@ -55,8 +57,11 @@ pub fn all() -> Result<Vec<CustomResourceDefinition>, CrdError> {
         ),
     ]
     .into_iter()
-    .map(|(hub, spoke)| finalize(merge(hub, spoke)?))
-    .collect()
+    .map(|(hub, spoke)| finalize(merge(hub, spoke)?));
+    let single = [ProxmoxRemediation::crd(), ProxmoxRemediationTemplate::crd()]
+        .into_iter()
+        .map(finalize);
+    versioned.chain(single).collect()
 }
 
 /// One CRD serving both versions, v1alpha2 as the storage version and v1alpha1 marked deprecated

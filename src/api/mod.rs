@@ -7,6 +7,7 @@ pub mod crd;
 mod machine;
 pub mod names;
 pub mod reasons;
+mod remediation;
 mod template_status;
 pub mod v1alpha1;
 pub mod validation;
@@ -14,6 +15,7 @@ pub mod validation;
 pub use cluster::*;
 pub use common::*;
 pub use machine::*;
+pub use remediation::*;
 pub use template_status::*;
 
 /// API group of every capmox kind.

@@ -7,7 +7,7 @@
 pub enum Seen {
     /// In a condition of an object of `kind`, with `status`.
     Condition {
-        /// `ProxmoxCluster`, `ProxmoxMachine` or `ProxmoxMachineTemplate`.
+        /// The kind: one of capmox's, or `Machine` for what capmox writes on Cluster API's.
         kind: &'static str,
         /// The condition type, e.g. `VirtualMachineProvisioned`.
         condition: &'static str,
@@ -39,6 +39,7 @@ pub struct Reason {
 const CLUSTER: &str = "ProxmoxCluster";
 const MACHINE: &str = "ProxmoxMachine";
 const TEMPLATE: &str = "ProxmoxMachineTemplate";
+const REMEDIATION: &str = "ProxmoxRemediation";
 
 const fn condition(kind: &'static str, condition: &'static str, status: &'static str) -> Seen {
     Seen::Condition {
@@ -55,6 +56,7 @@ const DOMAINS_AVAILABLE_FALSE: Seen = condition(CLUSTER, "FailureDomainsAvailabl
 const MACHINE_PROVISIONED_FALSE: Seen = condition(MACHINE, "VirtualMachineProvisioned", "False");
 const MACHINE_READY_FALSE: Seen = condition(MACHINE, "Ready", "False");
 const CAPACITY_FALSE: Seen = condition(TEMPLATE, "CapacityResolved", "False");
+const REMEDIATED_FALSE: Seen = condition(REMEDIATION, "Remediated", "False");
 const MACHINE_NORMAL: Seen = Seen::Event {
     kind: MACHINE,
     type_: "Normal",
@@ -273,6 +275,18 @@ pub const REASONS: &[Reason] = &[
         action: "Nothing; if it repeats, check the API server's reachability from the manager.",
     },
     Reason {
+        name: "MachineDeleting",
+        seen: &[REMEDIATED_FALSE],
+        meaning: "The remediation's Machine is being deleted: its owner replaces it already, so the remediation does nothing.",
+        action: "Nothing; the request goes with its Machine.",
+    },
+    Reason {
+        name: "MachineNotFound",
+        seen: &[REMEDIATED_FALSE],
+        meaning: "No Machine of the ProxmoxRemediation's name exists in its namespace (a MachineHealthCheck names each request after its Machine); nothing is rebooted, in particular no VM of another namespace.",
+        action: "Delete the request, or create it in the Machine's namespace under the Machine's name.",
+    },
+    Reason {
         name: "MetadataIncomplete",
         seen: MACHINE_WAITS,
         meaning: "The cloud-init meta-data lacks the hostname or the instance-id (the SMBIOS UUID).",
@@ -331,8 +345,9 @@ pub const REASONS: &[Reason] = &[
         seen: &[
             condition(CLUSTER, "Paused", "True"),
             condition(MACHINE, "Paused", "True"),
+            REMEDIATED_FALSE,
         ],
-        meaning: "The Cluster's spec.paused or the cluster.x-k8s.io/paused annotation stops reconciliation.",
+        meaning: "The Cluster's spec.paused or the cluster.x-k8s.io/paused annotation stops reconciliation (a paused remediation looks again every minute).",
         action: "Unpause the Cluster (or remove the annotation) when done.",
     },
     Reason {
@@ -414,8 +429,9 @@ pub const REASONS: &[Reason] = &[
             DOMAINS_FALSE,
             MACHINE_PROVISIONED_FALSE,
             MACHINE_READY_FALSE,
+            REMEDIATED_FALSE,
         ],
-        meaning: "Some of the cluster's Proxmox endpoints do not answer: the lost failure domains stay published and their machines wait; a machine whose zone's Proxmox cannot be reached waits.",
+        meaning: "Some of the cluster's Proxmox endpoints do not answer: the lost failure domains stay published and their machines wait; a machine whose zone's Proxmox cannot be reached waits; a remediation that cannot reach its VM's Proxmox tries again every 30 s.",
         action: "Bring the Proxmox back. Its zones stay offered to the control plane for capmox run --zone-drain-after, then are not until it answers again (FailureDomainsAvailable).",
     },
     Reason {
@@ -432,6 +448,24 @@ pub const REASONS: &[Reason] = &[
             condition(MACHINE, "Ready", "True"),
         ],
         meaning: "Everything the object reports is fine.",
+        action: "Nothing.",
+    },
+    Reason {
+        name: "Rebooting",
+        seen: &[REMEDIATED_FALSE],
+        meaning: "The unhealthy Machine's VM is rebooting cleanly (ACPI or guest agent); the message counts the reboots against spec.strategy.retryLimit.",
+        action: "Nothing; if the guest does not shut down within shutdownTimeoutSeconds the VM is reset.",
+    },
+    Reason {
+        name: "ReplacementRequested",
+        seen: &[REMEDIATED_FALSE],
+        meaning: "Reboots did not make the Node healthy (or there is no VM to reboot, or the reset failed): the Machine's OwnerRemediated condition is False, so its MachineSet or KubeadmControlPlane replaces it. The message says why.",
+        action: "Nothing; look into why the Node did not recover if it keeps happening.",
+    },
+    Reason {
+        name: "Resetting",
+        seen: &[REMEDIATED_FALSE],
+        meaning: "The clean reboot did not finish within spec.strategy.shutdownTimeoutSeconds (a hung guest): the VM is hard-reset.",
         action: "Nothing.",
     },
     Reason {
@@ -559,6 +593,18 @@ pub const REASONS: &[Reason] = &[
         seen: MACHINE_WAITS,
         meaning: "The network configuration lacks an address (an IP claim not bound yet) or a NIC's MAC (the VM config not read yet).",
         action: "Nothing; check the IPAM provider if it lasts.",
+    },
+    Reason {
+        name: "WaitingForNode",
+        seen: &[REMEDIATED_FALSE],
+        meaning: "The VM restarted; its Node has spec.strategy.timeoutSeconds to be healthy again, when the MachineHealthCheck deletes the request. After that comes the next reboot, or the replacement.",
+        action: "Nothing.",
+    },
+    Reason {
+        name: "WaitingForRemediation",
+        seen: &[condition("Machine", "OwnerRemediated", "False")],
+        meaning: "Written on the Machine by a ProxmoxRemediation whose reboots did not help, as the MachineHealthCheck writes it without a remediation template: the Machine's owner (MachineSet or KubeadmControlPlane) replaces it.",
+        action: "Nothing.",
     },
     Reason {
         name: "WaitingForStaticIPAllocation",

@@ -15,6 +15,7 @@ pub mod leader;
 pub mod machine;
 pub mod metrics;
 pub mod queue_depth;
+pub mod remediation;
 pub mod task_slots;
 pub mod template;
 pub mod vmid;
@@ -344,6 +345,7 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
     readiness.expect(cluster::CONTROLLER);
     readiness.expect(machine::CONTROLLER);
     readiness.expect(template::CONTROLLER);
+    readiness.expect(remediation::CONTROLLER);
     tracing::info!(
         cluster_concurrency = context.config.cluster_concurrency,
         machine_concurrency = context.config.machine_concurrency,
@@ -366,6 +368,12 @@ pub async fn run_controllers(context: Arc<Context>, shutdown: CancellationToken)
         stop_in_time(
             template::CONTROLLER,
             template::run(context.clone(), shutdown.clone()),
+            &readiness,
+            &shutdown,
+        ),
+        stop_in_time(
+            remediation::CONTROLLER,
+            remediation::run(context.clone(), shutdown.clone()),
             &readiness,
             &shutdown,
         )

@@ -9,10 +9,11 @@ use super::schema::{fields, table};
 const INTRO: &str = "\
 # API reference
 
-Every field of capmox's four kinds, in both served versions, read from the CRD schemas
+Every field of capmox's kinds, in every served version, read from the CRD schemas
 (`crds/`, which `capmox crds` prints). `v1alpha2` is the storage version; `v1alpha1` is served
 for the Go provider's manifests and converted by capmox's webhook (see
-[Migration from the Go provider](../migration.md)). Validation lists what the API server checks
+[Migration from the Go provider](../migration.md)); the remediation kinds (see
+[Reboot before replace](../topics/remediation.md)) are `v1alpha2` only. Validation lists what the API server checks
 (OpenAPI bounds and patterns, CEL rules); capmox's validating webhook checks more (see
 [Configuration](configuration.md#what-the-api-server-refuses)). Templates carry their object's
 spec under `spec.template.spec`.

@@ -68,6 +68,12 @@ pub const CLIENT_ENDPOINTS: &[(&str, &str, &[&str])] = &[
     ),
     ("POST", "/nodes/{node}/qemu/{vmid}/status/resume", &[]),
     (
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/status/reboot",
+        &["timeout:integer"],
+    ),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/reset", &[]),
+    (
         "DELETE",
         "/nodes/{node}/qemu/{vmid}",
         &["purge:boolean", "destroy-unreferenced-disks:boolean"],
@@ -493,6 +499,43 @@ impl ProxmoxClient {
                 format!("{}/status/shutdown", vm_path(node, vmid)?),
             )
             .form(form),
+        )
+        .await
+    }
+
+    /// `POST .../status/reboot` with a timeout (seconds) for the guest's shutdown: restarts a
+    /// running VM cleanly (`qmreboot` task), which fails if the guest does not shut down in time.
+    pub async fn reboot_vm(
+        &self,
+        node: &str,
+        vmid: u32,
+        timeout_secs: Option<u32>,
+    ) -> Result<TaskRef> {
+        let mut form = Vec::new();
+        if let Some(t) = timeout_secs {
+            form.push(("timeout".to_string(), t.to_string()));
+        }
+        self.send(
+            Request::new(
+                Method::POST,
+                "POST /nodes/{node}/qemu/{vmid}/status/reboot",
+                format!("{}/status/reboot", vm_path(node, vmid)?),
+            )
+            .form(form),
+        )
+        .await
+    }
+
+    /// `POST .../status/reset`: hard-resets a running VM (`qmreset` task), for a guest that no
+    /// longer reacts to a reboot.
+    pub async fn reset_vm(&self, node: &str, vmid: u32) -> Result<TaskRef> {
+        self.send(
+            Request::new(
+                Method::POST,
+                "POST /nodes/{node}/qemu/{vmid}/status/reset",
+                format!("{}/status/reset", vm_path(node, vmid)?),
+            )
+            .form(Vec::new()),
         )
         .await
     }

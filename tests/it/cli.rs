@@ -50,6 +50,8 @@ fn crds_output_dir_writes_one_file_per_crd() {
             "infrastructure.cluster.x-k8s.io_proxmoxclustertemplates.yaml",
             "infrastructure.cluster.x-k8s.io_proxmoxmachines.yaml",
             "infrastructure.cluster.x-k8s.io_proxmoxmachinetemplates.yaml",
+            "infrastructure.cluster.x-k8s.io_proxmoxremediations.yaml",
+            "infrastructure.cluster.x-k8s.io_proxmoxremediationtemplates.yaml",
         ]
     );
     std::fs::remove_dir_all(&dir).expect("cleanup");

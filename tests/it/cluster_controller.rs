@@ -437,7 +437,12 @@ async fn readiness_follows_cache_sync_with_objects_already_present() {
     let state = readiness.state();
     assert_eq!(
         state.synced.iter().map(String::as_str).collect::<Vec<_>>(),
-        ["proxmoxcluster", "proxmoxmachine", "proxmoxmachinetemplate"]
+        [
+            "proxmoxcluster",
+            "proxmoxmachine",
+            "proxmoxmachinetemplate",
+            "proxmoxremediation"
+        ]
     );
     readiness.set_leading(false);
     assert!(

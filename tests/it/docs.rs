@@ -431,6 +431,9 @@ const NOT_REASONS: &[&str] = &[
     "ProxmoxMachineStatus",
     "ProxmoxMachineTemplate",
     "ProxmoxMachineTemplateStatus",
+    "ProxmoxRemediation",
+    "ProxmoxRemediationStatus",
+    "ProxmoxRemediationTemplate",
     "Node",
     "Secret",
     // Condition types and statuses.
@@ -438,6 +441,8 @@ const NOT_REASONS: &[&str] = &[
     "ControlPlaneEndpointAvailable",
     "FailureDomainsAvailable",
     "FailureDomainsReady",
+    "OwnerRemediated",
+    "Remediated",
     "ProxmoxAvailable",
     "VirtualMachineProvisioned",
     "True",
@@ -445,6 +450,8 @@ const NOT_REASONS: &[&str] = &[
     "Unknown",
     // Printer columns.
     "Age",
+    "Phase",
+    "Reboots",
     "Endpoint",
     // Node address types.
     "ExternalDNS",

@@ -43,6 +43,7 @@ mod proxmox_fixtures;
 mod proxmox_tls;
 mod rbac;
 mod release;
+mod remediation;
 mod sharding;
 mod soak;
 mod supply;

@@ -15,6 +15,7 @@ use capmox_sim::{SimOptions, Simulator, Topology};
 use capmox_testkit::{ApiServer, ClientRequest};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -226,10 +227,14 @@ async fn lifecycle(server: &ApiServer, sim: &Simulator, stop: &CancellationToken
     create_example_cluster(&client, &example)
         .await
         .expect("example cluster");
-    wait_machines(&client, "4 machines provisioned", |ms| {
+    let machines = wait_machines(&client, "4 machines provisioned", |ms| {
         ms.len() == 4 && ms.iter().all(ProxmoxMachine::is_provisioned)
     })
     .await;
+
+    // A MachineHealthCheck's remediation request for a worker whose guest hangs: reboot, reset,
+    // then the Machine is handed back to its owner.
+    remediate_a_worker(server, sim, &machines).await;
 
     // A network-only zone added and removed again: its IP pool is created, then deleted.
     let clusters: Api<capmox::api::ProxmoxCluster> = Api::namespaced(client.clone(), "default");
@@ -350,6 +355,47 @@ async fn lifecycle(server: &ApiServer, sim: &Simulator, stop: &CancellationToken
     );
 
     stop.cancel();
+}
+
+/// Has a worker's VM rebooted, reset and its Machine handed back, as a MachineHealthCheck's
+/// remediation request makes capmox do.
+async fn remediate_a_worker(server: &ApiServer, sim: &Simulator, machines: &[ProxmoxMachine]) {
+    let client = server.client();
+    let worker = machines
+        .iter()
+        .find(|m| !m.labels().contains_key("cluster.x-k8s.io/control-plane"))
+        .expect("a worker");
+    let vmid = worker
+        .status
+        .as_ref()
+        .and_then(|s| s.virtual_machine_id)
+        .and_then(|v| u32::try_from(v).ok())
+        .expect("a VMID");
+    let owner = worker
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Machine")
+        .expect("the Machine")
+        .clone();
+    assert!(sim.hang_guest(vmid), "the worker's VM runs");
+    let request: capmox::api::ProxmoxRemediation = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "ProxmoxRemediation",
+        "metadata": {"name": owner.name, "namespace": "default", "ownerReferences": [{
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "name": owner.name, "uid": owner.uid}]},
+        "spec": {"strategy": {"retryLimit": 1, "timeoutSeconds": 1, "shutdownTimeoutSeconds": 1}}
+    }))
+    .expect("a remediation");
+    Api::<capmox::api::ProxmoxRemediation>::namespaced(client, "default")
+        .create(&PostParams::default(), &request)
+        .await
+        .expect("remediation created");
+    server
+        .wait_for("proxmoxremediations", "default", &owner.name, STEP, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Replacing")
+        })
+        .await
+        .expect("the Machine is handed back");
 }
 
 /// The requests no role allows, and the grants the allowed ones used; `roles` are the grants

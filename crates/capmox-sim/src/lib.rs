@@ -310,6 +310,19 @@ impl Simulator {
         self.with_cluster(|c| c.revive_node(tokio::time::Instant::now(), node))
     }
 
+    /// The guest of running VM `vmid` hangs: it ignores ACPI (a reboot waits out its timeout
+    /// and fails) and its guest agent stops answering, until the VM is reset or stops. False
+    /// if no such VM runs. See [`Cluster::hang_guest`].
+    pub fn hang_guest(&self, vmid: u32) -> bool {
+        self.handle().hang_guest(vmid)
+    }
+
+    /// How many times VM `vmid` booted (starts, reboots, resets), `None` if there is no such
+    /// VM. See [`Cluster::boots`].
+    pub fn boots(&self, vmid: u32) -> Option<u32> {
+        self.handle().boots(vmid)
+    }
+
     /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).
     pub fn with_cluster<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
         self.handle().with_cluster(f)
@@ -338,6 +351,21 @@ impl SimHandle {
         let mut c = self.0.cluster.lock().unwrap_or_else(|p| p.into_inner());
         c.advance(tokio::time::Instant::now());
         f(&mut c)
+    }
+
+    /// The guest of running VM `vmid` hangs, so remediation can be tested: it ignores ACPI (a
+    /// reboot waits out its timeout and fails with `VM quit/powerdown failed - got timeout`)
+    /// and its guest agent answers `QEMU guest agent is not running`, until the VM is reset
+    /// or stops. False if no such VM runs.
+    pub fn hang_guest(&self, vmid: u32) -> bool {
+        self.with_cluster(|c| c.hang_guest(vmid))
+    }
+
+    /// How many times VM `vmid` booted: starts (HA restarts included), reboots and resets
+    /// that took; a guest the topology lists as running counts one. `None` if there is no
+    /// such VM.
+    pub fn boots(&self, vmid: u32) -> Option<u32> {
+        self.with_cluster(|c| c.boots(vmid))
     }
 }
 

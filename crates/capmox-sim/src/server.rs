@@ -460,6 +460,8 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ("POST", "/nodes/{node}/qemu/{vmid}/status/stop"),
     ("POST", "/nodes/{node}/qemu/{vmid}/status/shutdown"),
     ("POST", "/nodes/{node}/qemu/{vmid}/status/resume"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/reboot"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/reset"),
     ("DELETE", "/nodes/{node}/qemu/{vmid}"),
     ("GET", "/nodes/{node}/storage"),
     ("GET", "/nodes/{node}/storage/{storage}/content"),
@@ -567,6 +569,12 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
                     action @ ("start" | "stop" | "shutdown" | "resume"),
                 ],
             ) => Reply::Data(json!(c.power(now, n, vmid_of(id)?, action)?.as_str())),
+            ("POST", ["nodes", n, "qemu", id, "status", "reboot"]) => {
+                Reply::Data(json!(c.reboot(now, n, vmid_of(id)?, &map)?.as_str()))
+            }
+            ("POST", ["nodes", n, "qemu", id, "status", "reset"]) => {
+                Reply::Data(json!(c.reset(now, n, vmid_of(id)?, &map)?.as_str()))
+            }
             ("DELETE", ["nodes", n, "qemu", id]) => {
                 let purge = match get("purge") {
                     None | Some("0") => false,

@@ -1,8 +1,12 @@
 //! In-memory cluster state with Proxmox semantics: VMID uniqueness, clone locks and
-//! tasks, config digests, resize rules, power tasks, guest agent after boot.
+//! tasks, config digests, resize rules, power tasks (reboot and reset in `restart`), guest
+//! agent after boot.
 //! Time is passed in (`tokio::time::Instant`), tasks finish lazily when observed.
 
 pub mod ha;
+mod restart;
+
+pub use restart::{DEFAULT_SHUTDOWN_TIMEOUT, POWERDOWN_TIMEOUT};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -78,9 +82,23 @@ struct Vm {
     changed_at: Option<Instant>,
     /// What the last start booted (from the seed attached then; the seed may go later).
     booted: Option<GuestOs>,
+    /// How many times the guest booted (starts, reboots, resets), for the `boots` test hook.
+    boots: u32,
+    /// The guest ignores ACPI and its agent does not answer (`hang_guest`), until it boots again.
+    hung: bool,
 }
 
 impl Vm {
+    /// The guest boots at `at` (a start, reboot or reset): uptime and guest agent start over
+    /// and a hang is gone.
+    fn boot(&mut self, at: Instant, os: Option<GuestOs>) {
+        self.booted = os;
+        self.running = true;
+        self.started_at = Some(at);
+        self.hung = false;
+        self.boots = self.boots.saturating_add(1);
+    }
+
     fn lock(&self) -> Option<&str> {
         self.config.get("lock").map(String::as_str)
     }
@@ -213,6 +231,10 @@ enum Effect {
     Stop {
         vmid: u32,
     },
+    /// A reboot or reset that took: the running guest boots again.
+    Restart {
+        vmid: u32,
+    },
     Resize {
         vmid: u32,
         disk: String,
@@ -283,7 +305,8 @@ pub struct TaskRecord {
     pub ended: Option<Instant>,
     /// Whether it ended with `OK`.
     pub ok: bool,
-    /// For successful starts: when the guest agent begins to answer (boot done).
+    /// For successful starts, reboots and resets: when the guest agent begins to answer
+    /// (boot done).
     pub agent_ready: Option<Instant>,
 }
 
@@ -485,6 +508,9 @@ impl Cluster {
                 pool: None,
                 changed_at: None,
                 booted: None,
+                // a guest listed as running booted once before the simulation began
+                boots: u32::from(g.running && !template),
+                hung: false,
             },
         );
     }
@@ -617,7 +643,9 @@ impl Cluster {
                     ended,
                     ok,
                     agent_ready: ended
-                        .filter(|_| ok && t.kind == "qmstart")
+                        .filter(|_| {
+                            ok && matches!(t.kind.as_str(), "qmstart" | "qmreboot" | "qmreset")
+                        })
                         .map(|e| e + self.opts.boot_delay),
                 }
             })
@@ -653,12 +681,11 @@ impl Cluster {
             Effect::Start { vmid } if ok => {
                 let booted = self.vms.get(&vmid).map(|vm| self.seed_os(vm));
                 if let Some(vm) = self.vms.get_mut(&vmid) {
-                    vm.booted = booted;
-                    vm.running = true;
-                    vm.started_at = Some(end);
+                    vm.boot(end, booted);
                     vm.changed_at = Some(end);
                 }
             }
+            Effect::Restart { vmid } if ok => self.restart_guest(vmid, end),
             Effect::Stop { vmid } if ok => {
                 if let Some(vm) = self.vms.get_mut(&vmid) {
                     vm.running = false;
@@ -778,6 +805,12 @@ impl Cluster {
         self.tasks
             .values()
             .any(|t| !t.done && t.kind == "qmclone" && t.upid.id == id)
+    }
+
+    /// Whether an unfinished task holds `vmid`'s flock: a clone from it or a reboot or reset
+    /// of it (other requests that need the flock wait for it and time out).
+    fn flock_held(&self, vmid: u32) -> bool {
+        self.clone_running_from(vmid) || self.restart_running(vmid)
     }
 
     fn flock_timeout(vmid: u32) -> SimError {
@@ -1120,7 +1153,7 @@ impl Cluster {
         {
             return Err(SimError::e500(format!("VM is locked ({lock})")));
         }
-        if self.clone_running_from(vmid) {
+        if self.flock_held(vmid) {
             return Err(Self::flock_timeout(vmid));
         }
         if let Some(d) = params.get("digest")
@@ -1285,7 +1318,7 @@ impl Cluster {
             return Err(SimError::e500(format!("VM is locked ({lock})")));
         }
         // a running (non-template) source is locked exclusively while it is cloned
-        if src.running && self.clone_running_from(vmid) {
+        if src.running && self.flock_held(vmid) {
             return Err(Self::flock_timeout(vmid));
         }
         if let Some(existing) = self.vms.get(&newid) {
@@ -1469,6 +1502,8 @@ impl Cluster {
                 pool: None,
                 changed_at: Some(now),
                 booted: None,
+                boots: 0,
+                hung: false,
             },
         );
         self.volumes.extend(new_volumes);
@@ -1600,6 +1635,10 @@ impl Cluster {
                 } else {
                     Ok(())
                 }
+            }
+            // a stop or shutdown waits for the flock a reboot or reset holds, and times out
+            "stop" | "shutdown" if self.restart_running(vmid) => {
+                Err(Self::flock_timeout(vmid).reason)
             }
             "stop" => vm
                 .lock()
@@ -1895,7 +1934,8 @@ impl Cluster {
         let booted = vm
             .started_at
             .is_some_and(|s| now >= s + self.opts.boot_delay);
-        if !booted {
+        // a hung guest's agent does not answer PVE's guest-ping either
+        if !booted || vm.hung {
             return Err(SimError::e500("QEMU guest agent is not running"));
         }
         Ok(vm)

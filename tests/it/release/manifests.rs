@@ -50,7 +50,7 @@ fn crds_are_named_and_labelled_for_clusterctl() {
         .into_iter()
         .filter(|o| o["kind"] == "CustomResourceDefinition")
         .collect();
-    assert_eq!(crds.len(), 4);
+    assert_eq!(crds.len(), 6);
     for crd in crds {
         let expected = format!(
             "{}.{}",
@@ -244,12 +244,29 @@ fn the_conversion_webhook_is_wired_to_its_service_and_certificate() {
     let run = manager_run_args(manager);
     assert!(!run.disable_webhook, "the release serves the webhook");
 
-    // Each CRD names the webhook Service and the Certificate whose CA is injected.
-    let crds: Vec<&Value> = objects
+    // Each CRD of two versions names the webhook Service and the Certificate whose CA is
+    // injected; the v1alpha2-only ones (remediation) convert nothing.
+    let (crds, single): (Vec<&Value>, Vec<&Value>) = objects
         .iter()
         .filter(|o| o["kind"] == "CustomResourceDefinition")
-        .collect();
-    assert_eq!(crds.len(), 4);
+        .partition(|crd| {
+            crd["spec"]["versions"]
+                .as_array()
+                .is_some_and(|v| v.len() > 1)
+        });
+    assert_eq!((crds.len(), single.len()), (4, 2));
+    for crd in &single {
+        assert!(
+            crd["spec"]["conversion"].is_null(),
+            "{}",
+            crd["metadata"]["name"]
+        );
+        assert!(
+            crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_null(),
+            "{}",
+            crd["metadata"]["name"]
+        );
+    }
     let mut services = BTreeSet::new();
     let mut certificates = BTreeSet::new();
     for crd in &crds {

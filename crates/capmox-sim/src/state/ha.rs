@@ -1677,6 +1677,10 @@ impl Cluster {
             if restart {
                 vm.running = run;
                 vm.started_at = run.then_some(now);
+                if run {
+                    vm.boots = vm.boots.saturating_add(1);
+                    vm.hung = false;
+                }
             }
         }
     }

@@ -374,6 +374,112 @@ async fn machine_lifecycle_end_to_end() {
     );
 }
 
+/// Reboot and reset through the client: a clean reboot boots the guest again, a hung guest
+/// makes the reboot wait out its timeout and fail, a reset boots it regardless, and a VM that
+/// does not run is refused.
+#[tokio::test]
+async fn reboot_and_reset_restart_the_guest_and_a_hung_one_needs_the_reset() {
+    let opts = SimOptions {
+        boot_delay: Duration::from_millis(50),
+        ..SimOptions::default()
+    };
+    let sim = Simulator::start(Topology::example(), opts)
+        .await
+        .expect("simulator");
+    let client = client_for(&sim);
+    let (node, vmid) = ("pve1", 100);
+    let up = client
+        .clone_vm(
+            node,
+            9000,
+            &CloneParams {
+                newid: vmid,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("clone");
+    client.wait_task(&up, &waits()).await.expect("clone task");
+    assert_eq!(sim.boots(vmid), Some(0));
+    assert_eq!(sim.boots(555), None);
+    assert!(!sim.hang_guest(vmid), "a stopped VM has no guest to hang");
+    let err = client
+        .reboot_vm(node, vmid, Some(30))
+        .await
+        .expect_err("stopped");
+    assert_eq!(err.reason(), Some("VM 100 not running"), "{err:?}");
+    let err = client.reset_vm(node, vmid).await.expect_err("stopped");
+    assert_eq!(err.reason(), Some("VM 100 not running"), "{err:?}");
+
+    let t = client
+        .power(node, vmid, PowerAction::Start)
+        .await
+        .expect("start");
+    client.wait_task_ref(&t, &waits()).await.expect("qmstart");
+    assert_eq!(sim.boots(vmid), Some(1));
+    let t = client
+        .reboot_vm(node, vmid, Some(30))
+        .await
+        .expect("reboot");
+    let upid = t.clone().expect("a task");
+    assert_eq!(upid.task_type, "qmreboot");
+    client.wait_task(&upid, &waits()).await.expect("qmreboot");
+    assert_eq!(sim.boots(vmid), Some(2));
+
+    // a hung guest: no agent, and the reboot fails after its timeout; the VM keeps running
+    assert!(sim.hang_guest(vmid));
+    let err = client.agent_ping(node, vmid).await.expect_err("hung");
+    assert!(err.is_agent_unavailable(), "{err:?}");
+    let t = client.reboot_vm(node, vmid, Some(1)).await.expect("reboot");
+    let err = client
+        .wait_task_ref(&t, &waits())
+        .await
+        .expect_err("times out");
+    assert!(
+        matches!(&err, ProxmoxError::TaskFailed { exitstatus, .. }
+            if exitstatus == "VM quit/powerdown failed - got timeout"),
+        "{err:?}"
+    );
+    let status = client.vm_status(node, vmid).await.expect("status");
+    assert!(status.is_running());
+    assert_eq!(sim.boots(vmid), Some(2));
+
+    // the reset boots it again, and the agent answers after the boot
+    let t = client.reset_vm(node, vmid).await.expect("reset");
+    assert_eq!(t.as_ref().map(|u| u.task_type.as_str()), Some("qmreset"));
+    client.wait_task_ref(&t, &waits()).await.expect("qmreset");
+    assert_eq!(sim.boots(vmid), Some(3));
+    eventually(
+        "guest agent after the reset",
+        Duration::from_secs(10),
+        || async { client.agent_ping(node, vmid).await.ok() },
+    )
+    .await;
+
+    let params_of = |endpoint: &str| -> Vec<Vec<String>> {
+        sim.request_log()
+            .into_iter()
+            .filter(|r| r.endpoint == endpoint)
+            .map(|r| r.params)
+            .collect()
+    };
+    assert!(
+        params_of("POST /nodes/{node}/qemu/{vmid}/status/reboot")
+            .iter()
+            .all(|p| *p == ["timeout"])
+    );
+    assert!(
+        params_of("POST /nodes/{node}/qemu/{vmid}/status/reset")
+            .iter()
+            .all(Vec::is_empty)
+    );
+    let kinds: Vec<String> = sim.task_records().into_iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds,
+        ["qmclone", "qmstart", "qmreboot", "qmreboot", "qmreset"]
+    );
+}
+
 #[tokio::test]
 async fn error_paths_map_to_variants() {
     let sim = Simulator::start(Topology::example(), SimOptions::default())
