@@ -356,7 +356,10 @@ pub(crate) async fn install_crds(
     let mut crds: Vec<CustomResourceDefinition> = capmox::api::crd::all()
         .map_err(|e| RealError::Option(format!("capmox CRDs do not render: {e}")))?;
     for crd in &mut crds {
-        webhook.convert_through(crd);
+        // Only kinds of two versions convert (the remediation kinds are v1alpha2 only).
+        if crd.spec.versions.len() > 1 {
+            webhook.convert_through(crd);
+        }
         // As clusterctl init labels a provider's CRDs: `clusterctl move` discovers kinds by it.
         let labels = crd.metadata.labels.get_or_insert_with(Default::default);
         labels.insert("clusterctl.cluster.x-k8s.io".into(), String::new());

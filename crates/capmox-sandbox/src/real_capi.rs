@@ -631,7 +631,13 @@ pub async fn scenario(
         let lifecycle: &[Step] = if capi.cluster_class.is_some() {
             &[]
         } else {
-            &[Step::RollOut, Step::Scale, Step::Remediate, Step::ZoneDown]
+            &[
+                Step::RollOut,
+                Step::Scale,
+                Step::Remediate,
+                Step::Reboot,
+                Step::ZoneDown,
+            ]
         };
         for step in lifecycle.iter().copied() {
             let summary = tokio::select! {
@@ -751,6 +757,7 @@ enum Step {
     RollOut,
     Scale,
     Remediate,
+    Reboot,
     ZoneDown,
 }
 
@@ -765,6 +772,7 @@ impl Step {
             Self::RollOut => steps::roll_out(run, version).await,
             Self::Scale => steps::scale_down_and_up(run).await,
             Self::Remediate => steps::remediate_worker(run, ZONES[1].0).await,
+            Self::Reboot => steps::reboot_worker(run, ZONES[0].0).await,
             Self::ZoneDown => steps::drain_unhealthy_zone(run, ZONES[1].0, ZONES[1].1).await,
         }
     }

@@ -1,6 +1,7 @@
 //! The lifecycle steps of the real-controllers run after the cluster is up: a KCP rollout, a
-//! control-plane scale-down and back, a MachineHealthCheck remediation of a worker whose VM
-//! stopped, and a zone whose storages fail. Each step waits for the real controllers to finish it and checks what capmox did.
+//! control-plane scale-down and back, a MachineHealthCheck replacing a worker whose kubelet
+//! failed, one whose remediation by reboot (capmox's ProxmoxRemediation) cures a wedged kubelet,
+//! and a zone whose storages fail. Each step waits for the real controllers to finish it and checks what capmox did.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -157,30 +158,7 @@ pub async fn scale_down_and_up(run: &Run<'_>) -> Result<String, RealError> {
 /// deletes the old VM.
 pub async fn remediate_worker(run: &Run<'_>, zone: &str) -> Result<String, RealError> {
     let deployment = format!("{CLUSTER}-workers-{zone}");
-    let health_check = json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",
-        "metadata": {"name": deployment, "namespace": run.namespace},
-        "spec": {
-            "clusterName": CLUSTER,
-            "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": deployment}},
-            "checks": {"unhealthyNodeConditions": [
-                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 5},
-                {"type": "Ready", "status": "False", "timeoutSeconds": 5}
-            ]}
-        }
-    });
-    let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineHealthCheck");
-    Api::<DynamicObject>::namespaced_with(
-        run.admin.clone(),
-        run.namespace,
-        &ApiResource::from_gvk(&gvk),
-    )
-    .patch(
-        &deployment,
-        &PatchParams::apply("capmox-e2e-real"),
-        &Patch::Apply(&health_check),
-    )
-    .await?;
+    apply_health_check(run, &deployment, None).await?;
     let current = rows(run.admin, run.namespace).await?;
     let victim = current
         .iter()
@@ -217,6 +195,145 @@ pub async fn remediate_worker(run: &Run<'_>, zone: &str) -> Result<String, RealE
     Ok(format!(
         "remediation: {} (kubelet failed, VM {vmid}) replaced by {} in {zone} on {} (VM {}), {placement}, {vms} VMs",
         victim.machine, replacement.machine, replacement.node, replacement.vmid
+    ))
+}
+
+/// Applies a MachineHealthCheck of the workers of `deployment` whose Nodes are not Ready for
+/// 5 s, remediated through `template` (a ProxmoxRemediationTemplate) when given.
+async fn apply_health_check(
+    run: &Run<'_>,
+    deployment: &str,
+    template: Option<&str>,
+) -> Result<(), RealError> {
+    let mut health_check = json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",
+        "metadata": {"name": deployment, "namespace": run.namespace},
+        "spec": {
+            "clusterName": CLUSTER,
+            "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": deployment}},
+            "checks": {"unhealthyNodeConditions": [
+                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 5},
+                {"type": "Ready", "status": "False", "timeoutSeconds": 5}
+            ]}
+        }
+    });
+    if let Some(template) = template {
+        health_check["spec"]["remediation"] = json!({"templateRef": {
+            "apiVersion": format!("{}/{}", capmox::api::GROUP, capmox::api::VERSION),
+            "kind": "ProxmoxRemediationTemplate", "name": template
+        }});
+    }
+    let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineHealthCheck");
+    Api::<DynamicObject>::namespaced_with(
+        run.admin.clone(),
+        run.namespace,
+        &ApiResource::from_gvk(&gvk),
+    )
+    .patch(
+        deployment,
+        &PatchParams::apply("capmox-e2e-real"),
+        &Patch::Apply(&health_check),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A worker's kubelet wedges (a restart cures it); the real MachineHealthCheck, told to remediate
+/// through a ProxmoxRemediationTemplate, creates a ProxmoxRemediation; capmox reboots the VM, the
+/// Node comes back, the MachineHealthCheck deletes the request, and the Machine is kept.
+pub async fn reboot_worker(run: &Run<'_>, zone: &str) -> Result<String, RealError> {
+    const TEMPLATE: &str = "reboot-first";
+    let deployment = format!("{CLUSTER}-workers-{zone}");
+    let template: capmox::api::ProxmoxRemediationTemplate = serde_json::from_value(json!({
+        "apiVersion": format!("{}/{}", capmox::api::GROUP, capmox::api::VERSION),
+        "kind": "ProxmoxRemediationTemplate",
+        "metadata": {"name": TEMPLATE, "namespace": run.namespace},
+        "spec": {"template": {"spec": {"strategy": {
+            "type": "Reboot", "retryLimit": 1, "timeoutSeconds": 120, "shutdownTimeoutSeconds": 5
+        }}}}
+    }))
+    .map_err(|e| RealError::Check(e.to_string()))?;
+    Api::<capmox::api::ProxmoxRemediationTemplate>::namespaced(run.admin.clone(), run.namespace)
+        .patch(
+            TEMPLATE,
+            &PatchParams::apply("capmox-e2e-real"),
+            &Patch::Apply(&template),
+        )
+        .await?;
+    apply_health_check(run, &deployment, Some(TEMPLATE)).await?;
+    let before = rows(run.admin, run.namespace).await?;
+    let victim = before
+        .iter()
+        .find(|r| !r.control_plane && r.failure_domain == zone)
+        .cloned()
+        .ok_or_else(|| RealError::Check(format!("no worker in {zone}")))?;
+    let vmid: u32 = victim
+        .vmid
+        .parse()
+        .map_err(|_| RealError::Check(format!("{} records no VMID", victim.machine)))?;
+    let boots = run
+        .sims
+        .sim
+        .boots(vmid)
+        .ok_or_else(|| RealError::Check(format!("the simulator has no VM {vmid}")))?;
+    println!(
+        "The kubelet of {} (VM {vmid} on {}) wedges until its VM restarts: its Node turns NotReady",
+        victim.machine, victim.node
+    );
+    let started = std::time::Instant::now();
+    run.failed.fail_until_restart(&victim.machine, boots);
+    let requests: Api<capmox::api::ProxmoxRemediation> =
+        Api::namespaced(run.admin.clone(), run.namespace);
+    let mut seen = None;
+    let deadline = tokio::time::Instant::now() + run.timeout;
+    // The request appears (the real MachineHealthCheck), the VM restarts (capmox), and the
+    // request goes again once the Node is Ready (the MachineHealthCheck).
+    loop {
+        let request = requests.get_opt(&victim.machine).await?;
+        if let Some(request) = &request {
+            seen = Some(request.status.clone().unwrap_or_default());
+        }
+        let restarted = run.sims.sim.boots(vmid).is_some_and(|now| now > boots);
+        if request.is_none() && restarted && seen.is_some() {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(RealError::Check(format!(
+                "reboot remediation of {}: request seen {seen:?}, restarted {restarted}, request now {:?}",
+                victim.machine,
+                request.and_then(|r| r.status)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let healed = started.elapsed();
+    let after = wait_rows(
+        run.admin,
+        run.namespace,
+        "every machine running after the reboot",
+        run.timeout,
+        |rows| all_running(rows, run.control_plane, run.workers),
+    )
+    .await?;
+    let names = |rows: &[Row]| {
+        rows.iter()
+            .map(|r| r.machine.clone())
+            .collect::<BTreeSet<_>>()
+    };
+    if names(&after) != names(&before) {
+        return Err(RealError::Check(format!(
+            "the reboot should have kept every Machine: before {:?}, after {:?}",
+            names(&before),
+            names(&after)
+        )));
+    }
+    let vms = run.check_one_vm_per_machine(&after)?;
+    let reboots = seen.and_then(|s| s.retry_count).unwrap_or(0);
+    Ok(format!(
+        "reboot remediation: {} (kubelet wedged, VM {vmid}) rebooted by capmox ({reboots} reboot, boots {boots} → {}), its Node Ready again and the request deleted by the real MachineHealthCheck after {:.1}s; the Machine was kept, {vms} VMs",
+        victim.machine,
+        run.sims.sim.boots(vmid).unwrap_or(0),
+        healed.as_secs_f64()
     ))
 }
 

@@ -62,24 +62,52 @@ pub struct WorkloadCluster {
 }
 
 /// Machines whose kubelet has failed: their Node reports `Ready=False` while the VM runs (what
-/// a MachineHealthCheck exists for; a stopped VM capmox starts again).
+/// a MachineHealthCheck exists for; a stopped VM capmox starts again). Some failures last until
+/// the Machine is replaced, others until its VM restarts (a wedged kubelet a reboot cures).
 #[derive(Clone, Debug, Default)]
-pub struct FailedKubelets(Arc<Mutex<BTreeSet<String>>>);
+pub struct FailedKubelets(Arc<Mutex<BTreeMap<String, Failure>>>);
+
+/// How long a kubelet stays failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// Until its Machine is gone.
+    ForGood,
+    /// Until its VM has started more often than this (a reboot or reset).
+    UntilRestart { boots: u32 },
+}
 
 impl FailedKubelets {
-    /// The kubelet of `machine` stops reporting Ready.
+    /// The kubelet of `machine` stops reporting Ready for good.
     pub fn fail(&self, machine: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(machine.to_owned());
+        self.lock().insert(machine.to_owned(), Failure::ForGood);
     }
 
-    fn failed(&self, machine: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(machine)
+    /// The kubelet of `machine`, whose VM has started `boots` times, stops reporting Ready
+    /// until the VM restarts.
+    pub fn fail_until_restart(&self, machine: &str, boots: u32) {
+        self.lock()
+            .insert(machine.to_owned(), Failure::UntilRestart { boots });
+    }
+
+    /// Whether the kubelet of `machine`, whose VM has started `boots` times, is failed now.
+    fn failed(&self, machine: &str, boots: Option<u32>) -> bool {
+        let mut failures = self.lock();
+        match failures.get(machine) {
+            None => false,
+            Some(Failure::ForGood) => true,
+            Some(Failure::UntilRestart { boots: at }) => {
+                if boots.is_some_and(|now| now > *at) {
+                    failures.remove(machine);
+                    false
+                } else {
+                    true
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Failure>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -173,7 +201,7 @@ async fn kubelets(
             continue;
         };
         kubelets.push(Kubelet {
-            failed: failed.failed(&machine.name_any()),
+            failed: failed.failed(&machine.name_any(), sim.boots(vmid)),
             node: machine.name_any(),
             provider_id: provider_id.to_owned(),
             control_plane: machine
@@ -494,6 +522,16 @@ mod tests {
         assert_eq!(ready_condition("False")["reason"], "KubeletNotReady");
         let failed = FailedKubelets::default();
         failed.fail("m");
-        assert!(failed.failed("m") && !failed.failed("n"));
+        assert!(failed.failed("m", Some(5)) && !failed.failed("n", Some(1)));
+    }
+
+    #[test]
+    fn a_kubelet_wedged_until_a_restart_recovers_once_its_vm_booted_again() {
+        let failed = FailedKubelets::default();
+        failed.fail_until_restart("m", 1);
+        assert!(failed.failed("m", Some(1)), "not restarted yet");
+        assert!(failed.failed("m", None), "the VM's boots unknown");
+        assert!(!failed.failed("m", Some(2)), "rebooted");
+        assert!(!failed.failed("m", Some(1)), "recovered for good");
     }
 }
