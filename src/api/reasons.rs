@@ -302,6 +302,12 @@ pub const REASONS: &[Reason] = &[
         action: "Set spec.controlPlaneEndpoint, or let the external control plane provider set it.",
     },
     Reason {
+        name: "Moving",
+        seen: &[REMEDIATED_FALSE],
+        meaning: "Reboots did not make the Node healthy and Proxmox HA manages the VM: HA was asked to move it to another online node of its zone (status.movedTo); once it is there the Node gets spec.strategy.timeoutSeconds again before the replacement. A move that does not finish within that time hands the Machine back.",
+        action: "Nothing; set spec.strategy.moveBeforeReplace: false to replace at once instead.",
+    },
+    Reason {
         name: "NoCandidateNodes",
         seen: PLACEMENT,
         meaning: "The machine's zone and allowedNodes leave no Proxmox node to place it on.",

@@ -76,6 +76,11 @@ pub struct RemediationStrategy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 3600), extend("default" = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS))]
     pub shutdown_timeout_seconds: Option<i32>,
+    /// For a VM Proxmox HA manages: after the last reboot, have HA move it to another online
+    /// node of its zone and give the Node `timeoutSeconds` more before the replacement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = true))]
+    pub move_before_replace: Option<bool>,
 }
 
 impl RemediationStrategy {
@@ -87,6 +92,11 @@ impl RemediationStrategy {
     /// Seconds the Node has after each reboot.
     pub fn timeout_seconds(&self) -> u32 {
         positive(self.timeout_seconds, DEFAULT_TIMEOUT_SECONDS)
+    }
+
+    /// Whether an HA-managed VM is moved before the replacement (unset: yes).
+    pub fn move_before_replace(&self) -> bool {
+        self.move_before_replace != Some(false)
     }
 
     /// Seconds a clean reboot may take.
@@ -123,8 +133,10 @@ pub enum RemediationPhase {
     Rebooting,
     /// The VM is being hard-reset (the clean reboot did not finish in time).
     Resetting,
-    /// The VM restarted; the Node has until `status.lastRemediated` plus the timeout.
+    /// The VM restarted (or moved); the Node has until `status.lastRemediated` plus the timeout.
     WaitingForNode,
+    /// Proxmox HA moves the VM to another node of its zone (`status.movedTo`).
+    Moving,
     /// Reboots did not help (or there is no VM to reboot): the Machine is handed back to its
     /// owner (MachineSet or KubeadmControlPlane), which replaces it.
     Replacing,
@@ -149,9 +161,15 @@ pub struct ProxmoxRemediationStatus {
     /// VMID of the VM being remediated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtual_machine_id: Option<i64>,
-    /// Proxmox node the VM ran on when it was rebooted.
+    /// Proxmox node the VM ran on when it was last looked at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxmox_node: Option<String>,
+    /// The node Proxmox HA was asked to move the VM to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
+    /// When that move was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_requested: Option<Time>,
     /// Conditions: `Remediated` (False while the remediation runs, with what it does) and
     /// `Ready`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -218,7 +236,10 @@ mod tests {
             retry_limit: Some(3),
             timeout_seconds: Some(0),
             shutdown_timeout_seconds: Some(-5),
+            move_before_replace: Some(false),
         };
+        assert!(unset.move_before_replace());
+        assert!(!set.move_before_replace());
         assert_eq!(set.retry_limit(), 3);
         assert_eq!(set.timeout_seconds(), 300);
         assert_eq!(set.shutdown_timeout_seconds(), 120);

@@ -20,7 +20,6 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
@@ -527,17 +526,7 @@ async fn apply_status_if_changed(
     if owned_status(current) == desired {
         return Ok(());
     }
-    let body = json!({
-        "apiVersion": ProxmoxCluster::api_version(&()),
-        "kind": ProxmoxCluster::kind(&()),
-        "status": desired,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await?;
+    super::apply_status(api, name, FIELD_MANAGER, &desired).await?;
     Ok(())
 }
 

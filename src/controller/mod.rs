@@ -461,3 +461,28 @@ fn report_cache_sync<K>(
         }
     });
 }
+
+/// Writes `status` of the object `name` by server-side apply as `field_manager`, forcing
+/// ownership of its fields: each status has one writer.
+pub(crate) async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    field_manager: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::apply(field_manager).force(),
+        &kube::api::Patch::Apply(body),
+    )
+    .await?;
+    Ok(())
+}

@@ -37,7 +37,7 @@ use crate::api::{
 };
 use crate::capi;
 use crate::placement;
-use crate::proxmox::{ProxmoxClient, ProxmoxError, Upid};
+use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, ResourceType, Upid};
 
 /// Field manager of everything this controller writes.
 pub const FIELD_MANAGER: &str = "capmox-proxmoxremediation";
@@ -47,6 +47,8 @@ pub const CONTROLLER: &str = "proxmoxremediation";
 pub const CONCURRENCY: u16 = 2;
 /// How soon a reboot or reset task is looked at again.
 const TASK_RECHECK: Duration = Duration::from_secs(5);
+/// How soon a VM that Proxmox HA moves is looked at again.
+const MOVE_RECHECK: Duration = Duration::from_secs(5);
 /// How soon a remediation whose Proxmox cannot be reached tries again.
 const UNREACHABLE_RECHECK: Duration = Duration::from_secs(30);
 /// How soon a paused remediation looks again (Clusters are not watched here).
@@ -92,6 +94,8 @@ pub struct Limits {
     pub timeout: Duration,
     /// Seconds a clean reboot may take before the VM is reset.
     pub shutdown_timeout_seconds: u32,
+    /// Whether an HA-managed VM is moved before the replacement.
+    pub move_before_replace: bool,
 }
 
 impl Limits {
@@ -100,6 +104,7 @@ impl Limits {
             retry_limit: strategy.retry_limit(),
             timeout: Duration::from_secs(u64::from(strategy.timeout_seconds())),
             shutdown_timeout_seconds: strategy.shutdown_timeout_seconds(),
+            move_before_replace: strategy.move_before_replace(),
         }
     }
 }
@@ -113,6 +118,8 @@ pub enum Target {
         vmid: u32,
         /// Node it runs on.
         node: String,
+        /// For a VM Proxmox HA manages, the online node of its zone HA could move it to.
+        move_to: Option<String>,
     },
     /// There is nothing to reboot: why (the Machine is handed back at once).
     Gone(String),
@@ -168,6 +175,8 @@ pub enum Effect {
     Reboot,
     /// A hard reset of the VM.
     Reset,
+    /// Have Proxmox HA move the VM to this node.
+    Move(String),
     /// Set the Machine's `OwnerRemediated` to False, saying why.
     HandOff(String),
 }
@@ -269,6 +278,7 @@ pub fn decide(o: &Observed) -> Next {
         Some(RemediationPhase::WaitingForNode) => reboot_or_hand_off(o),
         Some(RemediationPhase::Rebooting) => after_task(o, RemediationPhase::Rebooting),
         Some(RemediationPhase::Resetting) => after_task(o, RemediationPhase::Resetting),
+        Some(RemediationPhase::Moving) => after_move(o),
         Some(RemediationPhase::Replacing) => hand_off(current_message(o)),
     }
 }
@@ -317,17 +327,78 @@ fn after_task(o: &Observed, phase: RemediationPhase) -> Next {
     }
 }
 
-/// Another reboot while the limit allows, else the hand-off.
+/// Another reboot while the limit allows, then a move by HA where it can, else the hand-off.
 fn reboot_or_hand_off(o: &Observed) -> Next {
     let reboots = o.status.reboots();
     if reboots < o.limits.retry_limit {
         return do_reboot(o);
     }
+    if o.limits.move_before_replace
+        && o.status.moved_to.is_none()
+        && let Some(Target::Vm {
+            move_to: Some(to), ..
+        }) = &o.target
+    {
+        return Next::Do(
+            Effect::Move(to.clone()),
+            report(
+                Some(RemediationPhase::Moving),
+                "Moving",
+                format!(
+                    "{} did not recover from {reboots} reboot(s); Proxmox HA moves it to {to}",
+                    vm_name(o)
+                ),
+            ),
+        );
+    }
+    let moved = o
+        .status
+        .moved_to
+        .as_ref()
+        .map(|to| format!(" and a move to {to}"))
+        .unwrap_or_default();
     hand_off(format!(
-        "the Node did not become healthy within {}s of {reboots} reboot(s) of {}",
+        "the Node did not become healthy within {}s of {reboots} reboot(s){moved} of {}",
         o.limits.timeout.as_secs(),
         vm_name(o)
     ))
+}
+
+/// The VM on its new node starts the Node's time; a move that does not finish in the Node's
+/// time hands the Machine back.
+fn after_move(o: &Observed) -> Next {
+    let to = o.status.moved_to.clone().unwrap_or_default();
+    if let Some(Target::Vm { node, .. }) = &o.target
+        && *node == to
+    {
+        let mut moved = report(
+            Some(RemediationPhase::WaitingForNode),
+            "WaitingForNode",
+            format!(
+                "{} moved; waiting up to {}s for the Node to be healthy again",
+                vm_name(o),
+                o.limits.timeout.as_secs()
+            ),
+        );
+        moved.restarted = Some(o.now);
+        return Next::End(moved, Action::requeue(o.limits.timeout));
+    }
+    let requested = o.status.move_requested.as_ref().map(|t| t.0);
+    if requested.is_some_and(|at| time_left(at, o.limits.timeout, o.now).is_none()) {
+        return hand_off(format!(
+            "Proxmox HA did not move {} to {to} within {}s",
+            vm_name(o),
+            o.limits.timeout.as_secs()
+        ));
+    }
+    Next::End(
+        report(
+            Some(RemediationPhase::Moving),
+            "Moving",
+            format!("Proxmox HA moves {} to {to}", vm_name(o)),
+        ),
+        Action::requeue(MOVE_RECHECK),
+    )
 }
 
 fn do_reboot(o: &Observed) -> Next {
@@ -372,16 +443,22 @@ fn hand_off(why: String) -> Next {
 /// How long the Node still has, while it has time.
 fn node_time_left(o: &Observed) -> Option<Duration> {
     let restarted = o.status.last_remediated.as_ref()?.0;
-    let deadline = restarted
-        .checked_add(SignedDuration::try_from(o.limits.timeout).ok()?)
+    time_left(restarted, o.limits.timeout, o.now)
+}
+
+/// What is left of `span` from `since` at `now`, while something is.
+fn time_left(since: Timestamp, span: Duration, now: Timestamp) -> Option<Duration> {
+    let deadline = since
+        .checked_add(SignedDuration::try_from(span).ok()?)
         .ok()?;
-    let left = deadline.duration_since(o.now);
-    Duration::try_from(left).ok().filter(|d| !d.is_zero())
+    Duration::try_from(deadline.duration_since(now))
+        .ok()
+        .filter(|d| !d.is_zero())
 }
 
 fn vm_name(o: &Observed) -> String {
     match (&o.target, o.status.virtual_machine_id) {
-        (Some(Target::Vm { vmid, node }), _) => format!("VM {vmid} on {node}"),
+        (Some(Target::Vm { vmid, node, .. }), _) => format!("VM {vmid} on {node}"),
         (_, Some(vmid)) => format!("VM {vmid}"),
         _ => "the Machine's VM".to_owned(),
     }
@@ -516,6 +593,8 @@ struct Done {
     task: Option<Upid>,
     /// A reboot was started (a reset continues the same reboot).
     rebooted: bool,
+    /// Proxmox HA was asked to move the VM to this node.
+    moved_to: Option<String>,
 }
 
 /// The status after the pass.
@@ -537,11 +616,15 @@ fn next_status(
             status.retry_count =
                 Some(i32::try_from(observed.status.reboots() + 1).unwrap_or(i32::MAX));
         }
+        if let Some(to) = done.moved_to {
+            status.moved_to = Some(to);
+            status.move_requested = Some(Time(observed.now));
+        }
     }
     if report.phase == Some(RemediationPhase::Replacing) {
         status.task_ref = None;
     }
-    if let Some(Target::Vm { vmid, node }) = &observed.target {
+    if let Some(Target::Vm { vmid, node, .. }) = &observed.target {
         status.virtual_machine_id = Some(i64::from(*vmid));
         status.proxmox_node = Some(node.clone());
     }
@@ -562,21 +645,11 @@ async fn write_status(
     status: &ProxmoxRemediationStatus,
 ) -> Result<(), RemediationError> {
     let api: Api<ProxmoxRemediation> = Api::namespaced(context.client.clone(), namespace);
-    let body = json!({
-        "apiVersion": ProxmoxRemediation::api_version(&()),
-        "kind": ProxmoxRemediation::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await?;
+    super::apply_status(&api, name, FIELD_MANAGER, status).await?;
     Ok(())
 }
 
-/// Reboots or resets the VM, or hands the Machine back.
+/// Reboots, resets or moves the VM, or hands the Machine back.
 async fn act(
     context: &Context,
     namespace: &str,
@@ -585,49 +658,76 @@ async fn act(
     proxmox: Option<&ProxmoxClient>,
     effect: &Effect,
 ) -> Result<Done, RemediationError> {
+    let key = &inventory_key(namespace, name);
     let vm = match &observed.target {
-        Some(Target::Vm { vmid, node }) => Some((*vmid, node.as_str())),
+        Some(Target::Vm { vmid, node, .. }) => Some((*vmid, node.as_str())),
         _ => None,
     };
     match (effect, vm, proxmox) {
-        (Effect::Reboot, Some((vmid, node)), Some(proxmox)) => {
-            let timeout = observed.limits.shutdown_timeout_seconds;
-            let task = proxmox
-                .reboot_vm(node, vmid, Some(timeout))
-                .await
-                .map_err(|source| RemediationError::Proxmox {
-                    doing: format!("rebooting VM {vmid} on {node}"),
-                    source,
-                })?;
-            tracing::info!(remediation = %name, namespace, vmid, node, "rebooting the unhealthy machine's VM");
-            Ok(Done {
-                task,
-                rebooted: true,
-            })
-        }
-        (Effect::Reset, Some((vmid, node)), Some(proxmox)) => {
-            let task =
-                proxmox
-                    .reset_vm(node, vmid)
-                    .await
-                    .map_err(|source| RemediationError::Proxmox {
-                        doing: format!("resetting VM {vmid} on {node}"),
-                        source,
-                    })?;
-            tracing::info!(remediation = %name, namespace, vmid, node, "the reboot did not finish in time; resetting the VM");
-            Ok(Done {
-                task,
-                rebooted: false,
-            })
-        }
         (Effect::HandOff(message), _, _) => {
             hand_machine_back(context, namespace, name, message).await?;
-            tracing::info!(remediation = %name, namespace, %message, "handed the Machine back to its owner for replacement");
+            tracing::info!(remediation = %key, %message, "handed the Machine back to its owner for replacement");
             Ok(Done::default())
         }
-        // A reboot or reset is decided only with a VM and its Proxmox at hand.
+        (Effect::Move(to), Some((vmid, node)), Some(proxmox)) => {
+            proxmox
+                .ha_migrate(&format!("vm:{vmid}"), to)
+                .await
+                .map_err(|source| RemediationError::Proxmox {
+                    doing: format!("asking Proxmox HA to move VM {vmid} from {node} to {to}"),
+                    source,
+                })?;
+            // The next look lists the VMs afresh, to see where it is.
+            context.inventory.changed(proxmox, key);
+            tracing::info!(remediation = %key, vmid, from = node, to = %to, "reboots did not help; Proxmox HA moves the VM within its zone");
+            Ok(Done {
+                moved_to: Some(to.clone()),
+                ..Done::default()
+            })
+        }
+        (Effect::Reboot | Effect::Reset, Some((vmid, node)), Some(proxmox)) => {
+            restart(proxmox, key, observed, vmid, node, effect).await
+        }
+        // Proxmox is acted on only with a VM and its Proxmox at hand.
         (_, _, _) => Ok(Done::default()),
     }
+}
+
+/// Submits the clean reboot or the hard reset of the VM.
+async fn restart(
+    proxmox: &ProxmoxClient,
+    key: &str,
+    observed: &Observed,
+    vmid: u32,
+    node: &str,
+    effect: &Effect,
+) -> Result<Done, RemediationError> {
+    let rebooted = *effect == Effect::Reboot;
+    let (doing, submitted) = if rebooted {
+        let timeout = observed.limits.shutdown_timeout_seconds;
+        (
+            "rebooting",
+            proxmox.reboot_vm(node, vmid, Some(timeout)).await,
+        )
+    } else {
+        ("resetting", proxmox.reset_vm(node, vmid).await)
+    };
+    let task = submitted.map_err(|source| RemediationError::Proxmox {
+        doing: format!("{doing} VM {vmid} on {node}"),
+        source,
+    })?;
+    tracing::info!(remediation = %key, vmid, node, "{doing} the unhealthy machine's VM");
+    Ok(Done {
+        task,
+        rebooted,
+        moved_to: None,
+    })
+}
+
+/// Whom the remediation's reads of the inventory are for, so one after its own move of a VM
+/// waits for a fresh listing.
+fn inventory_key(namespace: &str, name: &str) -> String {
+    format!("remediation/{namespace}/{name}")
 }
 
 /// The Machine's VM and the client that reaches it.
@@ -709,7 +809,8 @@ async fn find_target(
         Ok(proxmox) => proxmox,
         Err(why) => return Ok(Found::without_vm(Target::Unreachable(why))),
     };
-    let target = locate(context, &proxmox, &proxmox_machine).await?;
+    let key = inventory_key(namespace, name);
+    let target = locate(context, &proxmox, &cluster, &proxmox_machine, &key).await?;
     Ok(Found {
         target,
         proxmox: Some(proxmox),
@@ -772,37 +873,80 @@ async fn reach(
 async fn locate(
     context: &Context,
     proxmox: &ProxmoxClient,
+    cluster: &ProxmoxCluster,
     machine: &ProxmoxMachine,
+    key: &str,
 ) -> Result<Target, RemediationError> {
-    let tag = super::machine::machine_tag(machine);
     let resources = context
         .inventory
-        .resources(proxmox, None)
+        .resources(proxmox, Some(key))
         .await
         .map_err(|source| RemediationError::Proxmox {
             doing: "listing Proxmox's VMs".to_owned(),
             source,
         })?;
-    let recorded = machine
-        .status
-        .as_ref()
+    let status = machine.status.as_ref();
+    let zone = status.and_then(|s| s.failure_domain.as_deref());
+    let zone_nodes: Vec<String> = placement::zone_nodes(cluster)
+        .into_iter()
+        .filter(|(z, _)| Some(z.as_str()) == zone)
+        .map(|(_, node)| node)
+        .collect();
+    let recorded = status
         .and_then(|s| s.virtual_machine_id)
         .and_then(|id| u32::try_from(id).ok());
+    Ok(find_vm(
+        &resources,
+        &super::machine::machine_tag(machine),
+        recorded,
+        &zone_nodes,
+    )
+    .unwrap_or_else(|| {
+        Target::Gone(format!(
+            "Proxmox lists no VM of ProxmoxMachine {}",
+            machine.name_any()
+        ))
+    }))
+}
+
+/// The VM carrying the machine's `tag` (the `recorded` VMID first), with the node of
+/// `zone_nodes` Proxmox HA could move it to when HA manages it: online, not its own, the most
+/// free memory first. Pure.
+fn find_vm(
+    resources: &[ClusterResource],
+    tag: &str,
+    recorded: Option<u32>,
+    zone_nodes: &[String],
+) -> Option<Target> {
     let mut tagged = resources.iter().filter(|r| {
-        r.kind == crate::proxmox::ResourceType::Qemu
+        r.kind == ResourceType::Qemu
             && !r.template
-            && r.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag))
+            && r.tags.iter().any(|t| t.eq_ignore_ascii_case(tag))
     });
-    let found = tagged
+    let vm = tagged
         .clone()
         .find(|r| r.vmid.is_some() && r.vmid == recorded)
-        .or_else(|| tagged.next());
-    Ok(match found.and_then(|r| Some((r.vmid?, r.node.clone()?))) {
-        Some((vmid, node)) => Target::Vm { vmid, node },
-        None => Target::Gone(format!(
-            "Proxmox lists no VM of ProxmoxMachine {} (tag {tag})",
-            machine.name_any()
-        )),
+        .or_else(|| tagged.next())?;
+    let (vmid, node) = (vm.vmid?, vm.node.clone()?);
+    let managed = vm
+        .hastate
+        .as_deref()
+        .is_some_and(|state| !state.is_empty() && state != "ignored");
+    let move_to = resources
+        .iter()
+        .filter(|r| r.kind == ResourceType::Node && r.status.as_deref() == Some("online"))
+        .filter_map(|r| Some((r.node.as_deref()?, r)))
+        .filter(|(name, _)| *name != node && zone_nodes.iter().any(|z| z == name))
+        .max_by_key(|(name, r)| {
+            let free = r.maxmem.unwrap_or(0).saturating_sub(r.mem.unwrap_or(0));
+            (free, std::cmp::Reverse(*name))
+        })
+        .map(|(name, _)| name.to_owned())
+        .filter(|_| managed);
+    Some(Target::Vm {
+        vmid,
+        node,
+        move_to,
     })
 }
 
@@ -880,6 +1024,7 @@ mod tests {
         retry_limit: 2,
         timeout: Duration::from_secs(300),
         shutdown_timeout_seconds: 120,
+        move_before_replace: true,
     };
 
     fn at(seconds: i64) -> Timestamp {
@@ -913,6 +1058,15 @@ mod tests {
         Some(Target::Vm {
             vmid: 101,
             node: "pve1".to_owned(),
+            move_to: None,
+        })
+    }
+
+    fn ha_vm(node: &str) -> Option<Target> {
+        Some(Target::Vm {
+            vmid: 101,
+            node: node.to_owned(),
+            move_to: Some("pve2".to_owned()).filter(|to| to != node),
         })
     }
 
@@ -1010,6 +1164,127 @@ mod tests {
     }
 
     #[test]
+    fn an_ha_vm_is_moved_after_its_last_reboot_and_its_node_gets_its_time_there() {
+        let mut o = observed(Some(RemediationPhase::WaitingForNode), 2);
+        o.now = at(301);
+        o.target = ha_vm("pve1");
+        assert_eq!(step(&o), "do Move(\"pve2\") -> Some(Moving)");
+        // Not where HA was asked to put it yet: looked at again soon.
+        o.status.phase = Some(RemediationPhase::Moving);
+        o.status.moved_to = Some("pve2".to_owned());
+        o.status.move_requested = Some(Time(at(301)));
+        o.now = at(310);
+        assert_eq!(
+            step(&o),
+            format!(
+                "end Some(Moving) Moving {:?}",
+                Action::requeue(MOVE_RECHECK)
+            )
+        );
+        // There: the Node's time starts.
+        o.target = ha_vm("pve2");
+        let Next::End(report, _) = decide(&o) else {
+            panic!("{}", step(&o));
+        };
+        assert_eq!(report.phase, Some(RemediationPhase::WaitingForNode));
+        assert_eq!(report.restarted, Some(o.now));
+        // Its time up, no second move: the owner replaces the Machine.
+        o.status.phase = Some(RemediationPhase::WaitingForNode);
+        o.status.last_remediated = Some(Time(at(310)));
+        o.now = at(700);
+        let Next::Do(Effect::HandOff(message), _) = decide(&o) else {
+            panic!("{}", step(&o));
+        };
+        assert!(
+            message.contains("of 2 reboot(s) and a move to pve2 of VM 101 on pve2"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_move_that_does_not_finish_or_is_turned_off_hands_the_machine_back() {
+        let mut o = observed(Some(RemediationPhase::Moving), 2);
+        o.status.moved_to = Some("pve2".to_owned());
+        o.status.move_requested = Some(Time(at(0)));
+        o.now = at(300);
+        o.target = ha_vm("pve1");
+        let Next::Do(Effect::HandOff(message), _) = decide(&o) else {
+            panic!("{}", step(&o));
+        };
+        assert!(
+            message.starts_with("Proxmox HA did not move VM 101 on pve1 to pve2 within 300s"),
+            "{message}"
+        );
+        let mut off = observed(Some(RemediationPhase::WaitingForNode), 2);
+        off.limits.move_before_replace = false;
+        off.now = at(301);
+        off.target = ha_vm("pve1");
+        assert_eq!(step(&off), "do HandOff -> Some(Replacing)");
+    }
+
+    fn resource(value: serde_json::Value) -> ClusterResource {
+        serde_json::from_value(value).expect("a resource")
+    }
+
+    #[test]
+    fn the_vm_is_found_by_its_tag_and_moved_only_by_ha_to_an_online_node_of_its_zone() {
+        let node = |name: &str, status: &str, free_gib: u64| {
+            resource(
+                serde_json::json!({"id": format!("node/{name}"), "type": "node",
+                "node": name, "status": status, "maxmem": 64u64 << 30,
+                "mem": (64 - free_gib) << 30}),
+            )
+        };
+        let vm = |vmid: u32, tags: &str, hastate: Option<&str>| {
+            resource(
+                serde_json::json!({"id": format!("qemu/{vmid}"), "type": "qemu",
+                "vmid": vmid, "node": "pve1", "status": "running", "tags": tags,
+                "hastate": hastate}),
+            )
+        };
+        let zone = ["pve1", "pve2", "pve3", "pve4"].map(str::to_owned);
+        let nodes = [
+            node("pve1", "online", 40),
+            node("pve2", "online", 10),
+            node("pve3", "online", 30),
+            node("pve4", "offline", 60),
+            node("pve9", "online", 60),
+        ];
+        let tag = "capmox-m-abc";
+        let found =
+            |resources: Vec<ClusterResource>, recorded| find_vm(&resources, tag, recorded, &zone);
+        let with = |vms: Vec<ClusterResource>| nodes.iter().cloned().chain(vms).collect::<Vec<_>>();
+        // HA-managed: the online zone node with the most free memory (pve4 is offline, pve9
+        // is in another zone).
+        assert_eq!(
+            found(with(vec![vm(101, tag, Some("started"))]), Some(101)),
+            Some(Target::Vm {
+                vmid: 101,
+                node: "pve1".to_owned(),
+                move_to: Some("pve3".to_owned())
+            })
+        );
+        // Not HA-managed (or ignored by HA): no move.
+        for hastate in [None, Some("ignored")] {
+            assert_eq!(
+                found(with(vec![vm(101, tag, hastate)]), Some(101)),
+                Some(Target::Vm {
+                    vmid: 101,
+                    node: "pve1".to_owned(),
+                    move_to: None
+                })
+            );
+        }
+        // Another VMID with the tag (a re-created status) is still the machine's; a VM
+        // without the tag never is.
+        assert!(matches!(
+            found(with(vec![vm(105, tag, None)]), Some(101)),
+            Some(Target::Vm { vmid: 105, .. })
+        ));
+        assert_eq!(found(with(vec![vm(101, "other", None)]), Some(101)), None);
+    }
+
+    #[test]
     fn without_a_vm_the_machine_is_handed_back_and_a_handed_back_one_is_left_alone() {
         let mut o = observed(None, 0);
         o.target = Some(Target::Gone("ProxmoxMachine m1 does not exist".to_owned()));
@@ -1067,6 +1342,7 @@ mod tests {
             Some(Done {
                 task: Some(upid.clone()),
                 rebooted: true,
+                moved_to: None,
             }),
         );
         assert_eq!(status.retry_count, Some(1));

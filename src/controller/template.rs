@@ -26,13 +26,11 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Context;
@@ -286,17 +284,7 @@ async fn reconcile_inner(
     };
     if owned_status(&current) != desired {
         let api: Api<ProxmoxMachineTemplate> = Api::namespaced(context.client.clone(), &namespace);
-        let body = json!({
-            "apiVersion": ProxmoxMachineTemplate::api_version(&()),
-            "kind": ProxmoxMachineTemplate::kind(&()),
-            "status": desired,
-        });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(body),
-        )
-        .await?;
+        super::apply_status(&api, &name, FIELD_MANAGER, &desired).await?;
         tracing::info!(template = %name, namespace = %namespace, capacity = ?desired.capacity, "published the template's capacity");
     }
     Ok(if read.backing_off {

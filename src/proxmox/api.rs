@@ -142,6 +142,11 @@ pub const CLIENT_ENDPOINTS: &[(&str, &str, &[&str])] = &[
     ),
     ("GET", "/cluster/ha/resources", &[]),
     ("DELETE", "/cluster/ha/resources/{sid}", &[]),
+    (
+        "POST",
+        "/cluster/ha/resources/{sid}/migrate",
+        &["node:string"],
+    ),
     ("GET", "/cluster/ha/groups", &[]),
     (
         "POST",
@@ -886,6 +891,23 @@ impl ProxmoxClient {
             ))
             .await?;
         Ok(())
+    }
+
+    /// `POST .../{sid}/migrate`: queues moving HA resource `sid` to `node` (the CRM may drop it).
+    pub async fn ha_migrate(&self, sid: &str, node: &str) -> Result<HaMigration> {
+        checked("node", NameRule::Node, node)?;
+        let form = vec![("node".to_string(), node.to_string())];
+        let answer: Option<HaMigration> = self
+            .send(
+                Request::new(
+                    Method::POST,
+                    "POST /cluster/ha/resources/{sid}/migrate",
+                    format!("/cluster/ha/resources/{}/migrate", seg("sid", sid)?),
+                )
+                .form(form),
+            )
+            .await?;
+        Ok(answer.unwrap_or_default())
     }
 
     /// `GET /cluster/ha/rules` (PVE 9).

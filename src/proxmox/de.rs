@@ -145,6 +145,16 @@ pub fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::
     }
 }
 
+/// A value that may also arrive as `null`: the type's default then (absent fields need
+/// `#[serde(default)]` as well).
+pub fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// Float list from numbers or numeric strings (`loadavg`).
 pub fn f64_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
     let v = Value::deserialize(d)?;

@@ -187,6 +187,47 @@ impl HaGroupEntry {
     }
 }
 
+/// PVE 9's answer to an HA migration request (`POST /cluster/ha/resources/{sid}/migrate`);
+/// PVE 8 answers `null`, read as the default (nothing moves along, nothing blocks).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HaMigration {
+    /// The resource asked to move (`vm:101`); `None` from PVE 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sid: Option<String>,
+    /// The node asked for; `None` from PVE 8.
+    #[serde(
+        default,
+        rename = "requested-node",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub requested_node: Option<String>,
+    /// Resources in positive affinity with it, which the CRM migrates along.
+    #[serde(
+        default,
+        rename = "comigrated-resources",
+        deserialize_with = "de::or_default"
+    )]
+    pub comigrated_resources: Vec<String>,
+    /// Resources in negative affinity with it on the requested node: the CRM drops the
+    /// request while one is there.
+    #[serde(
+        default,
+        rename = "blocking-resources",
+        deserialize_with = "de::or_default"
+    )]
+    pub blocking_resources: Vec<HaBlockingResource>,
+}
+
+/// An HA resource that keeps another from the node its migration asked for (PVE 9).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HaBlockingResource {
+    /// `vm:102`.
+    pub sid: String,
+    /// Why (`resource-affinity`).
+    #[serde(default)]
+    pub cause: String,
+}
+
 /// `a, b;c` → {a, b, c}.
 fn split_ids(list: &str) -> std::collections::BTreeSet<String> {
     list.split([',', ';', ' '])
@@ -1097,6 +1138,26 @@ mod tests {
         assert!(!t("stopped", Some("unexpected status")).is_success());
         assert!(!t("stopped", None).is_success());
         assert!(!t("running", None).is_finished());
+    }
+
+    #[test]
+    fn ha_migration_answers_of_both_versions_decode() {
+        let nine: HaMigration = serde_json::from_value(serde_json::json!({
+            "sid": "vm:101", "requested-node": "pve2",
+            "comigrated-resources": ["vm:104"],
+            "blocking-resources": [{"sid": "vm:102", "cause": "resource-affinity"}]
+        }))
+        .expect("PVE 9");
+        assert_eq!(nine.requested_node.as_deref(), Some("pve2"));
+        assert_eq!(nine.comigrated_resources, ["vm:104"]);
+        assert_eq!(nine.blocking_resources[0].sid, "vm:102");
+        let bare: HaMigration =
+            serde_json::from_value(serde_json::json!({"sid": "vm:101", "requested-node": "pve2"}))
+                .expect("nothing affine");
+        assert!(bare.comigrated_resources.is_empty() && bare.blocking_resources.is_empty());
+        let eight: Option<HaMigration> =
+            serde_json::from_value(serde_json::Value::Null).expect("PVE 8");
+        assert_eq!(eight.unwrap_or_default(), HaMigration::default());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! (where PVE answers 500 "does not exist"). And a VM config that lacks its SMBIOS UUID is
 //! polled with back-off, not every second.
 
-use crate::common;
+use crate::common::env::eventually;
 use crate::machine_support::{scenario, tap};
 
 use std::collections::BTreeMap;
@@ -30,22 +30,6 @@ fn quick_sim() -> SimOptions {
         task_duration: Duration::from_millis(10),
         boot_delay: Duration::from_millis(50),
         ..SimOptions::default()
-    }
-}
-
-/// Polls `check` (bounded by the environment's wait) until it holds.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + common::env::ENV_WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -9,12 +9,18 @@ use capmox_sim::SimOptions;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use crate::common::env::{Env, condition};
+use crate::common::env::{Env, condition, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A cluster `demo` with one zone on pve1 and a provisioned worker `worker-1`; its VMID.
 async fn provisioned_worker() -> (Env, u32) {
+    provisioned_worker_in(json!([{"zone": "rack-a", "nodes": ["pve1"]}]), None).await
+}
+
+/// A cluster `demo` with `zones` (and `ha`, when given) and a provisioned rack-a worker
+/// `worker-1`; its VMID.
+async fn provisioned_worker_in(zones: Value, ha: Option<Value>) -> (Env, u32) {
     let env = Env::start_with(SimOptions::default()).await;
     env.create_credentials("demo-credentials", None).await;
     let uid = env.create_capi_cluster("demo").await;
@@ -24,8 +30,12 @@ async fn provisioned_worker() -> (Env, u32) {
         "ipv4Config": {"addresses": ["10.0.0.100-10.0.0.150"], "prefix": 24, "gateway": "10.0.0.1"},
         "credentialsRef": {"name": "demo-credentials"},
         "schedulerHints": {"memoryAdjustment": 0},
-        "zoneConfig": [{"zone": "rack-a", "nodes": ["pve1"]}]
+        "zoneConfig": zones
     });
+    let mut spec = spec;
+    if let Some(ha) = ha {
+        spec["ha"] = ha;
+    }
     env.create_proxmox_cluster("demo", &uid, spec).await;
     env.run_controllers();
     env.run_ipam();
@@ -214,4 +224,57 @@ async fn a_request_for_a_machine_of_another_namespace_reboots_nothing() {
     assert_eq!(env.sim.boots(vmid), Some(boots));
     assert!(tasks_of(&env, vmid).is_empty());
     assert_eq!(owner_remediated(&env, "worker-1"), None);
+}
+
+#[tokio::test]
+async fn an_ha_managed_vm_is_moved_within_its_zone_before_its_machine_is_replaced() {
+    let (env, vmid) = provisioned_worker_in(
+        json!([{"zone": "rack-a", "nodes": ["pve1", "pve2"]}, {"zone": "rack-b", "nodes": ["pve3"]}]),
+        Some(json!({"enabled": true})),
+    )
+    .await;
+    let node_of = |env: &Env| env.sim.vm_node(vmid).expect("the VM");
+    let from = node_of(&env);
+    // Its node joined: the seed ISO (on node-local storage, which would keep HA from moving
+    // the VM) is deleted and detached, as with every machine that has a Node.
+    Api::<capmox::capi::Machine>::namespaced(env.client(), "default")
+        .patch_status(
+            "worker-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"nodeRef": {"name": "worker-1"}}})),
+        )
+        .await
+        .expect("nodeRef set");
+    let proxmox = env.proxmox();
+    eventually("the seed ISO detached", || async {
+        proxmox
+            .vm_config(&from, vmid)
+            .await
+            .expect("config")
+            .get("ide0")
+            .is_none()
+    })
+    .await;
+    let to = if from == "pve1" { "pve2" } else { "pve1" };
+    env.sim.hang_guest(vmid);
+    request_remediation(
+        &env,
+        "default",
+        "worker-1",
+        json!({"retryLimit": 1, "timeoutSeconds": 2, "shutdownTimeoutSeconds": 1}),
+    )
+    .await;
+    let moving = wait_status(&env, "default", "worker-1", |s| s["phase"] == "Moving").await;
+    assert_eq!(moving["movedTo"], to, "{moving}");
+    let status = wait_status(&env, "default", "worker-1", |s| s["phase"] == "Replacing").await;
+    assert_eq!(node_of(&env), to, "HA moved the VM within rack-a");
+    let (reason, message) = remediated(&status);
+    assert_eq!(reason, "ReplacementRequested");
+    assert!(
+        message.contains(&format!(
+            "of 1 reboot(s) and a move to {to} of VM {vmid} on {to}"
+        )),
+        "{message}"
+    );
+    assert!(owner_remediated(&env, "worker-1").is_some());
 }

@@ -160,15 +160,7 @@ pub async fn remediate_worker(run: &Run<'_>, zone: &str) -> Result<String, RealE
     let deployment = format!("{CLUSTER}-workers-{zone}");
     apply_health_check(run, &deployment, None).await?;
     let current = rows(run.admin, run.namespace).await?;
-    let victim = current
-        .iter()
-        .find(|r| !r.control_plane && r.failure_domain == zone)
-        .cloned()
-        .ok_or_else(|| RealError::Check(format!("no worker in {zone}")))?;
-    let vmid: u32 = victim
-        .vmid
-        .parse()
-        .map_err(|_| RealError::Check(format!("{} records no VMID", victim.machine)))?;
+    let (victim, vmid) = worker_in(&current, zone)?;
     println!(
         "The kubelet of {} (VM {vmid} on {}) fails: its Node turns NotReady",
         victim.machine, victim.node
@@ -196,6 +188,20 @@ pub async fn remediate_worker(run: &Run<'_>, zone: &str) -> Result<String, RealE
         "remediation: {} (kubelet failed, VM {vmid}) replaced by {} in {zone} on {} (VM {}), {placement}, {vms} VMs",
         victim.machine, replacement.machine, replacement.node, replacement.vmid
     ))
+}
+
+/// The worker of `zone` and its VMID.
+fn worker_in(rows: &[Row], zone: &str) -> Result<(Row, u32), RealError> {
+    let worker = rows
+        .iter()
+        .find(|r| !r.control_plane && r.failure_domain == zone)
+        .cloned()
+        .ok_or_else(|| RealError::Check(format!("no worker in {zone}")))?;
+    let vmid = worker
+        .vmid
+        .parse()
+        .map_err(|_| RealError::Check(format!("{} records no VMID", worker.machine)))?;
+    Ok((worker, vmid))
 }
 
 /// Applies a MachineHealthCheck of the workers of `deployment` whose Nodes are not Ready for
@@ -262,15 +268,7 @@ pub async fn reboot_worker(run: &Run<'_>, zone: &str) -> Result<String, RealErro
         .await?;
     apply_health_check(run, &deployment, Some(TEMPLATE)).await?;
     let before = rows(run.admin, run.namespace).await?;
-    let victim = before
-        .iter()
-        .find(|r| !r.control_plane && r.failure_domain == zone)
-        .cloned()
-        .ok_or_else(|| RealError::Check(format!("no worker in {zone}")))?;
-    let vmid: u32 = victim
-        .vmid
-        .parse()
-        .map_err(|_| RealError::Check(format!("{} records no VMID", victim.machine)))?;
+    let (victim, vmid) = worker_in(&before, zone)?;
     let boots = run
         .sims
         .sim

@@ -32,7 +32,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub use server::{LoggedRequest, Rng, SIM_ROUTES, SIM_ROUTES_PVE9, SimCounters};
-pub use state::ha::{Affinity, HaGroup, HaResource, HaRule, HaRuleKind, Relocation};
+pub use state::ha::{
+    Affinity, HaGroup, HaResource, HaRule, HaRuleKind, MIGRATION_ABORTED, Relocation,
+};
 pub use state::{Cluster, RepeatedWrite, SimError, TaskRecord, repeated_writes};
 pub use topology::{
     DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
@@ -310,6 +312,19 @@ impl Simulator {
         self.with_cluster(|c| c.revive_node(tokio::time::Instant::now(), node))
     }
 
+    /// What the HA CRM logged about migration requests: dropped commands with the reason
+    /// (`crm command error - node not online: migrate vm:101 pve3`) and state changes of
+    /// migrating resources, oldest first. See [`Cluster::ha_crm_log`].
+    pub fn ha_crm_log(&self) -> Vec<String> {
+        self.handle().ha_crm_log()
+    }
+
+    /// The node VM `vmid` is on, `None` if there is no such VM (to see an HA migration or
+    /// recovery land). See [`Cluster::vm_node`].
+    pub fn vm_node(&self, vmid: u32) -> Option<String> {
+        self.handle().vm_node(vmid)
+    }
+
     /// The guest of running VM `vmid` hangs: it ignores ACPI (a reboot waits out its timeout
     /// and fails) and its guest agent stops answering, until the VM is reset or stops. False
     /// if no such VM runs. See [`Cluster::hang_guest`].
@@ -366,6 +381,18 @@ impl SimHandle {
     /// such VM.
     pub fn boots(&self, vmid: u32) -> Option<u32> {
         self.with_cluster(|c| c.boots(vmid))
+    }
+
+    /// What the HA CRM logged about migration requests, oldest first, as
+    /// [`Simulator::ha_crm_log`].
+    pub fn ha_crm_log(&self) -> Vec<String> {
+        self.with_cluster(|c| c.ha_crm_log())
+    }
+
+    /// The node VM `vmid` is on (after the tasks due by now ended), `None` if there is no
+    /// such VM.
+    pub fn vm_node(&self, vmid: u32) -> Option<String> {
+        self.with_cluster(|c| c.vm_node(vmid))
     }
 }
 

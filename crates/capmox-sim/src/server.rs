@@ -415,6 +415,9 @@ pub(crate) fn endpoint_template(method: &Method, segs: &[&str]) -> String {
             format!("/cluster/ha/{kind}")
         }
         ["cluster", "ha", "resources", _] => "/cluster/ha/resources/{sid}".to_string(),
+        ["cluster", "ha", "resources", _, "migrate"] => {
+            "/cluster/ha/resources/{sid}/migrate".to_string()
+        }
         ["cluster", "ha", "groups", _] => "/cluster/ha/groups/{group}".to_string(),
         ["cluster", "ha", "rules", _] => "/cluster/ha/rules/{rule}".to_string(),
         ["cluster", "ha", "status", "current"] => "/cluster/ha/status/current".to_string(),
@@ -485,6 +488,7 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ("GET", "/cluster/ha/resources/{sid}"),
     ("PUT", "/cluster/ha/resources/{sid}"),
     ("DELETE", "/cluster/ha/resources/{sid}"),
+    ("POST", "/cluster/ha/resources/{sid}/migrate"),
     ("GET", "/cluster/ha/groups"),
     ("POST", "/cluster/ha/groups"),
     ("GET", "/cluster/ha/groups/{group}"),
@@ -668,6 +672,10 @@ fn route_ha(
     let v = match (method.as_str(), rest) {
         ("GET", ["resources"]) => c.ha_list_resources(&p)?,
         ("POST", ["resources"]) => c.ha_create_resource(now, &p)?,
+        ("POST", ["resources", sid, "migrate"]) => {
+            with(&mut p, "sid", sid);
+            c.ha_migrate(now, &p)?
+        }
         (m, ["resources", sid]) => {
             with(&mut p, "sid", sid);
             match m {

@@ -1,6 +1,6 @@
 //! In-memory cluster state with Proxmox semantics: VMID uniqueness, clone locks and
 //! tasks, config digests, resize rules, power tasks (reboot and reset in `restart`), guest
-//! agent after boot.
+//! agent after boot; HA (and HA migration) in `ha`.
 //! Time is passed in (`tokio::time::Instant`), tasks finish lazily when observed.
 
 pub mod ha;
@@ -234,6 +234,13 @@ enum Effect {
     /// A reboot or reset that took: the running guest boots again.
     Restart {
         vmid: u32,
+    },
+    /// An HA migration (`qmigrate`) of `vmid` from node `from` to `target`, started at `since`.
+    Migrate {
+        vmid: u32,
+        from: String,
+        target: String,
+        since: Instant,
     },
     Resize {
         vmid: u32,
@@ -562,8 +569,11 @@ impl Cluster {
             let ok = task.outcome.is_ok();
             let slots = std::mem::take(&mut task.slots);
             let mut log = Vec::new();
-            self.apply(effect, ok, end, &mut log);
+            let late = self.apply(effect, ok, end, &mut log);
             if let Some(task) = self.tasks.get_mut(&key) {
+                if let Err(e) = late {
+                    task.outcome = Err(e);
+                }
                 task.log.extend(log);
                 match &task.outcome {
                     Ok(()) => task.log.push("TASK OK".into()),
@@ -654,7 +664,15 @@ impl Cluster {
         records
     }
 
-    fn apply(&mut self, effect: Effect, ok: bool, end: Instant, log: &mut Vec<String>) {
+    /// Applies a finished task's effect; an `Err` is a failure only the end reveals (an HA
+    /// migration whose target went away), which becomes the task's exit status.
+    fn apply(
+        &mut self,
+        effect: Effect,
+        ok: bool,
+        end: Instant,
+        log: &mut Vec<String>,
+    ) -> Result<(), String> {
         match effect {
             Effect::None => {}
             Effect::CloneDone {
@@ -664,7 +682,7 @@ impl Cluster {
             } => {
                 if !ok {
                     self.remove_vm(newid);
-                    return;
+                    return Ok(());
                 }
                 if let Some(vm) = self.vms.get_mut(&newid) {
                     vm.config.remove("lock");
@@ -686,6 +704,12 @@ impl Cluster {
                 }
             }
             Effect::Restart { vmid } if ok => self.restart_guest(vmid, end),
+            Effect::Migrate {
+                vmid,
+                from,
+                target,
+                since,
+            } => return self.finish_migration(vmid, &from, &target, ok, (since, end), log),
             Effect::Stop { vmid } if ok => {
                 if let Some(vm) = self.vms.get_mut(&vmid) {
                     vm.running = false;
@@ -726,6 +750,7 @@ impl Cluster {
             }
             _ => {}
         }
+        Ok(())
     }
 
     fn remove_vm(&mut self, vmid: u32) {
@@ -807,10 +832,12 @@ impl Cluster {
             .any(|t| !t.done && t.kind == "qmclone" && t.upid.id == id)
     }
 
-    /// Whether an unfinished task holds `vmid`'s flock: a clone from it or a reboot or reset
-    /// of it (other requests that need the flock wait for it and time out).
+    /// Whether an unfinished task holds `vmid`'s flock: a clone from it, or a reboot, reset or
+    /// migration of it (other requests that need the flock wait for it and time out).
     fn flock_held(&self, vmid: u32) -> bool {
-        self.clone_running_from(vmid) || self.restart_running(vmid)
+        self.clone_running_from(vmid)
+            || self.restart_running(vmid)
+            || self.migration_target(vmid).is_some()
     }
 
     fn flock_timeout(vmid: u32) -> SimError {

@@ -366,12 +366,12 @@ pub struct SimOptions {
     pub token_secret: String,
     /// How long a clone task runs.
     pub clone_duration: Duration,
-    /// How long other tasks (start, stop, reboot, reset, resize, config, delete, upload) run,
-    /// unless `task_durations` names their type.
+    /// How long other tasks (start, stop, reboot, reset, HA migration, resize, config, delete,
+    /// upload) run, unless `task_durations` names their type.
     pub task_duration: Duration,
     /// Durations by Proxmox task type (`qmconfig`, `resize`, `imgcopy`, `qmstart`, `qmstop`,
-    /// `qmreboot`, `qmreset`, `qmdestroy`, `imgdel`, ...), so benchmarks can model each step's
-    /// real cost.
+    /// `qmreboot`, `qmreset`, `qmigrate`, `qmdestroy`, `imgdel`, ...), so benchmarks can model
+    /// each step's real cost.
     pub task_durations: BTreeMap<String, Duration>,
     /// Names shown for Proxmox task types (real type → shown name) in UPIDs and task status;
     /// the simulator still behaves by the real type.
@@ -482,6 +482,7 @@ impl SimOptions {
             ("qmstop", "halt"),
             ("qmreboot", "restart"),
             ("qmreset", "hardreset"),
+            ("qmigrate", "vmmigrate"),
             ("qmdestroy", "remove"),
             ("imgdel", "voldel"),
         ]

@@ -2,7 +2,8 @@
 //! HA groups (PVE 8; on PVE 9 the group endpoints refuse, as after the groups-to-rules
 //! migration), HA rules (PVE 9: `node-affinity` and `resource-affinity`, with the
 //! feasibility checks that refuse contradictory rules) and what the CRM does when a node
-//! fails: it recovers each HA resource to a node its rules or group allow.
+//! fails: it recovers each HA resource to a node its rules or group allow. Migrating a
+//! resource on request (`.../{sid}/migrate`) is in `migrate`.
 //!
 //! Simplifications (each says what real PVE does):
 //! * the CRM acts at once: creating a resource with state `started` starts a stopped VM
@@ -17,12 +18,16 @@
 //!   fewest VMs, then the node name), within the highest priority class of the allowed
 //!   online nodes; recovery ignores where the disks are (PVE needs shared storage).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::{Cluster, Effect, SimError, SimResult};
+
+mod migrate;
+
+pub use migrate::MIGRATION_ABORTED;
 
 /// The requested states the schema allows for an HA resource.
 const STATES: &[&str] = &["started", "stopped", "enabled", "disabled", "ignored"];
@@ -167,8 +172,10 @@ pub(crate) struct HaState {
     groups: BTreeMap<String, HaGroup>,
     rules: BTreeMap<String, HaRule>,
     next_order: u32,
-    /// Service states the CRM set (`recovery`, `error`), over the derived ones.
+    /// Service states the CRM set (`recovery`, `error`, `migrate`), over the derived ones.
     crm: BTreeMap<String, &'static str>,
+    /// What the CRM logged about commands it dropped or carried out, oldest first.
+    log: VecDeque<String>,
 }
 
 // ------------------------------------------------------------------ parameter checks
@@ -181,6 +188,8 @@ enum Kind {
     Enum(&'static [&'static str]),
     SidOrVmid,
     SidList,
+    /// A node name (pve-node); it need not exist.
+    Node,
     NodeList(&'static str),
     ConfigId,
     ConfigIdList,
@@ -283,6 +292,8 @@ fn check_value(kind: Kind, v: &str) -> Result<(), String> {
         Kind::SidList => split_list(v).all(is_sid).then_some(()).ok_or_else(|| {
             "invalid format - value does not look like a valid ha resource id".into()
         }),
+        Kind::Node if !v.contains(':') && parse_node_entry(v).is_some() => Ok(()),
+        Kind::Node => Err("invalid format - value does not look like a valid node name".into()),
         Kind::NodeList(what) => split_list(v)
             .all(|e| parse_node_entry(e).is_some())
             .then_some(())
@@ -1674,6 +1685,10 @@ impl Cluster {
         if let Some(vm) = self.vms.get_mut(&vmid) {
             vm.node = to.to_string();
             vm.changed_at = Some(now);
+            // PVE drops the lock an interrupted migration left on a recovered service
+            if restart && vm.lock() == Some("migrate") {
+                vm.config.remove("lock");
+            }
             if restart {
                 vm.running = run;
                 vm.started_at = run.then_some(now);

@@ -850,3 +850,142 @@ fn check_returns_finds_type_enum_and_key_problems() {
     );
     assert_eq!(p.len(), 4, "{p:?}");
 }
+
+/// capmox's client for `sim`.
+fn client_for(sim: &Simulator) -> capmox::proxmox::ProxmoxClient {
+    use capmox::proxmox::{ApiToken, ClientConfig, ProxmoxClient};
+    let cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
+    ProxmoxClient::new(&cfg).expect("client")
+}
+
+/// The UPIDs of the `qmigrate` tasks so far, oldest first.
+fn migrations(sim: &Simulator) -> Vec<capmox::proxmox::Upid> {
+    sim.task_records()
+        .into_iter()
+        .filter(|r| r.kind == "qmigrate")
+        .map(|r| r.upid.parse().expect("UPID"))
+        .collect()
+}
+
+#[tokio::test]
+async fn pve9_ha_migrate_moves_a_running_vm_through_the_client() {
+    use capmox::proxmox::{HaMigration, WaitOptions};
+    let sim = sim("9.1.4").await;
+    for sid in ["101", "102", "103", "104"] {
+        call(&sim, M::POST, "/cluster/ha/resources", &[("sid", sid)])
+            .await
+            .ok(sid);
+    }
+    let client = client_for(&sim);
+    let answer = client.ha_migrate("vm:101", "n2").await.expect("queued");
+    assert_eq!(
+        answer,
+        HaMigration {
+            sid: Some("vm:101".into()),
+            requested_node: Some("n2".into()),
+            ..HaMigration::default()
+        }
+    );
+    // the request queues a migration; its qmigrate task on the source node tells the end
+    let upid = migrations(&sim).pop().expect("a qmigrate task");
+    assert_eq!((upid.node.as_str(), upid.id.as_str()), ("n1", "101"));
+    let waits = WaitOptions {
+        initial_interval: Duration::from_millis(10),
+        factor: 1.5,
+        max_interval: Duration::from_millis(100),
+        deadline: Duration::from_secs(10),
+    };
+    client.wait_task(&upid, &waits).await.expect("qmigrate");
+    let vm = client
+        .find_vm(101)
+        .await
+        .expect("resources")
+        .expect("VM 101");
+    assert_eq!(vm.node.as_deref(), Some("n2"));
+    assert_eq!(sim.vm_node(101).as_deref(), Some("n2"));
+    assert!(
+        client
+            .list_vms("n2")
+            .await
+            .expect("n2")
+            .iter()
+            .any(|v| v.vmid == 101)
+    );
+    assert!(
+        client
+            .vm_status("n2", 101)
+            .await
+            .expect("status")
+            .is_running()
+    );
+    assert_eq!(sim.boots(101), Some(1), "live: no boot");
+    assert_eq!(sim.ha_state(101).as_deref(), Some("started"));
+
+    // a VM that is not HA-managed: refused at once
+    let err = client.ha_migrate("vm:105", "n4").await.expect_err("not HA");
+    assert_eq!(
+        err.reason(),
+        Some("resource 'vm:105' is not HA managed"),
+        "{err:?}"
+    );
+    // an offline target: accepted, then dropped by the CRM; the VM stays
+    sim.with_cluster(|c| c.set_node_online("n4", false));
+    client.ha_migrate("104", "n4").await.expect("accepted");
+    assert_eq!(migrations(&sim).len(), 1, "no new task");
+    assert_eq!(sim.vm_node(104).as_deref(), Some("n1"));
+    assert!(
+        sim.ha_crm_log()
+            .contains(&"crm command error - node not online: migrate vm:104 n4".to_string())
+    );
+    // the raw answer as the 9.1 schema documents it
+    let raw = call(
+        &sim,
+        M::POST,
+        "/cluster/ha/resources/vm:102/migrate",
+        &[("node", "n3")],
+    )
+    .await
+    .ok("migrate 102");
+    conforms(
+        &sim,
+        API91,
+        &[("POST", "/cluster/ha/resources/{sid}/migrate", raw.data())],
+    );
+}
+
+#[tokio::test]
+async fn pve8_ha_migrate_answers_null_and_moves_a_stopped_vm() {
+    use capmox::proxmox::HaMigration;
+    let sim = sim("8.4.14").await;
+    call(
+        &sim,
+        M::POST,
+        "/cluster/ha/resources",
+        &[("sid", "105"), ("state", "stopped")],
+    )
+    .await
+    .ok("105");
+    let client = client_for(&sim);
+    // the CRM shuts VM 105 down first (a task that ends at once here)
+    let status = client.vm_status("n3", 105).await.expect("status");
+    assert!(!status.is_running());
+    let answer = client.ha_migrate("105", "n4").await.expect("queued");
+    assert_eq!(answer, HaMigration::default());
+    let raw = call(
+        &sim,
+        M::POST,
+        "/cluster/ha/resources/105/migrate",
+        &[("node", "n4")],
+    )
+    .await
+    .ok("again");
+    assert_eq!(*raw.data(), Value::Null);
+    assert_eq!(sim.vm_node(105).as_deref(), Some("n4"));
+    let status = client.vm_status("n4", 105).await.expect("status on n4");
+    assert!(!status.is_running());
+    conforms(
+        &sim,
+        API84,
+        &[("POST", "/cluster/ha/resources/{sid}/migrate", raw.data())],
+    );
+}
