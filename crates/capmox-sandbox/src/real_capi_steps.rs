@@ -280,30 +280,7 @@ pub async fn reboot_worker(run: &Run<'_>, zone: &str) -> Result<String, RealErro
     );
     let started = std::time::Instant::now();
     run.failed.fail_until_restart(&victim.machine, boots);
-    let requests: Api<capmox::api::ProxmoxRemediation> =
-        Api::namespaced(run.admin.clone(), run.namespace);
-    let mut seen = None;
-    let deadline = tokio::time::Instant::now() + run.timeout;
-    // The request appears (the real MachineHealthCheck), the VM restarts (capmox), and the
-    // request goes again once the Node is Ready (the MachineHealthCheck).
-    loop {
-        let request = requests.get_opt(&victim.machine).await?;
-        if let Some(request) = &request {
-            seen = Some(request.status.clone().unwrap_or_default());
-        }
-        let restarted = run.sims.sim.boots(vmid).is_some_and(|now| now > boots);
-        if request.is_none() && restarted && seen.is_some() {
-            break;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(RealError::Check(format!(
-                "reboot remediation of {}: request seen {seen:?}, restarted {restarted}, request now {:?}",
-                victim.machine,
-                request.and_then(|r| r.status)
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let seen = wait_rebooted_and_healed(run, &victim.machine, vmid, boots).await?;
     let healed = started.elapsed();
     let after = wait_rows(
         run.admin,
@@ -326,13 +303,45 @@ pub async fn reboot_worker(run: &Run<'_>, zone: &str) -> Result<String, RealErro
         )));
     }
     let vms = run.check_one_vm_per_machine(&after)?;
-    let reboots = seen.and_then(|s| s.retry_count).unwrap_or(0);
+    let reboots = seen.retry_count.unwrap_or(0);
     Ok(format!(
         "reboot remediation: {} (kubelet wedged, VM {vmid}) rebooted by capmox ({reboots} reboot, boots {boots} → {}), its Node Ready again and the request deleted by the real MachineHealthCheck after {:.1}s; the Machine was kept, {vms} VMs",
         victim.machine,
         run.sims.sim.boots(vmid).unwrap_or(0),
         healed.as_secs_f64()
     ))
+}
+
+/// Waits until the real MachineHealthCheck created a ProxmoxRemediation for `machine`, capmox
+/// restarted its VM `vmid` (booted `boots` times before) and the request is gone again (the
+/// Node is Ready); the request's status as last seen.
+async fn wait_rebooted_and_healed(
+    run: &Run<'_>,
+    machine: &str,
+    vmid: u32,
+    boots: u32,
+) -> Result<capmox::api::ProxmoxRemediationStatus, RealError> {
+    let requests: Api<capmox::api::ProxmoxRemediation> =
+        Api::namespaced(run.admin.clone(), run.namespace);
+    let mut seen = None;
+    let deadline = tokio::time::Instant::now() + run.timeout;
+    loop {
+        let request = requests.get_opt(machine).await?;
+        if let Some(request) = &request {
+            seen = Some(request.status.clone().unwrap_or_default());
+        }
+        let restarted = run.sims.sim.boots(vmid).is_some_and(|now| now > boots);
+        if let (None, true, Some(seen)) = (&request, restarted, &seen) {
+            return Ok(seen.clone());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(RealError::Check(format!(
+                "reboot remediation of {machine}: request seen {seen:?}, restarted {restarted}, request now {:?}",
+                request.and_then(|r| r.status)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Whether the CAPI Cluster offers `zone` to the control plane, as the real Cluster controller
