@@ -516,12 +516,7 @@ impl Part for MachineSpec {
             num_sockets: s.num_sockets,
             num_cores: s.num_cores,
             memory_mib: s.memory_mib,
-            disks: s.disks.as_ref().map(|d| Storage {
-                boot_volume: d.boot_volume.as_ref().map(|b| DiskSize {
-                    disk: b.disk.clone(),
-                    size_gb: b.size_gb,
-                }),
-            }),
+            disks: storage_up(s.disks.as_ref(), earlier.and_then(|e| e.disks.as_ref())),
             network: network_up(s.network.as_ref(), earlier.map(|e| &e.network)),
             vm_id_range: s.vm_id_range.clone(),
             checks: s.checks.clone(),
@@ -579,6 +574,26 @@ impl Part for MachineSpec {
             tags: h.tags.clone(),
         }
     }
+}
+
+/// The disks of a v1alpha1 spec: its boot volume, and the data disks (v1alpha2 only) kept
+/// from the stored object.
+fn storage_up(disks: Option<&spoke::Storage>, earlier: Option<&Storage>) -> Option<Storage> {
+    let additional_volumes = earlier
+        .map(|e| e.additional_volumes.clone())
+        .unwrap_or_default();
+    if disks.is_none() && additional_volumes.is_empty() {
+        return None;
+    }
+    Some(Storage {
+        boot_volume: disks
+            .and_then(|d| d.boot_volume.as_ref())
+            .map(|b| DiskSize {
+                disk: b.disk.clone(),
+                size_gb: b.size_gb,
+            }),
+        additional_volumes,
+    })
 }
 
 /// Name of the NIC v1alpha1 calls `default`.

@@ -287,6 +287,10 @@ pub enum TemplateMatchPolicy {
 /// Disks of the VM.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.bootVolume) || !has(self.additionalVolumes) || self.additionalVolumes.all(v, v.disk != self.bootVolume.disk)",
+     "message": "an additional volume cannot use the boot volume's disk slot"}
+]))]
 pub struct Storage {
     /// Boot disk, grown to `sizeGb` after cloning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -294,6 +298,59 @@ pub struct Storage {
         {"rule": "self == oldSelf", "message": "Value is immutable"}
     ]))]
     pub boot_volume: Option<DiskSize>,
+    /// Data disks, made with the VM (in one config write) and deleted with it. A slot the
+    /// template already has is taken as the volume and grown to `sizeGb` if smaller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_ADDITIONAL_VOLUMES),
+        extend(
+            "x-kubernetes-list-type" = "map",
+            "x-kubernetes-list-map-keys" = ["disk"],
+            "x-kubernetes-validations" = [
+                {"rule": "self == oldSelf", "message": "additionalVolumes are immutable: Proxmox gives the VM its disks when it is created; create a new ProxmoxMachine (e.g. through a new ProxmoxMachineTemplate) to change them"}
+            ]
+        )
+    )]
+    pub additional_volumes: Vec<AdditionalVolume>,
+}
+
+/// Data disks a machine may have besides its boot disk.
+pub const MAX_ADDITIONAL_VOLUMES: u32 = 16;
+/// Largest data disk in GB (128 TiB), far beyond what a storage offers a single VM disk.
+pub const MAX_VOLUME_GB: i32 = 131_072;
+
+/// One data disk of the VM.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.ioThread) || !self.ioThread || self.disk.startsWith('scsi') || self.disk.startsWith('virtio')",
+     "message": "ioThread works on scsi and virtio disks only"},
+    {"rule": "!has(self.ssd) || !self.ssd || !self.disk.startsWith('virtio')",
+     "message": "ssd emulation is not available on virtio disks"}
+]))]
+pub struct AdditionalVolume {
+    /// Proxmox disk slot: `scsi0`-`scsi30`, `virtio0`-`virtio15`, `sata0`-`sata5` or `ide0`-`ide3`.
+    #[schemars(length(min = 1, max = DISK_MAX_LEN), pattern(DISK_PATTERN))]
+    pub disk: String,
+    /// Size in GB (GiB, as Proxmox counts).
+    #[schemars(range(min = 1, max = MAX_VOLUME_GB))]
+    pub size_gb: i32,
+    /// Proxmox storage of the disk; by default `spec.storage`, else the boot disk's storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = STORAGE_MAX_LEN), pattern(STORAGE_PATTERN))]
+    pub storage: Option<String>,
+    /// Image format on file-based storages (Proxmox's default when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<TargetFileStorageFormat>,
+    /// Passes TRIM/UNMAP to the storage (`discard=on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard: Option<bool>,
+    /// An I/O thread for the disk (scsi with VirtIO SCSI single, virtio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_thread: Option<bool>,
+    /// Presents the disk to the guest as a solid-state drive (not on virtio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssd: Option<bool>,
 }
 
 /// Size of one disk.

@@ -574,6 +574,72 @@ fn the_boot_volume_is_immutable() {
 }
 
 #[test]
+fn data_disks_have_their_own_slots_on_the_right_bus_and_do_not_change() {
+    let disks = |volumes: Value| json!({"disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20}, "additionalVolumes": volumes}});
+    assert_eq!(
+        violations(
+            "ProxmoxMachine",
+            &machine(disks(json!([
+                {"disk": "scsi1", "sizeGb": 50, "storage": "ceph", "format": "raw", "discard": true, "ioThread": true, "ssd": true},
+                {"disk": "virtio0", "sizeGb": 1, "ioThread": true}
+            ])))
+        ),
+        Vec::<String>::new()
+    );
+    for (volumes, expected) in [
+        (
+            json!([{"disk": "scsi0", "sizeGb": 5}]),
+            "an additional volume cannot use the boot volume's disk slot",
+        ),
+        (
+            json!([{"disk": "scsi1", "sizeGb": 5}, {"disk": "scsi1", "sizeGb": 6}]),
+            ".spec.disks.additionalVolumes[1]",
+        ),
+        (
+            json!([{"disk": "scsi31", "sizeGb": 5}]),
+            ".spec.disks.additionalVolumes[0].disk",
+        ),
+        (
+            json!([{"disk": "nvme0", "sizeGb": 5}]),
+            ".spec.disks.additionalVolumes[0].disk",
+        ),
+        (
+            json!([{"disk": "scsi1", "sizeGb": 0}]),
+            ".spec.disks.additionalVolumes[0].sizeGb",
+        ),
+        (
+            json!([{"disk": "scsi1", "sizeGb": 131073}]),
+            ".spec.disks.additionalVolumes[0].sizeGb",
+        ),
+        (
+            json!([{"disk": "sata1", "sizeGb": 5, "ioThread": true}]),
+            "ioThread works on scsi and virtio disks only",
+        ),
+        (
+            json!([{"disk": "virtio1", "sizeGb": 5, "ssd": true}]),
+            "ssd emulation is not available on virtio disks",
+        ),
+        (
+            json!([{"disk": "scsi1", "sizeGb": 5, "storage": "bad storage"}]),
+            ".spec.disks.additionalVolumes[0].storage",
+        ),
+    ] {
+        assert_rejected("ProxmoxMachine", machine(disks(volumes)), expected);
+    }
+    let schema = schema_for("ProxmoxMachine");
+    let old = machine(disks(json!([{"disk": "scsi1", "sizeGb": 50}])));
+    let new = machine(disks(json!([{"disk": "scsi1", "sizeGb": 60}])));
+    let found =
+        capmox_testkit::schema::validate_object(&schema, &new, Some(&old)).expect_err("immutable");
+    assert!(
+        found
+            .iter()
+            .any(|v| v.message.contains("additionalVolumes are immutable")),
+        "{found:?}"
+    );
+}
+
+#[test]
 fn the_go_provider_templates_apply_unchanged() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/go-provider/templates");
     let entries =

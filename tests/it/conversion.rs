@@ -316,6 +316,8 @@ fn a_v1alpha1_spec_edit_keeps_zones_failure_domains_and_v1alpha2_nic_settings() 
         "metadata": {"name": "m", "namespace": "default"},
         "spec": {
             "sourceNode": "pve1", "templateID": 9000, "numCores": 2,
+            "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20},
+                      "additionalVolumes": [{"disk": "scsi1", "sizeGb": 50, "storage": "ceph", "discard": true}]},
             "network": {"zone": "rack-a", "networkDevices": [
                 {"name": "net0", "bridge": "vmbr0", "defaultIPv4": true, "queues": 4},
                 {"name": "net1", "bridge": "vmbr1", "ipPoolRef": [{"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "extra"}],
@@ -329,6 +331,11 @@ fn a_v1alpha1_spec_edit_keeps_zones_failure_domains_and_v1alpha2_nic_settings() 
     assert_eq!(
         old["spec"]["network"]["additionalDevices"][0]["ipv4PoolRef"]["name"],
         "extra"
+    );
+    assert_eq!(
+        old["spec"]["disks"],
+        json!({"bootVolume": {"disk": "scsi0", "sizeGb": 20}}),
+        "data disks travel in the annotation"
     );
     old["spec"]["numCores"] = json!(8);
     let new = convert(old, V1ALPHA2).expect("converts back");

@@ -222,6 +222,13 @@ const INTENDED: &[(&str, &str, &str)] = &[
         ".spec.template.spec",
         "x-kubernetes-validations",
     ),
+    // Data disks (capmox only) keep off the boot volume's slot; without them the rule holds.
+    ("ProxmoxMachine", ".spec.disks", "x-kubernetes-validations"),
+    (
+        "ProxmoxMachineTemplate",
+        ".spec.template.spec.disks",
+        "x-kubernetes-validations",
+    ),
 ];
 
 /// Differences in the v1alpha1 schemas that accept and reject the same objects, or that only

@@ -20,6 +20,7 @@ mod cluster_logs;
 mod conformance;
 mod conversion;
 mod crds;
+mod data_disks;
 mod dependencies;
 mod docs;
 mod ha;

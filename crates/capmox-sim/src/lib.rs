@@ -35,7 +35,7 @@ pub use server::{LoggedRequest, Rng, SIM_ROUTES, SIM_ROUTES_PVE9, SimCounters};
 pub use state::ha::{
     Affinity, HaGroup, HaResource, HaRule, HaRuleKind, MIGRATION_ABORTED, Relocation,
 };
-pub use state::{Cluster, RepeatedWrite, SimError, TaskRecord, repeated_writes};
+pub use state::{Cluster, RepeatedWrite, SimError, TaskRecord, VolumeInfo, repeated_writes};
 pub use topology::{
     DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
     Topology,
@@ -338,6 +338,13 @@ impl Simulator {
         self.handle().boots(vmid)
     }
 
+    /// The disk volumes VM `vmid` owns (boot disk, disks allocated through its config, unused
+    /// ones), so a test sees what an allocation made and that deleting the VM freed it. See
+    /// [`Cluster::volumes_of`].
+    pub fn volumes_of(&self, vmid: u32) -> Vec<VolumeInfo> {
+        self.handle().volumes_of(vmid)
+    }
+
     /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).
     pub fn with_cluster<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
         self.handle().with_cluster(f)
@@ -393,6 +400,12 @@ impl SimHandle {
     /// such VM.
     pub fn vm_node(&self, vmid: u32) -> Option<String> {
         self.with_cluster(|c| c.vm_node(vmid))
+    }
+
+    /// The disk volumes VM `vmid` owns (after the tasks due by now ended), as
+    /// [`Simulator::volumes_of`].
+    pub fn volumes_of(&self, vmid: u32) -> Vec<VolumeInfo> {
+        self.with_cluster(|c| c.volumes_of(vmid))
     }
 }
 

@@ -1,11 +1,14 @@
 //! In-memory cluster state with Proxmox semantics: VMID uniqueness, clone locks and
 //! tasks, config digests, resize rules, power tasks (reboot and reset in `restart`), guest
-//! agent after boot; HA (and HA migration) in `ha`.
+//! agent after boot; HA (and HA migration) in `ha`; disks written into configs (new
+//! volumes from `STORAGE:SIZE`, unused volumes) in `disks`.
 //! Time is passed in (`tokio::time::Instant`), tasks finish lazily when observed.
 
+mod disks;
 pub mod ha;
 mod restart;
 
+pub use disks::VolumeInfo;
 pub use restart::{DEFAULT_SHUTDOWN_TIMEOUT, POWERDOWN_TIMEOUT};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -157,11 +160,26 @@ impl Vm {
             })
             .collect()
     }
+    /// Size of the boot disk (`maxdisk`): the first disk of the boot order (`boot: order=`,
+    /// else the legacy `bootdisk`) that the config holds, else its first disk.
     fn boot_disk_size(&self) -> u64 {
-        self.disks()
-            .first()
-            .and_then(|(_, v)| parse_property_string(v, "file").get("size").cloned())
-            .and_then(|s| parse_size(&s))
+        let boot = self
+            .config
+            .get("boot")
+            .map(|b| parse_property_string(b, "legacy"));
+        let order: Vec<String> = match boot.as_ref().and_then(|b| b.get("order")) {
+            Some(order) => order.split(';').map(|d| d.trim().to_owned()).collect(),
+            None => self.config.get("bootdisk").cloned().into_iter().collect(),
+        };
+        let disks = self.disks();
+        order
+            .iter()
+            .filter_map(|key| disks.iter().find(|(k, _)| k == key))
+            .chain(disks.first())
+            .find_map(|(_, v)| {
+                let size = parse_property_string(v, "file").remove("size")?;
+                parse_size(&size)
+            })
             .unwrap_or(0)
     }
 }
@@ -215,6 +233,8 @@ struct Volume {
     ctime: u64,
     vmid: Option<u32>,
     data: Option<Arc<Vec<u8>>>,
+    /// Format of a disk allocated through a config write; `None`: `iso` for ISOs, else `raw`.
+    format: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -391,7 +411,7 @@ pub struct Cluster {
     clone_slots_used: BTreeMap<String, usize>,
     /// (storage, node) pairs a test made inactive: listed with status `unknown`, `active: 0`.
     inactive_storages: std::collections::BTreeSet<(String, String)>,
-    /// (storage, node) pairs a test filled: at least this much is listed as used.
+    /// (storage, node) pairs a test filled: bytes of other data beside the volumes.
     filled_storages: BTreeMap<(String, String), u64>,
     pools: BTreeMap<String, Option<String>>,
     execs: HashMap<(u32, u64), Exec>,
@@ -501,6 +521,7 @@ impl Cluster {
             ctime: self.epoch,
             vmid: Some(g.vmid),
             data: None,
+            format: None,
         });
         self.vms.insert(
             g.vmid,
@@ -727,6 +748,12 @@ impl Cluster {
                     let rest: Vec<String> = props.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     vm.config.insert(disk, format!("{file},{}", rest.join(",")));
                     log.push(format!("Image resized to {bytes} bytes"));
+                    let on = |x: &Volume| {
+                        x.volid == file && x.node.as_deref().is_none_or(|n| n == vm.node)
+                    };
+                    if let Some(volume) = self.volumes.iter_mut().find(|x| on(x)) {
+                        volume.size = bytes;
+                    }
                 }
             }
             Effect::Delete { vmid, purge } => {
@@ -1056,19 +1083,23 @@ impl Cluster {
         Ok(Value::Array(out))
     }
 
+    /// Bytes used on `storage` as `node` sees it: its volumes and what a test filled it with.
     fn storage_used(&self, storage: &str, node: &str) -> u64 {
-        let volumes = self
-            .volumes
-            .iter()
-            .filter(|v| v.storage == storage && v.node.as_deref().is_none_or(|n| n == node))
-            .map(|v| v.size)
-            .sum();
         let filled = self
             .filled_storages
             .get(&(storage.to_owned(), node.to_owned()))
             .copied()
             .unwrap_or(0);
-        filled.max(volumes)
+        self.volume_bytes(storage, node).saturating_add(filled)
+    }
+
+    /// Bytes the volumes on `storage` take as `node` sees it.
+    fn volume_bytes(&self, storage: &str, node: &str) -> u64 {
+        self.volumes
+            .iter()
+            .filter(|v| v.storage == storage && v.node.as_deref().is_none_or(|n| n == node))
+            .map(|v| v.size)
+            .sum()
     }
 
     fn storage_active(&self, storage: &str, node: &str) -> bool {
@@ -1164,7 +1195,10 @@ impl Cluster {
         Ok(Value::Object(map))
     }
 
-    /// `POST`/`PUT .../config`: early checks, then applies at once. POST returns a `qmconfig` task.
+    /// `POST`/`PUT .../config`: early checks, then applies at once. POST returns a `qmconfig`
+    /// task. Disks written as `STORAGE:SIZE` are allocated (module `disks`): an allocation
+    /// that fails leaves the config as it was and fails the task (POST) or the request (PUT,
+    /// 500).
     pub fn update_config(
         &mut self,
         now: Instant,
@@ -1173,6 +1207,42 @@ impl Cluster {
         params: &BTreeMap<String, String>,
         asynchronous: bool,
     ) -> SimResult<Option<Upid>> {
+        self.check_config_write(node, vmid, params)?;
+        let new_disks = self.new_disks(params)?;
+        let old_config = self.vm_on(node, vmid)?.config.clone();
+        let mut new_config = self.config_with(node, &old_config, params)?;
+        let id = vmid.to_string();
+        let allocated = match self.allocate(node, vmid, new_disks) {
+            Ok(allocated) => allocated,
+            Err(e) if asynchronous => {
+                let upid = self.new_task(now, node, "qmconfig", &id, Err(e), Effect::None, None);
+                return Ok(Some(upid));
+            }
+            Err(e) => return Err(SimError::e500(e)),
+        };
+        let log = self.write_disks(vmid, &old_config, &mut new_config, params, allocated);
+        self.apply_deletes(vmid, &mut new_config, params);
+        if let Some(vm) = self.vms.get_mut(&vmid) {
+            vm.config = new_config;
+        }
+        if !asynchronous {
+            return Ok(None);
+        }
+        let upid = self.new_task(now, node, "qmconfig", &id, Ok(()), Effect::None, None);
+        if let Some(task) = self.tasks.get_mut(upid.as_str()) {
+            task.log.extend(log);
+        }
+        Ok(Some(upid))
+    }
+
+    /// The checks of a config write before anything changes: lock, flock, digest, and the
+    /// schema (unknown options, names, SMBIOS, drive options).
+    fn check_config_write(
+        &self,
+        node: &str,
+        vmid: u32,
+        params: &BTreeMap<String, String>,
+    ) -> SimResult<()> {
         let vm = self.vm_on(node, vmid)?;
         let skiplock = params.get("skiplock").is_some_and(|v| v == "1");
         if let Some(lock) = vm.lock()
@@ -1190,79 +1260,34 @@ impl Cluster {
                 "checksum mismatch (file change by other user?)",
             ));
         }
-        let mut errors = BTreeMap::new();
-        for k in params.keys() {
-            if !is_config_option(k)
-                && ![
-                    "digest",
-                    "delete",
-                    "skiplock",
-                    "background_delay",
-                    "revert",
-                    "force",
-                ]
-                .contains(&k.as_str())
-            {
-                errors.insert(
-                    k.clone(),
-                    "property is not defined in schema and the schema does not allow additional properties".to_string(),
-                );
-            }
-        }
-        if let Some(name) = params.get("name")
-            && !is_dns_name(name)
-        {
-            errors.insert(
-                "name".into(),
-                "invalid format - value does not look like a valid DNS name".into(),
-            );
-        }
-        if let Some(smbios1) = params.get("smbios1")
-            && !is_smbios1(smbios1)
-        {
-            errors.insert(
-                "smbios1".into(),
-                "invalid format - value does not match the regex pattern".into(),
-            );
-        }
-        if !errors.is_empty() {
-            return Err(SimError {
+        let errors = config_schema_errors(params);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(SimError {
                 status: 400,
                 reason: "Parameter verification failed.".into(),
                 errors,
-            });
+            })
         }
-        let mut new_config = vm.config.clone();
+    }
+
+    /// `config` with the options of `params` set (canonical tags, NICs with MACs); a CD-ROM
+    /// must name an existing volume.
+    fn config_with(
+        &mut self,
+        node: &str,
+        config: &BTreeMap<String, String>,
+        params: &BTreeMap<String, String>,
+    ) -> SimResult<BTreeMap<String, String>> {
+        let mut new_config = config.clone();
         for (k, v) in params {
             if !is_config_option(k) {
                 continue;
             }
             let value = match k.as_str() {
                 "tags" => canonical_tags(v),
-                k if k.starts_with("net") && is_indexed(k, "net") => {
-                    let dev = NetDevice::parse(0, v);
-                    let mac = dev
-                        .mac
-                        .clone()
-                        .map(|m| m.to_ascii_uppercase())
-                        .unwrap_or_else(|| self.mac());
-                    let model = if dev.model.is_empty() {
-                        "virtio".to_string()
-                    } else {
-                        dev.model.clone()
-                    };
-                    let mut out = format!("{model}={mac}");
-                    for part in v.split(',') {
-                        if let Some((pk, _)) = part.split_once('=')
-                            && !["model", "macaddr"].contains(&pk)
-                            && pk != dev.model
-                        {
-                            out.push(',');
-                            out.push_str(part);
-                        }
-                    }
-                    out
-                }
+                k if is_indexed(k, "net") => self.net_value(v),
                 _ => v.clone(),
             };
             if (k.starts_with("ide") || k.starts_with("sata") || k.starts_with("scsi"))
@@ -1282,28 +1307,34 @@ impl Cluster {
             }
             new_config.insert(k.clone(), value);
         }
-        if let Some(del) = params.get("delete") {
-            for key in del.split([',', ';', ' ']).filter(|s| !s.is_empty()) {
-                let key = if key == "cdrom" { "ide2" } else { key };
-                new_config.remove(key);
+        Ok(new_config)
+    }
+
+    /// A NIC value as Proxmox writes it: `model=MAC` first (a new MAC when none is given),
+    /// then the other options.
+    fn net_value(&mut self, v: &str) -> String {
+        let dev = NetDevice::parse(0, v);
+        let mac = dev
+            .mac
+            .clone()
+            .map(|m| m.to_ascii_uppercase())
+            .unwrap_or_else(|| self.mac());
+        let model = if dev.model.is_empty() {
+            "virtio".to_string()
+        } else {
+            dev.model.clone()
+        };
+        let mut out = format!("{model}={mac}");
+        for part in v.split(',') {
+            if let Some((pk, _)) = part.split_once('=')
+                && !["model", "macaddr"].contains(&pk)
+                && pk != dev.model
+            {
+                out.push(',');
+                out.push_str(part);
             }
         }
-        if let Some(vm) = self.vms.get_mut(&vmid) {
-            vm.config = new_config;
-        }
-        if asynchronous {
-            Ok(Some(self.new_task(
-                now,
-                node,
-                "qmconfig",
-                &vmid.to_string(),
-                Ok(()),
-                Effect::None,
-                None,
-            )))
-        } else {
-            Ok(None)
-        }
+        out
     }
 
     /// `POST .../clone`.
@@ -1516,6 +1547,7 @@ impl Cluster {
                 ctime: self.epoch,
                 vmid: Some(newid),
                 data: None,
+                format: None,
             });
         }
         config.insert("lock".into(), "clone".into());
@@ -1788,7 +1820,7 @@ impl Cluster {
                 .filter(|v| content.is_none_or(|c| v.content == c))
                 .filter(|v| vmid.is_none_or(|id| v.vmid.map(|x| x.to_string()).as_deref() == Some(id)))
                 .map(|v| {
-                    let format = if v.content == "iso" { "iso" } else { "raw" };
+                    let format = v.format.as_deref().unwrap_or(if v.content == "iso" { "iso" } else { "raw" });
                     let mut r = json!({"volid": v.volid, "content": v.content, "format": format, "size": v.size, "ctime": v.ctime});
                     if let Some(id) = v.vmid {
                         r["vmid"] = json!(id);
@@ -1848,6 +1880,7 @@ impl Cluster {
             ctime: self.epoch,
             vmid: None,
             data: Some(Arc::new(data)),
+            format: None,
         };
         Ok(self.new_task(
             now,
@@ -2305,7 +2338,9 @@ impl Cluster {
         true
     }
 
-    /// Lists `storage` on `node` as `percent` used (at least: what its volumes take counts too).
+    /// Lists `storage` on `node` as `percent` used now (at least: what its volumes take
+    /// counts too), by putting other data beside its volumes: volumes allocated or freed
+    /// later add to that or take from it.
     pub fn fill_storage(&mut self, storage: &str, node: &str, percent: u64) -> bool {
         let Some(size) = self.storages.get(storage).map(|s| s.size_gib << 30) else {
             return false;
@@ -2313,10 +2348,10 @@ impl Cluster {
         if !self.nodes.contains_key(node) {
             return false;
         }
-        self.filled_storages.insert(
-            (storage.to_owned(), node.to_owned()),
-            size.saturating_mul(percent.min(100)).div_ceil(100),
-        );
+        let wanted = size.saturating_mul(percent.min(100)).div_ceil(100);
+        let other = wanted.saturating_sub(self.volume_bytes(storage, node));
+        self.filled_storages
+            .insert((storage.to_owned(), node.to_owned()), other);
         true
     }
 }
@@ -2392,10 +2427,50 @@ fn is_config_option(k: &str) -> bool {
         "kvm",
     ];
     const INDEXED: &[&str] = &[
-        "net", "scsi", "virtio", "sata", "ide", "ipconfig", "unused", "serial", "efidisk", "numa",
-        "usb", "hostpci",
+        "net", "ipconfig", "unused", "serial", "efidisk", "numa", "usb", "hostpci",
     ];
-    PLAIN.contains(&k) || INDEXED.iter().any(|p| is_indexed(k, p))
+    PLAIN.contains(&k) || disks::disk_bus(k).is_some() || INDEXED.iter().any(|p| is_indexed(k, p))
+}
+
+/// The parameter errors (400) of a config write: options outside the schema, a name that is
+/// no DNS name, a malformed `smbios1`, drive options the bus lacks or an unknown format.
+fn config_schema_errors(params: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    const CONTROL: &[&str] = &[
+        "digest",
+        "delete",
+        "skiplock",
+        "background_delay",
+        "revert",
+        "force",
+    ];
+    let mut errors = BTreeMap::new();
+    for (k, v) in params {
+        if !is_config_option(k) && !CONTROL.contains(&k.as_str()) {
+            errors.insert(
+                k.clone(),
+                "property is not defined in schema and the schema does not allow additional properties".to_string(),
+            );
+        } else if let Some(e) = disks::drive_format_error(k, v) {
+            errors.insert(k.clone(), e);
+        }
+    }
+    if let Some(name) = params.get("name")
+        && !is_dns_name(name)
+    {
+        errors.insert(
+            "name".into(),
+            "invalid format - value does not look like a valid DNS name".into(),
+        );
+    }
+    if let Some(smbios1) = params.get("smbios1")
+        && !is_smbios1(smbios1)
+    {
+        errors.insert(
+            "smbios1".into(),
+            "invalid format - value does not match the regex pattern".into(),
+        );
+    }
+    errors
 }
 
 /// Whether an `smbios1` value has Proxmox's form: known keys, and a `uuid` that is a UUID.

@@ -8,6 +8,7 @@ use super::outcome::{Flow, Stop};
 use super::task::TaskKind;
 use super::vm::is_machine_tag;
 use super::{During, MachineError, PROVIDER_ID_PREFIX, Reconcile, Scope, claim_key, machine_tag};
+use crate::api::{AdditionalVolume, ProxmoxMachineSpec, TargetFileStorageFormat};
 use crate::placement::{self, Placement};
 use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
 
@@ -126,38 +127,75 @@ impl Reconcile<'_> {
             self.event(scope, EventType::Normal, "Configured", &note)
                 .await;
         }
-        if let Some(boot) = spec.disks.as_ref().and_then(|d| d.boot_volume.as_ref()) {
-            let current_gb = config
-                .get(&boot.disk)
-                .and_then(|v| disk_size_gb(&v))
-                .unwrap_or(0);
-            if current_gb < u64::try_from(boot.size_gb).unwrap_or(0) && !disk_resized(scope) {
-                let started = proxmox
-                    .resize_disk(node, vmid, &boot.disk, &format!("{}G", boot.size_gb), None)
-                    .await;
-                let step = self.submitted(scope, proxmox, started, TaskKind::Resize, || {
-                    format!("resizing {} of VM {vmid} to {} GB", boot.disk, boot.size_gb)
-                });
-                // The pass that sees the resize end works from the config as written here.
-                let written = &self.context.vms.written_configs;
-                let machine = claim_key(self.machine);
-                if let Err(failed @ Stop::Failed(_)) = step {
-                    written.forget(&machine, vmid);
-                    return Err(failed);
-                }
-                match &configured {
-                    Configured::Unchanged => written.remember(&machine, vmid, config.clone()),
-                    Configured::Changed(Some(updated)) => {
-                        written.remember(&machine, vmid, updated.clone());
-                    }
-                    _ => written.forget(&machine, vmid),
-                }
-                // Waiting for the resize (a task), or done (Proxmox resized synchronously).
-                step?;
-                return Ok(Configured::Changed(None));
-            }
+        if let Some(missing) = missing_volumes(spec, config)
+            .map_err(|problem| Stop::Wait(super::decide::misconfigured("InvalidSpec", problem)))?
+        {
+            return self.add_volumes(scope, proxmox, node, vmid, missing).await;
+        }
+        if let Some((disk, size_gb)) = first_to_grow(spec, config) {
+            let current = match &configured {
+                Configured::Changed(Some(updated)) => Some(updated),
+                Configured::Unchanged => Some(config),
+                Configured::Changed(None) => None,
+            };
+            return self
+                .grow_disk(scope, proxmox, node, vmid, (&disk, size_gb), current)
+                .await;
         }
         Ok(configured)
+    }
+
+    /// Allocates the data disks the config lacks, in one config write (a task).
+    async fn add_volumes(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        missing: ConfigUpdate,
+    ) -> Flow<Configured> {
+        let slots: Vec<String> = missing.set.keys().cloned().collect();
+        let started = proxmox.update_vm_config(node, vmid, &missing).await;
+        self.configs.changed(node, vmid);
+        self.context
+            .vms
+            .written_configs
+            .forget(&claim_key(self.machine), vmid);
+        self.submitted(scope, proxmox, started, TaskKind::AddDisks, || {
+            format!("adding disks {} to VM {vmid}", slots.join(", "))
+        })?;
+        Ok(Configured::Changed(None))
+    }
+
+    /// Grows `disk` to `size_gb` (a task). The pass that sees the resize end works from
+    /// `current` (the config as written here) with the disk at its new size, so it goes on to
+    /// the next disk without reading the config again.
+    async fn grow_disk(
+        &self,
+        scope: &mut Scope,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+        (disk, size_gb): (&str, u64),
+        current: Option<&VmConfig>,
+    ) -> Flow<Configured> {
+        let started = proxmox
+            .resize_disk(node, vmid, disk, &format!("{size_gb}G"), None)
+            .await;
+        let step = self.submitted(scope, proxmox, started, TaskKind::Resize, || {
+            format!("resizing {disk} of VM {vmid} to {size_gb} GB")
+        });
+        let written = &self.context.vms.written_configs;
+        let machine = claim_key(self.machine);
+        match (&step, current) {
+            (Err(Stop::Failed(_)), _) | (_, None) => written.forget(&machine, vmid),
+            (_, Some(config)) => {
+                written.remember(&machine, vmid, with_disk_size(config, disk, size_gb))
+            }
+        }
+        // Waiting for the resize (a task), or done (Proxmox resized synchronously).
+        step?;
+        Ok(Configured::Changed(None))
     }
 
     /// What [`Reconcile::configure`] writes in one config update (`None`: nothing differs),
@@ -368,7 +406,107 @@ pub(super) fn disk_size_gb(value: &str) -> Option<u64> {
     })
 }
 
-/// Whether this pass saw the boot disk's resize end.
+/// The data disks of `spec` that `config` lacks, as one config update allocating them
+/// (`None`: none is missing), or why a disk's storage is unknown.
+fn missing_volumes(
+    spec: &ProxmoxMachineSpec,
+    config: &VmConfig,
+) -> Result<Option<ConfigUpdate>, String> {
+    let volumes = spec.disks.iter().flat_map(|d| &d.additional_volumes);
+    let mut update = ConfigUpdate::default();
+    for volume in volumes.filter(|v| config.get(&v.disk).is_none()) {
+        let storage = volume
+            .storage
+            .clone()
+            .or_else(|| spec.storage.clone())
+            .or_else(|| boot_storage(spec, config))
+            .ok_or_else(|| {
+                format!(
+                    "no storage for the additional volume {}: set its storage or spec.storage (the boot disk's storage is not known)",
+                    volume.disk
+                )
+            })?;
+        update = update.set(&volume.disk, volume_value(volume, &storage));
+    }
+    Ok((!update.set.is_empty()).then_some(update))
+}
+
+/// How Proxmox is asked to allocate `volume` on `storage`: `STORAGE:SIZE` and its options.
+fn volume_value(volume: &AdditionalVolume, storage: &str) -> String {
+    let mut value = format!("{storage}:{}", volume.size_gb);
+    if let Some(format) = volume.format {
+        let format = match format {
+            TargetFileStorageFormat::Raw => "raw",
+            TargetFileStorageFormat::Qcow2 => "qcow2",
+            TargetFileStorageFormat::Vmdk => "vmdk",
+        };
+        value.push_str(&format!(",format={format}"));
+    }
+    for (on, option) in [
+        (volume.discard, "discard=on"),
+        (volume.io_thread, "iothread=1"),
+        (volume.ssd, "ssd=1"),
+    ] {
+        if on == Some(true) {
+            value.push(',');
+            value.push_str(option);
+        }
+    }
+    value
+}
+
+/// The storage of the VM's boot disk: the spec's boot volume, else the first disk slot in
+/// Proxmox's boot order of buses that holds a volume.
+fn boot_storage(spec: &ProxmoxMachineSpec, config: &VmConfig) -> Option<String> {
+    let named = spec
+        .disks
+        .as_ref()
+        .and_then(|d| d.boot_volume.as_ref())
+        .map(|b| b.disk.clone());
+    named
+        .into_iter()
+        .chain(["scsi0", "virtio0", "sata0", "ide0"].map(str::to_owned))
+        .filter_map(|slot| config.get(&slot))
+        .find(|value| !value.contains("media=cdrom"))
+        .and_then(|value| {
+            value
+                .split(',')
+                .next()
+                .and_then(|volume| volume.split_once(':'))
+                .map(|(storage, _)| storage.to_owned())
+        })
+}
+
+/// The first disk of the spec (boot volume, then data disks) smaller in `config` than asked.
+fn first_to_grow(spec: &ProxmoxMachineSpec, config: &VmConfig) -> Option<(String, u64)> {
+    let disks = spec.disks.as_ref()?;
+    let boot = disks.boot_volume.iter().map(|b| (&b.disk, b.size_gb));
+    let data = disks
+        .additional_volumes
+        .iter()
+        .map(|v| (&v.disk, v.size_gb));
+    boot.chain(data).find_map(|(disk, size_gb)| {
+        let wanted = u64::try_from(size_gb).ok()?;
+        let current = config.get(disk).and_then(|v| disk_size_gb(&v)).unwrap_or(0);
+        (current < wanted).then(|| (disk.clone(), wanted))
+    })
+}
+
+/// `config` with `disk` at `size_gb`, as it is once a resize to that size ended.
+fn with_disk_size(config: &VmConfig, disk: &str, size_gb: u64) -> VmConfig {
+    let Some(value) = config.get(disk) else {
+        return config.clone();
+    };
+    let mut parts: Vec<String> = value
+        .split(',')
+        .filter(|part| !part.starts_with("size="))
+        .map(str::to_owned)
+        .collect();
+    parts.push(format!("size={size_gb}G"));
+    config.updated(&ConfigUpdate::default().set(disk, parts.join(",")))
+}
+
+/// Whether this pass saw a disk's resize end.
 pub(super) fn disk_resized(scope: &Scope) -> bool {
     scope.finished_as(TaskKind::Resize).is_some()
 }
@@ -450,5 +588,95 @@ mod tests {
             None,
             "a size beyond u64 is unreadable, not a panic"
         );
+    }
+
+    fn config(value: serde_json::Value) -> VmConfig {
+        serde_json::from_value(value).expect("a config")
+    }
+
+    fn spec(disks: serde_json::Value) -> ProxmoxMachineSpec {
+        serde_json::from_value(serde_json::json!({
+            "sourceNode": "pve1", "templateID": 100,
+            "network": {"networkDevices": [{"name": "net0", "bridge": "vmbr0"}]},
+            "disks": disks
+        }))
+        .expect("a spec")
+    }
+
+    #[test]
+    fn missing_data_disks_are_allocated_in_one_write_on_the_storage_they_name_or_the_boot_disks() {
+        let cloned = config(serde_json::json!({
+            "scsi0": "ceph:vm-101-disk-0,size=10G", "ide2": "local:iso/seed.iso,media=cdrom",
+            "scsi2": "ceph:vm-101-disk-1,size=8G"
+        }));
+        let wanted = spec(serde_json::json!({"additionalVolumes": [
+            {"disk": "scsi1", "sizeGb": 20, "discard": true, "ioThread": true, "ssd": true},
+            {"disk": "virtio1", "sizeGb": 50, "storage": "local-lvm", "format": "raw"},
+            {"disk": "scsi2", "sizeGb": 8}
+        ]}));
+        let update = missing_volumes(&wanted, &cloned)
+            .expect("storages known")
+            .expect("two disks missing");
+        assert_eq!(
+            update.set.into_iter().collect::<Vec<_>>(),
+            [
+                (
+                    "scsi1".to_owned(),
+                    "ceph:20,discard=on,iothread=1,ssd=1".to_owned()
+                ),
+                ("virtio1".to_owned(), "local-lvm:50,format=raw".to_owned()),
+            ],
+            "scsi2 is the template's and stays"
+        );
+        // spec.storage comes before the boot disk's.
+        let mut on_spec_storage = wanted.clone();
+        on_spec_storage.storage = Some("nfs".to_owned());
+        let update = missing_volumes(&on_spec_storage, &cloned)
+            .expect("known")
+            .expect("missing");
+        assert_eq!(update.set["scsi1"], "nfs:20,discard=on,iothread=1,ssd=1");
+        // Nothing missing: nothing written. No storage at all: said, not guessed.
+        assert_eq!(
+            missing_volumes(&spec(serde_json::json!({})), &cloned),
+            Ok(None)
+        );
+        let no_disk = config(serde_json::json!({"ide2": "local:iso/seed.iso,media=cdrom"}));
+        let problem = missing_volumes(&wanted, &no_disk).expect_err("no storage");
+        assert!(
+            problem.starts_with("no storage for the additional volume scsi1"),
+            "{problem}"
+        );
+    }
+
+    #[test]
+    fn disks_grow_one_after_another_boot_disk_first() {
+        let wanted = spec(serde_json::json!({
+            "bootVolume": {"disk": "scsi0", "sizeGb": 30},
+            "additionalVolumes": [{"disk": "scsi1", "sizeGb": 20}]
+        }));
+        let small = config(serde_json::json!({
+            "scsi0": "ceph:vm-101-disk-0,size=10G", "scsi1": "ceph:vm-101-disk-1,discard=on,size=8G"
+        }));
+        assert_eq!(
+            first_to_grow(&wanted, &small),
+            Some(("scsi0".to_owned(), 30))
+        );
+        // The config as it is once that resize ended: the next disk comes next.
+        let boot_grown = with_disk_size(&small, "scsi0", 30);
+        assert_eq!(
+            boot_grown.get("scsi0").as_deref(),
+            Some("ceph:vm-101-disk-0,size=30G")
+        );
+        assert_eq!(
+            first_to_grow(&wanted, &boot_grown),
+            Some(("scsi1".to_owned(), 20))
+        );
+        let all_grown = with_disk_size(&boot_grown, "scsi1", 20);
+        assert_eq!(
+            all_grown.get("scsi1").as_deref(),
+            Some("ceph:vm-101-disk-1,discard=on,size=20G"),
+            "the disk's options stay"
+        );
+        assert_eq!(first_to_grow(&wanted, &all_grown), None);
     }
 }

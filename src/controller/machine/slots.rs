@@ -94,7 +94,11 @@ impl Reconcile<'_> {
                 .map(TaskPurpose::parse)
                 .and_then(|p| p.kind)?;
             let upid: Upid = raw.parse().ok()?;
-            matches!(kind, TaskKind::Clone | TaskKind::Resize).then_some(upid)
+            matches!(
+                kind,
+                TaskKind::Clone | TaskKind::Resize | TaskKind::AddDisks
+            )
+            .then_some(upid)
         });
         match running {
             Some(upid) => {

@@ -24,6 +24,8 @@ pub enum TaskKind {
     Clone,
     /// Growing the boot disk.
     Resize,
+    /// Allocating the data disks the spec adds.
+    AddDisks,
     /// Uploading the seed ISO.
     UploadSeedIso,
     /// Starting the VM.
@@ -37,9 +39,10 @@ pub enum TaskKind {
 }
 
 impl TaskKind {
-    const ALL: [TaskKind; 7] = [
+    const ALL: [TaskKind; 8] = [
         TaskKind::Clone,
         TaskKind::Resize,
+        TaskKind::AddDisks,
         TaskKind::UploadSeedIso,
         TaskKind::Start,
         TaskKind::Stop,
@@ -52,6 +55,7 @@ impl TaskKind {
         match self {
             TaskKind::Clone => "clone",
             TaskKind::Resize => "resize",
+            TaskKind::AddDisks => "add-disks",
             TaskKind::UploadSeedIso => "seed-iso-upload",
             TaskKind::Start => "start",
             TaskKind::Stop => "stop",
@@ -65,6 +69,7 @@ impl TaskKind {
         match self {
             TaskKind::Clone => "cloning template ",
             TaskKind::Resize => "resizing ",
+            TaskKind::AddDisks => "adding disks ",
             TaskKind::UploadSeedIso => "uploading the seed ISO ",
             TaskKind::Start => "starting VM ",
             TaskKind::Stop => "stopping VM ",

@@ -8,5 +8,6 @@ mod paths;
 
 mod api;
 mod cli;
+mod disks;
 mod ha;
 mod shapes;

@@ -713,6 +713,7 @@ mod tests {
             ctime: 0,
             vmid: Some(101),
             data: None,
+            format: None,
         });
         migrate(&mut c, t1, "vm:101", "n2").expect("queued");
         c.advance(t1 + c.options().duration_of("qmigrate"));
