@@ -4,15 +4,18 @@
 //! once the Machine is healthy again. Until then this controller reboots the Machine's VM
 //! (`status/reboot`, whose shutdown may take `shutdownTimeoutSeconds`; a reboot that does not
 //! finish in time is followed by a hard `status/reset`), gives the Node `timeoutSeconds` to come
-//! back, reboots again up to `retryLimit`, and then hands the Machine back to its owner by
-//! setting the Machine's `OwnerRemediated` condition to False, as the MachineHealthCheck itself
-//! does without a template: the MachineSet or KubeadmControlPlane then replaces it.
+//! back, reboots again up to `retryLimit`, has Proxmox HA move a VM it manages to another node
+//! of the machine's zone (once, giving the Node its time again), and then hands the Machine
+//! back to its owner by setting the Machine's `OwnerRemediated` condition to False, as the
+//! MachineHealthCheck itself does without a template: the MachineSet or KubeadmControlPlane
+//! then replaces it.
 //!
 //! Everything the remediation did is in its status (phase, reboots, the task in flight, when
-//! the VM last restarted), so a restarted or moved controller goes on where it was; a task in
-//! flight is looked at again, never submitted twice. A remediation is rare and short, so a pass
-//! reads the objects it needs (Machine, ProxmoxMachine, Cluster, ProxmoxCluster) rather than
-//! this controller keeping a copy of every machine in memory, and only when it acts on Proxmox.
+//! the VM last restarted), so a restarted controller, or the replica that takes the Lease, goes
+//! on where it was; a task in flight is looked at again, never submitted twice. A remediation
+//! is rare and short, so a pass reads the objects it needs (Machine, ProxmoxMachine, Cluster,
+//! ProxmoxCluster) rather than this controller keeping a copy of every machine in memory, and
+//! only when it acts on Proxmox.
 
 use std::sync::Arc;
 use std::time::Duration;
