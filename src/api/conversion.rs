@@ -516,6 +516,12 @@ impl Part for MachineSpec {
             num_sockets: s.num_sockets,
             num_cores: s.num_cores,
             memory_mib: s.memory_mib,
+            // v1alpha2 only, kept from the stored object.
+            cpu: earlier.and_then(|e| e.cpu.clone()),
+            numa: earlier.and_then(|e| e.numa),
+            bios: earlier.and_then(|e| e.bios),
+            secure_boot: earlier.and_then(|e| e.secure_boot),
+            tpm: earlier.and_then(|e| e.tpm),
             disks: storage_up(s.disks.as_ref(), earlier.and_then(|e| e.disks.as_ref())),
             network: network_up(s.network.as_ref(), earlier.map(|e| &e.network)),
             vm_id_range: s.vm_id_range.clone(),

@@ -130,6 +130,10 @@ pub const MAX_NETWORK_DEVICES: usize = 32;
     {"rule": "self.full || !has(self.storage)", "message": "Must set full=true when specifying storage"},
     {"rule": "has(self.templateSelector) || (has(self.templateID) && has(self.sourceNode))",
      "message": "Must specify either templateID or templateSelector"},
+    {"rule": "!has(self.tpm) || !self.tpm || (has(self.bios) && self.bios == 'ovmf')",
+     "message": "tpm needs bios: ovmf (a TPM state lives with UEFI firmware)"},
+    {"rule": "!has(self.secureBoot) || !self.secureBoot || (has(self.bios) && self.bios == 'ovmf')",
+     "message": "secureBoot needs bios: ovmf"},
     {"rule": TAGS_IMMUTABLE_RULE,
      "message": "tags are immutable: Proxmox tags the VM once, when it is created; create a new ProxmoxMachine (e.g. through a new ProxmoxMachineTemplate) to change them"}
 ]))]
@@ -206,6 +210,23 @@ pub struct ProxmoxMachineSpec {
     #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0), extend("multipleOf" = 8))]
     pub memory_mib: Option<i32>,
+    /// CPU model and flags; the template's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuSpec>,
+    /// NUMA on or off; the template's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<bool>,
+    /// Firmware; the template's when unset. `ovmf` (UEFI) gives the VM an EFI disk (`efidisk0`)
+    /// on the boot disk's storage unless it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios: Option<Bios>,
+    /// With `bios: ovmf`: the EFI disk capmox adds has the distribution keys enrolled, so
+    /// Secure Boot is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<bool>,
+    /// With `bios: ovmf`: a virtual TPM 2.0 (`tpmstate0`) on the boot disk's storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<bool>,
     /// Disks of the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disks: Option<Storage>,
@@ -238,6 +259,41 @@ pub struct ProxmoxMachineSpec {
         extend("x-kubernetes-list-type" = "set")
     )]
     pub tags: Option<Vec<String>>,
+}
+
+/// The CPU Proxmox gives the VM.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuSpec {
+    /// CPU model (`host`, `x86-64-v2-AES`, `custom-<name>`, ...); Proxmox's default when unset.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = CPU_TYPE_MAX_LEN), pattern(CPU_TYPE_PATTERN))]
+    pub type_: Option<String>,
+    /// Flags to turn on (`+aes`) or off (`-pcid`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 32),
+        inner(pattern(CPU_FLAG_PATTERN)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub flags: Vec<String>,
+}
+
+/// A Proxmox CPU model name.
+pub const CPU_TYPE_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$";
+/// Longest CPU model name.
+pub const CPU_TYPE_MAX_LEN: u32 = 64;
+/// A CPU flag turned on or off.
+pub const CPU_FLAG_PATTERN: &str = r"^[+-][A-Za-z0-9_.\-]+$";
+
+/// VM firmware.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Bios {
+    /// Legacy BIOS.
+    Seabios,
+    /// UEFI.
+    Ovmf,
 }
 
 /// Disk format of a full clone.

@@ -640,6 +640,36 @@ fn data_disks_have_their_own_slots_on_the_right_bus_and_do_not_change() {
 }
 
 #[test]
+fn firmware_and_cpu_settings_are_checked() {
+    assert_eq!(
+        violations(
+            "ProxmoxMachine",
+            &machine(
+                json!({"cpu": {"type": "x86-64-v2-AES", "flags": ["+aes", "-pcid"]},
+                            "numa": true, "bios": "ovmf", "secureBoot": true, "tpm": true})
+            )
+        ),
+        Vec::<String>::new()
+    );
+    for (spec, expected) in [
+        (json!({"tpm": true}), "tpm needs bios: ovmf"),
+        (
+            json!({"bios": "seabios", "tpm": true}),
+            "tpm needs bios: ovmf",
+        ),
+        (json!({"secureBoot": true}), "secureBoot needs bios: ovmf"),
+        (json!({"bios": "uefi"}), ".spec.bios"),
+        (json!({"cpu": {"flags": ["aes"]}}), ".spec.cpu.flags[0]"),
+        (
+            json!({"cpu": {"type": "host,flags=+aes"}}),
+            ".spec.cpu.type",
+        ),
+    ] {
+        assert_rejected("ProxmoxMachine", machine(spec), expected);
+    }
+}
+
+#[test]
 fn the_go_provider_templates_apply_unchanged() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/go-provider/templates");
     let entries =

@@ -316,6 +316,7 @@ fn a_v1alpha1_spec_edit_keeps_zones_failure_domains_and_v1alpha2_nic_settings() 
         "metadata": {"name": "m", "namespace": "default"},
         "spec": {
             "sourceNode": "pve1", "templateID": 9000, "numCores": 2,
+            "cpu": {"type": "host", "flags": ["+aes"]}, "numa": true, "bios": "ovmf", "secureBoot": true, "tpm": true,
             "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20},
                       "additionalVolumes": [{"disk": "scsi1", "sizeGb": 50, "storage": "ceph", "discard": true}]},
             "network": {"zone": "rack-a", "networkDevices": [

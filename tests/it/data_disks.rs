@@ -1,6 +1,7 @@
-//! Data disks (`disks.additionalVolumes`): allocated in one config write after the clone and
-//! before the first boot, on the storage each names (else the boot disk's), and deleted with the
-//! VM; a disk Proxmox cannot allocate stops the machine before its VM starts.
+//! Data disks (`disks.additionalVolumes`) and the firmware's volumes (EFI disk, TPM state):
+//! allocated in one config write after the clone and before the first boot, on the storage each
+//! names (else the boot disk's), and deleted with the VM; a disk Proxmox cannot allocate stops
+//! the machine before its VM starts.
 
 use std::time::Duration;
 
@@ -140,4 +141,65 @@ async fn a_disk_the_storage_has_no_room_for_is_reported_and_the_vm_never_starts(
             .any(|t| t.vmid == Some(vmid) && t.kind == "qmstart"),
         "a VM without its disks is not started"
     );
+}
+
+#[tokio::test]
+async fn uefi_with_a_tpm_gets_its_efi_disk_and_tpm_state_before_the_first_boot() {
+    let scenario = Scenario::start(quick_sim()).await;
+    let mut spec = scenario::machine_spec();
+    spec["cpu"] = json!({"type": "x86-64-v2-AES", "flags": ["+aes"]});
+    spec["numa"] = json!(true);
+    spec["bios"] = json!("ovmf");
+    spec["secureBoot"] = json!(true);
+    spec["tpm"] = json!(true);
+    scenario.create_with("demo-uefi", spec).await;
+    let machine = scenario.wait_ready("demo-uefi").await;
+    let (vmid, node) = recorded_vm(&machine);
+    let config = scenario
+        .env
+        .proxmox()
+        .vm_config(&node, vmid)
+        .await
+        .expect("config");
+    let get = |key: &str| config.get(key).unwrap_or_default();
+    assert_eq!(get("cpu"), "x86-64-v2-AES,flags=+aes");
+    assert_eq!(get("numa"), "1");
+    assert_eq!(get("bios"), "ovmf");
+    assert!(
+        get("efidisk0").contains("efitype=4m") && get("efidisk0").contains("pre-enrolled-keys=1"),
+        "{}",
+        get("efidisk0")
+    );
+    assert!(
+        get("tpmstate0").contains("version=v2.0"),
+        "{}",
+        get("tpmstate0")
+    );
+    let start = scenario
+        .env
+        .sim
+        .task_records()
+        .into_iter()
+        .filter(|t| t.vmid == Some(vmid))
+        .find(|t| t.kind == "qmstart")
+        .and_then(|t| t.started)
+        .expect("started");
+    assert!(
+        scenario
+            .env
+            .sim
+            .task_records()
+            .iter()
+            .filter(|t| t.vmid == Some(vmid) && t.kind == "qmconfig")
+            .all(|t| t.ended.is_some_and(|ended| ended <= start)),
+        "the firmware's volumes were there at the first boot"
+    );
+    assert_eq!(
+        scenario.env.sim.volumes_of(vmid).len(),
+        3,
+        "boot disk, EFI disk, TPM state"
+    );
+    let uid = scenario.delete("demo-uefi").await;
+    scenario.wait_deleted("demo-uefi", &uid).await;
+    assert_eq!(scenario.env.sim.volumes_of(vmid), Vec::new());
 }

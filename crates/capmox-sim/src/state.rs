@@ -2425,9 +2425,11 @@ fn is_config_option(k: &str) -> bool {
         "serial0",
         "hotplug",
         "kvm",
+        "efidisk0",
+        "tpmstate0",
     ];
     const INDEXED: &[&str] = &[
-        "net", "ipconfig", "unused", "serial", "efidisk", "numa", "usb", "hostpci",
+        "net", "ipconfig", "unused", "serial", "numa", "usb", "hostpci",
     ];
     PLAIN.contains(&k) || disks::disk_bus(k).is_some() || INDEXED.iter().any(|p| is_indexed(k, p))
 }

@@ -8,7 +8,7 @@ use super::outcome::{Flow, Stop};
 use super::task::TaskKind;
 use super::vm::is_machine_tag;
 use super::{During, MachineError, PROVIDER_ID_PREFIX, Reconcile, Scope, claim_key, machine_tag};
-use crate::api::{AdditionalVolume, ProxmoxMachineSpec, TargetFileStorageFormat};
+use crate::api::{AdditionalVolume, Bios, CpuSpec, ProxmoxMachineSpec, TargetFileStorageFormat};
 use crate::placement::{self, Placement};
 use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
 
@@ -226,6 +226,15 @@ impl Reconcile<'_> {
         if let Some(description) = &spec.description {
             set("description", description.clone());
         }
+        if let Some(cpu) = spec.cpu.as_ref().and_then(cpu_value) {
+            set("cpu", cpu);
+        }
+        if let Some(numa) = spec.numa {
+            set("numa", u8::from(numa).to_string());
+        }
+        if let Some(bios) = spec.bios {
+            set("bios", bios_value(bios).to_owned());
+        }
         for nic in placement.network_devices() {
             let existing = config.get(&nic.name).unwrap_or_default();
             set(&nic.name, nic_value(&existing, nic)?);
@@ -406,14 +415,15 @@ pub(super) fn disk_size_gb(value: &str) -> Option<u64> {
     })
 }
 
-/// The data disks of `spec` that `config` lacks, as one config update allocating them
-/// (`None`: none is missing), or why a disk's storage is unknown.
+/// The data disks (and the EFI disk and TPM state the firmware wants) of `spec` that `config`
+/// lacks, as one config update allocating them (`None`: none is missing), or why a disk's
+/// storage is unknown.
 fn missing_volumes(
     spec: &ProxmoxMachineSpec,
     config: &VmConfig,
 ) -> Result<Option<ConfigUpdate>, String> {
     let volumes = spec.disks.iter().flat_map(|d| &d.additional_volumes);
-    let mut update = ConfigUpdate::default();
+    let mut update = firmware_volumes(spec, config)?;
     for volume in volumes.filter(|v| config.get(&v.disk).is_none()) {
         let storage = volume
             .storage
@@ -429,6 +439,59 @@ fn missing_volumes(
         update = update.set(&volume.disk, volume_value(volume, &storage));
     }
     Ok((!update.set.is_empty()).then_some(update))
+}
+
+/// The EFI disk (`bios: ovmf`) and TPM state (`tpm`) the config lacks, to allocate on
+/// `spec.storage`, else the boot disk's storage (Proxmox sizes both itself).
+fn firmware_volumes(spec: &ProxmoxMachineSpec, config: &VmConfig) -> Result<ConfigUpdate, String> {
+    let uefi = spec.bios == Some(Bios::Ovmf);
+    let wanted = [
+        (
+            uefi,
+            "efidisk0",
+            format!(
+                "efitype=4m,pre-enrolled-keys={}",
+                u8::from(spec.secure_boot == Some(true))
+            ),
+        ),
+        (
+            uefi && spec.tpm == Some(true),
+            "tpmstate0",
+            "version=v2.0".to_owned(),
+        ),
+    ];
+    let mut update = ConfigUpdate::default();
+    for (_, key, options) in wanted
+        .iter()
+        .filter(|(on, key, _)| *on && config.get(key).is_none())
+    {
+        let storage = spec
+            .storage
+            .clone()
+            .or_else(|| boot_storage(spec, config))
+            .ok_or_else(|| {
+                format!(
+                    "no storage for {key}: set spec.storage (the boot disk's storage is not known)"
+                )
+            })?;
+        update = update.set(key, format!("{storage}:1,{options}"));
+    }
+    Ok(update)
+}
+
+/// The `cpu` option of `cpu`: the model, then its flags (`host,flags=+aes;-pcid`).
+fn cpu_value(cpu: &CpuSpec) -> Option<String> {
+    let flags = (!cpu.flags.is_empty()).then(|| format!("flags={}", cpu.flags.join(";")));
+    let parts: Vec<String> = cpu.type_.iter().cloned().chain(flags).collect();
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+/// The `bios` option of `bios`.
+fn bios_value(bios: Bios) -> &'static str {
+    match bios {
+        Bios::Seabios => "seabios",
+        Bios::Ovmf => "ovmf",
+    }
 }
 
 /// How Proxmox is asked to allocate `volume` on `storage`: `STORAGE:SIZE` and its options.
@@ -678,5 +741,57 @@ mod tests {
             "the disk's options stay"
         );
         assert_eq!(first_to_grow(&wanted, &all_grown), None);
+    }
+
+    #[test]
+    fn uefi_gets_an_efi_disk_and_a_tpm_on_the_boot_disks_storage_once() {
+        let mut uefi = spec(serde_json::json!({}));
+        uefi.bios = Some(Bios::Ovmf);
+        uefi.secure_boot = Some(true);
+        uefi.tpm = Some(true);
+        let cloned = config(serde_json::json!({"scsi0": "local-lvm:vm-101-disk-0,size=10G"}));
+        let update = missing_volumes(&uefi, &cloned)
+            .expect("storage known")
+            .expect("both missing");
+        assert_eq!(
+            update.set.into_iter().collect::<Vec<_>>(),
+            [
+                (
+                    "efidisk0".to_owned(),
+                    "local-lvm:1,efitype=4m,pre-enrolled-keys=1".to_owned()
+                ),
+                (
+                    "tpmstate0".to_owned(),
+                    "local-lvm:1,version=v2.0".to_owned()
+                ),
+            ]
+        );
+        // A template that has them keeps its own; no TPM without asking; nothing for seabios.
+        let with_efi = config(serde_json::json!({
+            "scsi0": "local-lvm:vm-101-disk-0,size=10G",
+            "efidisk0": "local-lvm:vm-101-disk-1,efitype=4m,size=4M"
+        }));
+        uefi.tpm = None;
+        assert_eq!(missing_volumes(&uefi, &with_efi), Ok(None));
+        uefi.bios = Some(Bios::Seabios);
+        assert_eq!(missing_volumes(&uefi, &cloned), Ok(None));
+    }
+
+    #[test]
+    fn the_cpu_option_names_the_model_then_its_flags() {
+        let cpu = |type_: Option<&str>, flags: &[&str]| CpuSpec {
+            type_: type_.map(str::to_owned),
+            flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+        };
+        assert_eq!(cpu_value(&cpu(Some("host"), &[])).as_deref(), Some("host"));
+        assert_eq!(
+            cpu_value(&cpu(Some("x86-64-v2-AES"), &["+aes", "-pcid"])).as_deref(),
+            Some("x86-64-v2-AES,flags=+aes;-pcid")
+        );
+        assert_eq!(
+            cpu_value(&cpu(None, &["+aes"])).as_deref(),
+            Some("flags=+aes")
+        );
+        assert_eq!(cpu_value(&cpu(None, &[])), None);
     }
 }

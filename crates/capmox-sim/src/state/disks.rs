@@ -17,6 +17,14 @@
 //!   `storage 'x' is not online` (made inactive), `unsupported format 'qcow2'` (a block
 //!   storage other than RBD takes raw only), `not enough free space (<free> < <size>)` in
 //!   bytes (volumes and `fill_storage` count as used), and a size of 0.
+//! * `efidisk0: STORAGE:SIZE,efitype=4m,pre-enrolled-keys=0` and `tpmstate0:
+//!   STORAGE:SIZE,version=v2.0` allocate too, through the same checks, but the size given is
+//!   ignored as `create_efidisk` and the TPM state allocation do: the EFI vars volume is
+//!   4 MiB for `efitype=4m` and 528 KiB otherwise (`2m`, the default), the TPM state 4 MiB
+//!   and always raw (`ceph:vm-101-disk-1,efitype=4m,pre-enrolled-keys=0,size=4M`,
+//!   `ceph:vm-101-disk-2,size=4M,version=v2.0`). The schema refuses an `efitype` other than
+//!   `2m`/`4m`, a `version` other than `v1.2`/`v2.0`, a `pre-enrolled-keys` that is no
+//!   boolean and options the format lacks (`format` on `tpmstate0`), 400 on the key.
 //! * A disk replaced, or deleted without `force=1`, leaves its volume as the first free
 //!   `unusedN` when the VM owns it (not CD-ROMs); deleting an `unusedN`, or a disk with
 //!   `force=1`, frees the volume. Deleting the VM frees all its volumes.
@@ -41,6 +49,15 @@ const DISK_BUSES: [(&str, u32); 4] = [("ide", 3), ("sata", 5), ("scsi", 30), ("v
 
 /// The formats a drive's `format=` may name (qemu-server's drive schema).
 const FORMATS: [&str; 6] = ["raw", "qcow", "qed", "qcow2", "vmdk", "cloop"];
+
+/// Size of an EFI vars volume for `efitype=4m` (OVMF_VARS_4M.fd).
+const EFI_VARS_4M: u64 = 4 << 20;
+
+/// Size of an EFI vars volume for `efitype=2m`, the default (OVMF_VARS.fd: 540672 bytes).
+const EFI_VARS_2M: u64 = 528 << 10;
+
+/// Size of a TPM state volume (qemu-server's `TPMSTATE_DISK_SIZE`).
+const TPMSTATE_SIZE: u64 = 4 << 20;
 
 /// Most volumes one guest can have on a storage (pve-storage's `$MAX_VOLUMES_PER_GUEST`).
 const MAX_VOLUMES_PER_GUEST: u32 = 1024;
@@ -93,9 +110,72 @@ pub(super) fn disk_bus(key: &str) -> Option<&'static str> {
     })
 }
 
+/// Whether `key` is a disk a config write can allocate: a bus slot, `efidisk0` or `tpmstate0`.
+fn allocatable(key: &str) -> bool {
+    disk_bus(key).is_some() || key == "efidisk0" || key == "tpmstate0"
+}
+
+/// Enumeration error as the schema words it (`efidisk0.efitype: value '8m' does not ...`).
+fn enum_error(key: &str, option: &str, value: &str, allowed: &[&str]) -> String {
+    format!(
+        "invalid format - format error\n{key}.{option}: value '{value}' does not have a value in the enumeration '{}'",
+        allowed.join(", ")
+    )
+}
+
+/// What the `efidisk0`/`tpmstate0` formats say against `value`: an unknown option, an
+/// `efitype`, `version` or format outside its enumeration, a `pre-enrolled-keys` no boolean.
+fn special_drive_error(key: &str, value: &str) -> Option<String> {
+    let props = parse_property_string(value, "file");
+    let (known, enums): (&[&str], &[(&str, &[&str])]) = match key {
+        "efidisk0" => (
+            &[
+                "file",
+                "efitype",
+                "pre-enrolled-keys",
+                "format",
+                "size",
+                "import-from",
+                "ms-cert",
+            ],
+            &[("efitype", &["2m", "4m"]), ("format", &FORMATS)],
+        ),
+        "tpmstate0" => (
+            &["file", "version", "size", "import-from"],
+            &[("version", &["v1.2", "v2.0"])],
+        ),
+        _ => return None,
+    };
+    if let Some(option) = props.keys().find(|k| !known.contains(&k.as_str())) {
+        return Some(format!(
+            "invalid format - invalid key in comma-separated list property: {option}"
+        ));
+    }
+    for (option, allowed) in enums {
+        if let Some(v) = props.get(*option)
+            && !allowed.contains(&v.as_str())
+        {
+            return Some(enum_error(key, option, v, allowed));
+        }
+    }
+    let booleans = ["0", "1", "on", "off", "yes", "no", "true", "false"];
+    props
+        .get("pre-enrolled-keys")
+        .filter(|v| !booleans.contains(&v.to_ascii_lowercase().as_str()))
+        .map(|v| {
+            format!(
+                "invalid format - format error\n{key}.pre-enrolled-keys: type check ('boolean') failed - got '{v}'"
+            )
+        })
+}
+
 /// What the drive schema says against `value` in slot `key` (an option its bus lacks, an
-/// unknown format), so a client's wrong option fails as on PVE.
+/// unknown format; the `efidisk0`/`tpmstate0` formats), so a client's wrong option fails
+/// as on PVE.
 pub(super) fn drive_format_error(key: &str, value: &str) -> Option<String> {
+    if key == "efidisk0" || key == "tpmstate0" {
+        return special_drive_error(key, value);
+    }
     let bus = disk_bus(key)?;
     let props = parse_property_string(value, "file");
     let lacking: &[&str] = match bus {
@@ -109,12 +189,7 @@ pub(super) fn drive_format_error(key: &str, value: &str) -> Option<String> {
         ));
     }
     let format = props.get("format")?;
-    (!FORMATS.contains(&format.as_str())).then(|| {
-        format!(
-            "invalid format - format error\n{key}.format: value '{format}' does not have a value in the enumeration '{}'",
-            FORMATS.join(", ")
-        )
-    })
+    (!FORMATS.contains(&format.as_str())).then(|| enum_error(key, "format", format, &FORMATS))
 }
 
 /// `(storage, GiB)` when `file` is PVE's allocation syntax `[STORAGE:]SIZE`
@@ -184,7 +259,7 @@ impl Cluster {
         params: &BTreeMap<String, String>,
     ) -> super::SimResult<Vec<NewDisk>> {
         let mut out = Vec::new();
-        for (key, value) in params.iter().filter(|(k, _)| disk_bus(k).is_some()) {
+        for (key, value) in params.iter().filter(|(k, _)| allocatable(k)) {
             let mut options = parse_property_string(value, "file");
             let Some(file) = options.remove("file") else {
                 continue;
@@ -207,10 +282,16 @@ impl Cluster {
             }
             let format = options.remove("format");
             options.remove("size");
+            let bytes = match key.as_str() {
+                "efidisk0" if options.get("efitype").is_some_and(|t| t == "4m") => EFI_VARS_4M,
+                "efidisk0" => EFI_VARS_2M,
+                "tpmstate0" => TPMSTATE_SIZE,
+                _ => gib_to_bytes(gib),
+            };
             out.push(NewDisk {
                 key: key.clone(),
                 storage: storage.to_owned(),
-                bytes: gib_to_bytes(gib),
+                bytes,
                 format,
                 options,
             });
@@ -746,6 +827,123 @@ mod tests {
         assert_eq!(finish(&mut c, now, upid.as_str()), "OK");
         assert_eq!(c.volumes_of(100), []);
         assert_eq!(c.storage_used("ceph", "pve1"), ceph_before, "space freed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn efi_and_tpm_state_disks_are_allocated_at_their_fixed_sizes_in_one_task() {
+        let (mut c, now) = with_vm();
+        let ceph_before = c.storage_used("ceph", "pve1");
+        let upid = c
+            .update_config(
+                now,
+                "pve1",
+                100,
+                &p(&[
+                    ("efidisk0", "ceph:1,efitype=4m,pre-enrolled-keys=0"),
+                    ("tpmstate0", "ceph:1,version=v2.0"),
+                    ("bios", "ovmf"),
+                    ("cpu", "host,flags=+aes;-pcid"),
+                    ("numa", "1"),
+                ]),
+                true,
+            )
+            .expect("accepted")
+            .expect("a task");
+        assert_eq!(upid.task_type, "qmconfig");
+        assert_eq!(finish(&mut c, now, upid.as_str()), "OK");
+        let tasks = c.tasks.values().filter(|t| t.kind == "qmconfig").count();
+        assert_eq!(tasks, 1, "one task for the whole write");
+        assert_eq!(
+            config(&c, "efidisk0").as_deref(),
+            Some("ceph:vm-100-disk-0,efitype=4m,pre-enrolled-keys=0,size=4M")
+        );
+        assert_eq!(
+            config(&c, "tpmstate0").as_deref(),
+            Some("ceph:vm-100-disk-1,size=4M,version=v2.0")
+        );
+        assert_eq!(config(&c, "bios").as_deref(), Some("ovmf"));
+        assert_eq!(config(&c, "cpu").as_deref(), Some("host,flags=+aes;-pcid"));
+        assert_eq!(config(&c, "numa").as_deref(), Some("1"));
+        let ceph: Vec<(String, u64)> = c
+            .volumes_of(100)
+            .into_iter()
+            .filter(|v| v.storage == "ceph")
+            .map(|v| (v.volid, v.size))
+            .collect();
+        assert_eq!(
+            ceph,
+            [
+                ("ceph:vm-100-disk-0".to_owned(), 4 << 20),
+                ("ceph:vm-100-disk-1".to_owned(), 4 << 20),
+            ]
+        );
+        assert_eq!(c.storage_used("ceph", "pve1"), ceph_before + (8 << 20));
+        // the 2m default is 528 KiB; a PUT allocates too, after a separate plain write
+        c.update_config(now, "pve1", 100, &p(&[("bios", "seabios")]), false)
+            .expect("PUT");
+        assert_eq!(config(&c, "bios").as_deref(), Some("seabios"));
+        c.update_config(now, "pve1", 100, &p(&[("efidisk0", "local-lvm:0")]), false)
+            .expect("replace");
+        assert_eq!(
+            config(&c, "efidisk0").as_deref(),
+            Some("local-lvm:vm-100-disk-1,size=528K")
+        );
+        assert_eq!(config(&c, "unused0").as_deref(), Some("ceph:vm-100-disk-0"));
+        // the storage checks of disks apply
+        let e = c
+            .update_config(now, "pve1", 100, &p(&[("tpmstate0", "nope:1")]), false)
+            .expect_err("no storage");
+        assert_eq!(e.reason, "storage 'nope' does not exist");
+        let e = c
+            .update_config(now, "pve1", 100, &p(&[("tpmstate0", "pve2-data:1")]), false)
+            .expect_err("other node");
+        assert_eq!(
+            e.reason,
+            "storage 'pve2-data' is not available on node 'pve1'"
+        );
+        let upid = c.delete_vm(now, "pve1", 100, false).expect("destroy");
+        assert_eq!(finish(&mut c, now, upid.as_str()), "OK");
+        assert_eq!(c.volumes_of(100), []);
+        assert_eq!(c.storage_used("ceph", "pve1"), ceph_before, "space freed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_efidisk_and_tpmstate_formats_refuse_bad_values() {
+        let (mut c, now) = with_vm();
+        for (key, value, error) in [
+            (
+                "efidisk0",
+                "ceph:1,efitype=8m",
+                "invalid format - format error\nefidisk0.efitype: value '8m' does not have a value in the enumeration '2m, 4m'",
+            ),
+            (
+                "efidisk0",
+                "ceph:1,pre-enrolled-keys=2",
+                "invalid format - format error\nefidisk0.pre-enrolled-keys: type check ('boolean') failed - got '2'",
+            ),
+            (
+                "tpmstate0",
+                "ceph:1,version=v3.0",
+                "invalid format - format error\ntpmstate0.version: value 'v3.0' does not have a value in the enumeration 'v1.2, v2.0'",
+            ),
+            (
+                "tpmstate0",
+                "ceph:1,format=qcow2",
+                "invalid format - invalid key in comma-separated list property: format",
+            ),
+            (
+                "efidisk1",
+                "ceph:1",
+                "property is not defined in schema and the schema does not allow additional properties",
+            ),
+        ] {
+            let e = c
+                .update_config(now, "pve1", 100, &p(&[(key, value)]), true)
+                .expect_err(value);
+            assert_eq!(e.status, 400, "{value}");
+            assert_eq!(e.errors[key], error, "{value}");
+        }
+        assert_eq!(c.volumes_of(100).len(), 1, "only the boot disk");
     }
 
     #[test]

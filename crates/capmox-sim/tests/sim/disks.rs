@@ -237,3 +237,72 @@ async fn storages_that_cannot_take_a_disk_fail_as_pve_words_it() {
     assert_eq!(cfg.get("scsi1"), None, "nothing written");
     assert_eq!(sim.volumes_of(100).len(), 1, "only the boot disk");
 }
+
+#[tokio::test]
+async fn efidisk_and_tpm_state_in_one_post_get_their_fixed_sizes_and_leave_with_the_vm() {
+    let sim = Simulator::start(topology(), SimOptions::default())
+        .await
+        .expect("simulator");
+    let client = client_for(&sim);
+    vm_100(&client).await;
+    let ceph = used(&client, "ceph", "pve2").await;
+    let update = ConfigUpdate::default()
+        .set("efidisk0", "ceph:1,efitype=4m,pre-enrolled-keys=0")
+        .set("tpmstate0", "ceph:1,version=v2.0")
+        .set("bios", "ovmf")
+        .set("cpu", "host,flags=+aes;-pcid")
+        .set("numa", "1");
+    let task = client
+        .update_vm_config("pve1", 100, &update)
+        .await
+        .expect("accepted");
+    client
+        .wait_task_ref(&task, &waits())
+        .await
+        .expect("qmconfig");
+    let configs = sim
+        .task_records()
+        .into_iter()
+        .filter(|r| r.kind == "qmconfig")
+        .count();
+    assert_eq!(configs, 1, "one task for the whole write");
+    let cfg = client.vm_config("pve1", 100).await.expect("config");
+    for (key, value) in [
+        (
+            "efidisk0",
+            "ceph:vm-100-disk-0,efitype=4m,pre-enrolled-keys=0,size=4M",
+        ),
+        ("tpmstate0", "ceph:vm-100-disk-1,size=4M,version=v2.0"),
+        ("bios", "ovmf"),
+        ("cpu", "host,flags=+aes;-pcid"),
+        ("numa", "1"),
+    ] {
+        assert_eq!(cfg.get(key).as_deref(), Some(value), "{key}");
+    }
+    let ceph_volumes: Vec<(String, u64)> = sim
+        .volumes_of(100)
+        .into_iter()
+        .filter(|v| v.storage == "ceph")
+        .map(|v| (v.volid, v.size))
+        .collect();
+    assert_eq!(
+        ceph_volumes,
+        [
+            ("ceph:vm-100-disk-0".to_owned(), 4 << 20),
+            ("ceph:vm-100-disk-1".to_owned(), 4 << 20),
+        ]
+    );
+    assert_eq!(used(&client, "ceph", "pve2").await, ceph + (8 << 20));
+
+    let params = DeleteParams {
+        purge: true,
+        destroy_unreferenced_disks: true,
+    };
+    let task = client.delete_vm("pve1", 100, params).await.expect("delete");
+    client
+        .wait_task_ref(&task, &waits())
+        .await
+        .expect("deleted");
+    assert_eq!(sim.volumes_of(100), []);
+    assert_eq!(used(&client, "ceph", "pve2").await, ceph, "space freed");
+}
