@@ -35,10 +35,12 @@ pub use server::{LoggedRequest, Rng, SIM_ROUTES, SIM_ROUTES_PVE9, SimCounters};
 pub use state::ha::{
     Affinity, HaGroup, HaResource, HaRule, HaRuleKind, MIGRATION_ABORTED, Relocation,
 };
-pub use state::{Cluster, RepeatedWrite, SimError, TaskRecord, VolumeInfo, repeated_writes};
+pub use state::{
+    Cluster, DhcpLease, RepeatedWrite, SimError, TaskRecord, VolumeInfo, repeated_writes,
+};
 pub use topology::{
-    DenyRule, FaultConfig, FaultRule, GuestSpec, NodeSpec, SimOptions, SimSettings, StorageSpec,
-    Topology,
+    DenyRule, DhcpSpec, FaultConfig, FaultRule, GuestSpec, NodeSpec, PciDeviceSpec,
+    PciMapEntrySpec, PciMappingSpec, SimOptions, SimSettings, StorageSpec, Topology,
 };
 
 use server::Shared;
@@ -343,6 +345,20 @@ impl Simulator {
     /// [`Cluster::volumes_of`].
     pub fn volumes_of(&self, vmid: u32) -> Vec<VolumeInfo> {
         self.handle().volumes_of(vmid)
+    }
+
+    /// The PCI devices VMs hold on `node` (running, or with a start under way) as (address,
+    /// VMID), by address, so a test sees which entry of a mapping a start took and that a
+    /// stop freed it. See [`Cluster::pci_in_use`].
+    pub fn pci_in_use(&self, node: &str) -> Vec<(String, u32)> {
+        self.with_cluster(|c| c.pci_in_use(node))
+    }
+
+    /// Every DHCP lease the topology's `dhcp` services handed out (by bridge and MAC), so a
+    /// test sees which address a guest got, that it kept it over a reboot, and that
+    /// destroying the VM freed it. See [`Cluster::dhcp_leases`].
+    pub fn dhcp_leases(&self) -> Vec<DhcpLease> {
+        self.with_cluster(|c| c.dhcp_leases())
     }
 
     /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).

@@ -219,6 +219,8 @@ pub(crate) async fn handle(
         let acl = match segs.as_slice() {
             ["nodes", _, "qemu", id, ..] => format!("/vms/{id}"),
             ["nodes", _, "storage", st, ..] => format!("/storage/{st}"),
+            ["nodes", _, "hardware", ..] => "/".to_string(),
+            ["cluster", "mapping", "pci", id] => format!("/mapping/pci/{id}"),
             ["nodes", n, ..] => format!("/nodes/{n}"),
             ["pools", ..] => "/pool".to_string(),
             _ => "/".to_string(),
@@ -421,6 +423,9 @@ pub(crate) fn endpoint_template(method: &Method, segs: &[&str]) -> String {
         ["cluster", "ha", "groups", _] => "/cluster/ha/groups/{group}".to_string(),
         ["cluster", "ha", "rules", _] => "/cluster/ha/rules/{rule}".to_string(),
         ["cluster", "ha", "status", "current"] => "/cluster/ha/status/current".to_string(),
+        ["cluster", "mapping", "pci"] => "/cluster/mapping/pci".to_string(),
+        ["cluster", "mapping", "pci", _] => "/cluster/mapping/pci/{id}".to_string(),
+        ["nodes", _, "hardware", "pci"] => "/nodes/{node}/hardware/pci".to_string(),
         ["cluster", x] => format!("/cluster/{x}"),
         ["pools"] => "/pools".to_string(),
         ["nodes", _, "qemu"] => "/nodes/{node}/qemu".to_string(),
@@ -495,6 +500,9 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ("PUT", "/cluster/ha/groups/{group}"),
     ("DELETE", "/cluster/ha/groups/{group}"),
     ("GET", "/cluster/ha/status/current"),
+    ("GET", "/cluster/mapping/pci"),
+    ("GET", "/cluster/mapping/pci/{id}"),
+    ("GET", "/nodes/{node}/hardware/pci"),
 ];
 
 /// The routes the simulator serves only when it reports PVE 9 or later (HA rules); as
@@ -545,6 +553,13 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
             }
             ("GET", ["cluster", "nextid"]) => Reply::Data(c.next_id(get("vmid"))?),
             ("GET", ["cluster", "status"]) => Reply::Data(c.cluster_status()),
+            ("GET", ["cluster", "mapping", "pci"]) => {
+                Reply::Data(c.pci_mappings(get("check-node"))?)
+            }
+            ("GET", ["cluster", "mapping", "pci", id]) => Reply::Data(c.pci_mapping(id)?),
+            ("GET", ["nodes", n, "hardware", "pci"]) => {
+                Reply::Data(c.node_pci(n, get("pci-class-blacklist"), get("verbose"))?)
+            }
             ("GET", ["nodes", n, "qemu"]) => Reply::Data(c.list_vms(n)?),
             ("GET", ["nodes", n, "qemu", id, "config"]) => {
                 Reply::Data(c.vm_config(n, vmid_of(id)?)?)

@@ -1,13 +1,17 @@
 //! In-memory cluster state with Proxmox semantics: VMID uniqueness, clone locks and
 //! tasks, config digests, resize rules, power tasks (reboot and reset in `restart`), guest
 //! agent after boot; HA (and HA migration) in `ha`; disks written into configs (new
-//! volumes from `STORAGE:SIZE`, unused volumes) in `disks`.
+//! volumes from `STORAGE:SIZE`, unused volumes) in `disks`; PCI passthrough (mappings,
+//! `hostpciN`, devices held by running VMs) in `pci`; DHCP leases for guests in `dhcp`.
 //! Time is passed in (`tokio::time::Instant`), tasks finish lazily when observed.
 
+mod dhcp;
 mod disks;
 pub mod ha;
+mod pci;
 mod restart;
 
+pub use dhcp::DhcpLease;
 pub use disks::VolumeInfo;
 pub use restart::{DEFAULT_SHUTDOWN_TIMEOUT, POWERDOWN_TIMEOUT};
 
@@ -17,9 +21,11 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::time::{Duration, Instant};
 
-use super::guest::{self, GuestOs};
+use super::guest::GuestOs;
 use super::iso::IsoImage;
-use super::topology::{GuestSpec, SimOptions, StorageSpec, Topology};
+use super::topology::{
+    DhcpSpec, GuestSpec, PciDeviceSpec, PciMappingSpec, SimOptions, StorageSpec, Topology,
+};
 use capmox::proxmox::de::split_tags;
 use capmox::proxmox::types::{NetDevice, parse_property_string};
 use capmox::proxmox::upid::Upid;
@@ -89,6 +95,8 @@ struct Vm {
     boots: u32,
     /// The guest ignores ACPI and its agent does not answer (`hang_guest`), until it boots again.
     hung: bool,
+    /// The host PCI devices it holds on its node, from its start request until it stops.
+    pci: Vec<pci::PciHolding>,
 }
 
 impl Vm {
@@ -136,8 +144,7 @@ impl Vm {
             .iter()
             .map(|(k, v)| format!("{k}: {v}\n"))
             .collect();
-        let d = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, text.as_bytes());
-        d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+        sha1_hex(&text)
     }
     /// Disk keys with their property strings (`scsi0` → `local-lvm:vm-100-disk-0,size=10G`).
     fn disks(&self) -> Vec<(String, String)> {
@@ -182,6 +189,12 @@ impl Vm {
             })
             .unwrap_or(0)
     }
+}
+
+/// The SHA-1 of `text` in hex, as PVE's config digests are.
+fn sha1_hex(text: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, text.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn is_disk_key(k: &str) -> bool {
@@ -421,6 +434,16 @@ pub struct Cluster {
     task_fail: Box<dyn FnMut(&str) -> bool + Send>,
     /// HA resources, groups, rules and the CRM's view of them.
     ha: ha::HaState,
+    /// Each node's PCI devices.
+    pci_devices: BTreeMap<String, Vec<PciDeviceSpec>>,
+    /// PCI resource mappings by ID.
+    pci_mappings: BTreeMap<String, PciMappingSpec>,
+    /// DHCP services by bridge.
+    dhcp: BTreeMap<String, DhcpSpec>,
+    /// DHCP leases by (bridge, MAC).
+    leases: BTreeMap<(String, String), dhcp::Lease>,
+    /// Guests whose DHCP clients ask when their boot is done: (boot done, VMID).
+    dhcp_due: BTreeSet<(Instant, u32)>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -476,6 +499,19 @@ impl Cluster {
             opts,
             task_fail,
             ha: ha::HaState::default(),
+            pci_devices: topology
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.pci_devices.clone()))
+                .collect(),
+            pci_mappings: topology
+                .pci_mappings
+                .iter()
+                .map(|m| (m.name.clone(), m.clone()))
+                .collect(),
+            dhcp: dhcp::services(topology),
+            leases: BTreeMap::new(),
+            dhcp_due: BTreeSet::new(),
         };
         for t in &topology.templates {
             c.add_guest(t, true);
@@ -483,7 +519,40 @@ impl Cluster {
         for g in &topology.guests {
             c.add_guest(g, false);
         }
+        c.claim_initial_pci();
         c
+    }
+
+    /// Guests the topology lists as running hold their PCI devices and had their DHCP
+    /// leases; one whose devices cannot be had (taken by a guest before it, in VMID order)
+    /// is stopped instead.
+    fn claim_initial_pci(&mut self) {
+        let running: Vec<u32> = self
+            .vms
+            .iter()
+            .filter(|(_, vm)| vm.running)
+            .map(|(vmid, _)| *vmid)
+            .collect();
+        for vmid in running {
+            let claim = self.claim_pci(vmid);
+            let Some(vm) = self.vms.get_mut(&vmid) else {
+                continue;
+            };
+            match claim {
+                Ok(held) => {
+                    vm.pci = held;
+                    if let Some(at) = vm.started_at {
+                        self.dhcp_after_boot(vmid, at);
+                    }
+                }
+                Err(reason) => {
+                    tracing::warn!(vmid, %reason, "topology guest cannot start: stopped");
+                    vm.running = false;
+                    vm.started_at = None;
+                    vm.boots = 0;
+                }
+            }
+        }
     }
 
     fn add_guest(&mut self, g: &GuestSpec, template: bool) {
@@ -539,6 +608,7 @@ impl Cluster {
                 // a guest listed as running booted once before the simulation began
                 boots: u32::from(g.running && !template),
                 hung: false,
+                pci: Vec::new(),
             },
         );
     }
@@ -574,41 +644,57 @@ impl Cluster {
         self.task_fail = task_fail;
     }
 
-    /// Applies the effects of every task that has ended by `now`, in end order; a clone that
-    /// ends frees its slots, and queued clones start at that instant.
+    /// Applies the effects of every task that has ended by `now` and lets every guest whose
+    /// boot is done by then take its DHCP leases, in time order (a task first at the same
+    /// instant); a clone that ends frees its slots, and queued clones start at that instant.
     pub fn advance(&mut self, now: Instant) {
-        while let Some((end, key)) = self.running.first().cloned() {
-            if end > now {
-                break;
+        loop {
+            let task = self
+                .running
+                .first()
+                .map(|(end, _)| *end)
+                .filter(|e| *e <= now);
+            let dhcp = self.next_dhcp_due().filter(|d| *d <= now);
+            match (task, dhcp) {
+                (Some(end), Some(due)) if due < end => self.run_next_dhcp(),
+                (Some(_), _) => self.end_next_task(),
+                (None, Some(_)) => self.run_next_dhcp(),
+                (None, None) => break,
             }
-            self.running.remove(&(end, key.clone()));
-            let Some(task) = self.tasks.get_mut(&key) else {
-                continue;
-            };
-            task.done = true;
-            let effect = std::mem::replace(&mut task.effect, Effect::None);
-            let ok = task.outcome.is_ok();
-            let slots = std::mem::take(&mut task.slots);
-            let mut log = Vec::new();
-            let late = self.apply(effect, ok, end, &mut log);
-            if let Some(task) = self.tasks.get_mut(&key) {
-                if let Err(e) = late {
-                    task.outcome = Err(e);
-                }
-                task.log.extend(log);
-                match &task.outcome {
-                    Ok(()) => task.log.push("TASK OK".into()),
-                    Err(e) => task.log.push(format!("TASK ERROR: {e}")),
+        }
+    }
+
+    /// Ends the running task that ends first and applies its effect.
+    fn end_next_task(&mut self) {
+        let Some((end, key)) = self.running.pop_first() else {
+            return;
+        };
+        let Some(task) = self.tasks.get_mut(&key) else {
+            return;
+        };
+        task.done = true;
+        let effect = std::mem::replace(&mut task.effect, Effect::None);
+        let ok = task.outcome.is_ok();
+        let slots = std::mem::take(&mut task.slots);
+        let mut log = Vec::new();
+        let late = self.apply(effect, ok, end, &mut log);
+        if let Some(task) = self.tasks.get_mut(&key) {
+            if let Err(e) = late {
+                task.outcome = Err(e);
+            }
+            task.log.extend(log);
+            match &task.outcome {
+                Ok(()) => task.log.push("TASK OK".into()),
+                Err(e) => task.log.push(format!("TASK ERROR: {e}")),
+            }
+        }
+        if !slots.is_empty() {
+            for node in &slots {
+                if let Some(used) = self.clone_slots_used.get_mut(node) {
+                    *used = used.saturating_sub(1);
                 }
             }
-            if !slots.is_empty() {
-                for node in &slots {
-                    if let Some(used) = self.clone_slots_used.get_mut(node) {
-                        *used = used.saturating_sub(1);
-                    }
-                }
-                self.start_queued_clones(end);
-            }
+            self.start_queued_clones(end);
         }
     }
 
@@ -723,6 +809,14 @@ impl Cluster {
                     vm.boot(end, booted);
                     vm.changed_at = Some(end);
                 }
+                self.dhcp_after_boot(vmid, end);
+            }
+            // a start that failed frees the devices it reserved (a VM that was already
+            // running keeps those it started with)
+            Effect::Start { vmid } => {
+                if let Some(vm) = self.vms.get_mut(&vmid).filter(|vm| !vm.running) {
+                    vm.pci.clear();
+                }
             }
             Effect::Restart { vmid } if ok => self.restart_guest(vmid, end),
             Effect::Migrate {
@@ -736,6 +830,7 @@ impl Cluster {
                     vm.running = false;
                     vm.started_at = None;
                     vm.changed_at = Some(end);
+                    vm.pci.clear();
                 }
             }
             Effect::Resize { vmid, disk, bytes } if ok => {
@@ -782,6 +877,7 @@ impl Cluster {
 
     fn remove_vm(&mut self, vmid: u32) {
         self.vms.remove(&vmid);
+        self.release_leases(vmid);
         self.volumes
             .retain(|v| v.vmid != Some(vmid) || v.content != "images");
     }
@@ -1197,8 +1293,8 @@ impl Cluster {
 
     /// `POST`/`PUT .../config`: early checks, then applies at once. POST returns a `qmconfig`
     /// task. Disks written as `STORAGE:SIZE` are allocated (module `disks`): an allocation
-    /// that fails leaves the config as it was and fails the task (POST) or the request (PUT,
-    /// 500).
+    /// that fails, or a raw PCI device an API token may not write (module `pci`), leaves the
+    /// config as it was and fails the task (POST) or the request (PUT, 500).
     pub fn update_config(
         &mut self,
         now: Instant,
@@ -1212,7 +1308,10 @@ impl Cluster {
         let old_config = self.vm_on(node, vmid)?.config.clone();
         let mut new_config = self.config_with(node, &old_config, params)?;
         let id = vmid.to_string();
-        let allocated = match self.allocate(node, vmid, new_disks) {
+        let allocated = match self
+            .hostpci_write_refusal(&old_config, params)
+            .map_or_else(|| self.allocate(node, vmid, new_disks), Err)
+        {
             Ok(allocated) => allocated,
             Err(e) if asynchronous => {
                 let upid = self.new_task(now, node, "qmconfig", &id, Err(e), Effect::None, None);
@@ -1563,6 +1662,7 @@ impl Cluster {
                 booted: None,
                 boots: 0,
                 hung: false,
+                pci: Vec::new(),
             },
         );
         self.volumes.extend(new_volumes);
@@ -1728,6 +1828,10 @@ impl Cluster {
                     errors: BTreeMap::new(),
                 });
             }
+        };
+        let outcome = match outcome {
+            Ok(()) if action == "start" => self.reserve_pci(vmid),
+            other => other,
         };
         self.ha_power_request(vmid, action);
         let (kind, effect) = match action {
@@ -2071,49 +2175,26 @@ impl Cluster {
     }
 
     /// `GET .../agent/network-get-interfaces`: NICs with the VM's MACs (lower-case) and the
-    /// static addresses the guest read from its seed ISO (see [`guest::addresses`]), or
-    /// `ipconfigN` as a fallback.
+    /// static addresses the guest read from its seed ISO (see [`crate::guest::nic_setups`]), or
+    /// `ipconfigN` as a fallback, then its DHCP leases (module `dhcp`) and a link-local one.
     pub fn agent_interfaces(&self, now: Instant, node: &str, vmid: u32) -> SimResult<Value> {
         let vm = self.agent_vm(now, node, vmid)?;
-        let seed = self.seed_iso(vm);
-        let by_mac = seed.as_ref().map(guest::addresses).unwrap_or_default();
         let mut result = vec![
             json!({"name": "lo", "hardware-address": "00:00:00:00:00:00",
             "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8},
                              {"ip-address": "::1", "ip-address-type": "ipv6", "prefix": 128}],
             "statistics": stats()}),
         ];
-        let nets: Vec<(u32, String)> = vm
-            .config
-            .iter()
-            .filter(|(k, _)| is_indexed(k, "net"))
-            .filter_map(|(k, v)| Some((k[3..].parse().ok()?, v.clone())))
-            .collect();
-        for (pos, (idx, value)) in nets.iter().enumerate() {
-            let dev = NetDevice::parse(*idx, value);
-            let mac = dev.mac.unwrap_or_default().to_ascii_lowercase();
-            let ifname = format!("eth{pos}");
-            let mut addrs: Vec<Value> = by_mac
-                .get(&mac)
-                .or_else(|| by_mac.get(&ifname))
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|a| addr_json(&a))
+        for (ifname, nic) in self.guest_nics(vm) {
+            let mut addrs: Vec<Value> = nic
+                .setup
+                .addresses
+                .iter()
+                .chain(&self.dhcp_addresses(vmid, &nic))
+                .filter_map(|a| addr_json(a))
                 .collect();
-            if addrs.is_empty()
-                && seed.is_none()
-                && let Some(ipc) = vm.config.get(&format!("ipconfig{idx}"))
-            {
-                let p = parse_property_string(ipc, "ip");
-                for key in ["ip", "ip6"] {
-                    if let Some(a) = p.get(key).and_then(|a| addr_json(a)) {
-                        addrs.push(a);
-                    }
-                }
-            }
-            addrs.push(json!({"ip-address": format!("fe80::{:x}", 0x1000 + idx), "ip-address-type": "ipv6", "prefix": 64}));
-            result.push(json!({"name": ifname, "hardware-address": mac, "ip-addresses": addrs, "statistics": stats()}));
+            addrs.push(json!({"ip-address": format!("fe80::{:x}", 0x1000 + nic.index), "ip-address-type": "ipv6", "prefix": 64}));
+            result.push(json!({"name": ifname, "hardware-address": nic.mac, "ip-addresses": addrs, "statistics": stats()}));
         }
         Ok(json!({"result": result}))
     }
@@ -2428,10 +2509,11 @@ fn is_config_option(k: &str) -> bool {
         "efidisk0",
         "tpmstate0",
     ];
-    const INDEXED: &[&str] = &[
-        "net", "ipconfig", "unused", "serial", "numa", "usb", "hostpci",
-    ];
-    PLAIN.contains(&k) || disks::disk_bus(k).is_some() || INDEXED.iter().any(|p| is_indexed(k, p))
+    const INDEXED: &[&str] = &["net", "ipconfig", "unused", "serial", "numa", "usb"];
+    PLAIN.contains(&k)
+        || disks::disk_bus(k).is_some()
+        || pci::hostpci_index(k).is_some()
+        || INDEXED.iter().any(|p| is_indexed(k, p))
 }
 
 /// The parameter errors (400) of a config write: options outside the schema, a name that is
@@ -2452,7 +2534,9 @@ fn config_schema_errors(params: &BTreeMap<String, String>) -> BTreeMap<String, S
                 k.clone(),
                 "property is not defined in schema and the schema does not allow additional properties".to_string(),
             );
-        } else if let Some(e) = disks::drive_format_error(k, v) {
+        } else if let Some(e) =
+            disks::drive_format_error(k, v).or_else(|| pci::hostpci_format_error(k, v))
+        {
             errors.insert(k.clone(), e);
         }
     }

@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod hardware;
+
+pub use hardware::{DhcpSpec, PciDeviceSpec, PciMapEntrySpec, PciMappingSpec};
+pub(crate) use hardware::{hex_id, is_config_id, is_pci_address, pci_filter_matches};
+
 /// Errors loading a topology.
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
@@ -46,6 +51,9 @@ pub struct NodeSpec {
     /// Whether the node is online (offline nodes answer 595 to node-scoped calls).
     #[serde(default = "yes")]
     pub online: bool,
+    /// The node's PCI devices (for passthrough, raw or through `pci_mappings`).
+    #[serde(default)]
+    pub pci_devices: Vec<PciDeviceSpec>,
 }
 
 /// A storage.
@@ -129,6 +137,12 @@ pub struct Topology {
     /// Resource pools.
     #[serde(default)]
     pub pools: Vec<String>,
+    /// PCI resource mappings (`/cluster/mapping/pci`, PVE 8+).
+    #[serde(default)]
+    pub pci_mappings: Vec<PciMappingSpec>,
+    /// DHCP services, one per bridge, the same on every node.
+    #[serde(default)]
+    pub dhcp: Vec<DhcpSpec>,
     /// Behaviour overrides (token, durations, faults), so one file describes a whole scenario.
     #[serde(default)]
     pub simulation: Option<SimSettings>,
@@ -285,7 +299,16 @@ impl Topology {
                 }
             }
         }
-        Ok(())
+        for n in &self.nodes {
+            hardware::check_devices(&n.name, &n.pci_devices)?;
+        }
+        hardware::check_mappings(&self.pci_mappings, |node| {
+            self.nodes
+                .iter()
+                .find(|n| n.name == node)
+                .map(|n| n.pci_devices.as_slice())
+        })?;
+        hardware::check_dhcp(&self.dhcp)
     }
 
     /// A small ready-made cluster: 3 nodes, local-lvm + local (iso) + shared ceph, two templates.
@@ -597,6 +620,83 @@ mod tests {
         let json = serde_json::to_string(&t).expect("serializes");
         let back = Topology::from_yaml(&json, "json").expect("JSON is YAML");
         assert_eq!(t, back);
+    }
+
+    /// Two nodes with one GPU each (pve2's in another IOMMU group) and a mapping over both.
+    const GPUS: &str = "
+nodes:
+  - name: pve1
+    pci_devices: [{id: '0000:01:00.0', vendor: '10de', device: '2204', iommugroup: 14, subsystem_vendor: '1458', subsystem_device: '4032'}]
+  - name: pve2
+    pci_devices: [{id: '0000:41:00.0', vendor: '0x10de', device: '0x2204', iommugroup: 30}]
+pci_mappings:
+  - name: gpu
+    description: RTX 3090
+    map:
+      - {node: pve1, path: '0000:01:00.0', id: '10de:2204', iommugroup: 14, subsystem_id: '1458:4032'}
+      - {node: pve2, path: '0000:41:00', id: '10de:2204'}
+dhcp:
+  - {bridge: vmbr0, range4: 10.0.9.100-10.0.9.200, prefix4: 24, gateway4: 10.0.9.1}
+";
+
+    #[test]
+    fn pci_mappings_and_dhcp_load() {
+        let t = Topology::from_yaml(GPUS, "t").expect("valid");
+        assert_eq!(t.pci_mappings[0].map.len(), 2);
+        assert_eq!(
+            t.pci_mappings[0].map[0].property_string(),
+            "node=pve1,path=0000:01:00.0,id=10de:2204,iommugroup=14,subsystem-id=1458:4032"
+        );
+        assert_eq!(t.nodes[1].pci_devices[0].vendor_device(), "10de:2204");
+        assert_eq!(t.dhcp[0].pool4().map(|p| p.2), Some(24));
+    }
+
+    #[test]
+    fn pci_mappings_must_describe_the_nodes_devices() {
+        for (from, to, error) in [
+            (
+                "path: '0000:41:00'",
+                "path: '0000:42:00.0'",
+                "path '0000:42:00.0' names no device of the node",
+            ),
+            (
+                "path: '0000:41:00'",
+                "path: '41:00.0'",
+                "is not an address like 0000:01:00.0",
+            ),
+            ("{node: pve2,", "{node: pve9,", "unknown node 'pve9'"),
+            (
+                "iommugroup: 14, subsystem_id",
+                "iommugroup: 15, subsystem_id",
+                "iommugroup is 15, but device 0000:01:00.0 has 14",
+            ),
+            (
+                "id: '10de:2204', iommugroup: 14",
+                "id: '10de:2208', iommugroup: 14",
+                "id is 10de:2208, but device 0000:01:00.0 has 10de:2204",
+            ),
+            (
+                "subsystem_id: '1458:4032'",
+                "subsystem_id: '1458:4033'",
+                "subsystem_id is 1458:4033",
+            ),
+            ("name: gpu", "name: 1gpu", "is not a PVE config ID"),
+            (
+                "id: '0000:41:00.0'",
+                "id: '0000:41:00'",
+                "is not a full address",
+            ),
+            (
+                "device: '0x2204', iommugroup: 30",
+                "device: 'x', iommugroup: 30",
+                "has ID 'x'",
+            ),
+            ("prefix4: 24", "prefix4: 33", "needs prefix4"),
+        ] {
+            assert!(GPUS.contains(from), "{from}");
+            let err = Topology::from_yaml(&GPUS.replacen(from, to, 1), "t").expect_err(error);
+            assert!(err.to_string().contains(error), "{err}");
+        }
     }
 
     #[test]

@@ -16,7 +16,13 @@
 //!   the VM changes state later);
 //! * the placement scheduler is PVE's `basic` one: fewest HA resources per node (then
 //!   fewest VMs, then the node name), within the highest priority class of the allowed
-//!   online nodes; recovery ignores where the disks are (PVE needs shared storage).
+//!   online nodes; recovery ignores where the disks are (PVE needs shared storage);
+//! * a recovered VM whose PCI devices cannot be had on its new node (a mapping without a
+//!   free entry there, a raw device the node lacks) gets a failed `qmstart` task there with
+//!   PVE's message and its resource goes to `error` at once (PVE first tries `max_restart`
+//!   restarts and `max_relocate` relocations); a failback that PCI devices keep from
+//!   migrating logs `migration failed (exit code 1)` and the VM stays (PVE retries it in
+//!   later CRM rounds).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -1052,7 +1058,7 @@ impl Cluster {
                 } else if let Some(l) = vm.lock() {
                     Err(format!("VM is locked ({l})"))
                 } else {
-                    Ok(())
+                    self.reserve_pci(vmid)
                 };
                 if outcome.is_err() {
                     self.ha.crm.insert(sid.to_string(), "error");
@@ -1689,15 +1695,32 @@ impl Cluster {
             if restart && vm.lock() == Some("migrate") {
                 vm.config.remove("lock");
             }
-            if restart {
-                vm.running = run;
-                vm.started_at = run.then_some(now);
-                if run {
-                    vm.boots = vm.boots.saturating_add(1);
-                    vm.hung = false;
-                }
-            }
         }
+        if !restart || !run {
+            return;
+        }
+        // the LRM of the new node starts it: its PCI devices must be had there
+        if let Err(reason) = self.reserve_pci(vmid) {
+            let id = vmid.to_string();
+            self.new_task(
+                now,
+                to,
+                "qmstart",
+                &id,
+                Err(reason),
+                Effect::Start { vmid },
+                None,
+            );
+            self.ha.crm.insert(sid.to_string(), "error");
+            return;
+        }
+        if let Some(vm) = self.vms.get_mut(&vmid) {
+            vm.running = true;
+            vm.started_at = Some(now);
+            vm.boots = vm.boots.saturating_add(1);
+            vm.hung = false;
+        }
+        self.dhcp_after_boot(vmid, now);
     }
 
     /// Tries to place every resource in state `recovery`, in VMID order.
@@ -1762,6 +1785,7 @@ impl Cluster {
                 vm.started_at = None;
                 vm.changed_at = Some(now);
             }
+            vm.pci.clear();
             hit.push(*vmid);
         }
         for vmid in hit {
@@ -1814,7 +1838,14 @@ impl Cluster {
                 continue;
             }
             if let Some(to) = self.best_node(&r.sid, &preferred) {
-                // an online migration: the VM keeps running
+                // an online migration: the VM keeps running, unless its PCI devices keep it
+                if self.pci_migration_blocker(vmid, &to).is_some() {
+                    self.crm_log(format!(
+                        "service '{}' - migration failed (exit code 1)",
+                        r.sid
+                    ));
+                    continue;
+                }
                 self.ha_move(now, &r.sid, vmid, &to, false);
                 out.push(Relocation {
                     sid: r.sid.clone(),

@@ -154,6 +154,7 @@ impl Cluster {
         };
         vm.boot(at, os);
         self.execs.retain(|(id, _), _| *id != vmid);
+        self.dhcp_after_boot(vmid, at);
     }
 
     /// VM `vmid` on `node` if it runs; PVE refuses to reboot or reset one that does not.

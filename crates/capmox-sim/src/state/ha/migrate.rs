@@ -19,8 +19,10 @@
 //!   'pve3'`) fails it before any task. Otherwise a `qmigrate` task runs on the source node,
 //!   holding the VM's flock and config lock `migrate`, with HA state `migrate`. The task
 //!   fails (`migration aborted`, the VM stays where it was) with a CD-ROM image on a
-//!   non-shared storage attached (a seed ISO: `can't migrate VM - check log`), when the
-//!   flock is held, or when the target goes offline or the source fails before it ends. On
+//!   non-shared storage attached (a seed ISO: `can't migrate VM - check log`), with PCI
+//!   devices that cannot go along (see the `pci` module: raw devices always, mapped ones
+//!   when the VM runs or the target has no entry), when the flock is held, or when the
+//!   target goes offline or the source fails before it ends. On
 //!   success the VM is on the target, running or stopped as before (no boot), and its
 //!   volumes on node-local storages with it.
 //!
@@ -107,7 +109,7 @@ impl Cluster {
             })
     }
 
-    fn crm_log(&mut self, line: String) {
+    pub(in crate::state) fn crm_log(&mut self, line: String) {
         if self.ha.log.len() >= LOG_LINES {
             self.ha.log.pop_front();
         }
@@ -259,7 +261,7 @@ impl Cluster {
 
     /// Starts the `qmigrate` task on `from`; one that will abort logs why at once.
     fn run_migration(&mut self, now: Instant, sid: &str, vmid: u32, from: &str, target: &str) {
-        let problems = self.migration_problems(vmid);
+        let problems = self.migration_problems(vmid, target);
         let outcome = match problems {
             Some(_) => Err(MIGRATION_ABORTED.to_string()),
             None => Ok(()),
@@ -322,11 +324,14 @@ impl Cluster {
     }
 
     /// Why the `qmigrate` task will abort (`None`: it will not), as warnings and the cause:
-    /// the flock held, or a CD-ROM image on a non-shared storage (only cloud-init drives
-    /// are made anew on the target).
-    fn migration_problems(&self, vmid: u32) -> Option<(Vec<String>, String)> {
+    /// the flock held, PCI devices that cannot go to `target` (module `pci`), or a CD-ROM
+    /// image on a non-shared storage (only cloud-init drives are made anew on the target).
+    fn migration_problems(&self, vmid: u32, target: &str) -> Option<(Vec<String>, String)> {
         if self.flock_held(vmid) {
             return Some((Vec::new(), Self::flock_timeout(vmid).reason));
+        }
+        if let Some(cause) = self.pci_migration_blocker(vmid, target) {
+            return Some((Vec::new(), cause));
         }
         let vm = self.vms.get(&vmid)?;
         let warnings: Vec<String> = vm
@@ -422,6 +427,8 @@ impl Cluster {
         if let Some(vm) = self.vms.get_mut(&vmid) {
             vm.node = target.to_string();
             vm.changed_at = Some(end);
+            // host devices stay with their node (a VM holding any does not get here)
+            vm.pci.clear();
         }
         for v in self
             .volumes
