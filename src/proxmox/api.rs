@@ -164,6 +164,8 @@ pub const CLIENT_ENDPOINTS: &[(&str, &str, &[&str])] = &[
         &["nodes:string", "digest:string"],
     ),
     ("DELETE", "/cluster/ha/groups/{group}", &[]),
+    ("GET", "/cluster/mapping/pci", &[]),
+    ("GET", "/nodes/{node}/hardware/pci", &[]),
 ];
 
 /// Endpoints capmox calls only on PVE 9 and later (HA rules); PVE 8 has HA groups instead.
@@ -869,6 +871,26 @@ impl ProxmoxClient {
             )
             .await?;
         Ok(())
+    }
+
+    /// `GET /cluster/mapping/pci` (PVE 8+): the PCI resource mappings the token may see,
+    /// with each node entry parsed; a malformed entry is a decode error.
+    pub async fn pci_mappings(&self) -> Result<Vec<PciMapping>> {
+        self.send(Request::get(
+            "GET /cluster/mapping/pci",
+            "/cluster/mapping/pci".into(),
+        ))
+        .await
+    }
+
+    /// `GET /nodes/{node}/hardware/pci`: the node's PCI devices (without memory controllers,
+    /// bridges and processors, as PVE filters by default).
+    pub async fn node_pci_devices(&self, node: &str) -> Result<Vec<PciDevice>> {
+        self.send(Request::get(
+            "GET /nodes/{node}/hardware/pci",
+            format!("/nodes/{}/hardware/pci", node_seg(node)?),
+        ))
+        .await
     }
 
     /// `GET /cluster/ha/resources`: every HA resource.

@@ -727,6 +727,145 @@ pub fn parse_property_string(value: &str, default_key: &str) -> BTreeMap<String,
     out
 }
 
+/// A PCI resource mapping (`GET /cluster/mapping/pci`, PVE 8+): the logical device a
+/// `hostpciN: mapping=<id>` names, with the host device that stands for it on each node.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct PciMapping {
+    /// Mapping ID.
+    pub id: String,
+    /// Description of the logical device.
+    #[serde(default, deserialize_with = "de::opt_string")]
+    pub description: Option<String>,
+    /// The node entries; several on one node are alternatives, the first free one is used
+    /// when a VM starts. A malformed entry fails the decoding.
+    #[serde(default, deserialize_with = "pci_map_entries")]
+    pub map: Vec<PciMapEntry>,
+}
+
+impl PciMapping {
+    /// The entries for `node` (none: a VM using the mapping cannot start there).
+    pub fn entries_on<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a PciMapEntry> + 'a {
+        self.map.iter().filter(move |e| e.node == node)
+    }
+}
+
+/// One node's entry of a PCI mapping, parsed from its property string
+/// (`node=pve1,path=0000:01:00.0,id=10de:2204,iommugroup=14`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PciMapEntry {
+    /// Node.
+    pub node: String,
+    /// Host device address (`0000:01:00.0`); without function the whole device, `;` joins
+    /// devices passed through together.
+    pub path: String,
+    /// Expected `vendor:device` (`10de:2204`).
+    pub id: String,
+    /// Expected IOMMU group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iommugroup: Option<i64>,
+    /// Expected `subsystem-vendor:subsystem-device`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subsystem_id: Option<String>,
+    /// Description of this node's device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Keys this client does not know (a newer PVE's), kept as sent.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, String>,
+}
+
+impl PciMapEntry {
+    /// Parses an entry as PVE's mapping format has it: `key=value` pairs only, each key
+    /// once, `node`, `path` and `id` present, `iommugroup` an integer.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let mut fields: BTreeMap<String, String> = BTreeMap::new();
+        for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .filter(|(k, v)| !k.trim().is_empty() && !v.trim().is_empty())
+                .ok_or_else(|| format!("PCI mapping entry '{text}': '{part}' is not key=value"))?;
+            if fields
+                .insert(key.trim().to_owned(), value.trim().to_owned())
+                .is_some()
+            {
+                return Err(format!(
+                    "PCI mapping entry '{text}': key '{}' appears twice",
+                    key.trim()
+                ));
+            }
+        }
+        let mut take = |key: &str| fields.remove(key);
+        let mut required = |key: &str| {
+            take(key).ok_or_else(|| format!("PCI mapping entry '{text}' has no '{key}'"))
+        };
+        let node = required("node")?;
+        let path = required("path")?;
+        let id = required("id")?;
+        let iommugroup = take("iommugroup")
+            .map(|g| {
+                g.parse::<i64>().map_err(|_| {
+                    format!("PCI mapping entry '{text}': iommugroup '{g}' is not an integer")
+                })
+            })
+            .transpose()?;
+        Ok(Self {
+            node,
+            path,
+            id,
+            iommugroup,
+            subsystem_id: take("subsystem-id"),
+            description: take("description"),
+            extra: fields,
+        })
+    }
+}
+
+/// A mapping's `map`: a list of entry property strings (`null` or absent: none).
+fn pci_map_entries<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<PciMapEntry>, D::Error> {
+    use serde::de::Error as _;
+    let texts = Option::<Vec<String>>::deserialize(d)?.unwrap_or_default();
+    texts
+        .iter()
+        .map(|t| PciMapEntry::parse(t).map_err(D::Error::custom))
+        .collect()
+}
+
+/// A host PCI device (`GET /nodes/{node}/hardware/pci`), IDs as sysfs writes them (`0x10de`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct PciDevice {
+    /// Address (`0000:01:00.0`).
+    pub id: String,
+    /// PCI class (`0x030000`).
+    #[serde(default)]
+    pub class: String,
+    /// Vendor ID.
+    #[serde(default)]
+    pub vendor: String,
+    /// Device ID.
+    #[serde(default)]
+    pub device: String,
+    /// IOMMU group (-1: no IOMMU).
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    pub iommugroup: Option<i64>,
+    /// Subsystem vendor ID.
+    #[serde(default)]
+    pub subsystem_vendor: Option<String>,
+    /// Subsystem device ID.
+    #[serde(default)]
+    pub subsystem_device: Option<String>,
+    /// Vendor name.
+    #[serde(default)]
+    pub vendor_name: Option<String>,
+    /// Device name.
+    #[serde(default)]
+    pub device_name: Option<String>,
+    /// The device can create mediated devices.
+    #[serde(default, deserialize_with = "de::bool_lenient")]
+    pub mdev: bool,
+}
+
 /// One entry of `GET /nodes/{node}/storage`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct StorageEntry {
@@ -1158,6 +1297,90 @@ mod tests {
         let eight: Option<HaMigration> =
             serde_json::from_value(serde_json::Value::Null).expect("PVE 8");
         assert_eq!(eight.unwrap_or_default(), HaMigration::default());
+    }
+
+    #[test]
+    fn pci_mappings_decode_with_their_entries_parsed() {
+        // the shape of PVE's answer (dclone of the pci.cfg section, plus id and digest)
+        let list: Vec<PciMapping> = serde_json::from_value(serde_json::json!([
+            {"id": "gpu", "type": "pci", "description": "RTX 3090", "digest": "0123abcd",
+             "map": ["node=pve1,path=0000:01:00.0,id=10de:2204,iommugroup=14,subsystem-id=1458:4032",
+                     "id=10de:2204,iommugroup=30,node=pve2,path=0000:41:00.0;0000:41:00.1,description=second slot",
+                     "node=pve3,path=0000:81:00,id=10de:2204,newer-key=1"]},
+            {"id": "empty", "type": "pci", "map": null}
+        ]))
+        .expect("decodes");
+        let gpu = &list[0];
+        assert_eq!(gpu.description.as_deref(), Some("RTX 3090"));
+        assert_eq!(
+            gpu.map[0],
+            PciMapEntry {
+                node: "pve1".into(),
+                path: "0000:01:00.0".into(),
+                id: "10de:2204".into(),
+                iommugroup: Some(14),
+                subsystem_id: Some("1458:4032".into()),
+                description: None,
+                extra: BTreeMap::new(),
+            }
+        );
+        assert_eq!(gpu.map[1].path, "0000:41:00.0;0000:41:00.1");
+        assert_eq!(gpu.map[1].description.as_deref(), Some("second slot"));
+        assert_eq!(gpu.map[2].iommugroup, None);
+        assert_eq!(gpu.map[2].extra["newer-key"], "1");
+        assert_eq!(gpu.entries_on("pve2").count(), 1);
+        assert_eq!(gpu.entries_on("pve9").count(), 0);
+        assert!(list[1].map.is_empty() && list[1].description.is_none());
+    }
+
+    #[test]
+    fn malformed_pci_mapping_entries_are_errors() {
+        for (entry, error) in [
+            ("path=0000:01:00.0,id=10de:2204", "has no 'node'"),
+            ("node=pve1,id=10de:2204", "has no 'path'"),
+            ("node=pve1,path=0000:01:00.0", "has no 'id'"),
+            (
+                "node=pve1,path=0000:01:00.0,id=10de:2204,iommugroup=x",
+                "iommugroup 'x' is not an integer",
+            ),
+            (
+                "node=pve1,node=pve2,path=0000:01:00.0,id=10de:2204",
+                "key 'node' appears twice",
+            ),
+            (
+                "pve1,path=0000:01:00.0,id=10de:2204",
+                "'pve1' is not key=value",
+            ),
+            (
+                "node=,path=0000:01:00.0,id=10de:2204",
+                "'node=' is not key=value",
+            ),
+        ] {
+            let e = PciMapEntry::parse(entry).expect_err(entry);
+            assert!(e.contains(error), "{entry}: {e}");
+            let decoded = serde_json::from_value::<PciMapping>(
+                serde_json::json!({"id": "gpu", "map": [entry]}),
+            );
+            assert!(decoded.is_err(), "{entry}");
+        }
+        let e = serde_json::from_value::<PciMapping>(serde_json::json!({"id": "gpu", "map": "x"}))
+            .expect_err("map is a list");
+        assert!(e.to_string().contains("expected a sequence"), "{e}");
+    }
+
+    #[test]
+    fn host_pci_devices_decode() {
+        let devices: Vec<PciDevice> = serde_json::from_value(serde_json::json!([
+            {"id": "0000:01:00.0", "class": "0x030000", "vendor": "0x10de", "device": "0x2204",
+             "iommugroup": 14, "subsystem_vendor": "0x1458", "subsystem_device": "0x4032",
+             "vendor_name": "NVIDIA Corporation", "device_name": "GA102 [GeForce RTX 3090]", "mdev": 1},
+            {"id": "0000:00:1f.3", "class": "0x040300", "vendor": "0x8086", "device": "0xa348", "iommugroup": -1}
+        ]))
+        .expect("decodes");
+        assert_eq!(devices[0].iommugroup, Some(14));
+        assert!(devices[0].mdev && !devices[1].mdev);
+        assert_eq!(devices[1].iommugroup, Some(-1));
+        assert_eq!(devices[1].subsystem_vendor, None);
     }
 
     #[test]

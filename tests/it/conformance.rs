@@ -152,6 +152,8 @@ async fn wire_params() -> BTreeMap<(String, String), Vec<String>> {
         .await
         .expect("resources");
     client.next_id(Some(100)).await.expect("nextid");
+    client.pci_mappings().await.expect("PCI mappings");
+    client.node_pci_devices("pve1").await.expect("PCI devices");
     client
         .list_storage("pve1", Some("iso"))
         .await

@@ -13,8 +13,8 @@ use reqwest::Method as M;
 use serde_json::Value;
 
 /// The PVE API schema subsets under `tests/data/`.
-const API91: &str = "pve-api/apidata.json";
-const API84: &str = "pve-api/pve8/apidata.json";
+pub(crate) const API91: &str = "pve-api/apidata.json";
+pub(crate) const API84: &str = "pve-api/pve8/apidata.json";
 
 /// Four nodes in two zones (n1, n2 | n3, n4) on shared storage, five running guests.
 const TOPOLOGY: &str = "
@@ -42,23 +42,23 @@ async fn sim(version: &str) -> Simulator {
         .expect("simulator")
 }
 
-struct Raw {
-    status: u16,
-    reason: String,
-    body: Value,
+pub(crate) struct Raw {
+    pub(crate) status: u16,
+    pub(crate) reason: String,
+    pub(crate) body: Value,
 }
 
 impl Raw {
-    fn data(&self) -> &Value {
+    pub(crate) fn data(&self) -> &Value {
         &self.body["data"]
     }
-    fn ok(self, what: &str) -> Self {
+    pub(crate) fn ok(self, what: &str) -> Self {
         assert_eq!(self.status, 200, "{what}: {} {:?}", self.reason, self.body);
         self
     }
 }
 
-async fn call(sim: &Simulator, method: M, path: &str, form: &[(&str, &str)]) -> Raw {
+pub(crate) async fn call(sim: &Simulator, method: M, path: &str, form: &[(&str, &str)]) -> Raw {
     let http = reqwest::Client::builder()
         .tls_backend_preconfigured(
             rustls::ClientConfig::builder_with_provider(capmox::proxmox::tls::crypto_provider())
@@ -95,7 +95,7 @@ async fn call(sim: &Simulator, method: M, path: &str, form: &[(&str, &str)]) -> 
 }
 
 /// path → method → {parameters, returns} of a schema subset.
-fn schema(file: &str) -> Value {
+pub(crate) fn schema(file: &str) -> Value {
     let text = std::fs::read_to_string(crate::paths::data(file)).expect("schema subset");
     serde_json::from_str::<Value>(&text).expect("JSON")["endpoints"].clone()
 }
@@ -116,7 +116,7 @@ fn kind_ok(declared: &str, v: &Value) -> bool {
 
 /// Checks `v` against a `returns` schema; `strict` objects may only hold documented keys
 /// (plus `allowed`).
-fn check_returns(
+pub(crate) fn check_returns(
     at: &str,
     schema: &Value,
     v: &Value,
