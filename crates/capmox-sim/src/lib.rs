@@ -351,14 +351,14 @@ impl Simulator {
     /// VMID), by address, so a test sees which entry of a mapping a start took and that a
     /// stop freed it. See [`Cluster::pci_in_use`].
     pub fn pci_in_use(&self, node: &str) -> Vec<(String, u32)> {
-        self.with_cluster(|c| c.pci_in_use(node))
+        self.handle().pci_in_use(node)
     }
 
     /// Every DHCP lease the topology's `dhcp` services handed out (by bridge and MAC), so a
     /// test sees which address a guest got, that it kept it over a reboot, and that
     /// destroying the VM freed it. See [`Cluster::dhcp_leases`].
     pub fn dhcp_leases(&self) -> Vec<DhcpLease> {
-        self.with_cluster(|c| c.dhcp_leases())
+        self.handle().dhcp_leases()
     }
 
     /// Runs `f` on the cluster state (to inspect it or set up scenarios such as locks).
@@ -422,6 +422,17 @@ impl SimHandle {
     /// [`Simulator::volumes_of`].
     pub fn volumes_of(&self, vmid: u32) -> Vec<VolumeInfo> {
         self.with_cluster(|c| c.volumes_of(vmid))
+    }
+
+    /// The PCI devices VMs hold on `node` (after the tasks due by now ended), as
+    /// [`Simulator::pci_in_use`].
+    pub fn pci_in_use(&self, node: &str) -> Vec<(String, u32)> {
+        self.with_cluster(|c| c.pci_in_use(node))
+    }
+
+    /// The DHCP leases (after the boots done by now asked), as [`Simulator::dhcp_leases`].
+    pub fn dhcp_leases(&self) -> Vec<DhcpLease> {
+        self.with_cluster(|c| c.dhcp_leases())
     }
 }
 

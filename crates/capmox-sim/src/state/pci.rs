@@ -51,6 +51,8 @@
 //!   it started with, as PVE judges it by its current (not pending) config.
 //!
 //! Simplifications (each says what real PVE does):
+//! * a refused `hostpciN` leaves the whole write undone (PVE has written the options it
+//!   handled before that one, as pending changes);
 //! * a config change of `hostpciN` applies at once, also on a running VM (PVE keeps it
 //!   pending until the next start, a reboot included); the devices a running VM holds are
 //!   those it started with until it stops (a reboot keeps them, PVE takes the new ones);
