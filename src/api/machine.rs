@@ -15,8 +15,9 @@ use super::common::{
 };
 use super::names::{
     BRIDGE_MAX_LEN, BRIDGE_PATTERN, DESCRIPTION_MAX_LEN, DESCRIPTION_PATTERN, DISK_MAX_LEN,
-    DISK_PATTERN, INTERFACE_MAX_LEN, INTERFACE_PATTERN, NODE_MAX_LEN, NODE_PATTERN, POOL_MAX_LEN,
-    POOL_PATTERN, SNAPSHOT_MAX_LEN, SNAPSHOT_PATTERN, STORAGE_MAX_LEN, STORAGE_PATTERN,
+    DISK_PATTERN, INTERFACE_MAX_LEN, INTERFACE_PATTERN, MAPPING_MAX_LEN, MAPPING_PATTERN,
+    NODE_MAX_LEN, NODE_PATTERN, PCI_ADDRESS_MAX_LEN, POOL_MAX_LEN, POOL_PATTERN, SNAPSHOT_MAX_LEN,
+    SNAPSHOT_PATTERN, STORAGE_MAX_LEN, STORAGE_PATTERN,
 };
 use super::template_status::ProxmoxMachineTemplateStatus;
 
@@ -25,6 +26,10 @@ use super::template_status::ProxmoxMachineTemplateStatus;
 /// also sees tags being added or removed; its cost is one list comparison.
 pub(crate) const TAGS_IMMUTABLE_RULE: &str =
     "has(self.tags) == has(oldSelf.tags) && (!has(self.tags) || self.tags == oldSelf.tags)";
+
+/// A DHCP address is only known through the guest agent, so a machine that skips the agent cannot
+/// use DHCP.
+pub(crate) const DHCP_NEEDS_AGENT_RULE: &str = "!(has(self.checks) && has(self.checks.skipQemuGuestAgent) && self.checks.skipQemuGuestAgent) || !self.network.networkDevices.exists(d, (has(d.dhcp4) && d.dhcp4) || (has(d.dhcp6) && d.dhcp6))";
 
 /// NIC names are `net0`, `net1`, ... without gaps (the Go provider's webhook checked it by sorting
 /// names as strings, which refused 11 NICs or more; this compares numbers). Names are unique
@@ -134,6 +139,8 @@ pub const MAX_NETWORK_DEVICES: usize = 32;
      "message": "tpm needs bios: ovmf (a TPM state lives with UEFI firmware)"},
     {"rule": "!has(self.secureBoot) || !self.secureBoot || (has(self.bios) && self.bios == 'ovmf')",
      "message": "secureBoot needs bios: ovmf"},
+    {"rule": DHCP_NEEDS_AGENT_RULE,
+     "message": "dhcp4/dhcp6 need the QEMU guest agent: capmox learns a DHCP address from it; do not set checks.skipQemuGuestAgent"},
     {"rule": TAGS_IMMUTABLE_RULE,
      "message": "tags are immutable: Proxmox tags the VM once, when it is created; create a new ProxmoxMachine (e.g. through a new ProxmoxMachineTemplate) to change them"}
 ]))]
@@ -227,6 +234,20 @@ pub struct ProxmoxMachineSpec {
     /// With `bios: ovmf`: a virtual TPM 2.0 (`tpmstate0`) on the boot disk's storage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tpm: Option<bool>,
+    /// PCI devices passed through to the VM (`hostpci0`, `hostpci1`, ... in order), each a free
+    /// device of a Proxmox resource mapping on the VM's node; the scheduler counts them per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_PCI_DEVICES),
+        extend(
+            "x-kubernetes-list-type" = "atomic",
+            "x-kubernetes-validations" = [
+                {"rule": "self == oldSelf", "message": "pciDevices are immutable: capmox places the machine by them when it is created; create a new ProxmoxMachine (e.g. through a new ProxmoxMachineTemplate) to change them"},
+                {"rule": "self.filter(d, has(d.primaryGPU) && d.primaryGPU).size() <= 1", "message": "at most one PCI device may be the primary GPU"}
+            ]
+        )
+    )]
+    pub pci_devices: Vec<PciDevice>,
     /// Disks of the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disks: Option<Storage>,
@@ -338,6 +359,39 @@ pub enum TemplateMatchPolicy {
     /// `matchTags` is a subset of the template's tags; the template with the fewest extra tags wins.
     #[serde(rename = "bestSubset")]
     BestSubset,
+}
+
+/// PCI devices a machine may have (Proxmox's `hostpci0`-`hostpci15`).
+pub const MAX_PCI_DEVICES: u32 = 16;
+
+/// One PCI device passed through: a free device of a resource mapping on the VM's node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.hostAddress)",
+     "message": "Proxmox lets only root@pam, not an API token, pass a raw host PCI address through; map the device in Proxmox (Datacenter → Resource Mappings → PCI Devices) and name the mapping instead"}
+]))]
+pub struct PciDevice {
+    /// Proxmox PCI resource mapping (Datacenter → Resource Mappings) to take a free device of.
+    #[schemars(length(min = 2, max = MAPPING_MAX_LEN), pattern(MAPPING_PATTERN))]
+    pub mapping: String,
+    /// Refused with a message: Proxmox takes raw host addresses from root@pam only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = PCI_ADDRESS_MAX_LEN))]
+    pub host_address: Option<String>,
+    /// Present the device on a PCI Express port (`pcie=1`); the VM gets the q35 machine type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie: Option<bool>,
+    /// Map the device's ROM into the guest (`rombar`); Proxmox's default (on) when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rombar: Option<bool>,
+    /// The guest's primary display adapter (`x-vga=1`): the emulated VGA is turned off.
+    #[serde(
+        default,
+        rename = "primaryGPU",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub primary_gpu: Option<bool>,
 }
 
 /// Disks of the VM.
@@ -489,6 +543,14 @@ pub struct NetworkSpec {
 /// One NIC of the VM and its guest-side configuration.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!(has(self.dhcp4) && self.dhcp4 && has(self.defaultIPv4) && self.defaultIPv4)",
+     "message": "dhcp4 and defaultIPv4 exclude each other: a device takes its IPv4 address by DHCP or from the default pool"},
+    {"rule": "!(has(self.dhcp6) && self.dhcp6 && has(self.defaultIPv6) && self.defaultIPv6)",
+     "message": "dhcp6 and defaultIPv6 exclude each other: a device takes its IPv6 address by DHCP or from the default pool"},
+    {"rule": "!((has(self.dhcp4) && self.dhcp4) || (has(self.dhcp6) && self.dhcp6)) || !has(self.ipPoolRef) || size(self.ipPoolRef) == 0",
+     "message": "a device with dhcp4 or dhcp6 claims no pool addresses: remove ipPoolRef, or move the pools to another device"}
+]))]
 pub struct NetworkDevice {
     /// Proxmox NIC name, `net0` to `net31`.
     #[serde(default = "default_net_name")]
@@ -536,6 +598,13 @@ pub struct NetworkDevice {
         skip_serializing_if = "Option::is_none"
     )]
     pub default_ipv6: Option<bool>,
+    /// Take the IPv4 address by DHCP instead of from a pool; the machine's address is the one
+    /// the guest agent reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp4: Option<bool>,
+    /// Take the IPv6 address by DHCPv6 (or router advertisement) instead of from a pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp6: Option<bool>,
     /// Further pools to claim addresses from, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]

@@ -41,6 +41,14 @@ pub const DISK_PATTERN: &str =
 /// Longest disk slot name (`virtio15`).
 pub const DISK_MAX_LEN: u32 = 8;
 
+/// A Proxmox resource mapping's ID (PVE's `pve-configid`): a letter, then letters, digits, `_`, `-`.
+pub const MAPPING_PATTERN: &str = r"^[a-zA-Z][a-zA-Z0-9_-]+$";
+/// Longest resource mapping ID capmox accepts (PVE stores it as a config section name).
+pub const MAPPING_MAX_LEN: u32 = 128;
+
+/// Longest host PCI address (`0000:01:00.0`).
+pub const PCI_ADDRESS_MAX_LEN: u32 = 12;
+
 /// A guest interface name (a VRF device): a Linux interface name without whitespace, `/`, `:`
 /// or networkd's glob characters, not starting with `.`.
 pub const INTERFACE_PATTERN: &str = r"^[a-zA-Z0-9_-][a-zA-Z0-9_.-]*$";

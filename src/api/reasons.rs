@@ -245,6 +245,12 @@ pub const REASONS: &[Reason] = &[
         action: "Free memory, add nodes to the zone or allowedNodes, or raise memoryAdjustment.",
     },
     Reason {
+        name: "InsufficientStorage",
+        seen: PLACEMENT,
+        meaning: "No candidate node's own (not shared) storage has room for the machine's data disks on it, counting disks promised to machines still being cloned; retried.",
+        action: "Free space on that storage, put the data disks on shared storage, or allow nodes with room.",
+    },
+    Reason {
         name: "InvalidNetworkConfig",
         seen: MACHINE_WAITS,
         meaning: "The machine's network configuration cannot be written for the guest (e.g. a VRF name that is not an interface name, or two default gateways that clash).",
@@ -355,6 +361,12 @@ pub const REASONS: &[Reason] = &[
         ],
         meaning: "The Cluster's spec.paused or the cluster.x-k8s.io/paused annotation stops reconciliation (a paused remediation looks again every minute).",
         action: "Unpause the Cluster (or remove the annotation) when done.",
+    },
+    Reason {
+        name: "PciDeviceUnavailable",
+        seen: PLACEMENT,
+        meaning: "No candidate node has a free device of the PCI resource mapping (or the host PCI address) the machine asks for; the message gives each node's free count; retried.",
+        action: "Map devices of the zone's nodes in Proxmox (Datacenter → Resource Mappings), free a device, or allow nodes that have one.",
     },
     Reason {
         name: "PoweredOn",
@@ -581,6 +593,12 @@ pub const REASONS: &[Reason] = &[
         seen: MACHINE_WAITS,
         meaning: "The ProxmoxCluster is not provisioned yet.",
         action: "Look at the ProxmoxCluster's conditions.",
+    },
+    Reason {
+        name: "WaitingForDHCPAddress",
+        seen: MACHINE_WAITS,
+        meaning: "A NIC takes its address by DHCP and the guest agent reports none on its MAC yet; the message names the NIC, its MAC and bridge.",
+        action: "Nothing; if it lasts, check that a DHCP server answers on that bridge (and VLAN) and that the guest agent runs.",
     },
     Reason {
         name: "WaitingForGuestAgent",

@@ -47,10 +47,10 @@ pub enum NetworkConfigError {
     /// The machine has no network devices.
     #[error("no network devices: spec.network.networkDevices must list at least one NIC")]
     NoDevices,
-    /// A NIC has no IP address (capmox renders static addressing only).
+    /// A NIC has neither a pool address nor DHCP.
     #[error(
         "network device {nic} has no IP address; give it an IP pool (defaultIPv4/defaultIPv6 \
-         or ipPoolRef) and wait for its IPAddressClaims to be bound"
+         or ipPoolRef) and wait for its IPAddressClaims to be bound, or set dhcp4/dhcp6"
     )]
     MissingAddresses {
         /// The NIC (`netN`).
@@ -281,8 +281,8 @@ impl<V: Serialize> Serialize for Ordered<V> {
 pub(super) struct Ethernet {
     #[serde(rename = "match")]
     pub(super) matches: Match,
-    dhcp4: bool,
-    dhcp6: bool,
+    pub(super) dhcp4: bool,
+    pub(super) dhcp6: bool,
     pub(super) addresses: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) routes: Vec<Route>,
@@ -654,7 +654,7 @@ pub(super) fn plan_network(
     for (i, (nic, entry)) in nics.iter().zip(&per_nic).enumerate() {
         let eth = format!("eth{i}");
         let addresses: Vec<&AssignedAddress> = entry.iter().flat_map(|a| &a.addresses).collect();
-        if addresses.is_empty() {
+        if addresses.is_empty() && !nic.dhcp4 && !nic.dhcp6 {
             return Err(NetworkConfigError::MissingAddresses {
                 nic: nic.name.clone(),
             });
@@ -715,6 +715,8 @@ pub(super) fn plan_network(
             collisions.add(r, None)?;
             has_default |= r.to.is_default();
         }
+        // A DHCP server hands out the default route with the lease.
+        has_default |= nic.dhcp4 || nic.dhcp6;
         let routing_policy = nic
             .routing_policy
             .iter()
@@ -747,8 +749,8 @@ pub(super) fn plan_network(
             eth,
             Ethernet {
                 matches: Match { macaddress: mac },
-                dhcp4: false,
-                dhcp6: false,
+                dhcp4: nic.dhcp4,
+                dhcp6: nic.dhcp6,
                 addresses: cidrs,
                 routes: routes.iter().map(CheckedRoute::netplan).collect(),
                 routing_policy,

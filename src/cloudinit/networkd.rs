@@ -41,6 +41,12 @@ pub(super) fn render_units(doc: &Document) -> Vec<NetworkdUnit> {
         if let Some(vrf) = vrf_of(eth) {
             line(&mut text, "VRF", vrf);
         }
+        match (e.dhcp4, e.dhcp6) {
+            (true, true) => line(&mut text, "DHCP", "yes"),
+            (true, false) => line(&mut text, "DHCP", "ipv4"),
+            (false, true) => line(&mut text, "DHCP", "ipv6"),
+            (false, false) => {}
+        }
         for dns in e.nameservers.iter().flat_map(|n| &n.addresses) {
             line(&mut text, "DNS", dns);
         }

@@ -23,6 +23,8 @@ fn nic(name: &str) -> ResolvedNic {
         routing_policy: vec![],
         pools: vec![],
         dns_servers: vec![],
+        dhcp4: false,
+        dhcp6: false,
     }
 }
 
@@ -560,7 +562,7 @@ fn every_validation_error_says_what_to_fix() {
             "no addresses",
             render_err(&[nic("net0")], &[], &[]),
             "network device net0 has no IP address; give it an IP pool (defaultIPv4/defaultIPv6 \
-             or ipPoolRef) and wait for its IPAddressClaims to be bound",
+             or ipPoolRef) and wait for its IPAddressClaims to be bound, or set dhcp4/dhcp6",
         ),
         (
             "no mac",
@@ -1282,4 +1284,39 @@ fn malformed_ignition_is_reported_before_anything_else() {
     )
     .expect_err("net1 has no address");
     assert!(err.is_retryable(), "{err:?}");
+}
+
+#[test]
+fn a_dhcp_device_asks_for_a_lease_and_gives_the_default_route() {
+    let mut n0 = nic("net0");
+    n0.dhcp4 = true;
+    let mut n1 = nic("net1");
+    n1.dhcp6 = true;
+    let mut n2 = nic("net2");
+    n2.dhcp4 = true;
+    n2.dhcp6 = true;
+    let a = [
+        assigned("net0", MAC0, vec![]),
+        assigned("net1", "bc:24:11:00:00:02", vec![]),
+        assigned("net2", "bc:24:11:00:00:03", vec![]),
+    ];
+    let nics = [n0, n1, n2];
+    let doc = render(&nics, &[], &a);
+    let eth = &doc["network"]["ethernets"];
+    assert_eq!(eth["eth0"]["dhcp4"], Value::Bool(true));
+    assert_eq!(eth["eth0"]["dhcp6"], Value::Bool(false));
+    assert_eq!(eth["eth1"]["dhcp6"], Value::Bool(true));
+    assert!(
+        eth["eth0"]["routes"].is_null(),
+        "the lease brings the route: {doc:?}"
+    );
+    let units = networkd(&nics, &[], &a);
+    let dhcp: Vec<&str> = units
+        .iter()
+        .map(|(_, text)| text.lines().find(|l| l.starts_with("DHCP=")).unwrap_or(""))
+        .collect();
+    assert_eq!(dhcp, ["DHCP=ipv4", "DHCP=ipv6", "DHCP=yes"]);
+    // Without DHCP, a NIC without addresses is still refused, naming the way out.
+    let error = render_err(&[nic("net0")], &[], &[assigned("net0", MAC0, vec![])]);
+    assert!(error.contains("or set dhcp4/dhcp6"), "{error}");
 }

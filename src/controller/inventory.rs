@@ -11,7 +11,7 @@
 //! template's volumes, where Proxmox starts handing out VMIDs) are kept per endpoint for
 //! [`LOOKUP_MAX_AGE`], so a fleet cloning one template asks once, not once per machine.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -53,10 +53,15 @@ struct Endpoint {
     lowest_free_vmid: Mutex<Option<(Instant, u32)>>,
     /// The major Proxmox VE release (`GET /version`).
     pve_major: Mutex<Option<(Instant, u32)>>,
+    /// Devices per node of each PCI resource mapping (`GET /cluster/mapping/pci`).
+    pci_mappings: Mutex<Option<(Instant, Arc<PciMappingDevices>)>>,
     /// VMIDs whose HA registration (resource, zone rule or group, control-plane rule) this
     /// process completed; a restarted process checks each HA-managed machine once more.
     ha_registered: Mutex<std::collections::HashSet<u32>>,
 }
+
+/// Devices of each PCI resource mapping, by mapping name and node.
+pub type PciMappingDevices = BTreeMap<String, BTreeMap<String, u32>>;
 
 /// Whether a lookup came from Proxmox in this call or from what an earlier one kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,6 +236,28 @@ impl Inventory {
             .map_or(9, |(major, _)| major);
         *lock(&endpoint.pve_major) = Some((Instant::now(), major));
         Ok(major)
+    }
+
+    /// How many devices each PCI resource mapping lists per node, as Proxmox answered within
+    /// [`LOOKUP_MAX_AGE`]: a device an administrator maps is offered within that time.
+    pub async fn pci_mapping_devices(
+        &self,
+        proxmox: &ProxmoxClient,
+    ) -> Result<Arc<PciMappingDevices>, ProxmoxError> {
+        let endpoint = self.endpoint(proxmox);
+        if let Some(devices) = recent(lock(&endpoint.pci_mappings).as_ref()) {
+            return Ok(devices);
+        }
+        let mut devices = PciMappingDevices::new();
+        for mapping in proxmox.pci_mappings().await? {
+            let per_node = devices.entry(mapping.id.clone()).or_default();
+            for entry in &mapping.map {
+                *per_node.entry(entry.node.clone()).or_insert(0) += 1;
+            }
+        }
+        let devices = Arc::new(devices);
+        *lock(&endpoint.pci_mappings) = Some((Instant::now(), devices.clone()));
+        Ok(devices)
     }
 
     /// Whether this process completed VM `vmid`'s HA registration.

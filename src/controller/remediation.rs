@@ -890,9 +890,11 @@ async fn locate(
         })?;
     let status = machine.status.as_ref();
     let zone = status.and_then(|s| s.failure_domain.as_deref());
+    // Proxmox migrates no VM with a passed-through PCI device: such a machine is not moved.
+    let movable = machine.spec.pci_devices.is_empty();
     let zone_nodes: Vec<String> = placement::zone_nodes(cluster)
         .into_iter()
-        .filter(|(z, _)| Some(z.as_str()) == zone)
+        .filter(|(z, _)| movable && Some(z.as_str()) == zone)
         .map(|(_, node)| node)
         .collect();
     let recorded = status

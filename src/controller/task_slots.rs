@@ -284,6 +284,12 @@ impl TaskSlots {
         }
     }
 
+    /// Wakes `machines` through the same channel, for capacity freed otherwise (a deleted
+    /// machine's memory, devices or disk room).
+    pub fn wake(&self, machines: Vec<Who>) {
+        self.wake_all(machines);
+    }
+
     /// Takes every slot `wants` names for `who`, or puts it in line (keeping its place).
     pub fn acquire(&self, who: &Who, wants: Vec<Want>) -> Result<(), Queued> {
         self.line().acquire(who, wants, Instant::now())

@@ -65,8 +65,8 @@ pub use resolve::{
     TemplateSource, machine_owner, machine_role,
 };
 pub use scheduler::{
-    GuestInfo, GuestKind, NodeChoice, NodeInfo, NodeInventory, PlacedMachine, Reservation,
-    Reservations, ScheduleError, ScheduleRequest, schedule,
+    GuestInfo, GuestKind, NodeChoice, NodeInfo, NodeInventory, PciOnNode, PlacedMachine,
+    Reservation, Reservations, ScheduleError, ScheduleRequest, schedule,
 };
 pub use sources::{CloneSources, StorageInfo, TemplateCopy};
 pub use task_limits::{MachineTaskLimits, task_limits_for_machine};

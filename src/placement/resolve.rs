@@ -1,6 +1,6 @@
 //! `Placement::resolve`: every overridable placement input resolved once, in one place.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{
     DEFAULT_ZONE, NetworkModel, ProxmoxCluster, ProxmoxMachine, RouteSpec, RoutingPolicySpec,
@@ -139,6 +139,10 @@ pub struct ResolvedNic {
     pub pools: Vec<PoolClaim>,
     /// DNS servers: the NIC's, else the zone's, else the cluster's.
     pub dns_servers: Vec<String>,
+    /// The guest takes its IPv4 address by DHCP.
+    pub dhcp4: bool,
+    /// The guest takes its IPv6 address by DHCPv6 or router advertisement.
+    pub dhcp6: bool,
 }
 
 /// Why a machine cannot be placed (yet).
@@ -289,6 +293,8 @@ pub struct Placement {
     ha: Option<super::MachineHa>,
     task_limits: super::MachineTaskLimits,
     credentials: Option<SecretReference>,
+    pci_mappings: Vec<String>,
+    data_disk_bytes: BTreeMap<String, u64>,
 }
 
 /// Keeps the first occurrence of each name.
@@ -353,7 +359,34 @@ impl Placement {
             credentials: zone_config
                 .and_then(|z| super::failure_domains::own_credentials(&cluster.spec, z))
                 .cloned(),
+            pci_mappings: machine
+                .spec
+                .pci_devices
+                .iter()
+                .map(|d| d.mapping.clone())
+                .collect(),
+            data_disk_bytes: data_disk_bytes(machine),
         })
+    }
+
+    /// The PCI resource mappings of the devices passed through, in `hostpciN` order.
+    pub fn pci_mappings(&self) -> &[String] {
+        &self.pci_mappings
+    }
+
+    /// Devices the machine takes, by mapping.
+    pub fn pci_counts(&self) -> BTreeMap<String, u32> {
+        let mut counts = BTreeMap::new();
+        for mapping in &self.pci_mappings {
+            *counts.entry(mapping.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Bytes of data disks by storage, for the storages the spec names (the boot disk's
+    /// storage is only known once the clone exists).
+    pub fn data_disk_bytes(&self) -> BTreeMap<String, u64> {
+        self.data_disk_bytes.clone()
     }
 
     /// The credentials of the Proxmox cluster the machine's zone lives in, when the zone names
@@ -575,6 +608,25 @@ fn resolve_candidates(
     }
 }
 
+fn data_disk_bytes(machine: &ProxmoxMachine) -> BTreeMap<String, u64> {
+    const GIB: u64 = 1 << 30;
+    let mut bytes = BTreeMap::new();
+    let volumes = machine
+        .spec
+        .disks
+        .iter()
+        .flat_map(|d| &d.additional_volumes);
+    for volume in volumes {
+        let Some(storage) = volume.storage.as_ref().or(machine.spec.storage.as_ref()) else {
+            continue;
+        };
+        let size = u64::from(volume.size_gb.max(0).unsigned_abs()) * GIB;
+        let total: &mut u64 = bytes.entry(storage.clone()).or_insert(0);
+        *total = total.saturating_add(size);
+    }
+    bytes
+}
+
 fn resolve_networks(
     cluster: &ProxmoxCluster,
     machine: &ProxmoxMachine,
@@ -600,7 +652,12 @@ fn resolve_networks(
             (device.default_ipv4, implicit_v4, IpFamily::V4),
             (device.default_ipv6, implicit_v6, IpFamily::V6),
         ] {
-            let implied = implicit && position == 0;
+            let by_dhcp = match family {
+                IpFamily::V4 => device.dhcp4,
+                IpFamily::V6 => device.dhcp6,
+            };
+            // A device that takes the family's address by DHCP claims no pool of it.
+            let implied = implicit && position == 0 && by_dhcp != Some(true);
             if wanted != Some(true) && !implied {
                 continue;
             }
@@ -672,10 +729,13 @@ fn resolve_networks(
             pools,
             dns_servers: non_empty(device.dns_servers.as_ref())
                 .unwrap_or_else(|| inherited_dns.clone()),
+            dhcp4: device.dhcp4 == Some(true),
+            dhcp6: device.dhcp6 == Some(true),
         });
     }
+    let unaddressed = |nic: &ResolvedNic| nic.pools.is_empty() && !nic.dhcp4 && !nic.dhcp6;
     match unavailable {
-        Some(error) if nics.iter().all(|nic| nic.pools.is_empty()) => Err(error),
+        Some(error) if nics.iter().all(unaddressed) => Err(error),
         _ => Ok(nics),
     }
 }
@@ -1178,6 +1238,35 @@ mod tests {
         assert_eq!(families(&m, &dual), [vec![v6], vec![]]);
         m.spec.network.network_devices[1].default_ipv6 = Some(true);
         assert_eq!(families(&m, &dual), [vec![], vec![v6]]);
+    }
+
+    #[test]
+    fn a_dhcp_device_takes_no_pool_of_its_family_and_counts_as_addressed() {
+        let resolve = |m: &ProxmoxMachine, c: &ProxmoxCluster| {
+            Placement::resolve(c, m, &capi_machine("m1", None, false, None))
+        };
+        let mut dual = racks();
+        dual.spec.ipv6_config = ip("fd00::10-fd00::90", "fd00::1");
+        let mut m = machine("m1", &[], None);
+        m.spec.network.network_devices[0].default_ipv4 = None;
+        m.spec.network.network_devices[0].dhcp4 = Some(true);
+        let p = resolve(&m, &dual).unwrap();
+        let nic = &p.network_devices()[0];
+        assert!(nic.dhcp4 && !nic.dhcp6);
+        let families: Vec<_> = nic.pools.iter().map(|p| p.family).collect();
+        assert_eq!(
+            families,
+            [Some(IpFamily::V6)],
+            "the IPv6 default stays implied"
+        );
+        m.spec.network.network_devices[0].dhcp6 = Some(true);
+        let p = resolve(&m, &dual).unwrap();
+        assert!(p.network_devices()[0].pools.is_empty());
+        // An explicit default without a pool is no error when DHCP gives the address.
+        m.spec.network.network_devices[0].default_ipv6 = Some(true);
+        m.spec.network.network_devices[0].dhcp6 = None;
+        let no_v6 = racks();
+        assert!(resolve(&m, &no_v6).is_ok());
     }
 
     #[test]

@@ -55,8 +55,17 @@ impl PlacedMachine {
     }
 }
 
+/// Devices of one PCI resource mapping on a node, and who holds them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PciOnNode {
+    /// Devices the mapping lists for the node.
+    pub devices: u32,
+    /// Machines recorded on the node that hold one, once per device held.
+    pub holders: Vec<String>,
+}
+
 /// What the scheduler needs to know about one Proxmox node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     /// Node name.
     pub name: String,
@@ -66,6 +75,10 @@ pub struct NodeInfo {
     pub guests: Vec<GuestInfo>,
     /// capmox machines of this cluster on the node.
     pub machines: Vec<PlacedMachine>,
+    /// PCI devices by resource mapping, for the mappings the machine asks for.
+    pub pci: BTreeMap<String, PciOnNode>,
+    /// Free bytes of the node's own (not shared) storages: data disks on them take room here.
+    pub local_storage_free: BTreeMap<String, u64>,
 }
 
 impl NodeInfo {
@@ -115,6 +128,10 @@ pub struct Reservation {
     pub owner: Option<MachineOwner>,
     /// Role, for spreading.
     pub role: MachineRole,
+    /// PCI devices promised, by resource mapping.
+    pub pci: BTreeMap<String, u32>,
+    /// Data disk bytes promised, by storage.
+    pub disk_bytes: BTreeMap<String, u64>,
 }
 
 /// Memory promised to machines still being created, so machines scheduled in parallel cannot
@@ -142,6 +159,8 @@ impl Reservations {
                 vmid: None,
                 owner: choice.owner.clone(),
                 role: choice.role,
+                pci: choice.pci.clone(),
+                disk_bytes: choice.disk_bytes.clone(),
             },
         );
     }
@@ -216,13 +235,17 @@ impl Reservations {
     }
 }
 
-/// What is being scheduled: the machine and the memory it needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What is being scheduled: the machine and the memory, devices and disk room it needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScheduleRequest {
     /// ProxmoxMachine name.
     pub machine: String,
     /// Memory the VM will get, in bytes.
     pub memory_bytes: u64,
+    /// PCI devices it takes, by resource mapping.
+    pub pci: BTreeMap<String, u32>,
+    /// Bytes of data disks by storage (where the storage is known before the clone).
+    pub disk_bytes: BTreeMap<String, u64>,
 }
 
 impl ScheduleRequest {
@@ -235,6 +258,8 @@ impl ScheduleRequest {
                 .requested_memory_bytes()
                 .or(template_memory_bytes)
                 .unwrap_or(0),
+            pci: placement.pci_counts(),
+            disk_bytes: placement.data_disk_bytes(),
         }
     }
 }
@@ -254,6 +279,10 @@ pub struct NodeChoice {
     pub owner: Option<MachineOwner>,
     /// Role of the machine.
     pub role: MachineRole,
+    /// PCI devices reserved, by resource mapping.
+    pub pci: BTreeMap<String, u32>,
+    /// Data disk bytes reserved, by storage.
+    pub disk_bytes: BTreeMap<String, u64>,
 }
 
 /// Why no node was chosen.
@@ -300,6 +329,50 @@ pub enum ScheduleError {
         /// The memory adjustment in effect.
         memory_adjustment: u64,
     },
+    /// No candidate node has enough free devices of a PCI mapping; retried.
+    #[error(
+        "machine {machine} needs {wanted} device(s) of PCI mapping {mapping:?} but no candidate node has that \
+         many free ({}); add the nodes' devices to the mapping in Proxmox (Datacenter → Resource \
+         Mappings), free a device, or allow nodes that have one",
+        free_list(free)
+    )]
+    NoPciDevice {
+        /// ProxmoxMachine name.
+        machine: String,
+        /// The PCI resource mapping.
+        mapping: String,
+        /// Devices the machine takes.
+        wanted: u32,
+        /// Free devices on each candidate node.
+        free: Vec<(String, u32)>,
+    },
+    /// No candidate node's own storage has room for the machine's data disks; retried.
+    #[error(
+        "machine {machine} needs {} on storage {storage:?} for its data disks, but the most any \
+         candidate node's local {storage:?} has free is {} (on {best_node}); free space there, \
+         or put the disks on shared storage",
+        Bytes(*.requested_bytes),
+        Bytes(*.best_free_bytes)
+    )]
+    InsufficientStorage {
+        /// ProxmoxMachine name.
+        machine: String,
+        /// The node-local storage.
+        storage: String,
+        /// Bytes the data disks need there.
+        requested_bytes: u64,
+        /// The node with the most room.
+        best_node: String,
+        /// Its free bytes after reservations.
+        best_free_bytes: u64,
+    },
+}
+
+fn free_list(free: &[(String, u32)]) -> String {
+    free.iter()
+        .map(|(node, n)| format!("{node}: {n} free"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl ScheduleError {
@@ -314,6 +387,8 @@ impl ScheduleError {
             Self::NotScheduled { .. } => "NotScheduled",
             Self::NoNodesAvailable { .. } => "NodesUnavailable",
             Self::InsufficientMemory { .. } => "InsufficientMemory",
+            Self::NoPciDevice { .. } => "PciDeviceUnavailable",
+            Self::InsufficientStorage { .. } => "InsufficientStorage",
         }
     }
 }
@@ -338,12 +413,38 @@ struct Candidate<'a> {
     reservable: Option<u64>,
     same_owner: usize,
     same_role: usize,
+    /// Free devices of each PCI resource mapping the machine asks for.
+    pci_free: BTreeMap<&'a str, u32>,
+    /// Free bytes of each node-local storage the machine's data disks go to.
+    disk_free: BTreeMap<&'a str, u64>,
+}
+
+impl Candidate<'_> {
+    fn has_devices(&self, request: &ScheduleRequest) -> bool {
+        request
+            .pci
+            .iter()
+            .all(|(key, wanted)| self.pci_free.get(key.as_str()).is_some_and(|f| f >= wanted))
+    }
+
+    fn has_room(&self, request: &ScheduleRequest) -> bool {
+        request.disk_bytes.iter().all(|(storage, bytes)| {
+            self.disk_free
+                .get(storage.as_str())
+                .is_none_or(|free| free >= bytes)
+        })
+    }
+
+    fn has_memory(&self, request: &ScheduleRequest) -> bool {
+        self.reservable.is_none_or(|r| request.memory_bytes <= r)
+    }
 }
 
 /// Chooses a node for `request` among the placement's candidate nodes.
 ///
-/// A node fits when accounting is off or its reservable memory (after other machines'
-/// reservations) covers the request. Among fitting nodes the one with the fewest machines of the
+/// A node fits when it has the PCI devices asked for free, room on its own storages for the
+/// data disks, and, when accounting is on, reservable memory (after other machines'
+/// reservations) for the request. Among fitting nodes the one with the fewest machines of the
 /// same owner wins, then the fewest of the same role, then the most reservable memory, then the
 /// name. A machine that already holds a reservation on a candidate node keeps it.
 pub fn schedule(
@@ -357,17 +458,15 @@ pub fn schedule(
             machine: request.machine.clone(),
         });
     };
-    let adjustment = placement.memory_adjustment();
-    let owner = placement.owner();
-    let role = placement.role();
-
     let choice = |node: &str, reservable: Option<u64>| NodeChoice {
         machine: request.machine.clone(),
         node: node.to_owned(),
         memory_bytes: request.memory_bytes,
         reservable_bytes: reservable,
-        owner: owner.cloned(),
-        role,
+        owner: placement.owner().cloned(),
+        role: placement.role(),
+        pci: request.pci.clone(),
+        disk_bytes: request.disk_bytes.clone(),
     };
 
     let mut nodes = Vec::new();
@@ -375,47 +474,14 @@ pub fn schedule(
         let Some(info) = inventory.node(name) else {
             continue;
         };
-        let others = || {
-            reservations
-                .on_node(name)
-                .filter(|r| r.machine != request.machine)
-        };
-        let reserved: u64 = others()
-            .filter(|r| {
-                r.vmid
-                    .is_none_or(|id| !info.guests.iter().any(|g| g.vmid == id))
-            })
-            .map(|r| r.memory_bytes)
-            .fold(0, u64::saturating_add);
-        let reservable = info
-            .reservable_bytes(adjustment)
-            .map(|r| r.saturating_sub(reserved));
+        let candidate = candidate(placement, info, reservations, request);
         if reservations
             .get(&request.machine)
             .is_some_and(|r| r.node == *name)
         {
-            return Ok(choice(name, reservable));
+            return Ok(choice(name, candidate.reservable));
         }
-        // Machines on the node: those Proxmox shows plus those reserved but not yet listed.
-        let mut members: Vec<(Option<&MachineOwner>, MachineRole)> = info
-            .machines
-            .iter()
-            .filter(|m| m.name != request.machine)
-            .map(|m| (m.owner.as_ref(), m.role))
-            .collect();
-        members.extend(
-            others()
-                .filter(|r| !info.machines.iter().any(|m| m.name == r.machine))
-                .map(|r| (r.owner.as_ref(), r.role)),
-        );
-        nodes.push(Candidate {
-            name,
-            reservable,
-            same_owner: owner.map_or(0, |o| {
-                members.iter().filter(|(mo, _)| *mo == Some(o)).count()
-            }),
-            same_role: members.iter().filter(|(_, r)| *r == role).count(),
-        });
+        nodes.push(candidate);
     }
 
     if nodes.is_empty() {
@@ -427,7 +493,7 @@ pub fn schedule(
 
     let best = nodes
         .iter()
-        .filter(|c| c.reservable.is_none_or(|r| request.memory_bytes <= r))
+        .filter(|c| c.has_devices(request) && c.has_room(request) && c.has_memory(request))
         .min_by_key(|c| {
             (
                 c.same_owner,
@@ -436,24 +502,160 @@ pub fn schedule(
                 c.name,
             )
         });
-    if let Some(best) = best {
-        return Ok(choice(best.name, best.reservable));
+    match best {
+        Some(best) => Ok(choice(best.name, best.reservable)),
+        None => Err(nothing_fits(placement, &nodes, request, candidates)),
     }
-    // Nothing fits; name the node closest to fitting. Accounting is on here, or everything fits.
-    let closest = nodes
+}
+
+/// A candidate node's figures once other machines' reservations are taken off.
+fn candidate<'a>(
+    placement: &Placement,
+    info: &'a NodeInfo,
+    reservations: &'a Reservations,
+    request: &'a ScheduleRequest,
+) -> Candidate<'a> {
+    let name = info.name.as_str();
+    let others = || {
+        reservations
+            .on_node(name)
+            .filter(|r| r.machine != request.machine)
+    };
+    // Reserved for a VM the node does not list yet: once listed, the VM counts by itself.
+    let unlisted = || {
+        others().filter(|r| {
+            r.vmid
+                .is_none_or(|id| !info.guests.iter().any(|g| g.vmid == id))
+        })
+    };
+    let reserved: u64 = unlisted()
+        .map(|r| r.memory_bytes)
+        .fold(0, u64::saturating_add);
+    let reservable = info
+        .reservable_bytes(placement.memory_adjustment())
+        .map(|r| r.saturating_sub(reserved));
+    // Machines on the node: those Proxmox shows plus those reserved but not yet listed.
+    let mut members: Vec<(Option<&MachineOwner>, MachineRole)> = info
+        .machines
         .iter()
+        .filter(|m| m.name != request.machine)
+        .map(|m| (m.owner.as_ref(), m.role))
+        .collect();
+    members.extend(
+        others()
+            .filter(|r| !info.machines.iter().any(|m| m.name == r.machine))
+            .map(|r| (r.owner.as_ref(), r.role)),
+    );
+    let pci_free = request
+        .pci
+        .keys()
+        .map(|key| {
+            let on_node = info.pci.get(key).cloned().unwrap_or_default();
+            let held = on_node
+                .holders
+                .iter()
+                .filter(|h| **h != request.machine)
+                .count();
+            // A reservation whose machine is recorded on the node is among the holders.
+            let promised: u32 = others()
+                .filter(|r| !on_node.holders.contains(&r.machine))
+                .filter_map(|r| r.pci.get(key))
+                .sum();
+            let used = u32::try_from(held)
+                .unwrap_or(u32::MAX)
+                .saturating_add(promised);
+            (key.as_str(), on_node.devices.saturating_sub(used))
+        })
+        .collect();
+    let disk_free = request
+        .disk_bytes
+        .keys()
+        .filter_map(|storage| {
+            let free = *info.local_storage_free.get(storage)?;
+            let promised: u64 = unlisted()
+                .filter_map(|r| r.disk_bytes.get(storage))
+                .fold(0, |a, b| a.saturating_add(*b));
+            Some((storage.as_str(), free.saturating_sub(promised)))
+        })
+        .collect();
+    let owner = placement.owner();
+    let role = placement.role();
+    Candidate {
+        name,
+        reservable,
+        same_owner: owner.map_or(0, |o| {
+            members.iter().filter(|(mo, _)| *mo == Some(o)).count()
+        }),
+        same_role: members.iter().filter(|(_, r)| *r == role).count(),
+        pci_free,
+        disk_free,
+    }
+}
+
+/// Why no candidate fits: the devices first, then the disks' room, then memory (each among the
+/// nodes that passed the checks before it).
+fn nothing_fits(
+    placement: &Placement,
+    nodes: &[Candidate<'_>],
+    request: &ScheduleRequest,
+    candidates: &[String],
+) -> ScheduleError {
+    let machine = request.machine.clone();
+    if let Some((key, wanted)) = request.pci.iter().find(|(key, wanted)| {
+        !nodes
+            .iter()
+            .any(|c| c.pci_free.get(key.as_str()).is_some_and(|f| f >= *wanted))
+    }) {
+        return ScheduleError::NoPciDevice {
+            machine,
+            mapping: key.clone(),
+            wanted: *wanted,
+            free: nodes
+                .iter()
+                .map(|c| {
+                    let free = c.pci_free.get(key.as_str()).copied().unwrap_or(0);
+                    (c.name.to_owned(), free)
+                })
+                .collect(),
+        };
+    }
+    let with_devices: Vec<&Candidate<'_>> =
+        nodes.iter().filter(|c| c.has_devices(request)).collect();
+    for (storage, bytes) in &request.disk_bytes {
+        let room = |c: &Candidate<'_>| c.disk_free.get(storage.as_str()).copied();
+        if with_devices
+            .iter()
+            .all(|c| room(c).is_some_and(|free| free < *bytes))
+        {
+            let best = with_devices
+                .iter()
+                .copied()
+                .max_by_key(|c| (room(c), Reverse(c.name)));
+            return ScheduleError::InsufficientStorage {
+                machine,
+                storage: storage.clone(),
+                requested_bytes: *bytes,
+                best_node: best.map(|c| c.name.to_owned()).unwrap_or_default(),
+                best_free_bytes: best.and_then(room).unwrap_or(0),
+            };
+        }
+    }
+    // Accounting is on here, or everything would fit: name the node closest to fitting.
+    let closest = with_devices
+        .iter()
+        .filter(|c| c.has_room(request))
         .min_by_key(|c| (Reverse(c.reservable.unwrap_or(0)), c.name));
     let (best_node, best_available_bytes) = closest
         .map(|c| (c.name.to_owned(), c.reservable.unwrap_or(0)))
         .unwrap_or_default();
-    Err(ScheduleError::InsufficientMemory {
-        machine: request.machine.clone(),
+    ScheduleError::InsufficientMemory {
+        machine,
         requested_bytes: request.memory_bytes,
-        candidates: candidates.clone(),
+        candidates: candidates.to_vec(),
         best_node,
         best_available_bytes,
-        memory_adjustment: adjustment,
-    })
+        memory_adjustment: placement.memory_adjustment(),
+    }
 }
 
 #[cfg(test)]
@@ -478,7 +680,7 @@ mod tests {
             name: name.to_owned(),
             total_memory_bytes: total_gib * GIB,
             guests,
-            machines: vec![],
+            ..NodeInfo::default()
         }
     }
 
@@ -866,5 +1068,190 @@ mod tests {
         assert_eq!(Bytes(3 * GIB).to_string(), "3072 MiB");
         assert_eq!(Bytes(1000).to_string(), "1000 B");
         assert_eq!(Bytes(0).to_string(), "0 B");
+    }
+
+    /// A worker asking for `devices` devices of mapping `gpu` (and `disk_gib` GiB of data disks
+    /// on `local-lvm`) on nodes pve1-pve3.
+    fn device_placement(name: &str, devices: usize, disk_gib: i32) -> Placement {
+        let c = with_adjustment(Some(0), &["pve1", "pve2", "pve3"]);
+        let mut m = machine(name, &[], None);
+        m.spec.pci_devices = vec![
+            crate::api::PciDevice {
+                mapping: "gpu".to_owned(),
+                ..Default::default()
+            };
+            devices
+        ];
+        if disk_gib > 0 {
+            m.spec.disks = Some(crate::api::Storage {
+                boot_volume: None,
+                additional_volumes: vec![crate::api::AdditionalVolume {
+                    disk: "scsi1".to_owned(),
+                    size_gb: disk_gib,
+                    storage: Some("local-lvm".to_owned()),
+                    ..Default::default()
+                }],
+            });
+        }
+        Placement::resolve(&c, &m, &capi_machine(name, None, false, None)).unwrap()
+    }
+
+    /// Nodes pve1-pve3 with `gpu` devices (devices, holders) each.
+    fn gpu_nodes(per_node: [(u32, &[&str]); 3]) -> NodeInventory {
+        NodeInventory {
+            nodes: ["pve1", "pve2", "pve3"]
+                .iter()
+                .zip(per_node)
+                .map(|(name, (devices, holders))| NodeInfo {
+                    pci: BTreeMap::from([(
+                        "gpu".to_owned(),
+                        PciOnNode {
+                            devices,
+                            holders: holders.iter().map(|h| (*h).to_owned()).collect(),
+                        },
+                    )]),
+                    ..node(name, 64, vec![])
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn pci_mapping_table() {
+        // (case, devices and holders per node, devices asked for, want node or error text)
+        type Case = (
+            &'static str,
+            [(u32, &'static [&'static str]); 3],
+            usize,
+            &'static str,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "only the node with the mapping",
+                [(0, &[]), (1, &[]), (0, &[])],
+                1,
+                "pve2",
+            ),
+            (
+                "a used device is not free",
+                [(1, &["m0"]), (0, &[]), (1, &[])],
+                1,
+                "pve3",
+            ),
+            (
+                "two devices on one node",
+                [(1, &[]), (2, &["m0"]), (3, &["m0"])],
+                2,
+                "pve3",
+            ),
+            (
+                "all used up",
+                [(1, &["m0"]), (1, &["m1"]), (0, &[])],
+                1,
+                "needs 1 device(s) of PCI mapping \"gpu\" but no candidate node has that many free (pve1: 0 free, pve2: 0 free, pve3: 0 free)",
+            ),
+            (
+                "no node of the zone has the mapping",
+                [(0, &[]), (0, &[]), (0, &[])],
+                1,
+                "Resource Mappings",
+            ),
+            (
+                "its own device is free for it",
+                [(1, &["w"]), (0, &[]), (0, &[])],
+                1,
+                "pve1",
+            ),
+        ];
+        for (case, per_node, devices, want) in cases {
+            let p = device_placement("w", devices, 0);
+            let got = schedule(&p, &gpu_nodes(per_node), &Reservations::new(), &request(&p));
+            match got {
+                Ok(choice) => assert_eq!(choice.node, want, "{case}"),
+                Err(error) => {
+                    assert_eq!(error.reason(), "PciDeviceUnavailable", "{case}");
+                    assert!(error.is_retryable(), "{case}");
+                    assert!(error.to_string().contains(want), "{case}: {error}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reserved_devices_are_not_handed_out_twice() {
+        let mut reservations = Reservations::new();
+        let inventory = gpu_nodes([(1, &[]), (1, &[]), (0, &[])]);
+        let mut chosen = Vec::new();
+        for name in ["a", "b", "c"] {
+            let p = device_placement(name, 1, 0);
+            chosen.push(reservations.schedule_and_reserve(&p, &inventory, &request(&p)));
+        }
+        assert_eq!(chosen[0].as_ref().map(|c| c.node.as_str()), Ok("pve1"));
+        assert_eq!(chosen[1].as_ref().map(|c| c.node.as_str()), Ok("pve2"));
+        assert!(
+            matches!(chosen[2], Err(ScheduleError::NoPciDevice { .. })),
+            "{:?}",
+            chosen[2]
+        );
+        // Once a machine is recorded on its node, it counts as a holder, not twice.
+        let recorded = gpu_nodes([(1, &["a"]), (1, &[]), (0, &[])]);
+        let p = device_placement("c", 1, 0);
+        assert!(
+            reservations
+                .schedule_and_reserve(&p, &recorded, &request(&p))
+                .is_err()
+        );
+        reservations.release("b");
+        let choice = reservations.schedule_and_reserve(&p, &recorded, &request(&p));
+        assert_eq!(choice.map(|c| c.node), Ok("pve2".to_owned()));
+    }
+
+    #[test]
+    fn data_disks_take_room_on_node_local_storage_only() {
+        let with_local = |free: [Option<u64>; 3]| NodeInventory {
+            nodes: ["pve1", "pve2", "pve3"]
+                .iter()
+                .zip(free)
+                .map(|(name, free)| NodeInfo {
+                    local_storage_free: free
+                        .map(|gib| BTreeMap::from([("local-lvm".to_owned(), gib * GIB)]))
+                        .unwrap_or_default(),
+                    ..node(name, 64, vec![])
+                })
+                .collect(),
+        };
+        let p = device_placement("w", 0, 100);
+        assert_eq!(p.data_disk_bytes().get("local-lvm"), Some(&(100 * GIB)));
+        let pick = |inventory: &NodeInventory| {
+            schedule(&p, inventory, &Reservations::new(), &request(&p)).map(|c| c.node)
+        };
+        assert_eq!(
+            pick(&with_local([Some(50), Some(150), Some(99)])),
+            Ok("pve2".into())
+        );
+        // Not listed as a local storage of the node (shared, or not known): not counted.
+        assert_eq!(
+            pick(&with_local([Some(50), None, Some(99)])),
+            Ok("pve2".into())
+        );
+        let full = pick(&with_local([Some(50), Some(20), Some(99)])).unwrap_err();
+        assert_eq!(full.reason(), "InsufficientStorage");
+        assert!(
+            full.to_string().contains(
+                "needs 102400 MiB on storage \"local-lvm\" for its data disks, but the most any candidate node's local \"local-lvm\" has free is 101376 MiB (on pve3)"
+            ),
+            "{full}"
+        );
+        // Reserved disks of a machine whose VM is not listed yet take room too.
+        let mut reservations = Reservations::new();
+        let room = with_local([Some(150), Some(10), Some(10)]);
+        let first = reservations.schedule_and_reserve(&p, &room, &request(&p));
+        assert_eq!(first.map(|c| c.node), Ok("pve1".to_owned()));
+        let q = device_placement("v", 0, 100);
+        let second = reservations.schedule_and_reserve(&q, &room, &request(&q));
+        assert!(
+            matches!(second, Err(ScheduleError::InsufficientStorage { .. })),
+            "{second:?}"
+        );
     }
 }

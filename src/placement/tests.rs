@@ -30,8 +30,7 @@ fn empty_node(name: &str, total: u64) -> NodeInfo {
     NodeInfo {
         name: name.to_owned(),
         total_memory_bytes: total,
-        guests: vec![],
-        machines: vec![],
+        ..NodeInfo::default()
     }
 }
 

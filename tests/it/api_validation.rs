@@ -670,6 +670,79 @@ fn firmware_and_cpu_settings_are_checked() {
 }
 
 #[test]
+fn pci_devices_and_dhcp_are_checked() {
+    let good = json!({
+        "pciDevices": [{"mapping": "gpu-a100", "pcie": true, "primaryGPU": true},
+                       {"mapping": "nic_sriov", "rombar": false}],
+        "network": {"networkDevices": [
+            {"name": "net0", "bridge": "vmbr0", "dhcp4": true, "dhcp6": true},
+            {"name": "net1", "bridge": "vmbr1", "defaultIPv4": true}]}
+    });
+    assert_eq!(
+        violations("ProxmoxMachine", &machine(good)),
+        Vec::<String>::new()
+    );
+    let nic = |extra: Value| {
+        let mut device = json!({"name": "net0", "bridge": "vmbr0"});
+        merge(&mut device, extra);
+        json!({"network": {"networkDevices": [device]}})
+    };
+    for (spec, expected) in [
+        (json!({"pciDevices": [{}]}), ".spec.pciDevices[0].mapping"),
+        (
+            json!({"pciDevices": [{"mapping": "gpu", "hostAddress": "0000:01:00.0"}]}),
+            "Proxmox lets only root@pam, not an API token, pass a raw host PCI address through",
+        ),
+        (
+            json!({"pciDevices": [{"mapping": "1gpu"}]}),
+            ".spec.pciDevices[0].mapping",
+        ),
+        (
+            json!({"pciDevices": [{"mapping": "ga", "primaryGPU": true}, {"mapping": "gb", "primaryGPU": true}]}),
+            "at most one PCI device may be the primary GPU",
+        ),
+        (
+            json!({"pciDevices": vec![json!({"mapping": "gpu"}); 17]}),
+            ".spec.pciDevices",
+        ),
+        (
+            nic(json!({"dhcp4": true, "defaultIPv4": true})),
+            "dhcp4 and defaultIPv4 exclude each other",
+        ),
+        (
+            nic(json!({"dhcp6": true, "defaultIPv6": true})),
+            "dhcp6 and defaultIPv6 exclude each other",
+        ),
+        (
+            nic(
+                json!({"dhcp4": true, "ipPoolRef": [{"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "p"}]}),
+            ),
+            "a device with dhcp4 or dhcp6 claims no pool addresses",
+        ),
+    ] {
+        assert_rejected("ProxmoxMachine", machine(spec), expected);
+    }
+    let mut no_agent = machine(nic(json!({"dhcp4": true})));
+    no_agent["spec"]["checks"] = json!({"skipQemuGuestAgent": true});
+    assert_rejected(
+        "ProxmoxMachine",
+        no_agent,
+        "dhcp4/dhcp6 need the QEMU guest agent",
+    );
+    let schema = schema_for("ProxmoxMachine");
+    let old = machine(json!({"pciDevices": [{"mapping": "gpu"}]}));
+    let new = machine(json!({"pciDevices": [{"mapping": "gpu2"}]}));
+    let found =
+        capmox_testkit::schema::validate_object(&schema, &new, Some(&old)).expect_err("immutable");
+    assert!(
+        found
+            .iter()
+            .any(|v| v.message.contains("pciDevices are immutable")),
+        "{found:?}"
+    );
+}
+
+#[test]
 fn the_go_provider_templates_apply_unchanged() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/go-provider/templates");
     let entries =

@@ -317,11 +317,14 @@ fn a_v1alpha1_spec_edit_keeps_zones_failure_domains_and_v1alpha2_nic_settings() 
         "spec": {
             "sourceNode": "pve1", "templateID": 9000, "numCores": 2,
             "cpu": {"type": "host", "flags": ["+aes"]}, "numa": true, "bios": "ovmf", "secureBoot": true, "tpm": true,
+            "pciDevices": [{"mapping": "gpu-a100", "pcie": true, "primaryGPU": true},
+                           {"mapping": "nic", "rombar": false}],
             "disks": {"bootVolume": {"disk": "scsi0", "sizeGb": 20},
                       "additionalVolumes": [{"disk": "scsi1", "sizeGb": 50, "storage": "ceph", "discard": true}]},
             "network": {"zone": "rack-a", "networkDevices": [
                 {"name": "net0", "bridge": "vmbr0", "defaultIPv4": true, "queues": 4},
-                {"name": "net1", "bridge": "vmbr1", "ipPoolRef": [{"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "extra"}],
+                {"name": "net1", "bridge": "vmbr1", "dhcp4": true, "dhcp6": true},
+                {"name": "net2", "bridge": "vmbr1", "ipPoolRef": [{"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "extra"}],
                  "routes": [{"to": "default", "is6": true}]}
             ]}
         },
@@ -330,7 +333,7 @@ fn a_v1alpha1_spec_edit_keeps_zones_failure_domains_and_v1alpha2_nic_settings() 
     let mut old = convert(machine.clone(), V1ALPHA1).expect("converts");
     assert_eq!(old["spec"]["network"]["default"]["bridge"], "vmbr0");
     assert_eq!(
-        old["spec"]["network"]["additionalDevices"][0]["ipv4PoolRef"]["name"],
+        old["spec"]["network"]["additionalDevices"][1]["ipv4PoolRef"]["name"],
         "extra"
     );
     assert_eq!(

@@ -222,6 +222,17 @@ const INTENDED: &[(&str, &str, &str)] = &[
         ".spec.template.spec",
         "x-kubernetes-validations",
     ),
+    // DHCP (capmox only) excludes a pool on the same NIC; without dhcp4/dhcp6 the rules hold.
+    (
+        "ProxmoxMachine",
+        ".spec.network.networkDevices[]",
+        "x-kubernetes-validations",
+    ),
+    (
+        "ProxmoxMachineTemplate",
+        ".spec.template.spec.network.networkDevices[]",
+        "x-kubernetes-validations",
+    ),
     // Data disks (capmox only) keep off the boot volume's slot; without them the rule holds.
     ("ProxmoxMachine", ".spec.disks", "x-kubernetes-validations"),
     (

@@ -408,6 +408,8 @@ fn the_readme_is_a_front_page() {
 /// Literals in `src/` that look like reasons (CamelCase words) but are not: kinds, condition
 /// types, field and section names, units, HTTP words.
 const NOT_REASONS: &[&str] = &[
+    // systemd-networkd's `DHCP=` key.
+    "DHCP",
     // Kinds and their status types.
     "AdmissionReview",
     "Cluster",

@@ -24,6 +24,7 @@ mod data_disks;
 mod dependencies;
 mod docs;
 mod ha;
+mod hardware;
 mod hostile_input;
 mod ignition;
 mod leader_election;

@@ -139,20 +139,30 @@ impl Default for SandboxOptions {
 }
 
 /// The built-in topology: rack-a (pve1, pve2), rack-b (pve3, pve4) and a spare pve5, one
-/// shared storage with the template and a local ISO storage on every node.
+/// shared storage with the template and a local ISO storage on every node, a GPU mapping over
+/// pve2-pve4 and a DHCP server on vmbr0.
 pub const TOPOLOGY: &str = r#"
 cluster_name: sandbox
 nodes:
   - {name: pve1, memory_mib: 65536, cores: 16}
-  - {name: pve2, memory_mib: 65536, cores: 16}
-  - {name: pve3, memory_mib: 65536, cores: 16}
-  - {name: pve4, memory_mib: 65536, cores: 16}
+  - {name: pve2, memory_mib: 65536, cores: 16, pci_devices: [{id: '0000:41:00.0', vendor: '10de', device: '2204', iommugroup: 30}]}
+  - {name: pve3, memory_mib: 65536, cores: 16, pci_devices: [{id: '0000:41:00.0', vendor: '10de', device: '2204', iommugroup: 30}]}
+  - {name: pve4, memory_mib: 65536, cores: 16, pci_devices: [{id: '0000:41:00.0', vendor: '10de', device: '2204', iommugroup: 30}]}
   - {name: pve5, memory_mib: 65536, cores: 16}
 storages:
   - {name: local, type: dir, content: [iso, vztmpl, snippets, images]}
   - {name: ceph, type: rbd, shared: true, content: [images], size_gib: 4096}
 templates:
   - {vmid: 9000, name: ubuntu-2404-kube, node: pve1, tags: [capmox, ubuntu], storage: ceph, disk_gib: 10, config: {agent: "1", net0: "virtio=BC:24:11:00:90:00,bridge=vmbr0"}}
+pci_mappings:
+  - name: gpu
+    description: one GPU on pve2, pve3 and pve4
+    map:
+      - {node: pve2, path: '0000:41:00.0', id: '10de:2204', iommugroup: 30}
+      - {node: pve3, path: '0000:41:00.0', id: '10de:2204', iommugroup: 30}
+      - {node: pve4, path: '0000:41:00.0', id: '10de:2204', iommugroup: 30}
+dhcp:
+  - {bridge: vmbr0, range4: 10.0.9.100-10.0.9.200, prefix4: 24, gateway4: 10.0.9.1}
 "#;
 
 /// A running sandbox: the API server, the simulator(s) and the controllers.

@@ -211,6 +211,17 @@ impl Reconcile<'_> {
         if held.addresses_pending {
             return Err(waiting_for_addresses());
         }
+        if !already_provisioned {
+            self.dhcp_addresses(
+                scope,
+                held.placement()?,
+                held.config.as_ref(),
+                proxmox,
+                node,
+                vmid,
+            )
+            .await?;
+        }
         let known_up = self.context.task_timing.guest_up(&machine_key, vmid);
         let provider_id = match (&held.config, self.machine.spec.provider_id.as_deref()) {
             (None, Some(recorded)) => recorded.to_owned(),

@@ -8,7 +8,9 @@ use super::outcome::{Flow, Stop};
 use super::task::TaskKind;
 use super::vm::is_machine_tag;
 use super::{During, MachineError, PROVIDER_ID_PREFIX, Reconcile, Scope, claim_key, machine_tag};
-use crate::api::{AdditionalVolume, Bios, CpuSpec, ProxmoxMachineSpec, TargetFileStorageFormat};
+use crate::api::{
+    AdditionalVolume, Bios, CpuSpec, PciDevice, ProxmoxMachineSpec, TargetFileStorageFormat,
+};
 use crate::placement::{self, Placement};
 use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
 
@@ -238,6 +240,14 @@ impl Reconcile<'_> {
         for nic in placement.network_devices() {
             let existing = config.get(&nic.name).unwrap_or_default();
             set(&nic.name, nic_value(&existing, nic)?);
+        }
+        for (slot, device) in spec.pci_devices.iter().enumerate() {
+            set(&format!("hostpci{slot}"), pci_value(device));
+        }
+        // Proxmox puts a device on a PCI Express port only on the q35 machine type.
+        let wants_pcie = spec.pci_devices.iter().any(|d| d.pcie == Some(true));
+        if wants_pcie && !config.get("machine").is_some_and(|m| m.contains("q35")) {
+            set("machine", "q35".to_owned());
         }
         // Proxmox gives a clone a new SMBIOS UUID only when its template has smbios1; the VM
         // keeps the one written here, so a later pass (or process) reads it back.
@@ -480,6 +490,21 @@ fn firmware_volumes(spec: &ProxmoxMachineSpec, config: &VmConfig) -> Result<Conf
 }
 
 /// The `cpu` option of `cpu`: the model, then its flags (`host,flags=+aes;-pcid`).
+/// A `hostpciN` value as Proxmox prints it: the mapping, then its options.
+fn pci_value(device: &PciDevice) -> String {
+    let mut value = format!("mapping={}", device.mapping);
+    if device.pcie == Some(true) {
+        value.push_str(",pcie=1");
+    }
+    if let Some(rombar) = device.rombar {
+        value.push_str(if rombar { ",rombar=1" } else { ",rombar=0" });
+    }
+    if device.primary_gpu == Some(true) {
+        value.push_str(",x-vga=1");
+    }
+    value
+}
+
 fn cpu_value(cpu: &CpuSpec) -> Option<String> {
     let flags = (!cpu.flags.is_empty()).then(|| format!("flags={}", cpu.flags.join(";")));
     let parts: Vec<String> = cpu.type_.iter().cloned().chain(flags).collect();
@@ -591,6 +616,8 @@ mod tests {
             routing_policy: Vec::new(),
             pools: Vec::new(),
             dns_servers: Vec::new(),
+            dhcp4: false,
+            dhcp6: false,
         }
     }
 
@@ -793,5 +820,24 @@ mod tests {
             Some("flags=+aes")
         );
         assert_eq!(cpu_value(&cpu(None, &[])), None);
+    }
+
+    #[test]
+    fn pci_devices_are_written_as_proxmox_prints_them() {
+        let device = |v: serde_json::Value| -> PciDevice { serde_json::from_value(v).unwrap() };
+        let cases = [
+            (serde_json::json!({"mapping": "gpu"}), "mapping=gpu"),
+            (
+                serde_json::json!({"mapping": "gpu", "pcie": true, "rombar": false, "primaryGPU": true}),
+                "mapping=gpu,pcie=1,rombar=0,x-vga=1",
+            ),
+            (
+                serde_json::json!({"mapping": "nic", "rombar": true}),
+                "mapping=nic,rombar=1",
+            ),
+        ];
+        for (spec, want) in cases {
+            assert_eq!(pci_value(&device(spec)), want);
+        }
     }
 }

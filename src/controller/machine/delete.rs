@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 
 use super::looks::Held;
 use super::outcome::{Flow, Stop, Wait, waiting};
 use super::task::TaskKind;
 use super::vm::Identity;
 use super::{During, MachineError, Reconcile, Scope, claim_key};
+use crate::api::ProxmoxMachine;
 use crate::proxmox::{DeleteParams, PowerAction, ProxmoxClient, VmConfig};
 
 /// How soon a deletion waiting for a VM's lock looks again.
@@ -157,6 +159,33 @@ impl Reconcile<'_> {
                 .written_configs
                 .forget(&claim_key(self.machine), vmid);
         }
+        self.wake_waiting_for_capacity().await?;
+        Ok(())
+    }
+
+    /// The machines waiting for memory, a PCI device or disk room are looked at now rather
+    /// than at their recheck: this machine's VM gave some back.
+    async fn wake_waiting_for_capacity(&self) -> Result<(), MachineError> {
+        const CAPACITY: [&str; 3] = [
+            "InsufficientMemory",
+            "PciDeviceUnavailable",
+            "InsufficientStorage",
+        ];
+        let machines = self
+            .reads()
+            .all::<ProxmoxMachine>(self.context.config.watch_namespace.as_deref())
+            .await?;
+        let waiting = machines
+            .iter()
+            .filter(|m| {
+                m.status.iter().flat_map(|s| &s.conditions).any(|c| {
+                    c.type_ == crate::api::conditions::VIRTUAL_MACHINE_PROVISIONED
+                        && CAPACITY.contains(&c.reason.as_str())
+                })
+            })
+            .map(|m| ObjectRef::from_obj(&**m))
+            .collect();
+        self.context.task_slots.wake(waiting);
         Ok(())
     }
 }

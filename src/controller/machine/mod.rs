@@ -71,6 +71,8 @@ mod bootstrap;
 mod configure;
 mod decide;
 mod delete;
+mod devices;
+mod dhcp;
 mod endpoint;
 mod guest;
 mod ha;

@@ -341,7 +341,7 @@ impl Reconcile<'_> {
                 Ok(narrowed) => narrowed,
                 Err(error) => return Err(self.template_waiting(scope, &error).await),
             };
-            let inventory = self.inventory(scope, proxmox, resources).await?;
+            let inventory = self.inventory(scope, proxmox, resources, &narrowed).await?;
             let request = ScheduleRequest::new(&narrowed, template_memory);
             let mut by_endpoint = self.context.vms.reservations.lock().await;
             let reservations = by_endpoint.of(proxmox.endpoint());
@@ -546,7 +546,9 @@ impl Reconcile<'_> {
         scope: &Scope,
         proxmox: &ProxmoxClient,
         resources: &[ClusterResource],
-    ) -> Result<NodeInventory, MachineError> {
+        placement: &Placement,
+    ) -> Flow<NodeInventory> {
+        let pci_on_node = self.pci_devices(proxmox, placement).await?;
         let reads = self.reads();
         let machines = reads
             .labelled::<ProxmoxMachine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
@@ -605,6 +607,8 @@ impl Reconcile<'_> {
                     .collect();
                 Some(NodeInfo {
                     machines: placed(&name),
+                    pci: pci_on_node.on(&name),
+                    local_storage_free: super::devices::local_storage_free(resources, &name),
                     name,
                     total_memory_bytes: r.maxmem.unwrap_or(0),
                     guests,

@@ -34,7 +34,18 @@ pub struct Scenario {
 
 impl Scenario {
     pub async fn start(options: SimOptions) -> Scenario {
-        let env = Env::start_with(options).await;
+        Self::started(Env::start_with(options).await).await
+    }
+
+    /// The scenario on a simulator of `topology` (nodes pve1-pve4 in racks a and b).
+    pub async fn start_with_topology(
+        topology: capmox_sim::Topology,
+        options: SimOptions,
+    ) -> Scenario {
+        Self::started(Env::start_with_topology(topology, options).await).await
+    }
+
+    async fn started(env: Env) -> Scenario {
         let tap = Tap::start(&env.sim.url()).await;
         let token = env.sim.token();
         let (id, secret) = token.split_once('=').expect("token id=secret");
