@@ -5,9 +5,11 @@
 //! tests and the benchmarks; never by the controllers themselves.
 
 pub mod conversion;
+pub mod examples;
 pub mod ipam;
 pub mod real;
 pub mod real_capi;
+mod real_capi_hardware;
 mod real_capi_move;
 mod real_capi_steps;
 pub mod run;

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use capmox::cli::{LogArgs, run_binary};
+use capmox_sandbox::examples::Example;
 use capmox_sandbox::run::{GuestOs, SandboxOptions};
 use clap::Parser;
 
@@ -36,6 +37,10 @@ struct Args {
     /// where its VMs went.
     #[arg(long)]
     ha: bool,
+    /// Hardware for the workers: `gpu` (a GPU of the topology's `gpu` PCI resource mapping),
+    /// `dhcp` (the address from the simulated DHCP server), `disks` (data disks, UEFI and a TPM).
+    #[arg(long, value_enum)]
+    example: Option<ExampleArg>,
     /// Where to write the kubeconfig of the in-process Kubernetes API.
     #[arg(long)]
     kubeconfig: Option<std::path::PathBuf>,
@@ -53,6 +58,17 @@ enum Os {
     Flatcar,
 }
 
+/// `--example`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ExampleArg {
+    /// A GPU per worker through a Proxmox PCI resource mapping.
+    Gpu,
+    /// The workers' addresses by DHCP.
+    Dhcp,
+    /// Data disks, UEFI with Secure Boot keys and a TPM.
+    Disks,
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let mut options = SandboxOptions {
@@ -65,6 +81,11 @@ fn main() -> ExitCode {
             Os::Flatcar => GuestOs::Flatcar,
         },
         ha: args.ha,
+        example: args.example.map(|example| match example {
+            ExampleArg::Gpu => Example::Gpu,
+            ExampleArg::Dhcp => Example::Dhcp,
+            ExampleArg::Disks => Example::Disks,
+        }),
         ..Default::default()
     };
     if let Some(path) = args.kubeconfig {

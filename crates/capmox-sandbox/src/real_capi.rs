@@ -636,6 +636,7 @@ pub async fn scenario(
                 Step::Scale,
                 Step::Remediate,
                 Step::Reboot,
+                Step::Hardware,
                 Step::ZoneDown,
             ]
         };
@@ -758,6 +759,7 @@ enum Step {
     Scale,
     Remediate,
     Reboot,
+    Hardware,
     ZoneDown,
 }
 
@@ -773,6 +775,7 @@ impl Step {
             Self::Scale => steps::scale_down_and_up(run).await,
             Self::Remediate => steps::remediate_worker(run, ZONES[1].0).await,
             Self::Reboot => steps::reboot_worker(run, ZONES[0].0).await,
+            Self::Hardware => super::real_capi_hardware::hardware_worker(run, ZONES[0].0).await,
             Self::ZoneDown => steps::drain_unhealthy_zone(run, ZONES[1].0, ZONES[1].1).await,
         }
     }

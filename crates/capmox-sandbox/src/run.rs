@@ -108,6 +108,8 @@ pub struct SandboxOptions {
     /// the HA resources and rules (PVE 9) or groups (PVE 8), fail a node and show where its
     /// VMs went.
     pub ha: bool,
+    /// Hardware for the workers (a GPU, DHCP, data disks and UEFI), shown in the summary.
+    pub example: Option<crate::examples::Example>,
 }
 
 /// The guest OS the example machines are built for.
@@ -134,6 +136,7 @@ impl Default for SandboxOptions {
             verbose: true,
             os: GuestOs::default(),
             ha: false,
+            example: None,
         }
     }
 }
@@ -590,6 +593,9 @@ impl Sandbox {
         example.control_plane_replicas = options.control_plane;
         example.worker_replicas = options.workers;
         example.worker_failure_domain = Some(options.worker_failure_domain.clone());
+        example.worker_machine_spec = options
+            .example
+            .map(|hardware| hardware.worker_spec(&example.machine_spec));
         create_example_cluster(&self.client(), &example).await?;
         Ok(example)
     }
@@ -1075,6 +1081,12 @@ pub async fn run(options: SandboxOptions, keep_running: bool) -> Result<(), Sand
     );
     if let Some(sites) = sandbox.proxmox.site_summary(&rows) {
         println!("{sites}");
+    }
+    if let Some(example) = options.example {
+        println!(
+            "\nWorkers ({example:?} example):\n{}",
+            example.report(&sandbox.proxmox, &rows)
+        );
     }
     if options.ha {
         println!("\nProxmox HA:\n{}", sandbox.ha_report());

@@ -1150,6 +1150,8 @@ pub struct ExampleCluster {
     pub proxmox_cluster_spec: Value,
     /// `spec.template.spec` of both ProxmoxMachineTemplates.
     pub machine_spec: Value,
+    /// `spec.template.spec` of the workers' template, when it differs from `machine_spec`.
+    pub worker_machine_spec: Option<Value>,
     /// Control-plane replicas.
     pub control_plane_replicas: i32,
     /// Worker replicas.
@@ -1182,6 +1184,7 @@ impl ExampleCluster {
             name: name.into(),
             proxmox_cluster_spec,
             machine_spec,
+            worker_machine_spec: None,
             control_plane_replicas: 1,
             worker_replicas: 0,
             worker_failure_domain: None,
@@ -1221,8 +1224,8 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
         "metadata": {"name": name, "namespace": ns},
         "spec": example.proxmox_cluster_spec,
     });
-    let template = |template_name: String| {
-        let mut template = json!({"spec": example.machine_spec});
+    let template = |template_name: String, spec: &Value| {
+        let mut template = json!({"spec": spec});
         if !example.machine_template_labels.is_empty() {
             template["metadata"] = json!({"labels": example.machine_template_labels});
         }
@@ -1275,11 +1278,17 @@ pub async fn create_example_cluster(client: &Client, example: &ExampleCluster) -
         (ApiResource::erase::<ProxmoxCluster>(&()), proxmox_cluster),
         (
             ApiResource::erase::<ProxmoxMachineTemplate>(&()),
-            template(example.control_plane_name()),
+            template(example.control_plane_name(), &example.machine_spec),
         ),
         (
             ApiResource::erase::<ProxmoxMachineTemplate>(&()),
-            template(example.workers_name()),
+            template(
+                example.workers_name(),
+                example
+                    .worker_machine_spec
+                    .as_ref()
+                    .unwrap_or(&example.machine_spec),
+            ),
         ),
         (control_plane_resource(), kcp),
         (deployment_resource(), md),
