@@ -6,26 +6,12 @@ use std::net::IpAddr;
 use serde_norway::Value;
 
 use super::*;
-use crate::api::{NetworkModel, RouteSpec, RoutingPolicySpec, VrfDevice};
+use crate::api::{RouteSpec, RoutingPolicySpec, VrfDevice};
 use crate::placement::Placement;
 use crate::placement::ResolvedNic;
 
 fn nic(name: &str) -> ResolvedNic {
-    ResolvedNic {
-        name: name.to_owned(),
-        bridge: Some("vmbr0".to_owned()),
-        model: NetworkModel::Virtio,
-        mtu: None,
-        vlan: None,
-        queues: None,
-        link_mtu: None,
-        routes: vec![],
-        routing_policy: vec![],
-        pools: vec![],
-        dns_servers: vec![],
-        dhcp4: false,
-        dhcp6: false,
-    }
+    crate::placement::fixtures::resolved_nic(name)
 }
 
 fn ip(s: &str) -> IpAddr {

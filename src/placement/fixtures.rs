@@ -115,3 +115,22 @@ pub(crate) fn capi_machine(
     }
     m
 }
+
+/// A resolved NIC `name` on vmbr0 with nothing else set (no pools, no DHCP).
+pub(crate) fn resolved_nic(name: &str) -> super::ResolvedNic {
+    super::ResolvedNic {
+        name: name.to_owned(),
+        bridge: Some("vmbr0".to_owned()),
+        model: crate::api::NetworkModel::Virtio,
+        mtu: None,
+        vlan: None,
+        queues: None,
+        link_mtu: None,
+        routes: Vec::new(),
+        routing_policy: Vec::new(),
+        pools: Vec::new(),
+        dns_servers: Vec::new(),
+        dhcp4: false,
+        dhcp6: false,
+    }
+}

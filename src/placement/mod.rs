@@ -46,7 +46,7 @@ mod task_limits;
 mod templates;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;
 

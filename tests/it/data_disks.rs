@@ -3,22 +3,10 @@
 //! names (else the boot disk's), and deleted with the VM; a disk Proxmox cannot allocate stops
 //! the machine before its VM starts.
 
-use std::time::Duration;
-
 use capmox::api::ProxmoxMachine;
-use capmox_sim::SimOptions;
 use serde_json::{Value, json};
 
-use crate::machine_support::scenario::{self, Scenario};
-
-fn quick_sim() -> SimOptions {
-    SimOptions {
-        clone_duration: Duration::from_millis(100),
-        task_duration: Duration::from_millis(10),
-        boot_delay: Duration::from_millis(50),
-        ..SimOptions::default()
-    }
-}
+use crate::machine_support::scenario::{self, Scenario, quick_sim};
 
 fn with_disks(disks: Value) -> Value {
     let mut spec = scenario::machine_spec();

@@ -4,22 +4,10 @@
 //! addresses by DHCP, learned from the guest agent without an IPAddressClaim; data disks that
 //! no node's own storage has room for, refused before any VM exists.
 
-use std::time::Duration;
-
 use capmox::api::{MachineAddressType, ProxmoxMachine};
-use capmox_sim::SimOptions;
 use serde_json::json;
 
-use crate::machine_support::scenario::{self, Scenario, machine_condition};
-
-fn quick_sim() -> SimOptions {
-    SimOptions {
-        clone_duration: Duration::from_millis(100),
-        task_duration: Duration::from_millis(10),
-        boot_delay: Duration::from_millis(50),
-        ..SimOptions::default()
-    }
-}
+use crate::machine_support::scenario::{self, Scenario, machine_condition, quick_sim};
 
 fn vmid_of(machine: &ProxmoxMachine) -> u32 {
     machine

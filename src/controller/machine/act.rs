@@ -253,6 +253,24 @@ impl Reconcile<'_> {
         Ok(())
     }
 
+    /// The VM's config this pass holds, else a read of it.
+    pub(super) async fn config_or_read(
+        &self,
+        config: Option<&VmConfig>,
+        proxmox: &ProxmoxClient,
+        node: &str,
+        vmid: u32,
+    ) -> Flow<VmConfig> {
+        match config {
+            Some(config) => Ok(config.clone()),
+            None => Ok(self
+                .configs
+                .read(proxmox, node, vmid)
+                .await
+                .during(|| format!("reading the config of VM {vmid} on {node}"))?),
+        }
+    }
+
     /// The provider ID of the VM's SMBIOS UUID, from `config` or a read of it.
     async fn provider_id(
         &self,
@@ -262,14 +280,7 @@ impl Reconcile<'_> {
         vmid: u32,
     ) -> Flow<String> {
         let read_config = || format!("reading the config of VM {vmid} on {node}");
-        let config = match config {
-            Some(config) => config.clone(),
-            None => self
-                .configs
-                .read(proxmox, node, vmid)
-                .await
-                .during(read_config)?,
-        };
+        let config = self.config_or_read(config, proxmox, node, vmid).await?;
         let uuid = smbios_uuid(&config)
             .ok_or_else(|| ProxmoxError::Decode {
                 endpoint: "GET /nodes/{node}/qemu/{vmid}/config".into(),

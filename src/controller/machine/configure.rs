@@ -605,19 +605,8 @@ mod tests {
 
     fn nic(bridge: &str) -> placement::ResolvedNic {
         placement::ResolvedNic {
-            name: "net0".into(),
             bridge: Some(bridge.into()),
-            model: crate::api::NetworkModel::Virtio,
-            mtu: None,
-            vlan: None,
-            queues: None,
-            link_mtu: None,
-            routes: Vec::new(),
-            routing_policy: Vec::new(),
-            pools: Vec::new(),
-            dns_servers: Vec::new(),
-            dhcp4: false,
-            dhcp6: false,
+            ..placement::fixtures::resolved_nic("net0")
         }
     }
 

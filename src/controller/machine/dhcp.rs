@@ -39,14 +39,7 @@ impl Reconcile<'_> {
         if has_addresses(&scope.status.ip_addresses, &first.name) {
             return Ok(());
         }
-        let config = match config {
-            Some(config) => config.clone(),
-            None => self
-                .configs
-                .read(proxmox, node, vmid)
-                .await
-                .during(|| format!("reading the config of VM {vmid} on {node}"))?,
-        };
+        let config = self.config_or_read(config, proxmox, node, vmid).await?;
         let mac_of = |nic: &ResolvedNic| {
             config
                 .get(&nic.name)
@@ -167,23 +160,12 @@ fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NetworkModel;
 
     fn nic(name: &str, dhcp4: bool, dhcp6: bool) -> ResolvedNic {
         ResolvedNic {
-            name: name.to_owned(),
-            bridge: Some("vmbr0".to_owned()),
-            model: NetworkModel::default(),
-            mtu: None,
-            vlan: None,
-            queues: None,
-            link_mtu: None,
-            routes: vec![],
-            routing_policy: vec![],
-            pools: vec![],
-            dns_servers: vec![],
             dhcp4,
             dhcp6,
+            ..crate::placement::fixtures::resolved_nic(name)
         }
     }
 

@@ -25,6 +25,16 @@ pub fn sim_options() -> SimOptions {
     }
 }
 
+/// Quick tasks: a machine provisions in a second or two, a fleet within the tests' waits.
+pub fn quick_sim() -> SimOptions {
+    SimOptions {
+        clone_duration: Duration::from_millis(100),
+        task_duration: Duration::from_millis(10),
+        boot_delay: Duration::from_millis(50),
+        ..SimOptions::default()
+    }
+}
+
 /// A ready cluster `demo` whose credentials point at the tap; the IPAM stand-in runs.
 pub struct Scenario {
     pub env: Env,
