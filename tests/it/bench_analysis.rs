@@ -112,6 +112,8 @@ fn task(kind: &str, node: &str, vmid: u32, t0: Instant, ms: [u64; 3]) -> TaskRec
         ended: Some(at(ms[2])),
         ok: true,
         agent_ready: (kind == "qmstart").then(|| at(ms[2] + 3000)),
+        request: None,
+        storage_locks: Vec::new(),
     }
 }
 
@@ -183,6 +185,7 @@ fn proxmox_calls_are_attributed_to_machines_where_the_request_names_them() {
         endpoint: endpoint.into(),
         params: Vec::new(),
         status: 200,
+        timing: None,
     };
     let log = vec![
         req("GET", "/cluster/resources", "GET /cluster/resources"),
@@ -339,6 +342,7 @@ fn proxmox_calls_are_reported_per_site_with_clashing_vmids_kept_apart() {
         endpoint: endpoint.into(),
         params: Vec::new(),
         status: 200,
+        timing: None,
     };
     let config = "GET /nodes/{node}/qemu/{vmid}/config";
     let resources = || req("/cluster/resources", "GET /cluster/resources");

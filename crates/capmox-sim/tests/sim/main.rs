@@ -10,4 +10,5 @@ mod api;
 mod cli;
 mod disks;
 mod ha;
+mod profile;
 mod shapes;
