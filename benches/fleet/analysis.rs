@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use capmox_sim::{LoggedRequest, TaskRecord};
+use capmox_sim::{LoggedRequest, RequestTiming, StorageLockHold, TaskRecord};
 use capmox_testkit::RequestCounts;
 
 /// Kubernetes requests of one client between two snapshots of its counters in the API
@@ -261,8 +261,24 @@ pub fn run_time(task: &TaskRecord) -> Option<Duration> {
     Some(task.ended? - task.started?)
 }
 
-/// Proxmox's part of a machine's path: every task of its guest from request to end (queueing
-/// for a clone slot included) and the boot until the guest agent answers.
+/// A task's own run time: without the waits for storage locks other tasks held (the
+/// realistic profile's clones; nothing to take away under the ideal profile).
+pub fn own_run_time(task: &TaskRecord) -> Duration {
+    let waited: Duration = task.storage_locks.iter().map(StorageLockHold::wait).sum();
+    run_time(task).unwrap_or_default().saturating_sub(waited)
+}
+
+/// How long an API worker took for the request that created the task (zero under the ideal
+/// profile, which answers at once).
+pub fn request_service(task: &TaskRecord) -> Duration {
+    task.request
+        .as_ref()
+        .map_or(Duration::ZERO, RequestTiming::served)
+}
+
+/// Proxmox's part of a machine's path: every task of its guest from its creation to its end
+/// (queueing for a clone slot and waits for storage locks included) and the boot until the
+/// guest agent answers.
 pub fn proxmox_spans(tasks: &[&TaskRecord]) -> Vec<(Instant, Instant)> {
     let mut spans = Vec::new();
     for task in tasks {
@@ -276,13 +292,23 @@ pub fn proxmox_spans(tasks: &[&TaskRecord]) -> Vec<(Instant, Instant)> {
     spans
 }
 
-/// Service time of a machine's path without queueing: task run times and boot.
+/// The API's part of a machine's path (realistic profile): each request from its arrival at
+/// the simulator (queueing for a worker included) to the worker's end.
+pub fn request_spans<'a>(
+    requests: impl IntoIterator<Item = &'a RequestTiming>,
+) -> Vec<(Instant, Instant)> {
+    requests.into_iter().map(|r| (r.arrived, r.ended)).collect()
+}
+
+/// Service time of a machine's path without queueing: task run times (without waits for
+/// storage locks), the service of the requests that created them, and boot.
 pub fn service_time(tasks: &[&TaskRecord], include_clone: bool) -> Duration {
     tasks
         .iter()
         .filter(|t| include_clone || t.kind != "qmclone")
         .map(|t| {
-            run_time(t).unwrap_or_default()
+            own_run_time(t)
+                + request_service(t)
                 + t.agent_ready
                     .zip(t.ended)
                     .map_or(Duration::ZERO, |(ready, end)| ready - end)
@@ -290,69 +316,244 @@ pub fn service_time(tasks: &[&TaskRecord], include_clone: bool) -> Duration {
         .sum()
 }
 
+/// What one node's clones add up to in [`lower_bound`].
+#[derive(Clone, Copy)]
+struct NodeClones {
+    count: usize,
+    shortest: Duration,
+    total: Duration,
+    shortest_tail: Duration,
+    shortest_request: Duration,
+}
+
+impl Default for NodeClones {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            shortest: Duration::MAX,
+            total: Duration::ZERO,
+            shortest_tail: Duration::MAX,
+            shortest_request: Duration::MAX,
+        }
+    }
+}
+
+/// What one storage lock's holds add up to in [`lower_bound`].
+#[derive(Clone, Copy)]
+struct LockHolds {
+    count: usize,
+    held: Duration,
+    /// The shortest time a holder still needed after its allocations: its copy and its tail.
+    shortest_after: Duration,
+    shortest_request: Duration,
+}
+
+impl Default for LockHolds {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            held: Duration::ZERO,
+            shortest_after: Duration::MAX,
+            shortest_request: Duration::MAX,
+        }
+    }
+}
+
+/// The work of each API worker pool that no run can do without: the requests that created the
+/// tasks of `tasks` (one per task); a pool with `workers` workers needs at least their service
+/// times over its workers. The largest of these, and the per-pool detail.
+pub fn api_pool_bound<'a>(
+    tasks: impl IntoIterator<Item = &'a TaskRecord>,
+    workers: usize,
+) -> (Duration, Value) {
+    let mut pools: BTreeMap<&str, (usize, Duration)> = BTreeMap::new();
+    for request in tasks.into_iter().filter_map(|t| t.request.as_ref()) {
+        let pool = pools.entry(request.pool.as_str()).or_default();
+        pool.0 += 1;
+        pool.1 += request.served();
+    }
+    let workers = workers.max(1) as u32;
+    let mut bound = Duration::ZERO;
+    let detail: serde_json::Map<String, Value> = pools
+        .into_iter()
+        .map(|(pool, (requests, served))| {
+            let pool_bound = served / workers;
+            bound = bound.max(pool_bound);
+            (
+                pool.to_string(),
+                json!({"task_requests": requests, "served_s": round3(served.as_secs_f64()),
+                       "bound_s": round3(pool_bound.as_secs_f64())}),
+            )
+        })
+        .collect();
+    (bound, Value::Object(detail))
+}
+
 /// The fleet's lower bound from what the simulator ran, and how it was derived.
 ///
 /// Per node N with `s` clone slots and `n` clones holding a slot there, the last of them
-/// cannot end before ceil(n / s) × (shortest clone there), and its machine then still needs
-/// its remaining tasks and boot (the shortest such tail among those machines). KubeadmControl
-/// Plane creates control-plane machines one after another, so their whole paths add up. The
-/// bound is the largest of these. A node is one of a site (node names repeat over sites), and
-/// each machine's tasks are those of its VM on its site (`MachineTimes::site`).
+/// cannot end before ceil(n / s) × (shortest clone there), nor before (sum of the clones there)
+/// / s, and its machine then still needs its remaining tasks and boot (the shortest such tail
+/// among those machines). KubeadmControlPlane creates control-plane machines one after
+/// another, so their whole paths add up. The bound is the largest of these. A node is one of a
+/// site (node names repeat over sites), and each machine's tasks are those of its VM on its
+/// site (`MachineTimes::site`).
+///
+/// With `api_workers` (the realistic profile's workers per API daemon), clone run times leave
+/// out the waits for storage locks, every path starts with the service of the request that
+/// created its first task, each request that created a task counts on its path, and two more
+/// bounds join: per storage lock, its holds one after another, then the shortest copy and tail
+/// of a holder; per API worker pool, [`api_pool_bound`]. Under the ideal profile these add
+/// nothing, and the figures and the detail are as they were.
 pub fn lower_bound(
     machines: &BTreeMap<String, MachineTimes>,
     tasks_of: &HashMap<VmKey, Vec<&TaskRecord>>,
     slots: usize,
     sites: &Sites,
+    api_workers: Option<usize>,
 ) -> (Duration, Value) {
-    let mut per_node: BTreeMap<(usize, String), (usize, Duration, Duration)> = BTreeMap::new();
-    let mut control_plane = Duration::ZERO;
-    for m in machines.values() {
-        let Some(tasks) = m.vmid.and_then(|v| tasks_of.get(&(m.site, v))) else {
-            continue;
-        };
-        let Some(clone) = tasks.iter().find(|t| t.kind == "qmclone") else {
-            continue;
-        };
-        let clone_run = run_time(clone).unwrap_or_default();
-        let tail = service_time(tasks, false);
-        if m.control_plane {
-            control_plane += clone_run + tail;
-        }
-        let mut slot_nodes = vec![clone.node.clone()];
-        if let Some(node) = &m.node
-            && *node != clone.node
-        {
-            slot_nodes.push(node.clone());
-        }
-        for node in slot_nodes {
-            let entry = per_node
-                .entry((m.site, node))
-                .or_insert((0, Duration::MAX, Duration::MAX));
-            entry.0 += 1;
-            entry.1 = entry.1.min(clone_run);
-            entry.2 = entry.2.min(tail);
-        }
-    }
-    let mut nodes = serde_json::Map::new();
-    let mut bound = control_plane;
-    for ((site, node), (n, clone, tail)) in &per_node {
-        let waves = if slots == 0 { 1 } else { n.div_ceil(slots) } as u32;
-        let node_bound = *clone * waves + *tail;
-        bound = bound.max(node_bound);
-        nodes.insert(
-            sites.node_label(*site, node),
-            json!({"clones": n, "waves": waves, "shortest_clone_s": round3(clone.as_secs_f64()),
-                   "shortest_tail_s": round3(tail.as_secs_f64()), "bound_s": round3(node_bound.as_secs_f64())}),
+    let work = FleetWork::gather(machines, tasks_of);
+    let (node_bound, nodes) = work.node_bound(slots, sites, api_workers.is_some());
+    let bound = work.control_plane.max(node_bound);
+    let Some(workers) = api_workers else {
+        return (
+            bound,
+            json!({
+                "formula": "max(sum of control-plane paths, max over nodes of ceil(clones/slots) * shortest clone + shortest remaining path)",
+                "control_plane_chain_s": round3(work.control_plane.as_secs_f64()),
+                "per_node": nodes,
+            }),
         );
-    }
+    };
+    let (lock_bound, locks) = work.lock_bound(sites);
+    let (pool_bound, pools) = api_pool_bound(work.path_tasks.iter().copied(), workers);
     (
-        bound,
+        bound.max(lock_bound).max(pool_bound),
         json!({
-            "formula": "max(sum of control-plane paths, max over nodes of ceil(clones/slots) * shortest clone + shortest remaining path)",
-            "control_plane_chain_s": round3(control_plane.as_secs_f64()),
+            "formula": "max(sum of control-plane paths, max over nodes of shortest clone request + max(ceil(clones/slots) * shortest clone, sum of clones / slots) + shortest remaining path, max over storage locks of shortest clone request + sum of holds + shortest copy and remaining path, max over API worker pools of task-creating requests' service / workers); clone times without lock waits, paths with the service of their task-creating requests",
+            "control_plane_chain_s": round3(work.control_plane.as_secs_f64()),
             "per_node": nodes,
+            "storage_locks": locks,
+            "api_pools": pools,
         }),
     )
+}
+
+/// What [`lower_bound`] adds up from the machines' paths.
+struct FleetWork<'a> {
+    per_node: BTreeMap<(usize, String), NodeClones>,
+    per_lock: BTreeMap<(usize, String), LockHolds>,
+    control_plane: Duration,
+    path_tasks: Vec<&'a TaskRecord>,
+}
+
+impl<'a> FleetWork<'a> {
+    fn gather(
+        machines: &BTreeMap<String, MachineTimes>,
+        tasks_of: &HashMap<VmKey, Vec<&'a TaskRecord>>,
+    ) -> Self {
+        let mut work = Self {
+            per_node: BTreeMap::new(),
+            per_lock: BTreeMap::new(),
+            control_plane: Duration::ZERO,
+            path_tasks: Vec::new(),
+        };
+        for m in machines.values() {
+            let Some(tasks) = m.vmid.and_then(|v| tasks_of.get(&(m.site, v))) else {
+                continue;
+            };
+            let Some(clone) = tasks.iter().find(|t| t.kind == "qmclone") else {
+                continue;
+            };
+            work.path_tasks.extend(tasks.iter().copied());
+            let clone_run = own_run_time(clone);
+            let clone_request = request_service(clone);
+            let tail = service_time(tasks, false);
+            if m.control_plane {
+                work.control_plane += clone_request + clone_run + tail;
+            }
+            let held: Duration = clone.storage_locks.iter().map(StorageLockHold::held).sum();
+            for hold in &clone.storage_locks {
+                let entry = work
+                    .per_lock
+                    .entry((m.site, hold.lock.clone()))
+                    .or_default();
+                entry.count += 1;
+                entry.held += hold.held();
+                entry.shortest_after = entry
+                    .shortest_after
+                    .min(clone_run.saturating_sub(held) + tail);
+                entry.shortest_request = entry.shortest_request.min(clone_request);
+            }
+            let mut slot_nodes = vec![clone.node.clone()];
+            if let Some(node) = &m.node
+                && *node != clone.node
+            {
+                slot_nodes.push(node.clone());
+            }
+            for node in slot_nodes {
+                let entry = work.per_node.entry((m.site, node)).or_default();
+                entry.count += 1;
+                entry.shortest = entry.shortest.min(clone_run);
+                entry.total += clone_run;
+                entry.shortest_tail = entry.shortest_tail.min(tail);
+                entry.shortest_request = entry.shortest_request.min(clone_request);
+            }
+        }
+        work
+    }
+
+    /// The largest of the nodes' bounds, and each node's detail (`timed`: the realistic
+    /// profile's, with the first request and the clones' sum).
+    fn node_bound(&self, slots: usize, sites: &Sites, timed: bool) -> (Duration, Value) {
+        let mut nodes = serde_json::Map::new();
+        let mut bound = Duration::ZERO;
+        for ((site, node), clones) in &self.per_node {
+            let waves = if slots == 0 {
+                1
+            } else {
+                clones.count.div_ceil(slots)
+            } as u32;
+            let mut clone_work = clones.shortest * waves;
+            if slots > 0 {
+                clone_work = clone_work.max(clones.total / slots as u32);
+            }
+            let first_request = if timed {
+                clones.shortest_request
+            } else {
+                Duration::ZERO
+            };
+            let node_bound = first_request + clone_work + clones.shortest_tail;
+            bound = bound.max(node_bound);
+            let mut detail = json!({"clones": clones.count, "waves": waves,
+                   "shortest_clone_s": round3(clones.shortest.as_secs_f64()),
+                   "shortest_tail_s": round3(clones.shortest_tail.as_secs_f64()),
+                   "bound_s": round3(node_bound.as_secs_f64())});
+            if timed {
+                detail["clones_total_s"] = json!(round3(clones.total.as_secs_f64()));
+                detail["shortest_clone_request_s"] = json!(round3(first_request.as_secs_f64()));
+            }
+            nodes.insert(sites.node_label(*site, node), detail);
+        }
+        (bound, Value::Object(nodes))
+    }
+
+    /// The largest of the storage locks' bounds, and each lock's detail.
+    fn lock_bound(&self, sites: &Sites) -> (Duration, Value) {
+        let mut locks = serde_json::Map::new();
+        let mut bound = Duration::ZERO;
+        for ((site, lock), holds) in &self.per_lock {
+            let lock_bound = holds.shortest_request + holds.held + holds.shortest_after;
+            bound = bound.max(lock_bound);
+            locks.insert(
+                sites.node_label(*site, lock),
+                json!({"holds": holds.count, "held_s": round3(holds.held.as_secs_f64()),
+                       "shortest_after_s": round3(holds.shortest_after.as_secs_f64()),
+                       "bound_s": round3(lock_bound.as_secs_f64())}),
+            );
+        }
+        (bound, Value::Object(locks))
+    }
 }
 
 /// One site's part of a phase's Proxmox requests.
@@ -369,6 +570,45 @@ pub struct SiteCalls<'a> {
     pub upid_vmid: &'a HashMap<String, u32>,
 }
 
+/// The machine's VM a request names: its VMID in the path (not a template's), one of its
+/// tasks' UPIDs, its cloud-init ISO.
+pub fn request_vmid(
+    entry: &LoggedRequest,
+    templates: &BTreeSet<u32>,
+    upid_vmid: &HashMap<String, u32>,
+) -> Option<u32> {
+    let segs: Vec<&str> = entry.path.trim_matches('/').split('/').collect();
+    match segs.as_slice() {
+        ["nodes", _, "qemu", id, ..] => id.parse().ok().filter(|v| !templates.contains(v)),
+        ["nodes", _, "tasks", upid, ..] => upid_vmid.get(*upid).copied(),
+        ["nodes", _, "storage", _, "content", volume @ ..] => iso_vmid(&volume.join("/")),
+        _ => None,
+    }
+}
+
+/// The timed requests (realistic profile) of each machine's VM in the phase's logs, one per
+/// site: those naming its VM, its tasks' UPIDs or its ISO ([`request_vmid`]).
+pub fn machine_requests<'a>(
+    logs: &[&'a [LoggedRequest]],
+    templates: &[BTreeSet<u32>],
+    upid_vmid: &[HashMap<String, u32>],
+) -> HashMap<VmKey, Vec<&'a RequestTiming>> {
+    let mut requests: HashMap<VmKey, Vec<&RequestTiming>> = HashMap::new();
+    for (site, log) in logs.iter().enumerate() {
+        let (Some(templates), Some(upids)) = (templates.get(site), upid_vmid.get(site)) else {
+            continue;
+        };
+        for entry in log.iter() {
+            if let (Some(timing), Some(vmid)) =
+                (&entry.timing, request_vmid(entry, templates, upids))
+            {
+                requests.entry((site, vmid)).or_default().push(timing);
+            }
+        }
+    }
+    requests
+}
+
 /// Proxmox requests of a phase over every site: by endpoint (total, mean and max per
 /// machine, a machine being a VM of one site) and per machine over all sites, and `by_site`:
 /// each site's calls, the machines placed there and its calls per machine, split into those
@@ -381,15 +621,7 @@ pub fn proxmox_calls(sites: &[SiteCalls], machines: usize) -> Value {
     for (index, site) in sites.iter().enumerate() {
         let mut site_attributed = 0u64;
         for entry in site.log {
-            let segs: Vec<&str> = entry.path.trim_matches('/').split('/').collect();
-            let vmid = match segs.as_slice() {
-                ["nodes", _, "qemu", id, ..] => {
-                    id.parse().ok().filter(|v| !site.templates.contains(v))
-                }
-                ["nodes", _, "tasks", upid, ..] => site.upid_vmid.get(*upid).copied(),
-                ["nodes", _, "storage", _, "content", volume @ ..] => iso_vmid(&volume.join("/")),
-                _ => None,
-            };
+            let vmid = request_vmid(entry, site.templates, site.upid_vmid);
             if !(200..300).contains(&entry.status) {
                 *errors.entry(entry.endpoint.as_str()).or_default() += 1;
             }
@@ -442,24 +674,26 @@ pub fn proxmox_calls(sites: &[SiteCalls], machines: usize) -> Value {
 }
 
 /// A machine's controller-added time split by where it falls: before its first task, after
-/// each task (by the task's type) until the next one was requested, and after the boot until the
-/// machine was ready. The parts add up to the controller-added time when tasks do not overlap.
+/// each task (by the task's type) until the next one was requested (under the realistic
+/// profile: until its request reached the simulator), and after the boot until the machine was
+/// ready. The parts add up to the controller-added time when tasks do not overlap.
 pub fn controller_gaps(
     tasks: &[&TaskRecord],
     from: Instant,
     to: Instant,
 ) -> Vec<(String, Duration)> {
+    let requested = |t: &TaskRecord| t.request.as_ref().map_or(t.created, |r| r.arrived);
     let mut path: Vec<&TaskRecord> = tasks
         .iter()
         .copied()
         .filter(|t| t.ended.is_some())
         .collect();
-    path.sort_by_key(|t| t.created);
+    path.sort_by_key(|t| requested(t));
     let mut gaps = Vec::new();
     let mut since = from;
     let mut after = "before the first task".to_owned();
     for task in path {
-        let start = task.created.clamp(from, to);
+        let start = requested(task).clamp(from, to);
         if start > since {
             gaps.push((after.clone(), start - since));
         }
@@ -481,4 +715,103 @@ pub fn controller_gaps(
         gaps.push((after, to - since));
     }
     gaps
+}
+
+/// Nearest-rank percentiles p50, p95 and p99.
+pub fn percentiles(values: &[f64]) -> Value {
+    if values.is_empty() {
+        return json!({"p50": null, "p95": null, "p99": null});
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    json!({"p50": round3(rank(0.5)), "p95": round3(rank(0.95)), "p99": round3(rank(0.99))})
+}
+
+/// One API worker pool's requests in [`api_queueing`].
+#[derive(Default)]
+struct PoolLoad {
+    requests: u64,
+    served: Duration,
+    queued: Duration,
+    longest_wait: Duration,
+}
+
+/// What a phase's requests waited for and took at the simulators' API workers (realistic
+/// profile), from the request logs of each site: totals, each request's wait, each worker
+/// pool's load (`utilisation`: its workers' busy share of `wall`) and each endpoint's.
+pub fn api_queueing(sites: &[(&str, &[LoggedRequest])], workers: usize, wall: Duration) -> Value {
+    let mut pools: BTreeMap<String, PoolLoad> = BTreeMap::new();
+    let mut endpoints: BTreeMap<&str, PoolLoad> = BTreeMap::new();
+    let mut waits_ms = Vec::new();
+    let several = sites.len() > 1;
+    for (site, log) in sites {
+        for entry in log.iter() {
+            let Some(timing) = &entry.timing else {
+                continue;
+            };
+            let name = if several {
+                format!("{site}/{}", timing.pool)
+            } else {
+                timing.pool.clone()
+            };
+            for load in [
+                pools.entry(name).or_default(),
+                endpoints.entry(entry.endpoint.as_str()).or_default(),
+            ] {
+                load.requests += 1;
+                load.served += timing.served();
+                load.queued += timing.queued();
+                load.longest_wait = load.longest_wait.max(timing.queued());
+            }
+            waits_ms.push(timing.queued().as_secs_f64() * 1000.0);
+        }
+    }
+    let capacity = wall.as_secs_f64() * workers.max(1) as f64;
+    let ms = |d: Duration| round3(d.as_secs_f64() * 1000.0);
+    let pool_json: serde_json::Map<String, Value> = pools
+        .iter()
+        .map(|(name, load)| {
+            (
+                name.clone(),
+                json!({"requests": load.requests, "served_s": round3(load.served.as_secs_f64()),
+                       "utilisation": round3(load.served.as_secs_f64() / capacity.max(1e-9)),
+                       "queued_s": round3(load.queued.as_secs_f64()),
+                       "longest_wait_ms": ms(load.longest_wait)}),
+            )
+        })
+        .collect();
+    let busiest = pools
+        .iter()
+        .max_by_key(|(_, load)| load.served)
+        .map(|(name, load)| {
+            json!({"pool": name, "utilisation": round3(load.served.as_secs_f64() / capacity.max(1e-9))})
+        });
+    let endpoint_json: serde_json::Map<String, Value> = endpoints
+        .iter()
+        .map(|(endpoint, load)| {
+            let n = load.requests.max(1) as u32;
+            (
+                endpoint.to_string(),
+                json!({"requests": load.requests, "served_ms_mean": ms(load.served / n),
+                       "queued_ms_mean": ms(load.queued / n),
+                       "queued_s": round3(load.queued.as_secs_f64())}),
+            )
+        })
+        .collect();
+    let queued: Duration = pools.values().map(|l| l.queued).sum();
+    let served: Duration = pools.values().map(|l| l.served).sum();
+    let waited: Vec<f64> = waits_ms.iter().copied().filter(|w| *w >= 1.0).collect();
+    json!({
+        "workers_per_daemon": workers,
+        "requests": waits_ms.len(),
+        "requests_that_waited": waited.len(),
+        "queued_s": round3(queued.as_secs_f64()),
+        "served_s": round3(served.as_secs_f64()),
+        "wait_ms_per_request": spread(&waits_ms),
+        "wait_ms_of_those_that_waited": spread(&waited),
+        "busiest_pool": busiest,
+        "pools": pool_json,
+        "by_endpoint": endpoint_json,
+    })
 }

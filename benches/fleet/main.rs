@@ -13,8 +13,12 @@
 //! `out/bench.json`. With `--sites N` the zones are split over N simulated Proxmox clusters
 //! (the node names and template VMIDs of each repeat those of the others), the first reached
 //! with capmox's global credentials, every other through `credentialsRef` Secrets on its zones;
-//! Proxmox calls are then also reported per site (`proxmox_calls.by_site`). `cargo test --all-targets` runs this binary without `--bench`; it then
-//! exits at once.
+//! Proxmox calls are then also reported per site (`proxmox_calls.by_site`). With `--profile
+//! realistic` the simulators run capmox-sim's realistic profile (API workers per node and
+//! daemon, request latency, drawn task durations, storage locks), and the report adds each
+//! machine's time at the Proxmox API, its time-to-ready percentiles, the requests' queueing at
+//! the API workers (`api`) and a lower bound that counts the workers and locks. `cargo test
+//! --all-targets` runs this binary without `--bench`; it then exits at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -38,15 +42,16 @@ use capmox_sandbox::run::capi_kinds;
 use capmox_sandbox::standin::{
     CapiStandIn, ExampleCluster, create_example_cluster, deployment_resource,
 };
-use capmox_sim::{SimOptions, Simulator, TaskRecord, Topology};
+use capmox_sim::{Profile, ProfileName, SimOptions, Simulator, TaskRecord, Topology};
 use capmox_testkit::{ApiServer, RequestCounts};
 
 mod analysis;
 mod capmox_process;
 use analysis::{
-    MachineTimes, SiteCalls, Sites, VmKey, controller_gaps, covered, kube_requests, lower_bound,
-    proxmox_calls, proxmox_spans, reconcile_counts, round3, service_time, split_zones, spread,
-    status_kib, task_vmid,
+    MachineTimes, SiteCalls, Sites, VmKey, api_pool_bound, api_queueing, controller_gaps, covered,
+    kube_requests, lower_bound, machine_requests, percentiles, proxmox_calls, proxmox_spans,
+    reconcile_counts, request_spans, round3, service_time, split_zones, spread, status_kib,
+    task_vmid,
 };
 use capmox_process::{CapmoxProcess, Kubeconfig, Launch, ProcSample, reset_peak, sample};
 
@@ -63,16 +68,20 @@ const SELF: &str = "self";
 struct Args {
     /// Machines in the fleet: 3 control-plane machines, the rest split over one
     /// MachineDeployment per zone.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(3..=1000))]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(3..=10000))]
     machines: u32,
-    /// Zones (failure domains), each with its own nodes and IP pool.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
+    /// Zones (failure domains), each with its own nodes and IP pool; default 3, or one per
+    /// site with more sites.
+    #[arg(long = "zones", value_parser = clap::value_parser!(u32).range(1..=26))]
+    zones_arg: Option<u32>,
+    /// The zones in use: `--zones`, else 3 or one per site (set after parsing).
+    #[arg(skip)]
     zones: u32,
     /// Proxmox clusters (sites, one simulator each) the zones are split over, the first sites
     /// taking one zone more when they do not divide evenly; the first is reached with capmox's
     /// global credentials, the others through a credentialsRef Secret on each of their zones.
     /// Node names and template VMIDs repeat on every site.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=26))]
     sites: u32,
     /// Proxmox nodes per zone; every node holds a copy of the template on local storage.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=50))]
@@ -135,6 +144,19 @@ struct Args {
     /// Give up on a phase after this long (s).
     #[arg(long, default_value_t = 3600)]
     timeout_seconds: u64,
+    /// How the simulated Proxmox behaves in time: `ideal` answers every request at once and
+    /// runs every task for its configured duration; `realistic` serves a few requests at once
+    /// per node and daemon with latency, draws task durations around the configured ones (a few
+    /// slow), and allocates clones' volumes one at a time per storage (capmox-sim's `profile`).
+    #[arg(long, value_enum, default_value_t = ProfileName::Ideal)]
+    profile: ProfileName,
+    /// Seed of the realistic profile's draws.
+    #[arg(long, default_value_t = 1)]
+    profile_seed: u64,
+    /// Requests each node's pveproxy and pvedaemon serve at once under the realistic profile
+    /// (Proxmox's default is 3).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    api_workers: Option<u32>,
     /// Where to write the JSON report.
     #[arg(long, default_value = "out/bench.json")]
     output: PathBuf,
@@ -206,7 +228,8 @@ fn main() -> std::process::ExitCode {
         println!("fleet: not run without --bench; use `make bench` (cargo bench --bench fleet)");
         return std::process::ExitCode::SUCCESS;
     }
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.zones = args.zones_arg.unwrap_or(args.sites.max(3));
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -274,8 +297,25 @@ fn sim_options(args: &Args, machines: u32, site: u32) -> SimOptions {
         } else {
             format!("00000000-0000-4000-8000-{site:012x}")
         },
+        profile: profile(args, site),
         ..SimOptions::default()
     }
+}
+
+/// Site `site`'s profile: every site draws from a seed of its own.
+fn profile(args: &Args, site: u32) -> Profile {
+    let mut profile = Profile::named(args.profile, args.profile_seed + u64::from(site));
+    if let (Profile::Realistic(realistic), Some(workers)) = (&mut profile, args.api_workers) {
+        realistic.api_workers = workers as usize;
+    }
+    profile
+}
+
+/// The API workers per daemon and node under the realistic profile, `None` under the ideal.
+fn api_workers(args: &Args) -> Option<usize> {
+    profile(args, 0)
+        .realistic()
+        .map(|realistic| realistic.api_workers)
 }
 
 /// The global zone indices of each site ([`split_zones`]).
@@ -953,7 +993,7 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     stop.cancel();
     drop(capmox);
 
-    Ok(json!({
+    let mut report = json!({
         "command": bench_command(args),
         "host": machine_host(),
         "processes": {
@@ -978,7 +1018,14 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
         "provisioning": provisioned,
         "steady_state": steady,
         "deletion": deleted,
-    }))
+    });
+    if let Profile::Realistic(realistic) = profile(args, 0) {
+        report["settings"]["profile"] = json!({
+            "name": args.profile.as_str(), "seed_of_site_1": realistic.seed,
+            "api_workers_per_daemon": realistic.api_workers,
+        });
+    }
+    Ok(report)
 }
 
 impl Rig<'_> {
@@ -1045,9 +1092,20 @@ impl Rig<'_> {
                 .of_machine(name, m)
                 .map_err(BenchError::Inconsistent)?;
         }
+        let workers = api_workers(args);
+        let phase_logs: Vec<&[capmox_sim::LoggedRequest]> = logs
+            .iter()
+            .enumerate()
+            .map(|(site, log)| {
+                let from = phase.log_from.get(site).copied().unwrap_or(0);
+                &log[from.min(log.len())..]
+            })
+            .collect();
+        let requests_of = machine_requests(&phase_logs, self.templates, &upid_vmid);
         let mut total = Vec::new();
         let mut proxmox = Vec::new();
         let mut controller = Vec::new();
+        let mut api = Vec::new();
         let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut path_tasks: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
         for (name, m) in &timeline_machines {
@@ -1075,7 +1133,26 @@ impl Rig<'_> {
                     sites.name(m.site)
                 )));
             }
-            let on_path = covered(proxmox_spans(&tasks), from, to);
+            let task_spans = proxmox_spans(&tasks);
+            let on_path = covered(task_spans.clone(), from, to);
+            // The realistic profile's requests join Proxmox's part: those naming the machine's
+            // VM and those that created its tasks (the clone's names the template).
+            let with_api = if workers.is_some() {
+                let mut spans = task_spans;
+                spans.extend(request_spans(
+                    requests_of
+                        .get(&(m.site, vmid))
+                        .into_iter()
+                        .flatten()
+                        .copied(),
+                ));
+                spans.extend(request_spans(
+                    tasks.iter().filter_map(|t| t.request.as_ref()),
+                ));
+                covered(spans, from, to)
+            } else {
+                on_path
+            };
             if !deleting {
                 for (label, gap) in controller_gaps(&tasks, from, to) {
                     gaps.entry(label).or_default().push(gap.as_secs_f64());
@@ -1085,7 +1162,8 @@ impl Rig<'_> {
             let elapsed = to - from;
             total.push(elapsed.as_secs_f64());
             proxmox.push(on_path.as_secs_f64());
-            controller.push((elapsed.saturating_sub(on_path)).as_secs_f64());
+            api.push((with_api - on_path).as_secs_f64());
+            controller.push((elapsed.saturating_sub(with_api)).as_secs_f64());
         }
         if total.len() != machines {
             return Err(BenchError::Inconsistent(format!(
@@ -1101,16 +1179,28 @@ impl Rig<'_> {
                 .map(|tasks| service_time(tasks, true))
                 .max()
                 .unwrap_or_default();
-            (
-                longest,
-                json!({"formula": "longest deletion path (run times of its stop, destroy and ISO removal tasks) of any machine; deletions do not queue"}),
-            )
+            match workers {
+                None => (
+                    longest,
+                    json!({"formula": "longest deletion path (run times of its stop, destroy and ISO removal tasks) of any machine; deletions do not queue"}),
+                ),
+                Some(workers) => {
+                    let (pool_bound, pools) =
+                        api_pool_bound(path_tasks.values().flatten().copied(), workers);
+                    (
+                        longest.max(pool_bound),
+                        json!({"formula": "max(longest deletion path (run times of its stop, destroy and ISO removal tasks and the service of the requests that created them) of any machine, max over API worker pools of task-creating requests' service / workers)",
+                               "longest_path_s": round3(longest.as_secs_f64()), "api_pools": pools}),
+                    )
+                }
+            }
         } else {
             lower_bound(
                 &timeline_machines,
                 &path_tasks,
                 effective_clone_slots(args),
                 sites,
+                workers,
             )
         };
         let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
@@ -1131,23 +1221,18 @@ impl Rig<'_> {
         for task in &phase_tasks {
             *task_kinds.entry(task.kind.clone()).or_default() += 1;
         }
-        let site_calls: Vec<SiteCalls> = logs
+        let site_calls: Vec<SiteCalls> = phase_logs
             .iter()
             .enumerate()
             .map(|(site, log)| SiteCalls {
                 name: sites.name(site),
-                log: &log[phase
-                    .log_from
-                    .get(site)
-                    .copied()
-                    .unwrap_or(0)
-                    .min(log.len())..],
+                log,
                 machines: per_site[site],
                 templates: &self.templates[site],
                 upid_vmid: &upid_vmid[site],
             })
             .collect();
-        Ok(json!({
+        let mut report = json!({
             "machines": machines,
             "wall_s": round3(wall.as_secs_f64()),
             "lower_bound_s": round3(bound.as_secs_f64()),
@@ -1181,7 +1266,18 @@ impl Rig<'_> {
             "reconciles_per_machine": costs["reconciles_per_machine"],
             "capmox_process": costs["capmox_process"],
             "environment_process": costs["environment_process"],
-        }))
+        });
+        if let Some(workers) = workers {
+            report["per_machine_s"]["api_on_path"] = spread(&api);
+            report["per_machine_s"]["elapsed_percentiles"] = percentiles(&total);
+            let named: Vec<(&str, &[capmox_sim::LoggedRequest])> = phase_logs
+                .iter()
+                .enumerate()
+                .map(|(site, log)| (sites.name(site), *log))
+                .collect();
+            report["api"] = api_queueing(&named, workers, wall);
+        }
+        Ok(report)
     }
 }
 
@@ -1236,6 +1332,10 @@ fn render(report: &Value) -> String {
             f(&p["per_machine_s"][key]),
             f(&d["per_machine_s"][key]),
         );
+    }
+    let realistic = report["settings"]["profile"]["name"] == "realistic";
+    if realistic {
+        realistic_rows(&mut row, p, d, &num);
     }
     row(
         "Proxmox calls per machine: mean / max",
@@ -1329,11 +1429,20 @@ fn render(report: &Value) -> String {
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let pw = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max(12);
     let mut out = format!(
-        "\ncapmox fleet benchmark — {} cores, {} MiB, {}; task timing: {}\n\n{:<width$}  {:<pw$}  {}\n",
+        "\ncapmox fleet benchmark — {} cores, {} MiB, {}; task timing: {}{}\n\n{:<width$}  {:<pw$}  {}\n",
         num(&h["cores"]),
         num(&h["memory_mib"]),
         h["cpu"].as_str().unwrap_or(""),
         report["settings"]["task_timing"].as_str().unwrap_or("-"),
+        if realistic {
+            format!(
+                "; profile: realistic (seed {}, {} API workers per daemon)",
+                num(&report["settings"]["profile"]["seed_of_site_1"]),
+                num(&report["settings"]["profile"]["api_workers_per_daemon"])
+            )
+        } else {
+            String::new()
+        },
         "",
         "provisioning",
         "deletion"
@@ -1350,25 +1459,139 @@ fn render(report: &Value) -> String {
         num(&s["proxmox_calls"]),
         s["reconciles"]
     ));
-    out.push_str("\nProxmox calls per provisioning by endpoint (mean, max):\n");
-    if let Some(endpoints) = p["proxmox_calls"]["by_endpoint"].as_object() {
-        for (endpoint, v) in endpoints {
+    for (phase, v) in [("provisioning", p), ("deletion", d)] {
+        if realistic {
             out.push_str(&format!(
-                "  {endpoint:<58} {:>7} {:>4}\n",
-                num(&v["mean"]),
-                num(&v["max"])
+                "{}Proxmox calls per {} by endpoint (mean, max; API worker: mean served ms, mean queued ms):\n",
+                if phase == "provisioning" { "\n" } else { "" },
+                if phase == "provisioning" { "provisioning" } else { "deletion" }
             ));
+        } else {
+            out.push_str(&format!(
+                "{}Proxmox calls per {} by endpoint (mean, max):\n",
+                if phase == "provisioning" { "\n" } else { "" },
+                if phase == "provisioning" {
+                    "provisioning"
+                } else {
+                    "deletion"
+                }
+            ));
+        }
+        if let Some(endpoints) = v["proxmox_calls"]["by_endpoint"].as_object() {
+            for (endpoint, calls) in endpoints {
+                out.push_str(&format!(
+                    "  {endpoint:<58} {:>7} {:>4}",
+                    num(&calls["mean"]),
+                    num(&calls["max"])
+                ));
+                if realistic {
+                    let timing = &v["api"]["by_endpoint"][endpoint];
+                    out.push_str(&format!(
+                        " {:>8} {:>8}",
+                        num(&timing["served_ms_mean"]),
+                        num(&timing["queued_ms_mean"])
+                    ));
+                }
+                out.push('\n');
+            }
         }
     }
-    out.push_str("Proxmox calls per deletion by endpoint (mean, max):\n");
-    if let Some(endpoints) = d["proxmox_calls"]["by_endpoint"].as_object() {
-        for (endpoint, v) in endpoints {
-            out.push_str(&format!(
-                "  {endpoint:<58} {:>7} {:>4}\n",
-                num(&v["mean"]),
-                num(&v["max"])
-            ));
-        }
+    if realistic {
+        out.push_str(&busiest_pools(p, "provisioning", &num));
+        out.push_str(&busiest_pools(d, "deletion", &num));
+    }
+    out
+}
+
+/// The realistic profile's rows: API time on each machine's path, time to ready (or gone)
+/// percentiles, and the requests' queueing at the simulated API workers.
+fn realistic_rows(
+    row: &mut impl FnMut(&str, String, String),
+    p: &Value,
+    d: &Value,
+    num: &impl Fn(&Value) -> String,
+) {
+    let three = |v: &Value, keys: [&str; 3]| {
+        format!(
+            "{} / {} / {}",
+            num(&v[keys[0]]),
+            num(&v[keys[1]]),
+            num(&v[keys[2]])
+        )
+    };
+    let spread = ["median", "p95", "max"];
+    row(
+        "per machine: Proxmox API on path (s) median/p95/max",
+        three(&p["per_machine_s"]["api_on_path"], spread),
+        three(&d["per_machine_s"]["api_on_path"], spread),
+    );
+    row(
+        "per machine: time to ready / gone (s) p50/p95/p99",
+        three(
+            &p["per_machine_s"]["elapsed_percentiles"],
+            ["p50", "p95", "p99"],
+        ),
+        three(
+            &d["per_machine_s"]["elapsed_percentiles"],
+            ["p50", "p95", "p99"],
+        ),
+    );
+    let waited = |v: &Value| {
+        format!(
+            "{} of {} ({} s in all)",
+            num(&v["api"]["requests_that_waited"]),
+            num(&v["api"]["requests"]),
+            num(&v["api"]["queued_s"])
+        )
+    };
+    row(
+        "API requests that waited for a worker",
+        waited(p),
+        waited(d),
+    );
+    row(
+        "API wait per request (ms) median/p95/max",
+        three(&p["api"]["wait_ms_per_request"], spread),
+        three(&d["api"]["wait_ms_per_request"], spread),
+    );
+    let busiest = |v: &Value| {
+        format!(
+            "{} ({})",
+            num(&v["api"]["busiest_pool"]["utilisation"]),
+            v["api"]["busiest_pool"]["pool"].as_str().unwrap_or("-")
+        )
+    };
+    row(
+        "busiest API worker pool: utilisation",
+        busiest(p),
+        busiest(d),
+    );
+}
+
+/// The phase's API worker pools by work done, the busiest first (at most five).
+fn busiest_pools(phase: &Value, name: &str, num: &impl Fn(&Value) -> String) -> String {
+    let Some(pools) = phase["api"]["pools"].as_object() else {
+        return String::new();
+    };
+    let mut by_load: Vec<(&String, &Value)> = pools.iter().collect();
+    by_load.sort_by(|a, b| {
+        b.1["served_s"]
+            .as_f64()
+            .unwrap_or(0.0)
+            .total_cmp(&a.1["served_s"].as_f64().unwrap_or(0.0))
+    });
+    let mut out = format!(
+        "Busiest API worker pools during {name} (requests, busy s, utilisation, queued s, longest wait ms):\n"
+    );
+    for (pool, v) in by_load.into_iter().take(5) {
+        out.push_str(&format!(
+            "  {pool:<40} {:>7} {:>8} {:>6} {:>8} {:>8}\n",
+            num(&v["requests"]),
+            num(&v["served_s"]),
+            num(&v["utilisation"]),
+            num(&v["queued_s"]),
+            num(&v["longest_wait_ms"])
+        ));
     }
     out
 }
@@ -1393,8 +1616,29 @@ fn bench_command(args: &Args) -> String {
                 .unwrap_or_default()
         ),
     };
+    let profile = match args.profile {
+        ProfileName::Ideal => String::new(),
+        ProfileName::Realistic => format!(
+            " --profile realistic{}{}",
+            if args.profile_seed == 1 {
+                String::new()
+            } else {
+                format!(" --profile-seed {}", args.profile_seed)
+            },
+            args.api_workers
+                .map(|w| format!(" --api-workers {w}"))
+                .unwrap_or_default()
+        ),
+    };
+    let mut zones = args
+        .zones_arg
+        .map(|zones| format!(" --zones {zones}"))
+        .unwrap_or_default();
+    if args.nodes_per_zone != 4 {
+        zones.push_str(&format!(" --nodes-per-zone {}", args.nodes_per_zone));
+    }
     format!(
-        "make bench BENCH_ARGS=\"--machines {}{sites}{timing}{limits}\"",
+        "make bench BENCH_ARGS=\"--machines {}{zones}{sites}{timing}{limits}{profile}\"",
         args.machines
     )
 }

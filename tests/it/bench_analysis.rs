@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use analysis::*;
-use capmox_sim::{LoggedRequest, TaskRecord};
+use capmox_sim::{LoggedRequest, RequestTiming, StorageLockHold, TaskRecord};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -112,6 +112,8 @@ fn task(kind: &str, node: &str, vmid: u32, t0: Instant, ms: [u64; 3]) -> TaskRec
         ended: Some(at(ms[2])),
         ok: true,
         agent_ready: (kind == "qmstart").then(|| at(ms[2] + 3000)),
+        request: None,
+        storage_locks: Vec::new(),
     }
 }
 
@@ -145,12 +147,12 @@ fn lower_bound_counts_clone_waves_per_node_and_the_control_plane_chain() {
     ]
     .into();
     // 2 waves of 2 s clones, then 1 s start and 3 s boot.
-    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &one_site);
+    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &one_site, None);
     assert_eq!(bound, Duration::from_secs(8));
     assert_eq!(detail["per_node"]["pve1"]["waves"], 2);
     // Unlimited slots: one wave.
     assert_eq!(
-        lower_bound(&machines, &tasks_of, 0, &one_site).0,
+        lower_bound(&machines, &tasks_of, 0, &one_site, None).0,
         Duration::from_secs(6)
     );
     // As control-plane machines (created one after another) the two paths add up.
@@ -160,7 +162,7 @@ fn lower_bound_counts_clone_waves_per_node_and_the_control_plane_chain() {
     ]
     .into();
     assert_eq!(
-        lower_bound(&cp, &tasks_of, 0, &one_site).0,
+        lower_bound(&cp, &tasks_of, 0, &one_site, None).0,
         Duration::from_secs(12)
     );
     // Proxmox time on a path includes the queueing for a clone slot and the boot.
@@ -183,6 +185,7 @@ fn proxmox_calls_are_attributed_to_machines_where_the_request_names_them() {
         endpoint: endpoint.into(),
         params: Vec::new(),
         status: 200,
+        timing: None,
     };
     let log = vec![
         req("GET", "/cluster/resources", "GET /cluster/resources"),
@@ -323,7 +326,7 @@ fn lower_bound_keys_nodes_by_site_as_node_names_repeat() {
         ("w2".to_string(), machine(1)),
     ]
     .into();
-    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &two_sites());
+    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &two_sites(), None);
     assert_eq!(bound, Duration::from_secs(6), "{detail}");
     for node in ["site-1/pve-a1", "site-2/pve-a1"] {
         assert_eq!(detail["per_node"][node]["clones"], 1, "{detail}");
@@ -339,6 +342,7 @@ fn proxmox_calls_are_reported_per_site_with_clashing_vmids_kept_apart() {
         endpoint: endpoint.into(),
         params: Vec::new(),
         status: 200,
+        timing: None,
     };
     let config = "GET /nodes/{node}/qemu/{vmid}/config";
     let resources = || req("/cluster/resources", "GET /cluster/resources");
@@ -422,4 +426,262 @@ fn controller_added_time_is_split_by_what_came_before_it_and_adds_up() {
     );
     let total: Duration = gaps.iter().map(|(_, gap)| *gap).sum();
     assert_eq!(total, (to - from) - covered(proxmox_spans(&path), from, to));
+}
+
+/// A request served by `pool` that arrived at `arrived`, waited until `started` and took until
+/// `ended` (ms after `t0`).
+fn timing(pool: &str, t0: Instant, [arrived, started, ended]: [u64; 3]) -> RequestTiming {
+    let at = |m: u64| t0 + Duration::from_millis(m);
+    RequestTiming {
+        pool: pool.into(),
+        arrived: at(arrived),
+        started: at(started),
+        ended: at(ended),
+    }
+}
+
+/// Under the realistic profile, drawn clone durations make the sum of a node's clones over its
+/// slots the bound where the shortest clone times the waves is less; the request that created
+/// each task counts on its path, lock waits do not.
+#[test]
+fn lower_bound_takes_drawn_clones_requests_and_lock_waits_into_account() {
+    let t0 = Instant::now();
+    let created_by = |mut t: TaskRecord, served_ms: u64| {
+        let created = (t.created - t0).as_millis() as u64;
+        t.request = Some(timing(
+            "pve1/pvedaemon",
+            t0,
+            [created - served_ms, created - served_ms, created],
+        ));
+        t
+    };
+    // One slot: clones of 1, 2 and 3 s run one after another (each requested in 100 ms), then a
+    // 500 ms start (requested in 100 ms) and 3 s of boot. The second clone also waited 400 ms
+    // for a storage lock while it held the slot, which is not its own work.
+    let mut second = created_by(task("qmclone", "pve1", 101, t0, [100, 1100, 3500]), 100);
+    second.storage_locks = vec![StorageLockHold {
+        lock: "local-lvm@pve1".into(),
+        requested: t0 + Duration::from_millis(1100),
+        acquired: t0 + Duration::from_millis(1500),
+        released: t0 + Duration::from_millis(1700),
+    }];
+    let tasks = [
+        created_by(task("qmclone", "pve1", 100, t0, [100, 100, 1100]), 100),
+        second,
+        created_by(task("qmclone", "pve1", 102, t0, [100, 3500, 6500]), 100),
+        created_by(task("qmstart", "pve1", 100, t0, [1200, 1200, 1700]), 100),
+        created_by(task("qmstart", "pve1", 101, t0, [3600, 3600, 4100]), 100),
+        created_by(task("qmstart", "pve1", 102, t0, [6600, 6600, 7100]), 100),
+    ];
+    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
+    for t in &tasks {
+        tasks_of
+            .entry((0, t.vmid.unwrap_or_default()))
+            .or_default()
+            .push(t);
+    }
+    let machines: BTreeMap<String, MachineTimes> = (100..103)
+        .map(|vmid| {
+            let m = MachineTimes {
+                vmid: Some(vmid),
+                node: Some("pve1".into()),
+                ..MachineTimes::default()
+            };
+            (format!("w{vmid}"), m)
+        })
+        .collect();
+    let one_site = Sites::default();
+    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &one_site, Some(3));
+    // 0.1 s first clone request + (1 + 2 + 3) s of clones + 0.1 s start request + 0.5 s start + 3 s boot.
+    assert_eq!(bound, Duration::from_millis(9700), "{detail}");
+    let node = &detail["per_node"]["pve1"];
+    assert_eq!(node["clones_total_s"], 6.0);
+    assert_eq!(node["shortest_clone_s"], 1.0);
+    assert_eq!(detail["storage_locks"]["local-lvm@pve1"]["holds"], 1);
+    assert_eq!(detail["api_pools"]["pve1/pvedaemon"]["task_requests"], 6);
+    // Without API workers (the ideal profile, whose records have no requests, so this only
+    // happens here) the first clone's request is not added, and the detail is the ideal one.
+    let (ideal, ideal_detail) = lower_bound(&machines, &tasks_of, 1, &one_site, None);
+    assert_eq!(ideal, Duration::from_millis(9600));
+    assert!(ideal_detail.get("storage_locks").is_none());
+    assert!(
+        ideal_detail["per_node"]["pve1"]
+            .get("clones_total_s")
+            .is_none()
+    );
+}
+
+/// Holds of one storage lock add up, even when the clones hold slots on different nodes; the
+/// task-creating requests of an API pool add up over its workers.
+#[test]
+fn storage_locks_and_api_pools_bound_the_fleet() {
+    let t0 = Instant::now();
+    let hold = |from: u64| StorageLockHold {
+        lock: "ceph".into(),
+        requested: t0,
+        acquired: t0 + Duration::from_millis(from),
+        released: t0 + Duration::from_millis(from + 1000),
+    };
+    let mut tasks = Vec::new();
+    for (i, node) in ["pve1", "pve2", "pve3"].into_iter().enumerate() {
+        let vmid = 100 + i as u32;
+        let from = 1000 * i as u64;
+        // Each clone waits for the lock, holds it 1 s, then copies 0.5 s.
+        let mut clone = task("qmclone", node, vmid, t0, [0, 0, from + 1500]);
+        clone.storage_locks = vec![hold(from)];
+        clone.request = Some(timing("pve1/pvedaemon", t0, [0, 0, 0]));
+        tasks.push(clone);
+        let mut start = task(
+            "qmstart",
+            node,
+            vmid,
+            t0,
+            [from + 1500, from + 1500, from + 2000],
+        );
+        start.request = Some(timing("pve1/pvedaemon", t0, [0, 0, 0]));
+        tasks.push(start);
+    }
+    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
+    for t in &tasks {
+        tasks_of
+            .entry((0, t.vmid.unwrap_or_default()))
+            .or_default()
+            .push(t);
+    }
+    let machines: BTreeMap<String, MachineTimes> = tasks
+        .iter()
+        .filter(|t| t.kind == "qmclone")
+        .map(|t| {
+            let m = MachineTimes {
+                vmid: t.vmid,
+                node: Some(t.node.clone()),
+                ..MachineTimes::default()
+            };
+            (format!("w{}", t.vmid.unwrap_or_default()), m)
+        })
+        .collect();
+    let (bound, detail) = lower_bound(&machines, &tasks_of, 1, &Sites::default(), Some(3));
+    // 3 s of holds, then 0.5 s of copy, 0.5 s start and 3 s boot.
+    assert_eq!(bound, Duration::from_millis(7000), "{detail}");
+    assert_eq!(detail["storage_locks"]["ceph"]["held_s"], 3.0);
+    assert_eq!(
+        detail["per_node"]["pve3"]["bound_s"], 5.0,
+        "1.5 s clone and the rest"
+    );
+
+    // Seven task-creating requests of 300 ms on one pool with 3 workers need 0.7 s.
+    let served: Vec<TaskRecord> = (0..7)
+        .map(|i| {
+            let mut t = task("qmconfig", "pve1", 100 + i, t0, [300, 300, 400]);
+            t.request = Some(timing("pve1/pvedaemon", t0, [0, 0, 300]));
+            t
+        })
+        .collect();
+    let (pool_bound, pools) = api_pool_bound(&served, 3);
+    assert_eq!(pool_bound, Duration::from_millis(700));
+    assert_eq!(pools["pve1/pvedaemon"]["task_requests"], 7);
+}
+
+/// The wait for an API worker counts as the request's, so the gap before a task ends when its
+/// request reached the simulator.
+#[test]
+fn controller_gaps_end_when_the_request_arrives() {
+    let t0 = Instant::now();
+    let ms = |m: u64| Duration::from_millis(m);
+    let mut clone = task("qmclone", "pve1", 100, t0, [300, 300, 2300]);
+    clone.request = Some(timing("pve1/pvedaemon", t0, [100, 200, 300]));
+    let path = [&clone];
+    let gaps = controller_gaps(&path, t0, t0 + ms(2500));
+    assert_eq!(
+        gaps,
+        [
+            ("before the first task".to_string(), ms(100)),
+            ("after qmclone".to_string(), ms(200)),
+        ]
+    );
+    assert_eq!(
+        covered(request_spans(clone.request.iter()), t0, t0 + ms(2500)),
+        ms(200)
+    );
+}
+
+#[test]
+fn api_queueing_reports_waits_pools_and_endpoints() {
+    let t0 = Instant::now();
+    let req = |endpoint: &str, pool: &str, ms: [u64; 3]| LoggedRequest {
+        method: "GET".into(),
+        path: "/cluster/resources".into(),
+        endpoint: endpoint.into(),
+        params: Vec::new(),
+        status: 200,
+        timing: Some(timing(pool, t0, ms)),
+    };
+    let resources = "GET /cluster/resources";
+    let log = vec![
+        req(resources, "pve1/pveproxy", [0, 0, 100]),
+        req(resources, "pve1/pveproxy", [0, 100, 200]),
+        req("GET /version", "pve2/pveproxy", [0, 0, 50]),
+        LoggedRequest {
+            timing: None,
+            ..req(resources, "pve1/pveproxy", [0, 0, 0])
+        },
+    ];
+    let report = api_queueing(&[("site-1", &log)], 1, Duration::from_secs(1));
+    assert_eq!(report["requests"], 3, "untimed requests are not counted");
+    assert_eq!(report["requests_that_waited"], 1);
+    assert_eq!(report["queued_s"], 0.1);
+    assert_eq!(report["pools"]["pve1/pveproxy"]["utilisation"], 0.2);
+    assert_eq!(report["pools"]["pve1/pveproxy"]["longest_wait_ms"], 100.0);
+    assert_eq!(report["busiest_pool"]["pool"], "pve1/pveproxy");
+    assert_eq!(report["by_endpoint"][resources]["served_ms_mean"], 100.0);
+    assert_eq!(report["by_endpoint"][resources]["queued_ms_mean"], 50.0);
+    let two = api_queueing(
+        &[("site-1", &log), ("site-2", &log)],
+        1,
+        Duration::from_secs(1),
+    );
+    assert!(two["pools"].get("site-2/pve2/pveproxy").is_some());
+}
+
+#[test]
+fn percentiles_use_nearest_rank() {
+    let v: Vec<f64> = (1..=200).map(f64::from).collect();
+    assert_eq!(
+        percentiles(&v),
+        json!({"p50": 100.0, "p95": 190.0, "p99": 198.0})
+    );
+    assert_eq!(
+        percentiles(&[]),
+        json!({"p50": null, "p95": null, "p99": null})
+    );
+}
+
+#[test]
+fn a_machines_timed_requests_are_those_naming_its_vm_on_its_site() {
+    let t0 = Instant::now();
+    let req = |path: &str, timed: bool| LoggedRequest {
+        method: "GET".into(),
+        path: path.into(),
+        endpoint: String::new(),
+        params: Vec::new(),
+        status: 200,
+        timing: timed.then(|| timing("pve1/pveproxy", t0, [0, 0, 10])),
+    };
+    let first = vec![
+        req("/nodes/pve1/qemu/100/config", true),
+        req("/nodes/pve1/qemu/9000/config", true),
+        req("/cluster/resources", true),
+        req("/nodes/pve1/qemu/100/status/current", false),
+    ];
+    let second = vec![req("/nodes/pve1/qemu/100/config", true)];
+    let templates: Vec<BTreeSet<u32>> = vec![[9000].into(), [9000].into()];
+    let upids = vec![HashMap::new(), HashMap::new()];
+    let requests = machine_requests(&[&first, &second], &templates, &upids);
+    assert_eq!(requests.len(), 2, "VM 100 on each site; not the template");
+    assert_eq!(
+        requests[&(0, 100)].len(),
+        1,
+        "untimed requests are left out"
+    );
+    assert_eq!(requests[&(1, 100)].len(), 1);
 }

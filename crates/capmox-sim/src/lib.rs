@@ -17,6 +17,7 @@
 
 pub mod guest;
 pub mod iso;
+pub mod profile;
 pub mod server;
 pub mod state;
 pub mod topology;
@@ -31,6 +32,9 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub use profile::{
+    LogNormal, Profile, ProfileName, RealisticProfile, RequestTiming, StorageLockHold,
+};
 pub use server::{LoggedRequest, Rng, SIM_ROUTES, SIM_ROUTES_PVE9, SimCounters};
 pub use state::ha::{
     Affinity, HaGroup, HaResource, HaRule, HaRuleKind, MIGRATION_ABORTED, Relocation,
@@ -159,6 +163,11 @@ impl Simulator {
                 source,
             })?;
         let faults = opts.faults.clone();
+        let node_names: Vec<String> = topology.nodes.iter().map(|n| n.name.clone()).collect();
+        let api = opts
+            .profile
+            .realistic()
+            .map(|profile| profile::ApiModel::new(profile, &node_names));
         let shared = Arc::new(Shared {
             cluster: Mutex::new(Cluster::new(
                 &topology,
@@ -171,6 +180,7 @@ impl Simulator {
             log: Mutex::new(VecDeque::new()),
             counters: Mutex::new(BTreeMap::new()),
             offline: Default::default(),
+            api,
         });
         let tls_on = acceptor.is_some();
         let s = shared.clone();
@@ -203,7 +213,12 @@ impl Simulator {
                 });
             }
         });
-        tracing::info!(%addr, tls = tls_on, "Proxmox VE simulator listening");
+        tracing::info!(
+            %addr,
+            tls = tls_on,
+            profile = shared.opts.profile.name().as_str(),
+            "Proxmox VE simulator listening"
+        );
         Ok(Self {
             addr,
             tls: tls_on,
@@ -469,20 +484,27 @@ fn tls_acceptor(t: &TlsMaterial) -> Result<tokio_rustls::TlsAcceptor, SimStartEr
 
 /// Entry point for `simulate-proxmox --topology FILE`: serves until Ctrl-C.
 /// Without a file the built-in example cluster is used; the file's `simulation`
-/// section sets token, durations and faults. Prints the URL and token to use.
+/// section sets token, durations, faults and the profile, which `profile` (the
+/// command line's `--profile` and `--profile-seed`) overrides. Prints the URL and token to use.
 pub async fn run_simulate_proxmox(
     topology_path: Option<&std::path::Path>,
     listen: SocketAddr,
     tls: Option<TlsMaterial>,
+    profile: Option<(ProfileName, u64)>,
 ) -> Result<(), SimStartError> {
     let topology = match topology_path {
         Some(p) => Topology::load(p)?,
         None => Topology::example(),
     };
-    let opts = SimOptions::from_topology(&topology);
+    let mut opts = SimOptions::from_topology(&topology);
+    if let Some((name, seed)) = profile {
+        opts.profile = Profile::named(name, seed);
+    }
+    let profile_name = opts.profile.name();
     let sim = Simulator::start_on(topology, opts, listen, tls).await?;
     println!("Proxmox VE simulator listening on {}", sim.url());
     println!("API token: {}", sim.token());
+    println!("Profile: {}", profile_name.as_str());
     let _ = tokio::signal::ctrl_c().await;
     Ok(())
 }

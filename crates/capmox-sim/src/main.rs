@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use capmox::cli::{LogArgs, run_binary};
-use capmox_sim::TlsMaterial;
+use capmox_sim::{ProfileName, TlsMaterial};
 use clap::Parser;
 
 /// Serve a simulated Proxmox VE API on 127.0.0.1 to try capmox without a Proxmox cluster.
@@ -24,6 +24,15 @@ struct Args {
     /// PEM private key of `--tls-cert`.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// How the simulator behaves in time: `ideal` answers at once and runs tasks for their
+    /// configured time; `realistic` has each node serve a few requests at once with latency,
+    /// draws task durations, serialises clones' allocations per storage and makes a few tasks
+    /// slow. Overrides the topology file's `simulation.profile`.
+    #[arg(long, value_enum)]
+    profile: Option<ProfileName>,
+    /// Seed of the realistic profile's draws (with --profile).
+    #[arg(long, default_value_t = 0, requires = "profile")]
+    profile_seed: u64,
     /// Logging.
     #[command(flatten)]
     log: LogArgs,
@@ -36,6 +45,7 @@ fn main() -> ExitCode {
             (Some(cert), Some(key)) => Some(TlsMaterial::from_files(cert, key)?),
             _ => None,
         };
-        capmox_sim::run_simulate_proxmox(args.topology.as_deref(), args.listen, tls).await
+        let profile = args.profile.map(|name| (name, args.profile_seed));
+        capmox_sim::run_simulate_proxmox(args.topology.as_deref(), args.listen, tls, profile).await
     })
 }

@@ -13,6 +13,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use super::profile::{ApiModel, RequestTiming};
 use super::state::{Cluster, SimError};
 use super::topology::{FaultConfig, SimOptions};
 
@@ -32,6 +33,8 @@ pub struct LoggedRequest {
     pub params: Vec<String>,
     /// Response status (0 = connection dropped).
     pub status: u16,
+    /// When it waited for and held an API worker (realistic profile only).
+    pub timing: Option<RequestTiming>,
 }
 
 /// Per-endpoint counters.
@@ -41,6 +44,10 @@ pub struct SimCounters {
     pub calls: u64,
     /// Non-2xx answers and dropped connections.
     pub errors: u64,
+    /// Time the requests waited for an API worker (realistic profile).
+    pub queued: Duration,
+    /// Time API workers spent on the requests (realistic profile).
+    pub served: Duration,
 }
 
 /// Deterministic RNG (splitmix64) for fault injection; public so a test that plans its own
@@ -74,6 +81,8 @@ pub(crate) struct Shared {
     pub counters: Mutex<BTreeMap<String, SimCounters>>,
     /// Set while the simulated cluster is unreachable: every request is dropped unanswered.
     pub offline: std::sync::atomic::AtomicBool,
+    /// The nodes' API workers and request latency (realistic profile).
+    pub api: Option<ApiModel>,
 }
 
 impl Shared {
@@ -84,6 +93,10 @@ impl Shared {
             e.calls += 1;
             if !(200..300).contains(&entry.status) {
                 e.errors += 1;
+            }
+            if let Some(timing) = &entry.timing {
+                e.queued += timing.queued();
+                e.served += timing.served();
             }
         }
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
@@ -123,6 +136,7 @@ pub(crate) async fn handle(
     if shared.offline.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(Dropped);
     }
+    let arrived = Instant::now();
     let method = req.method().clone();
     let raw_path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
@@ -156,6 +170,16 @@ pub(crate) async fn handle(
     let path = if path.is_empty() { "/" } else { path }.to_string();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let endpoint = endpoint_template(&method, &segs);
+    // Held until the answer is ready: the worker is busy for the whole request.
+    let (timing, _worker) = match &shared.api {
+        Some(api) => {
+            let (timing, worker) =
+                take_worker(&shared, api, &method, &segs, &endpoint, arrived).await;
+            (Some(timing), worker)
+        }
+        None => (None, None),
+    };
+    let timing = timing.as_ref();
 
     // Parameters: body (form, JSON or multipart handled per route), query overrides body.
     let content_type = headers
@@ -170,7 +194,9 @@ pub(crate) async fn handle(
             reason: "Unexpected content for method 'GET'".into(),
             errors: BTreeMap::new(),
         });
-        return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+        return Ok(finish(
+            &shared, &method, &path, &endpoint, &params, reply, timing,
+        ));
     }
     if content_type.starts_with("application/x-www-form-urlencoded") {
         params.extend(form_urlencoded::parse(&body).map(|(k, v)| (k.into_owned(), v.into_owned())));
@@ -206,6 +232,7 @@ pub(crate) async fn handle(
             &endpoint,
             &params,
             Reply::Unauthorized(reason),
+            timing,
         ));
     }
 
@@ -230,7 +257,9 @@ pub(crate) async fn handle(
             reason: format!("Permission check failed ({acl}, {})", rule.privilege),
             errors: BTreeMap::new(),
         });
-        return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+        return Ok(finish(
+            &shared, &method, &path, &endpoint, &params, reply, timing,
+        ));
     }
 
     // Fault injection (seeded): latency, dropped connections, injected errors, lock contention.
@@ -261,6 +290,7 @@ pub(crate) async fn handle(
                 endpoint: endpoint.clone(),
                 params: param_names(&params),
                 status: 0,
+                timing: timing.cloned(),
             });
             return Err(Dropped);
         }
@@ -270,23 +300,67 @@ pub(crate) async fn handle(
                 reason: rule.error_reason.clone(),
                 errors: BTreeMap::new(),
             });
-            return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+            return Ok(finish(
+                &shared, &method, &path, &endpoint, &params, reply, timing,
+            ));
         }
         if lock {
             let id = segs.get(3).copied().unwrap_or("0");
             let reply = Reply::Error(SimError::e500(format!(
                 "can't lock file '/var/lock/qemu-server/lock-{id}.conf' - got timeout"
             )));
-            return Ok(finish(&shared, &method, &path, &endpoint, &params, reply));
+            return Ok(finish(
+                &shared, &method, &path, &endpoint, &params, reply, timing,
+            ));
         }
     }
 
     let reply = if content_type.starts_with("multipart/form-data") {
-        route_upload(&shared, &method, &segs, &headers, &content_type, &body)
+        let upload = Upload {
+            headers: &headers,
+            content_type: &content_type,
+            body: &body,
+        };
+        route_upload(&shared, &method, &segs, upload, timing)
     } else {
-        route(&shared, &method, &segs, &params)
+        route(&shared, &method, &segs, &params, timing)
     };
-    Ok(finish(&shared, &method, &path, &endpoint, &params, reply))
+    Ok(finish(
+        &shared, &method, &path, &endpoint, &params, reply, timing,
+    ))
+}
+
+/// Waits for a worker of the pool that serves the request and holds it for the request's
+/// drawn latency; the worker is free again when the returned permit is dropped (`None` only if
+/// the pool was closed, which never happens).
+async fn take_worker(
+    shared: &Shared,
+    api: &ApiModel,
+    method: &Method,
+    segs: &[&str],
+    endpoint: &str,
+    arrived: Instant,
+) -> (RequestTiming, Option<tokio::sync::OwnedSemaphorePermit>) {
+    let (pool, workers) = api.pool_of(method.as_str(), segs);
+    let worker = workers.acquire_owned().await.ok();
+    let started = Instant::now();
+    let guests = if endpoint == "GET /cluster/resources" {
+        shared
+            .cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .vm_count()
+    } else {
+        0
+    };
+    tokio::time::sleep(api.latency(method.as_str(), segs, endpoint, guests)).await;
+    let timing = RequestTiming {
+        pool,
+        arrived,
+        started,
+        ended: Instant::now(),
+    };
+    (timing, worker)
 }
 
 fn scalar(v: Value) -> String {
@@ -311,6 +385,7 @@ fn finish(
     endpoint: &str,
     params: &[(String, String)],
     reply: Reply,
+    timing: Option<&RequestTiming>,
 ) -> Response<Full<Bytes>> {
     let resp = encode(&shared.opts, reply);
     shared.record(LoggedRequest {
@@ -319,6 +394,7 @@ fn finish(
         endpoint: endpoint.to_string(),
         params: param_names(params),
         status: resp.status().as_u16(),
+        timing: timing.cloned(),
     });
     resp
 }
@@ -536,10 +612,17 @@ fn vmid_of(s: &str) -> Result<u32, SimError> {
         })
 }
 
-fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, String)]) -> Reply {
+fn route(
+    shared: &Shared,
+    method: &Method,
+    segs: &[&str],
+    params: &[(String, String)],
+    timing: Option<&RequestTiming>,
+) -> Reply {
     let now = Instant::now();
     let mut c = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
     c.advance(now);
+    c.set_serving(timing.cloned());
     let map: BTreeMap<String, String> = params.iter().cloned().collect();
     let get = |k: &str| map.get(k).map(String::as_str);
     let result: Result<Reply, SimError> = (|| {
@@ -668,6 +751,7 @@ fn route(shared: &Shared, method: &Method, segs: &[&str], params: &[(String, Str
             _ => not_implemented(method, segs),
         })
     })();
+    c.set_serving(None);
     result.unwrap_or_else(Reply::Error)
 }
 
@@ -729,16 +813,27 @@ fn route_ha(
     Ok(Reply::Data(v))
 }
 
+/// A multipart request as it came.
+struct Upload<'a> {
+    headers: &'a hyper::HeaderMap,
+    content_type: &'a str,
+    body: &'a [u8],
+}
+
 /// Upload: strict like pve-http-server's streaming parser (Content-Length required,
 /// `content` part first, optional checksum parts, then the `filename` file part).
 fn route_upload(
     shared: &Shared,
     method: &Method,
     segs: &[&str],
-    headers: &hyper::HeaderMap,
-    content_type: &str,
-    body: &[u8],
+    upload: Upload,
+    timing: Option<&RequestTiming>,
 ) -> Reply {
+    let Upload {
+        headers,
+        content_type,
+        body,
+    } = upload;
     let (node, storage) = match (method.as_str(), segs) {
         ("POST", ["nodes", n, "storage", s, "upload"]) => (n.to_string(), s.to_string()),
         _ => {
@@ -792,7 +887,10 @@ fn route_upload(
     let now = Instant::now();
     let mut c = shared.cluster.lock().unwrap_or_else(|p| p.into_inner());
     c.advance(now);
-    match c.upload(now, &node, &storage, &content, &filename, file.data.clone()) {
+    c.set_serving(timing.cloned());
+    let uploaded = c.upload(now, &node, &storage, &content, &filename, file.data.clone());
+    c.set_serving(None);
+    match uploaded {
         Ok(upid) => Reply::Data(json!(upid.as_str())),
         Err(e) => Reply::Error(e),
     }

@@ -23,6 +23,7 @@ use tokio::time::{Duration, Instant};
 
 use super::guest::GuestOs;
 use super::iso::IsoImage;
+use super::profile::{RequestTiming, StorageLockHold, TaskModel, storage_lock_name};
 use super::topology::{
     DhcpSpec, GuestSpec, PciDeviceSpec, PciMappingSpec, SimOptions, StorageSpec, Topology,
 };
@@ -315,6 +316,13 @@ struct Task {
     volume: Option<String>,
     /// Nodes whose clone slots the task holds while it runs.
     slots: Vec<String>,
+    /// The request that created it (realistic profile only).
+    request: Option<RequestTiming>,
+    /// Storage locks it takes in turn when it starts, and for how long (realistic profile:
+    /// a clone's allocations).
+    allocations: Vec<(String, Duration)>,
+    /// The holds of those locks once it started.
+    lock_holds: Vec<StorageLockHold>,
 }
 
 impl Task {
@@ -348,6 +356,11 @@ pub struct TaskRecord {
     /// For successful starts, reboots and resets: when the guest agent begins to answer
     /// (boot done).
     pub agent_ready: Option<Instant>,
+    /// The request that created it, queueing for an API worker included (realistic profile).
+    pub request: Option<RequestTiming>,
+    /// The storage locks it held, in order (realistic profile: a clone's allocations); its run
+    /// time includes the waits for them.
+    pub storage_locks: Vec<StorageLockHold>,
 }
 
 /// Successful tasks of one kind on one target (a VM or a volume) in a row, with no other
@@ -444,6 +457,10 @@ pub struct Cluster {
     leases: BTreeMap<(String, String), dhcp::Lease>,
     /// Guests whose DHCP clients ask when their boot is done: (boot done, VMID).
     dhcp_due: BTreeSet<(Instant, u32)>,
+    /// Drawn task durations and storage locks (realistic profile).
+    task_model: Option<TaskModel>,
+    /// The request being served, which the tasks it creates record.
+    serving: Option<RequestTiming>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -496,6 +513,8 @@ impl Cluster {
             execs: HashMap::new(),
             counter: 0,
             epoch: 1_767_225_600, // 2026-01-01, for UPID start times
+            task_model: opts.profile.realistic().map(TaskModel::new),
+            serving: None,
             opts,
             task_fail,
             ha: ha::HaState::default(),
@@ -722,12 +741,31 @@ impl Cluster {
         }
     }
 
-    /// Marks a task as running from `at` and takes its clone slots.
+    /// Sets the request being served (`None` once it is done), for the tasks it creates to
+    /// record.
+    pub(crate) fn set_serving(&mut self, request: Option<RequestTiming>) {
+        self.serving = request;
+    }
+
+    /// Marks a task as running from `at` and takes its clone slots and, one after another,
+    /// its storage locks (waiting for each as long as earlier tasks hold it).
     fn run_task(&mut self, key: &str, at: Instant) {
         let Some(task) = self.tasks.get_mut(key) else {
             return;
         };
         task.started = Some(at);
+        if let Some(model) = &mut self.task_model
+            && !task.allocations.is_empty()
+        {
+            let mut since = at;
+            for (lock, hold) in &task.allocations {
+                let held = model.reserve(lock, since, *hold);
+                since = held.released;
+                task.lock_holds.push(held);
+            }
+            let allocating: Duration = task.allocations.iter().map(|(_, hold)| *hold).sum();
+            task.duration = since + task.duration.saturating_sub(allocating) - at;
+        }
         let end = at + task.duration;
         if task.created < at {
             task.log.push(format!(
@@ -764,6 +802,8 @@ impl Cluster {
                             ok && matches!(t.kind.as_str(), "qmstart" | "qmreboot" | "qmreset")
                         })
                         .map(|e| e + self.opts.boot_delay),
+                    request: t.request.clone(),
+                    storage_locks: t.lock_holds.clone(),
                 }
             })
             .collect();
@@ -896,11 +936,15 @@ impl Cluster {
         if outcome.is_ok() && (self.task_fail)(kind) {
             outcome = Err("injected failure".to_string());
         }
-        let duration = self.opts.duration_of(kind);
         let vmid = match &effect {
             Effect::CloneDone { newid, .. } => Some(*newid),
             _ => id.parse().ok(),
         };
+        let target = vmid.map_or_else(
+            || volume.clone().unwrap_or_else(|| id.to_string()),
+            |v| v.to_string(),
+        );
+        let (duration, allocations) = self.drawn_duration(kind, &target, &effect);
         let slots = match &effect {
             Effect::CloneDone { target, .. } => {
                 let mut nodes = vec![node.to_string()];
@@ -937,6 +981,9 @@ impl Cluster {
                 vmid,
                 volume,
                 slots,
+                request: self.serving.clone(),
+                allocations,
+                lock_holds: Vec::new(),
             },
         );
         if queued {
@@ -945,6 +992,32 @@ impl Cluster {
             self.run_task(&key, now);
         }
         upid
+    }
+
+    /// How long a task of type `kind` on `target` runs: as configured, or drawn around that
+    /// under the realistic profile, where a clone also allocates each new volume under its
+    /// storage's lock.
+    fn drawn_duration(
+        &mut self,
+        kind: &str,
+        target: &str,
+        effect: &Effect,
+    ) -> (Duration, Vec<(String, Duration)>) {
+        let configured = self.opts.duration_of(kind);
+        let Some(model) = &mut self.task_model else {
+            return (configured, Vec::new());
+        };
+        let duration = model.draw_task(kind, target, configured).duration;
+        let Effect::CloneDone { newid, .. } = effect else {
+            return (duration, Vec::new());
+        };
+        let locks = self
+            .volumes
+            .iter()
+            .filter(|v| v.vmid == Some(*newid) && v.content == "images")
+            .map(|v| storage_lock_name(&v.storage, v.node.as_deref()))
+            .collect();
+        (duration, model.draw_allocations(target, locks, duration))
     }
 
     /// Whether an unfinished clone task reads from `vmid` (it holds the source's flock).
@@ -2991,6 +3064,116 @@ mod tests {
         );
     }
 
+    fn realistic(seed: u64) -> SimOptions {
+        SimOptions {
+            profile: crate::profile::Profile::named(crate::profile::ProfileName::Realistic, seed),
+            ..SimOptions::default()
+        }
+    }
+
+    /// The drawn part of a clone's run: its run time without the waits for storage locks.
+    fn drawn_run(r: &TaskRecord) -> Duration {
+        let waited: Duration = r.storage_locks.iter().map(StorageLockHold::wait).sum();
+        r.ended.expect("ended") - r.started.expect("started") - waited
+    }
+
+    /// Clones allocate their volumes one after another per storage lock: a local storage's on
+    /// its node, a shared storage's cluster-wide; the copies then run side by side.
+    #[tokio::test(start_paused = true)]
+    async fn realistic_clones_allocate_one_after_another_per_storage_lock() {
+        let mut c = Cluster::new(&Topology::example(), realistic(5), Box::new(|_| false));
+        let t0 = Instant::now();
+        for (template, newid, target) in [
+            (9000, "100", None),
+            (9000, "101", None),
+            (9001, "102", Some("pve2")),
+            (9001, "103", None),
+        ] {
+            let mut params = p(&[("newid", newid)]);
+            if let Some(t) = target {
+                params.insert("target".into(), t.into());
+            }
+            c.clone_vm(t0, "pve1", template, &params).expect("clone");
+        }
+        c.advance(t0 + Duration::from_secs(600));
+        let records = c.task_records();
+        let hold = |vmid: u32| {
+            let r = records
+                .iter()
+                .find(|r| r.vmid == Some(vmid))
+                .expect("clone");
+            assert!(
+                r.ok && r.started == Some(t0),
+                "no clone slots: every clone starts"
+            );
+            assert_eq!(r.storage_locks.len(), 1, "one volume");
+            r.storage_locks[0].clone()
+        };
+        let (first, second) = (hold(100), hold(101));
+        assert_eq!(first.lock, "local-lvm@pve1");
+        assert_eq!(first.wait(), Duration::ZERO);
+        assert_eq!(
+            second.acquired, first.released,
+            "waits for the first allocation"
+        );
+        let (shared, other) = (hold(102), hold(103));
+        assert_eq!(
+            shared.lock, "ceph",
+            "a shared storage's lock is cluster-wide"
+        );
+        assert_eq!(other.acquired, shared.released);
+        for r in records.iter().filter(|r| r.kind == "qmclone") {
+            let held: Duration = r.storage_locks.iter().map(StorageLockHold::held).sum();
+            assert!(
+                held <= drawn_run(r) / 2,
+                "the copy keeps the rest of the clone"
+            );
+        }
+    }
+
+    /// The same seed draws the same durations for the same tasks, in any request order; the
+    /// ideal profile keeps the configured durations and records no request or lock.
+    #[tokio::test(start_paused = true)]
+    async fn realistic_draws_follow_the_seed_and_ideal_draws_nothing() {
+        let run = |opts: SimOptions, order: [&str; 3]| {
+            let mut c = Cluster::new(&Topology::example(), opts, Box::new(|_| false));
+            let t0 = Instant::now();
+            for id in order {
+                c.clone_vm(t0, "pve1", 9000, &p(&[("newid", id)]))
+                    .expect("clone");
+            }
+            c.advance(t0 + Duration::from_secs(600));
+            let mut runs: Vec<(Option<u32>, Duration)> = c
+                .task_records()
+                .iter()
+                .map(|r| (r.vmid, drawn_run(r)))
+                .collect();
+            runs.sort();
+            (runs, c.task_records())
+        };
+        let (a, _) = run(realistic(11), ["100", "101", "102"]);
+        let (b, _) = run(realistic(11), ["102", "100", "101"]);
+        assert_eq!(a, b);
+        let (other_seed, _) = run(realistic(12), ["100", "101", "102"]);
+        assert_ne!(a, other_seed);
+        assert!(
+            a.iter()
+                .any(|(_, d)| *d != SimOptions::default().clone_duration),
+            "drawn, not configured"
+        );
+        let (ideal, records) = run(SimOptions::default(), ["100", "101", "102"]);
+        assert!(
+            ideal
+                .iter()
+                .all(|(_, d)| *d == SimOptions::default().clone_duration)
+        );
+        assert!(
+            records
+                .iter()
+                .all(|r| r.request.is_none() && r.storage_locks.is_empty())
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn task_types_take_their_own_durations_and_starts_record_the_boot() {
         let opts = SimOptions {
@@ -3088,6 +3271,8 @@ mod tests {
             ended: Some(now),
             ok,
             agent_ready: None,
+            request: None,
+            storage_locks: Vec::new(),
         };
         let iso = Some("local:iso/user-data-100.iso");
         let mut records = vec![

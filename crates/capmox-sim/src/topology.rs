@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::profile::{Profile, ProfileName};
+
 mod hardware;
 
 pub use hardware::{DhcpSpec, PciDeviceSpec, PciMapEntrySpec, PciMappingSpec};
@@ -199,6 +201,16 @@ pub struct SimSettings {
     /// `false`: clones carry no SMBIOS UUID (see [`SimOptions::clone_smbios_uuid`]).
     #[serde(default)]
     pub clone_smbios_uuid: Option<bool>,
+    /// `realistic`: API workers, request latency, drawn task durations, storage locks (see
+    /// [`crate::profile`]).
+    #[serde(default)]
+    pub profile: Option<ProfileName>,
+    /// Seed of the realistic profile's draws.
+    #[serde(default)]
+    pub profile_seed: Option<u64>,
+    /// Requests each API daemon of a node serves at once under the realistic profile.
+    #[serde(default)]
+    pub api_workers: Option<usize>,
 }
 
 fn yes() -> bool {
@@ -427,6 +439,8 @@ pub struct SimOptions {
     /// `smbios1`. Off, a clone keeps its source's `smbios1` without `uuid=` (and has none when
     /// nothing else is left), as clones of hand-made templates come, so clients must give it one.
     pub clone_smbios_uuid: bool,
+    /// How the simulator behaves in time: `ideal` or a real cluster's timing.
+    pub profile: Profile,
 }
 
 /// A privilege the simulated token does not have on an endpoint.
@@ -453,6 +467,7 @@ impl std::fmt::Debug for SimOptions {
             .field("version", &self.version)
             .field("faults", &self.faults)
             .field("clone_smbios_uuid", &self.clone_smbios_uuid)
+            .field("profile", &self.profile)
             .finish_non_exhaustive()
     }
 }
@@ -477,6 +492,7 @@ impl Default for SimOptions {
             resources_lag: Duration::ZERO,
             denied: Vec::new(),
             clone_smbios_uuid: true,
+            profile: Profile::Ideal,
         }
     }
 }
@@ -569,6 +585,10 @@ impl SimOptions {
         if let Some(v) = s.clone_smbios_uuid {
             o.clone_smbios_uuid = v;
         }
+        o.profile = Profile::named(s.profile.unwrap_or_default(), s.profile_seed.unwrap_or(0));
+        if let (Profile::Realistic(r), Some(workers)) = (&mut o.profile, s.api_workers) {
+            r.api_workers = workers;
+        }
         o
     }
 }
@@ -611,6 +631,27 @@ mod tests {
             "qmstart",
             "unnamed types keep theirs"
         );
+    }
+
+    #[test]
+    fn the_simulation_section_picks_the_profile() {
+        let ideal = SimOptions::from_topology(&Topology::example());
+        assert_eq!(ideal.profile, Profile::Ideal, "ideal unless named");
+        let t = Topology::from_yaml(
+            "nodes: [{name: a}]\nsimulation:\n  profile: realistic\n  profile_seed: 9\n  api_workers: 5\n",
+            "t",
+        )
+        .expect("valid");
+        let o = SimOptions::from_topology(&t);
+        let realistic = o.profile.realistic().expect("realistic");
+        assert_eq!((realistic.seed, realistic.api_workers), (9, 5));
+        assert_eq!(
+            realistic.read_latency,
+            crate::profile::RealisticProfile::default().read_latency
+        );
+        let err = Topology::from_yaml("nodes: [{name: a}]\nsimulation: {profile: fast}\n", "t")
+            .expect_err("unknown profile");
+        assert!(err.to_string().contains("fast"), "{err}");
     }
 
     #[test]

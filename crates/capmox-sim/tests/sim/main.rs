@@ -11,4 +11,5 @@ mod cli;
 mod disks;
 mod ha;
 mod hardware;
+mod profile;
 mod shapes;
