@@ -8,7 +8,8 @@ use capmox::proxmox::*;
 use capmox_sim::iso::build_iso;
 use capmox_sim::{FaultConfig, FaultRule, SimOptions, Simulator, Topology};
 
-fn client_for(sim: &Simulator) -> ProxmoxClient {
+/// A client of `sim` whose retries are quick, for the simulator's tests.
+pub(crate) fn client_for(sim: &Simulator) -> ProxmoxClient {
     let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
     cfg.retry.base_delay = Duration::from_millis(10);
     ProxmoxClient::new(&cfg).expect("client")

@@ -4,14 +4,9 @@
 
 use std::time::Duration;
 
+use crate::api::client_for;
 use capmox::proxmox::*;
 use capmox_sim::{SimOptions, Simulator, StorageSpec, Topology};
-
-fn client_for(sim: &Simulator) -> ProxmoxClient {
-    let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
-    cfg.retry.base_delay = Duration::from_millis(10);
-    ProxmoxClient::new(&cfg).expect("client")
-}
 
 fn waits() -> WaitOptions {
     WaitOptions {

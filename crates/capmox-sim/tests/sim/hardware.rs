@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::api::client_for;
 use capmox::proxmox::*;
 use capmox_sim::iso::build_iso;
 use capmox_sim::{DhcpLease, SimOptions, Simulator, Topology};
@@ -48,12 +49,6 @@ async fn sim(version: &str) -> Simulator {
     )
     .await
     .expect("simulator")
-}
-
-fn client_for(sim: &Simulator) -> ProxmoxClient {
-    let mut cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
-    cfg.retry.base_delay = Duration::from_millis(10);
-    ProxmoxClient::new(&cfg).expect("client")
 }
 
 fn waits() -> WaitOptions {
