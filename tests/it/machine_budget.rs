@@ -292,7 +292,7 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
             machine.listings
         );
     }
-    for (which, machine, budget) in [("first", &first, 18), ("second", &second, 16)] {
+    for (which, machine, budget) in [("first", &first, 16), ("second", &second, 14)] {
         assert!(
             machine.proxmox <= budget,
             "provisioning the {which} machine made {} Proxmox API calls (budget {budget}): \
@@ -303,8 +303,8 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
         );
     }
     assert!(
-        deletion <= 8,
-        "deletion made {deletion} Proxmox API calls (budget 8): {deletion_calls:#?}"
+        deletion <= 6,
+        "deletion made {deletion} Proxmox API calls (budget 6): {deletion_calls:#?}"
     );
 }
 

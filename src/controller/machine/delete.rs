@@ -1,6 +1,8 @@
 //! Deletion: the VM the machine recorded (or finds) is stopped and destroyed, its seed ISO
 //! removed, and only then is the machine released.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
@@ -64,7 +66,19 @@ impl Reconcile<'_> {
             // Deleted by this deletion (its seed ISO first).
             return Ok(());
         }
-        let Some((node, config)) = locate(scope, proxmox, vmid).await? else {
+        let machine_key = claim_key(self.machine);
+        // After the stop this process submitted, the VM is as the pass that stopped it read it.
+        let kept = scope.finished.as_ref().and_then(|task| {
+            self.context
+                .vms
+                .configs_before_stop
+                .take(&machine_key, vmid, task.upid.as_str())
+        });
+        let located = match kept {
+            Some(kept) => Some(kept),
+            None => locate(scope, proxmox, vmid).await?,
+        };
+        let Some((node, config)) = located else {
             // Gone already (deleted by someone else, or by an earlier pass whose record was
             // lost): its seed ISO may be left, since it is a separate volume.
             if let Some(node) = scope.current.proxmox_node.clone() {
@@ -91,7 +105,16 @@ impl Reconcile<'_> {
         }
         // After this deletion's stop, the VM is known to be stopped (and no longer HA-managed).
         if finished != Some(TaskKind::Stop) {
-            self.stop_for_deletion(scope, proxmox, &node, vmid).await?;
+            let stopping = self.stop_for_deletion(scope, proxmox, &node, vmid).await;
+            if let (Err(Stop::Wait(_)), Some(upid)) = (&stopping, &scope.status.task_ref) {
+                self.context.vms.configs_before_stop.keep(
+                    &machine_key,
+                    vmid,
+                    upid,
+                    (node.clone(), config.clone()),
+                );
+            }
+            stopping?;
         }
         // The seed ISO (it holds the bootstrap token) is a separate volume: the attached one,
         // while the config still names it; else, if the bootstrap data may have been uploaded
@@ -134,6 +157,24 @@ impl Reconcile<'_> {
         vmid: u32,
     ) -> Flow {
         let stopping = || format!("stopping VM {vmid} on {node}");
+        // A VM listed as running and not HA-managed is stopped without a closer look: the
+        // listing shows what this process changed, and a stop of a stopped VM does nothing.
+        let listed = self
+            .context
+            .inventory
+            .resources(proxmox, Some(&claim_key(self.machine)))
+            .await
+            .during(|| "listing Proxmox's VMs".to_owned())?;
+        let plainly_running = listed.iter().any(|vm| {
+            vm.vmid == Some(vmid)
+                && vm.node.as_deref() == Some(node)
+                && vm.status.as_deref() == Some("running")
+                && vm.hastate.is_none()
+        });
+        if plainly_running {
+            let started = proxmox.power(node, vmid, PowerAction::Stop).await;
+            return self.submitted(scope, proxmox, started, TaskKind::Stop, stopping);
+        }
         let status = proxmox.vm_status(node, vmid).await.during(stopping)?;
         if status.ha.managed {
             self.unregister_ha(scope, proxmox, vmid).await?;
@@ -190,6 +231,46 @@ impl Reconcile<'_> {
     }
 }
 
+/// The config a deletion read before the stop it submitted (by machine, VMID and the stop's
+/// UPID), so the pass that sees the stop end deletes without reading it again. After a
+/// restart: the config is read again.
+#[derive(Clone, Default)]
+pub struct ConfigsBeforeStop(Arc<Mutex<KeptByVm>>);
+
+/// Where a VM is and its config.
+type Located = (String, VmConfig);
+
+/// By machine and VMID: the stop's UPID and what the deletion read before it.
+type KeptByVm = HashMap<(String, u32), (String, Located)>;
+
+impl ConfigsBeforeStop {
+    /// Most deletions remembered; past it, the memory starts over (each reads once more).
+    const MAX: usize = 10_000;
+
+    fn keep(&self, machine: &str, vmid: u32, stop: &str, located: Located) {
+        let mut kept = self.lock();
+        if kept.len() >= Self::MAX {
+            kept.clear();
+        }
+        kept.insert((machine.to_owned(), vmid), (stop.to_owned(), located));
+    }
+
+    /// What was kept for the stop `stop` of the machine's VM, forgotten as it is taken.
+    fn take(&self, machine: &str, vmid: u32, stop: &str) -> Option<Located> {
+        let mut kept = self.lock();
+        let key = (machine.to_owned(), vmid);
+        match kept.remove(&key) {
+            Some((upid, located)) if upid == stop => Some(located),
+            _ => None,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, KeptByVm> {
+        // Every update is a single insert, removal or clear: a poisoned lock holds a usable map.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// Where VM `vmid` is, with its config: the node in status, else wherever Proxmox says it
 /// moved; `None` when Proxmox has no such VM.
 async fn locate(
@@ -225,5 +306,28 @@ async fn config_if_present(
         Ok(config) => Ok(Some(config)),
         Err(error) if error.is_not_found() => Ok(None),
         Err(error) => Err(error).during(|| format!("reading the config of VM {vmid} on {node}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_config_serves_only_the_pass_that_sees_its_own_stop_end_and_only_once() {
+        let kept = ConfigsBeforeStop::default();
+        let located = || ("pve1".to_owned(), VmConfig::default());
+        kept.keep("default/m1", 101, "UPID:stop-1", located());
+        assert_eq!(kept.take("default/m1", 101, "UPID:stop-1"), Some(located()));
+        assert_eq!(
+            kept.take("default/m1", 101, "UPID:stop-1"),
+            None,
+            "taken once"
+        );
+        // Another stop (a restarted deletion's) reads the config again.
+        kept.keep("default/m1", 101, "UPID:stop-1", located());
+        assert_eq!(kept.take("default/m1", 101, "UPID:stop-2"), None);
+        assert_eq!(kept.take("default/m1", 101, "UPID:stop-1"), None);
+        assert_eq!(kept.take("default/m2", 101, "UPID:stop-1"), None);
     }
 }

@@ -14,7 +14,7 @@ use super::task::{FinishedTask, TaskKind, TaskPurpose, task_backoff};
 use super::{During, MachineError, PROVISIONED, Reconcile, Scope, claim_key};
 use crate::controller::conditions::Decided;
 use crate::controller::failures::Backoff;
-use crate::proxmox::{ProxmoxClient, ProxmoxError, TaskRef, Upid};
+use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, TaskRef, Upid};
 
 /// Tasks of one kind a machine may see succeed in a row before its passes back off: a step
 /// that repeats a write Proxmox reports done is a loop, not progress.
@@ -25,6 +25,25 @@ const REPEAT_BACKOFF: Backoff = Backoff {
     initial: Duration::from_secs(10),
     max: Duration::from_secs(300),
 };
+
+/// Whether `listed` shows the VM of a start or stop task on the task's node, unlocked, in the
+/// power state the task brings.
+fn listed_as_done(listed: &[ClusterResource], upid: &Upid, kind: Option<TaskKind>) -> bool {
+    let power_state = match kind {
+        Some(TaskKind::Start) => "running",
+        Some(TaskKind::Stop) => "stopped",
+        _ => return false,
+    };
+    let Ok(vmid) = upid.id.parse::<u32>() else {
+        return false;
+    };
+    listed.iter().any(|vm| {
+        vm.vmid == Some(vmid)
+            && vm.node.as_deref() == Some(upid.node.as_str())
+            && vm.lock.is_none()
+            && vm.status.as_deref() == Some(power_state)
+    })
+}
 
 /// The condition and requeue while a task runs.
 fn running_step(upid: &Upid, purpose: Option<&TaskPurpose>, wait: Duration) -> Stop {
@@ -201,6 +220,16 @@ impl Reconcile<'_> {
         if !backing_off && let Some(wait) = self.context.task_timing.not_due(&upid) {
             return Err(running_step(&upid, purpose.as_ref(), wait));
         }
+        if !backing_off
+            && self
+                .listing_shows_done(proxmox, &upid, purpose.as_ref())
+                .await
+        {
+            self.context.task_timing.finished(&upid);
+            return self
+                .task_succeeded(scope, upid, purpose.as_ref(), &raw)
+                .await;
+        }
         let status = match proxmox.task_status(&upid).await {
             Ok(status) => status,
             Err(error) if error.is_not_found() => {
@@ -242,6 +271,31 @@ impl Reconcile<'_> {
             .unwrap_or_else(|| "unexpected status".to_owned());
         self.task_failed(scope, &upid, purpose.as_ref(), &exitstatus, deleting)
             .await
+    }
+
+    /// Whether the listing (fetched after the task was submitted) already shows what a start
+    /// or a stop does, which settles the task without asking Proxmox about it: the VM on the
+    /// task's node, unlocked, in the power state the task brings. A listing that lags behind
+    /// Proxmox only costs the check it would have saved.
+    async fn listing_shows_done(
+        &self,
+        proxmox: &ProxmoxClient,
+        upid: &Upid,
+        purpose: Option<&TaskPurpose>,
+    ) -> bool {
+        let kind = purpose.and_then(|p| p.kind);
+        if !matches!(kind, Some(TaskKind::Start | TaskKind::Stop)) {
+            return false;
+        }
+        let Ok(listed) = self
+            .context
+            .inventory
+            .resources(proxmox, Some(&claim_key(self.machine)))
+            .await
+        else {
+            return false;
+        };
+        listed_as_done(&listed, upid, kind)
     }
 
     /// A task that succeeded: forgotten, announced once, and remembered for this pass so the
@@ -413,6 +467,56 @@ fn clear_task(scope: &mut Scope) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn listed(status: &str, lock: Option<&str>) -> Vec<ClusterResource> {
+        let mut vm = serde_json::json!({
+            "id": "qemu/101", "type": "qemu", "vmid": 101, "node": "pve1", "status": status,
+        });
+        if let Some(lock) = lock {
+            vm["lock"] = lock.into();
+        }
+        vec![serde_json::from_value(vm).expect("resource")]
+    }
+
+    #[test]
+    fn only_a_listing_in_the_power_state_a_start_or_stop_brings_settles_it() {
+        let start: Upid = "UPID:pve1:00001234:00005678:6553F000:qmstart:101:root@pam!capmox:"
+            .parse()
+            .expect("upid");
+        let elsewhere: Upid = "UPID:pve2:00001234:00005678:6553F000:qmstart:101:root@pam!capmox:"
+            .parse()
+            .expect("upid");
+        let start_kind = Some(TaskKind::Start);
+        assert!(listed_as_done(&listed("running", None), &start, start_kind));
+        // Lagging behind, locked, on another node, or a task the power state does not tell.
+        assert!(!listed_as_done(
+            &listed("stopped", None),
+            &start,
+            start_kind
+        ));
+        assert!(!listed_as_done(
+            &listed("running", Some("backup")),
+            &start,
+            start_kind
+        ));
+        assert!(!listed_as_done(
+            &listed("running", None),
+            &elsewhere,
+            start_kind
+        ));
+        assert!(!listed_as_done(
+            &listed("running", None),
+            &start,
+            Some(TaskKind::Resize)
+        ));
+        assert!(!listed_as_done(&listed("running", None), &start, None));
+        assert!(listed_as_done(
+            &listed("stopped", None),
+            &start,
+            Some(TaskKind::Stop)
+        ));
+        assert!(!listed_as_done(&[], &start, start_kind));
+    }
 
     #[test]
     fn a_repeated_task_says_what_repeats_what_proxmox_answered_and_when_it_is_tried_again() {

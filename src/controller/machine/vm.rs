@@ -493,8 +493,9 @@ impl Reconcile<'_> {
             });
         }
         // Proxmox names the lowest VMID without a VM (asked once a minute per endpoint); from
-        // there, the first one neither listed nor held by another machine is confirmed with
-        // Proxmox, so one call usually settles it.
+        // there, the first one neither listed (the listing is at most seconds old) nor held by
+        // another machine is taken. A VM made meanwhile by someone else fails the clone with
+        // "already exists", which makes the machine choose again.
         let candidates = match &self.machine.spec.vm_id_range {
             Some(range) => (range.start, range.end),
             None => {
@@ -509,13 +510,9 @@ impl Reconcile<'_> {
             let Ok(vmid) = u32::try_from(candidate) else {
                 continue;
             };
-            if used(vmid) || !claims.claim(vmid, &key) {
-                continue;
-            }
-            if vmid_free(proxmox, vmid).await? {
+            if !used(vmid) && claims.claim(vmid, &key) {
                 return Ok(Picked::Vmid(vmid));
             }
-            claims.unclaim(vmid, &key);
         }
         Ok(Picked::Exhausted)
     }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::bootstrap::{SeedIsosRemoved, WrittenConfigs};
+use super::delete::ConfigsBeforeStop;
 use crate::controller::inventory::EndpointReservations;
 use crate::controller::vmid::VmidClaims;
 
@@ -25,6 +26,9 @@ pub struct Vms {
     /// The VMs whose seed ISO is known to be gone, so provisioned machines are not read again
     /// for it. After a restart: each provisioned machine reads its config once more.
     pub seed_isos_removed: SeedIsosRemoved,
+    /// The configs deletions read before the stops they submitted, so the pass after a stop
+    /// need not read again. After a restart: the config is read again.
+    pub configs_before_stop: ConfigsBeforeStop,
 }
 
 impl Vms {
