@@ -26,6 +26,10 @@ pub const MAX_AGE: Duration = Duration::from_secs(2);
 /// are reused: an administrator's change to them is seen within this time.
 pub const LOOKUP_MAX_AGE: Duration = Duration::from_secs(60);
 
+/// How long a clone's end is remembered: longer than any snapshot in use, with room for the
+/// fetch that was under way.
+const CLONE_END_KEPT: Duration = Duration::from_secs(2 * MAX_AGE.as_secs());
+
 /// Snapshots by endpoint (base URL and token).
 #[derive(Clone, Default)]
 pub struct Inventory {
@@ -55,6 +59,9 @@ struct Endpoint {
     pve_major: Mutex<Option<(Instant, u32)>>,
     /// Devices per node of each PCI resource mapping (`GET /cluster/mapping/pci`).
     pci_mappings: Mutex<Option<(Instant, Arc<PciMappingDevices>)>>,
+    /// VMIDs whose clone this process saw succeed, with when: a snapshot fetched before then
+    /// still shows the clone's lock, and is not fetched again for it.
+    clones_ended: Mutex<HashMap<u32, Instant>>,
     /// VMIDs whose HA registration (resource, zone rule or group, control-plane rule) this
     /// process completed; a restarted process checks each HA-managed machine once more.
     ha_registered: Mutex<std::collections::HashSet<u32>>,
@@ -70,6 +77,22 @@ pub enum Freshness {
     JustAsked,
     /// Kept from an earlier call, at most [`LOOKUP_MAX_AGE`] old.
     Kept,
+}
+
+/// The storages the listing shows available on `node` with content type `iso`.
+fn iso_storages_listed(resources: &[ClusterResource], node: &str) -> Vec<String> {
+    resources
+        .iter()
+        .filter(|r| {
+            r.kind == ResourceType::Storage
+                && r.node.as_deref() == Some(node)
+                && r.status.as_deref() == Some("available")
+                && r.content
+                    .as_deref()
+                    .is_some_and(|content| content.split(',').any(|c| c.trim() == "iso"))
+        })
+        .filter_map(|r| r.storage.clone())
+        .collect()
 }
 
 /// A value kept for [`LOOKUP_MAX_AGE`].
@@ -164,6 +187,23 @@ impl Inventory {
         self.endpoint(proxmox).wrote(writer);
     }
 
+    /// Notes that the clone to `vmid` succeeded: a snapshot that still shows its lock shows
+    /// what was before.
+    pub fn clone_ended(&self, proxmox: &ProxmoxClient, vmid: u32) {
+        let endpoint = self.endpoint(proxmox);
+        let mut ended = lock(&endpoint.clones_ended);
+        ended.retain(|_, at| at.elapsed() < CLONE_END_KEPT);
+        ended.insert(vmid, Instant::now());
+    }
+
+    /// Whether this process saw the clone to `vmid` succeed after the snapshots in use were
+    /// fetched (any snapshot fetched since is younger than [`MAX_AGE`]).
+    pub fn clone_seen_ended(&self, proxmox: &ProxmoxClient, vmid: u32) -> bool {
+        lock(&self.endpoint(proxmox).clones_ended)
+            .get(&vmid)
+            .is_some_and(|at| at.elapsed() < CLONE_END_KEPT)
+    }
+
     /// The storage seed ISOs go to on `node`: the first (by name) with content type `iso`, or
     /// `None` when it has none.
     pub async fn iso_storage(
@@ -175,12 +215,21 @@ impl Inventory {
         if let Some(storage) = recent(lock(&endpoint.iso_storages).get(node)) {
             return Ok(storage);
         }
-        let mut storages: Vec<String> = proxmox
-            .list_storage(node, Some("iso"))
-            .await?
-            .into_iter()
-            .map(|s| s.storage)
-            .collect();
+        // The listing names each node's enabled storages with their content types, so a
+        // snapshot the machines fetched anyway saves the node's own storage list.
+        let listed = lock(&endpoint.latest)
+            .as_ref()
+            .filter(|snapshot| snapshot.taken.elapsed() < LOOKUP_MAX_AGE)
+            .map(|snapshot| snapshot.resources.clone());
+        let mut storages: Vec<String> = match listed {
+            Some(resources) => iso_storages_listed(&resources, node),
+            None => proxmox
+                .list_storage(node, Some("iso"))
+                .await?
+                .into_iter()
+                .map(|s| s.storage)
+                .collect(),
+        };
         storages.sort();
         let storage = storages.into_iter().next();
         lock(&endpoint.iso_storages).insert(node.to_owned(), (Instant::now(), storage.clone()));
@@ -345,6 +394,26 @@ mod tests {
             writes_before: endpoint.writes.load(Ordering::SeqCst),
             resources: Arc::new(Vec::new()),
         });
+    }
+
+    #[test]
+    fn the_iso_storage_is_an_available_storage_of_the_node_that_holds_isos() {
+        let storage = |node: &str, name: &str, status: &str, content: &str| -> ClusterResource {
+            serde_json::from_value(serde_json::json!({
+                "id": format!("storage/{node}/{name}"), "type": "storage", "node": node,
+                "storage": name, "status": status, "content": content,
+            }))
+            .expect("resource")
+        };
+        let resources = vec![
+            storage("pve1", "local-lvm", "available", "images,rootdir"),
+            storage("pve1", "nfs", "unknown", "iso"),
+            storage("pve1", "local", "available", "vztmpl, iso,backup"),
+            storage("pve2", "cephfs", "available", "iso"),
+        ];
+        assert_eq!(iso_storages_listed(&resources, "pve1"), vec!["local"]);
+        assert_eq!(iso_storages_listed(&resources, "pve2"), vec!["cephfs"]);
+        assert!(iso_storages_listed(&resources, "pve3").is_empty());
     }
 
     #[test]

@@ -171,9 +171,18 @@ impl Reconcile<'_> {
             .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
         let found = self.find_vm(scope, &resources, &proxmox).await?;
         held.resources = Some(resources);
-        let Some(vm) = found else {
+        let Some(mut vm) = found else {
             return Ok(VmSeen::Absent);
         };
+        // A clone this process saw succeed is over, though a listing fetched before its end
+        // (not fetched again for it) still shows its lock.
+        if vm.lock.as_deref() == Some("clone")
+            && vm
+                .vmid
+                .is_some_and(|vmid| self.context.inventory.clone_seen_ended(&proxmox, vmid))
+        {
+            vm.lock = None;
+        }
         let node = vm.node.clone().unwrap_or_default();
         let vmid = vm.vmid.unwrap_or_default();
         let cloning = vm.lock.as_deref() == Some("clone");

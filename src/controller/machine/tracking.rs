@@ -256,7 +256,14 @@ impl Reconcile<'_> {
             return Err(running_step(&upid, purpose.as_ref(), wait));
         }
         self.context.task_timing.finished(&upid);
-        if purpose.as_ref().is_none_or(TaskPurpose::changes_listing) {
+        // A clone's success changes only its VM's lock, which the inventory then knows is
+        // gone; every other end (a failed clone removes its VM) is fetched again.
+        let cloned = scope.recorded_vmid.filter(|_| {
+            status.is_success() && purpose.as_ref().and_then(|p| p.kind) == Some(TaskKind::Clone)
+        });
+        if let Some(vmid) = cloned {
+            self.context.inventory.clone_ended(proxmox, vmid);
+        } else if purpose.as_ref().is_none_or(TaskPurpose::changes_listing) {
             self.context
                 .inventory
                 .changed(proxmox, &claim_key(self.machine));
