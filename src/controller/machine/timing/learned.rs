@@ -102,8 +102,6 @@ struct InFlight {
     due: Instant,
     /// When it is expected to end: after the tasks of its kind queued ahead of it on its node.
     expected_end: Instant,
-    /// How long such a task usually runs on its own; zero when this process did not submit it.
-    usual: Duration,
     /// Tasks of its kind that were in flight on its node when it was submitted.
     queued_behind: usize,
     /// Its check waits for the guest's usual boot time (a start): how long it took says
@@ -137,7 +135,6 @@ impl InFlight {
             last_seen_running: Duration::ZERO,
             due: now,
             expected_end: now,
-            usual: Duration::ZERO,
             queued_behind: 0,
             checked_with_boot: false,
             first_check_deferred: false,
@@ -187,7 +184,6 @@ impl TaskTiming for LearnedClock {
             InFlight {
                 due: now + expected,
                 expected_end: queue_end.map_or(now, |end| end.max(now)) + expected,
-                usual: expected,
                 queued_behind,
                 scouting,
                 ..InFlight::new(upid, now)
@@ -247,8 +243,8 @@ impl TaskTiming for LearnedClock {
 
     /// Notes that a check saw the task still running; returns the requeue until the next
     /// check: its expected end when that is still ahead (a clone queued behind others; the pass
-    /// then comes back at least every few seconds without checking), else a quarter of how long
-    /// such a task runs or of how far past its expected end it is, within bounds.
+    /// then comes back at least every few seconds without checking), else a quarter of the time
+    /// it has run so far, within bounds.
     fn still_running(&self, upid: &Upid) -> Duration {
         let now = Instant::now();
         let mut state = self.lock();
@@ -265,18 +261,9 @@ impl TaskTiming for LearnedClock {
         } else {
             MIN_RECHECK
         };
-        // Past its expected end, the step grows with how far past it is (or how long such a
-        // task runs), not with its age, which counts the time it waited in its node's queue.
-        let step = if entry.usual.is_zero() {
-            ran
-        } else {
-            entry
-                .usual
-                .max(now.saturating_duration_since(entry.expected_end))
-        };
         let wait = match entry.expected_end.checked_duration_since(now) {
             Some(remaining) if remaining >= shortest => remaining,
-            _ => (step / 4).clamp(shortest, MAX_RECHECK),
+            _ => (ran / 4).clamp(shortest, MAX_RECHECK),
         };
         entry.due = now + wait;
         if queued && first_check {
@@ -675,35 +662,6 @@ mod tests {
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
-    }
-
-    #[test]
-    fn a_task_past_its_expected_end_is_looked_at_by_how_long_it_is_overdue_not_by_its_age() {
-        let clock = LearnedClock::default();
-        let clone = upid("qmclone", "pve1", 1);
-        clock.submitted(&clone, "m1", "cloning");
-        let set_times = |age: Duration, overdue: Duration| {
-            let mut state = clock.lock();
-            let task = state.in_flight.get_mut(clone.as_str()).expect("in flight");
-            let now = Instant::now();
-            task.submitted = now - age;
-            task.expected_end = now - overdue;
-        };
-        // It waited long in its node's queue and just passed its expected end: looked at again
-        // within a quarter of a clone's usual time, not a quarter of its age.
-        set_times(Duration::from_secs(40), Duration::from_millis(100));
-        let wait = clock.still_running(&clone);
-        assert!(wait <= DEFAULT_CLONE / 4, "{wait:?}");
-        // Far past its expected end, the looks spread out with the time it is overdue.
-        set_times(Duration::from_secs(40), Duration::from_secs(12));
-        let later = clock.still_running(&clone);
-        assert!(
-            later >= Duration::from_secs(3) && later < Duration::from_millis(3050),
-            "a quarter of 12 s overdue: {later:?}"
-        );
-        // A task this process did not submit is timed by its age, as before.
-        let unknown = upid("qmclone", "pve1", 2);
-        assert_eq!(clock.still_running(&unknown), MIN_RECHECK);
     }
 
     #[test]
