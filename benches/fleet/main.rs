@@ -17,8 +17,11 @@
 //! realistic` the simulators run capmox-sim's realistic profile (API workers per node and
 //! daemon, request latency, drawn task durations, storage locks), and the report adds each
 //! machine's time at the Proxmox API, its time-to-ready percentiles, the requests' queueing at
-//! the API workers (`api`) and a lower bound that counts the workers and locks. `cargo test
-//! --all-targets` runs this binary without `--bench`; it then exits at once.
+//! the API workers (`api`) and a lower bound that counts the workers and locks. With
+//! `--provider go` the Go provider's manager (`--go-manager`) runs instead of capmox, against
+//! an API server of its own, with the fleet it can be given ([`go_fleet`]), measured the same
+//! way into `out/bench-go.json`. `cargo test --all-targets` runs this binary without
+//! `--bench`; it then exits at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -649,6 +652,21 @@ async fn follow_proxmox_machines(client: Client, shared: Shared, go_nodes: Vec<G
     }
 }
 
+/// How far the simulators got: each task type's ended and created tasks, by type.
+fn task_progress(sims: &[Simulator]) -> String {
+    let mut by_kind: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for record in sims.iter().flat_map(Simulator::task_records) {
+        let (ended, created) = by_kind.entry(record.kind.clone()).or_default();
+        *created += 1;
+        *ended += usize::from(record.ended.is_some());
+    }
+    by_kind
+        .iter()
+        .map(|(kind, (ended, created))| format!("{kind} {ended} of {created}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The machines reported provisioned whose VM is not running (a provider that skipped its
 /// power-on), by name.
 fn vms_not_running(shared: &Shared, sims: &[Simulator], sites: &Sites) -> Vec<String> {
@@ -1230,7 +1248,15 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
         timeout,
         Timeline::ready,
     )
-    .await?;
+    .await
+    .inspect_err(|error| {
+        if let BenchError::Timeout { .. } = error {
+            eprintln!(
+                "fleet: by the timeout the simulator had run these tasks (ended of created): {}",
+                task_progress(&sims)
+            );
+        }
+    })?;
     let not_running = vms_not_running(&shared, &sims, &sites);
     let mut provisioned = rig
         .end_phase(&mut provider, &provision, ready_at, machines, false)
