@@ -17,8 +17,11 @@
 //! realistic` the simulators run capmox-sim's realistic profile (API workers per node and
 //! daemon, request latency, drawn task durations, storage locks), and the report adds each
 //! machine's time at the Proxmox API, its time-to-ready percentiles, the requests' queueing at
-//! the API workers (`api`) and a lower bound that counts the workers and locks. `cargo test
-//! --all-targets` runs this binary without `--bench`; it then exits at once.
+//! the API workers (`api`) and a lower bound that counts the workers and locks. With
+//! `--provider go` the Go provider's manager (`--go-manager`) runs instead of capmox, against
+//! an API server of its own, with the fleet it can be given ([`go_fleet`]), measured the same
+//! way into `out/bench-go.json`. `cargo test --all-targets` runs this binary without
+//! `--bench`; it then exits at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -28,7 +31,7 @@ use std::time::Duration;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -46,14 +49,18 @@ use capmox_sim::{Profile, ProfileName, SimOptions, Simulator, TaskRecord, Topolo
 use capmox_testkit::{ApiServer, RequestCounts};
 
 mod analysis;
-mod capmox_process;
+mod go_fleet;
+mod provider_process;
 use analysis::{
     MachineTimes, SiteCalls, Sites, VmKey, api_pool_bound, api_queueing, controller_gaps, covered,
     kube_requests, lower_bound, machine_requests, percentiles, proxmox_calls, proxmox_spans,
     reconcile_counts, request_spans, round3, service_time, split_zones, spread, status_kib,
     task_vmid,
 };
-use capmox_process::{CapmoxProcess, Kubeconfig, Launch, ProcSample, reset_peak, sample};
+use go_fleet::{GoNode, GoZone, go_client_name, workers_per_node, zone_of_node};
+use provider_process::{
+    GoLaunch, Kubeconfig, Launch, ProcSample, ProviderProcess, reset_peak, sample,
+};
 
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "bench";
@@ -157,13 +164,47 @@ struct Args {
     /// (Proxmox's default is 3).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     api_workers: Option<u32>,
-    /// Where to write the JSON report.
-    #[arg(long, default_value = "out/bench.json")]
+    /// The provider to measure: capmox (`capmox run`), or the Go provider's manager
+    /// (`--go-manager`) on the same simulator, profile and stand-ins, with the fleet it can be
+    /// given (one template and MachineDeployment per node; it has no failure domains).
+    #[arg(long, value_enum, default_value_t = Provider::Capmox)]
+    provider: Provider,
+    /// The Go provider's manager executable, built from its v0.9 source (`--provider go`).
+    #[arg(long, env = "CAPMOX_BENCH_GO_MANAGER")]
+    go_manager: Option<PathBuf>,
+    /// A directory of CRD files to serve for the Go provider instead of capmox's (e.g. its
+    /// source tree's `config/crd/bases`); capmox's CRDs are a superset of its schemas.
+    #[arg(long, env = "CAPMOX_BENCH_GO_CRDS")]
+    go_crds: Option<PathBuf>,
+    /// Where to write the JSON report (default `out/bench.json`, with `--provider go`
+    /// `out/bench-go.json`).
+    #[arg(long = "output")]
+    output_arg: Option<PathBuf>,
+    /// The report's path (set after parsing).
+    #[arg(skip)]
     output: PathBuf,
     /// Passed by `cargo bench`; without it (as under `cargo test`) the benchmark does not run.
     #[arg(long, hide = true)]
     #[allow(dead_code)] // checked before parsing, in main
     bench: bool,
+}
+
+/// The provider a run measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+enum Provider {
+    #[default]
+    Capmox,
+    Go,
+}
+
+impl Provider {
+    /// How the table and the report name it.
+    fn label(self) -> &'static str {
+        match self {
+            Provider::Capmox => "capmox",
+            Provider::Go => "Go provider",
+        }
+    }
 }
 
 /// Why the benchmark could not finish.
@@ -172,14 +213,19 @@ enum BenchError {
     #[error("cannot start a tokio runtime: {0}")]
     Runtime(std::io::Error),
     #[error(
-        "cannot start {path}: {source} (build it with `cargo build --release --bin capmox`, or name one with --capmox)"
+        "cannot start {path}: {source} (capmox: build it with `cargo build --release --bin capmox`, or name one with --capmox; the Go provider: name its manager with --go-manager)"
     )]
     Spawn {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("capmox run: {0}")]
-    Capmox(String),
+    #[error("{0}")]
+    Provider(String),
+    #[error("cannot read the CRDs in {path}: {source}")]
+    Crds {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("Proxmox simulator: {0}")]
     Simulator(#[from] capmox_sim::SimStartError),
     #[error("simulator topology: {0}")]
@@ -230,6 +276,12 @@ fn main() -> std::process::ExitCode {
     }
     let mut args = Args::parse();
     args.zones = args.zones_arg.unwrap_or(args.sites.max(3));
+    args.output = args.output_arg.clone().unwrap_or_else(|| {
+        PathBuf::from(match args.provider {
+            Provider::Capmox => "out/bench.json",
+            Provider::Go => "out/bench-go.json",
+        })
+    });
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -378,11 +430,19 @@ fn topology(args: &Args, site: u32) -> Result<Topology, BenchError> {
             let name = node_name(local, node);
             let index = local * args.nodes_per_zone + node;
             node_specs.push(json!({"name": name, "memory_mib": memory_mib, "cores": 64}));
-            templates.push(json!({
+            let mut template = json!({
                 "vmid": 9000 + index, "name": "ubuntu-2404-kube", "node": name,
                 "tags": ["capmox", "bench"], "storage": "local-lvm", "disk_gib": 10,
                 "config": {"agent": "1", "net0": format!("virtio=BC:24:11:00:{:02X}:{:02X},bridge=vmbr0", index / 256, index % 256)}
-            }));
+            });
+            if args.provider == Provider::Go {
+                // Smaller than the machines, so the Go provider has a configuration to write:
+                // with none (a template of the machines' sizes) it marks a machine provisioned
+                // right after the clone, its VM never configured, given its ISO or started.
+                template["memory_mib"] = json!(go_fleet::TEMPLATE_MEMORY_MIB);
+                template["cores"] = json!(go_fleet::TEMPLATE_CORES);
+            }
+            templates.push(template);
         }
     }
     let topology = json!({
@@ -469,15 +529,17 @@ fn workers_per_zone(args: &Args) -> Vec<i32> {
 }
 
 /// The first zone's MachineDeployment comes with the example cluster; this adds the others,
-/// as `clusterctl generate cluster --flavor failure-domains` does.
+/// as `clusterctl generate cluster --flavor failure-domains` does (with the Go provider: one
+/// per node, from the node's template, without a failure domain).
 async fn add_deployment(
     client: &Client,
     example: &ExampleCluster,
-    zone: &str,
+    name: &str,
+    template: &str,
+    zone: Option<&str>,
     replicas: i32,
 ) -> Result<(), BenchError> {
-    let name = format!("{}-{zone}", example.workers_name());
-    let object: DynamicObject = serde_json::from_value(json!({
+    let mut object = json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {labels::CLUSTER_NAME: example.name}},
         "spec": {
@@ -489,13 +551,16 @@ async fn add_deployment(
                 "spec": {
                     "clusterName": example.name,
                     "version": example.version,
-                    "failureDomain": zone,
                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfigTemplate", "name": example.workers_name()}},
-                    "infrastructureRef": {"apiGroup": capmox::api::GROUP, "kind": "ProxmoxMachineTemplate", "name": example.workers_name()},
+                    "infrastructureRef": {"apiGroup": capmox::api::GROUP, "kind": "ProxmoxMachineTemplate", "name": template},
                 },
             },
         },
-    }))?;
+    });
+    if let Some(zone) = zone {
+        object["spec"]["template"]["spec"]["failureDomain"] = json!(zone);
+    }
+    let object: DynamicObject = serde_json::from_value(object)?;
     Api::<DynamicObject>::namespaced_with(client.clone(), NAMESPACE, &deployment_resource())
         .create(&PostParams::default(), &object)
         .await?;
@@ -545,8 +610,10 @@ async fn follow_machines(client: Client, shared: Shared) {
     }
 }
 
-/// Records when each ProxmoxMachine becomes ready, is asked to go, and is gone.
-async fn follow_proxmox_machines(client: Client, shared: Shared) {
+/// Records when each ProxmoxMachine becomes ready, is asked to go, and is gone. The Go
+/// provider keeps the VMID in the spec and records no zone: its machine's zone is its node's,
+/// from `go_nodes`.
+async fn follow_proxmox_machines(client: Client, shared: Shared, go_nodes: Vec<GoNode>) {
     let api: Api<ProxmoxMachine> = Api::namespaced(client, NAMESPACE);
     let mut events = watcher(api, watcher::Config::default()).boxed();
     while let Some(event) = events.next().await {
@@ -558,11 +625,16 @@ async fn follow_proxmox_machines(client: Client, shared: Shared) {
                 if pm.is_provisioned() {
                     entry.ready.get_or_insert(now);
                 }
-                if let Some(vmid) = status.virtual_machine_id {
+                if let Some(vmid) = status.virtual_machine_id.or(pm.spec.virtual_machine_id) {
                     entry.vmid = u32::try_from(vmid).ok();
                 }
+                let node_zone = status
+                    .proxmox_node
+                    .as_deref()
+                    .and_then(|node| zone_of_node(&go_nodes, node))
+                    .map(str::to_owned);
                 entry.node = status.proxmox_node.or(entry.node.take());
-                entry.zone = status.failure_domain.or(entry.zone.take());
+                entry.zone = status.failure_domain.or(node_zone).or(entry.zone.take());
                 entry.endpoint = status.proxmox_endpoint.or(entry.endpoint.take());
                 if pm.metadata.deletion_timestamp.is_some() {
                     entry.delete_seen.get_or_insert(now);
@@ -580,17 +652,52 @@ async fn follow_proxmox_machines(client: Client, shared: Shared) {
     }
 }
 
+/// How far the simulators got: each task type's ended and created tasks, by type.
+fn task_progress(sims: &[Simulator]) -> String {
+    let mut by_kind: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for record in sims.iter().flat_map(Simulator::task_records) {
+        let (ended, created) = by_kind.entry(record.kind.clone()).or_default();
+        *created += 1;
+        *ended += usize::from(record.ended.is_some());
+    }
+    by_kind
+        .iter()
+        .map(|(kind, (ended, created))| format!("{kind} {ended} of {created}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The machines reported provisioned whose VM is not running (a provider that skipped its
+/// power-on), by name.
+fn vms_not_running(shared: &Shared, sims: &[Simulator], sites: &Sites) -> Vec<String> {
+    let timeline = shared.0.lock().unwrap_or_else(|p| p.into_inner());
+    timeline
+        .machines
+        .iter()
+        .filter(|(_, m)| m.ready.is_some())
+        .filter(|(name, m)| {
+            let site = sites.of_machine(name, m).unwrap_or_default();
+            let running = m.vmid.and_then(|vmid| {
+                sims.get(site)
+                    .and_then(|sim| sim.with_cluster(|c| c.vm_running(vmid)))
+            });
+            running != Some(true)
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
 /// Waits until `done` counts `expected` machines; fails at the timeout or as soon as capmox
 /// exits.
 async fn wait_for(
     shared: &Shared,
-    capmox: &mut CapmoxProcess,
+    provider: &mut ProviderProcess,
     phase: &'static str,
     expected: usize,
     timeout: Duration,
     done: impl Fn(&Timeline) -> usize,
 ) -> Result<Instant, BenchError> {
-    let stopped = capmox.stopped();
+    let stopped = provider.stopped();
     let mut changes = shared.1.subscribe();
     let started = Instant::now();
     let step = expected.div_ceil(10).max(1);
@@ -609,7 +716,7 @@ async fn wait_for(
         }
         let changed = tokio::select! {
             () = stopped.cancelled() => {
-                return Err(capmox.failed(&format!("it stopped during {phase} ({count}/{expected} machines)")));
+                return Err(provider.failed(&format!("it stopped during {phase} ({count}/{expected} machines)")));
             }
             changed = tokio::time::timeout_at(started + timeout, changes.changed()) => changed,
         };
@@ -726,8 +833,8 @@ struct Phase {
 
 impl Rig<'_> {
     /// Starts a phase: resets both processes' peak RSS and takes every counter.
-    async fn begin(&self, capmox: &mut CapmoxProcess) -> Result<Phase, BenchError> {
-        let pid = capmox.pid();
+    async fn begin(&self, provider: &mut ProviderProcess) -> Result<Phase, BenchError> {
+        let pid = provider.pid();
         let start = Instant::now();
         let capmox_peak_reset = reset_peak(&pid);
         let environment_peak_reset = reset_peak(SELF);
@@ -740,7 +847,7 @@ impl Rig<'_> {
             start,
             log_from: self.sims.iter().map(|s| s.request_log().len()).collect(),
             kube: self.server.request_counts_of(self.client),
-            reconciles: reconcile_counts(&capmox.metrics().await?),
+            reconciles: reconcile_counts(&provider.metrics().await?),
             capmox: sample(&pid, self.ticks)?,
             capmox_peak_reset,
             environment: sample(SELF, self.ticks)?,
@@ -752,13 +859,13 @@ impl Rig<'_> {
     /// `phase` began.
     async fn costs(
         &self,
-        capmox: &mut CapmoxProcess,
+        provider: &mut ProviderProcess,
         phase: &Phase,
         machines: usize,
     ) -> Result<Value, BenchError> {
-        let capmox_now = sample(&capmox.pid(), self.ticks)?;
+        let capmox_now = sample(&provider.pid(), self.ticks)?;
         let environment_now = sample(SELF, self.ticks)?;
-        let reconciles = reconcile_counts(&capmox.metrics().await?);
+        let reconciles = reconcile_counts(&provider.metrics().await?);
         let kube = self.server.request_counts_of(self.client);
         let mut per_controller: BTreeMap<String, u64> = BTreeMap::new();
         for (key, count) in &reconciles {
@@ -800,6 +907,212 @@ async fn create_credentials(
     Ok(())
 }
 
+/// The CRDs to serve: capmox's, or for the Go provider those of `--go-crds` when given.
+fn crd_documents(args: &Args) -> Result<Vec<String>, BenchError> {
+    match (&args.provider, &args.go_crds) {
+        (Provider::Go, Some(dir)) => {
+            let read_error = |source| BenchError::Crds {
+                path: dir.clone(),
+                source,
+            };
+            let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(read_error)?
+                .map(|entry| entry.map(|e| e.path()))
+                .collect::<Result<_, _>>()
+                .map_err(read_error)?;
+            files.retain(|f| f.extension().is_some_and(|e| e == "yaml" || e == "yml"));
+            files.sort();
+            if files.is_empty() {
+                return Err(BenchError::Usage(format!(
+                    "--go-crds {}: no .yaml files there (the Go provider's CRDs are in its source tree's config/crd/bases)",
+                    dir.display()
+                )));
+            }
+            files
+                .iter()
+                .map(|f| {
+                    std::fs::read_to_string(f).map_err(|source| BenchError::Crds {
+                        path: f.clone(),
+                        source,
+                    })
+                })
+                .collect()
+        }
+        _ => capmox::api::crd::all()
+            .map_err(|e| BenchError::Testkit(e.to_string()))?
+            .iter()
+            .map(|crd| {
+                capmox::api::crd::to_yaml(crd).map_err(|e| BenchError::Testkit(e.to_string()))
+            })
+            .collect(),
+    }
+}
+
+/// What only capmox has, refused with `--provider go` rather than silently not measured.
+fn check_go_args(args: &Args) -> Result<(), BenchError> {
+    let refused = [
+        (
+            args.sites > 1,
+            "--sites (it reaches one Proxmox endpoint with global credentials)",
+        ),
+        (args.credentials_ref, "--credentials-ref"),
+        (args.node_task_limit.is_some(), "--node-task-limit"),
+        (args.task_timing.is_some(), "--task-timing"),
+        (args.capmox.is_some(), "--capmox"),
+    ];
+    let named: Vec<&str> = refused
+        .iter()
+        .filter(|(set, _)| *set)
+        .map(|(_, flag)| *flag)
+        .collect();
+    if !named.is_empty() {
+        return Err(BenchError::Usage(format!(
+            "--provider go does not take {}",
+            named.join(", ")
+        )));
+    }
+    if args.go_manager.is_none() {
+        return Err(BenchError::Usage(
+            "--provider go needs the Go provider's manager: --go-manager PATH (or CAPMOX_BENCH_GO_MANAGER)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Starts the provider the run measures: (its process, its executable, the name the API
+/// server counts its requests under).
+async fn start_provider(
+    args: &Args,
+    kubeconfig: &std::path::Path,
+    sim: &Simulator,
+) -> Result<(ProviderProcess, PathBuf, String), BenchError> {
+    let token = sim.token();
+    let (token_id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
+    let verbose = std::env::var_os("RUST_LOG").is_some();
+    match args.provider {
+        Provider::Capmox => {
+            let binary = args
+                .capmox
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_capmox")));
+            eprintln!("fleet: starting {} run", binary.display());
+            let process = ProviderProcess::start(
+                Launch {
+                    binary: &binary,
+                    kubeconfig,
+                    proxmox_url: sim.url(),
+                    token_id: token_id.to_string(),
+                    secret: secret.to_string(),
+                    machine_concurrency: args.machine_concurrency,
+                    task_timing: args.task_timing,
+                    verbose,
+                },
+                Duration::from_secs(60),
+            )
+            .await?;
+            // Requests are counted under the product token of capmox's User-Agent.
+            let client = capmox::cli::USER_AGENT
+                .split('/')
+                .next()
+                .unwrap_or(capmox::cli::USER_AGENT);
+            Ok((process, binary, client.to_string()))
+        }
+        Provider::Go => {
+            let binary = args
+                .go_manager
+                .clone()
+                .ok_or_else(|| BenchError::Usage("--provider go needs --go-manager PATH".into()))?;
+            eprintln!(
+                "fleet: starting the Go provider's manager {}",
+                binary.display()
+            );
+            let process = ProviderProcess::start_go(
+                GoLaunch {
+                    binary: &binary,
+                    kubeconfig,
+                    proxmox_url: sim.url(),
+                    token_id: token_id.to_string(),
+                    secret: secret.to_string(),
+                    verbose,
+                },
+                Duration::from_secs(60),
+            )
+            .await?;
+            let client = go_client_name(&binary);
+            Ok((process, binary, client))
+        }
+    }
+}
+
+/// The nodes of the Go provider's fleet, zone by zone, each with its template copy's VMID
+/// (as [`topology`] numbers them).
+fn go_nodes(args: &Args) -> Vec<GoNode> {
+    (0..args.zones)
+        .flat_map(|zone| {
+            (0..args.nodes_per_zone).map(move |node| GoNode {
+                name: node_name(zone, node),
+                zone: zone_name(zone),
+                template_vmid: 9000 + zone * args.nodes_per_zone + node,
+            })
+        })
+        .collect()
+}
+
+/// The zones' IP pools, as capmox's bench cluster has them ([`cluster_spec`]).
+fn go_zones(args: &Args) -> Vec<GoZone> {
+    (0..args.zones)
+        .map(|zone| {
+            let octet = zone + 1;
+            GoZone {
+                name: zone_name(zone),
+                addresses: format!("10.{octet}.1.1-10.{octet}.15.250"),
+                prefix: 16,
+                gateway: format!("10.{octet}.0.1"),
+                dns: format!("10.{octet}.0.2"),
+            }
+        })
+        .collect()
+}
+
+/// The Go provider's fleet ([`go_fleet`]): the control plane from the first node's template,
+/// the workers from one template and MachineDeployment per node.
+async fn create_go_fleet(client: &Client, args: &Args, nodes: &[GoNode]) -> Result<(), BenchError> {
+    let control_plane = 3;
+    let workers = workers_per_node(args.machines - control_plane, nodes.len(), control_plane);
+    let first = nodes
+        .first()
+        .ok_or_else(|| BenchError::Usage("the fleet needs at least one node".into()))?;
+    let mut example = ExampleCluster::new(
+        NAMESPACE,
+        CLUSTER,
+        go_fleet::cluster_spec(nodes, &go_zones(args)),
+        go_fleet::machine_spec(first),
+    );
+    example.control_plane_replicas = control_plane as i32;
+    example.worker_replicas = workers[0] as i32;
+    create_example_cluster(client, &example).await?;
+    let templates = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &ApiResource::erase::<capmox::api::ProxmoxMachineTemplate>(&()),
+    );
+    for (node, count) in nodes.iter().zip(&workers).skip(1) {
+        if *count == 0 {
+            continue;
+        }
+        let name = format!("{}-{}", example.workers_name(), node.name);
+        let template: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": format!("{}/{}", capmox::api::GROUP, capmox::api::VERSION),
+            "kind": "ProxmoxMachineTemplate",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {labels::CLUSTER_NAME: CLUSTER}},
+            "spec": {"template": {"spec": go_fleet::machine_spec(node)}},
+        }))?;
+        templates.create(&PostParams::default(), &template).await?;
+        add_deployment(client, &example, &name, &name, None, *count as i32).await?;
+    }
+    Ok(())
+}
+
 async fn bench(args: &Args) -> Result<Value, BenchError> {
     if args.sites > args.zones {
         return Err(BenchError::Usage(format!(
@@ -807,16 +1120,18 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
             args.sites, args.zones
         )));
     }
+    if args.provider == Provider::Go {
+        check_go_args(args)?;
+    }
     let ticks = clock_ticks()?;
     let machines = args.machines as usize;
     let timeout = Duration::from_secs(args.timeout_seconds);
 
     // The in-process API server, as the sandbox sets it up, served on 127.0.0.1 for capmox.
+    // Only one provider runs per bench process, each against an API server of its own.
     let server = ApiServer::new();
     server.register_builtin_kinds();
-    for crd in capmox::api::crd::all().map_err(|e| BenchError::Testkit(e.to_string()))? {
-        let yaml =
-            capmox::api::crd::to_yaml(&crd).map_err(|e| BenchError::Testkit(e.to_string()))?;
+    for yaml in crd_documents(args)? {
         server
             .register_crd_yaml(&yaml)
             .map_err(|e| BenchError::Testkit(e.to_string()))?;
@@ -850,41 +1165,23 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
             .collect(),
     };
     let sim = &sims[0];
-    let token = sim.token();
-    let (token_id, secret) = token.split_once('=').unwrap_or((token.as_str(), ""));
-
-    // capmox, as its own process.
-    let binary = args
-        .capmox
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_capmox")));
-    eprintln!("fleet: starting {} run", binary.display());
-    let mut capmox = CapmoxProcess::start(
-        Launch {
-            binary: &binary,
-            kubeconfig: kubeconfig.path(),
-            proxmox_url: sim.url(),
-            token_id: token_id.to_string(),
-            secret: secret.to_string(),
-            machine_concurrency: args.machine_concurrency,
-            task_timing: args.task_timing,
-            verbose: std::env::var_os("RUST_LOG").is_some(),
-        },
-        Duration::from_secs(60),
-    )
-    .await?;
-    // Requests are counted under the product token of capmox's User-Agent.
-    let client = capmox::cli::USER_AGENT
-        .split('/')
-        .next()
-        .unwrap_or(capmox::cli::USER_AGENT);
+    let (mut provider, binary, client) = start_provider(args, kubeconfig.path(), sim).await?;
+    let client = client.as_str();
+    let go_nodes = match args.provider {
+        Provider::Capmox => Vec::new(),
+        Provider::Go => go_nodes(args),
+    };
 
     let stop = CancellationToken::new();
     tokio::spawn(capmox_sandbox::ipam::run(server.client(), stop.clone()));
     CapiStandIn::spawn(server.client(), NAMESPACE, stop.clone());
     let shared: Shared = Arc::new((Mutex::default(), tokio::sync::watch::channel(0).0));
     tokio::spawn(follow_machines(server.client(), shared.clone()));
-    tokio::spawn(follow_proxmox_machines(server.client(), shared.clone()));
+    tokio::spawn(follow_proxmox_machines(
+        server.client(),
+        shared.clone(),
+        go_nodes.clone(),
+    ));
 
     if args.credentials_ref {
         create_credentials(&server.client(), CREDENTIALS_SECRET, sim).await?;
@@ -906,42 +1203,75 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     // ---- provisioning
     let zones: Vec<String> = (0..args.zones).map(zone_name).collect();
     let per_zone = workers_per_zone(args);
+    let workers = match args.provider {
+        Provider::Capmox => format!("workers per zone {per_zone:?}"),
+        Provider::Go => format!(
+            "control plane on {}, workers per node {:?}",
+            go_nodes.first().map_or("-", |n| n.name.as_str()),
+            workers_per_node(args.machines - 3, go_nodes.len(), 3)
+        ),
+    };
     eprintln!(
-        "fleet: provisioning {machines} machines (3 control plane, workers per zone {per_zone:?}) on {} nodes of {} site(s)",
+        "fleet: provisioning {machines} machines (3 control plane, {workers}) on {} nodes of {} site(s)",
         args.zones * args.nodes_per_zone,
         args.sites
     );
-    let provision = rig.begin(&mut capmox).await?;
-    let mut example = ExampleCluster::new(NAMESPACE, CLUSTER, cluster_spec(args), machine_spec());
-    example.control_plane_replicas = 3;
-    example.worker_replicas = per_zone[0];
-    example.worker_failure_domain = Some(zones[0].clone());
-    create_example_cluster(&server.client(), &example).await?;
-    for (zone, replicas) in zones.iter().zip(&per_zone).skip(1) {
-        add_deployment(&server.client(), &example, zone, *replicas).await?;
+    let provision = rig.begin(&mut provider).await?;
+    match args.provider {
+        Provider::Capmox => {
+            let mut example =
+                ExampleCluster::new(NAMESPACE, CLUSTER, cluster_spec(args), machine_spec());
+            example.control_plane_replicas = 3;
+            example.worker_replicas = per_zone[0];
+            example.worker_failure_domain = Some(zones[0].clone());
+            create_example_cluster(&server.client(), &example).await?;
+            for (zone, replicas) in zones.iter().zip(&per_zone).skip(1) {
+                let name = format!("{}-{zone}", example.workers_name());
+                add_deployment(
+                    &server.client(),
+                    &example,
+                    &name,
+                    &example.workers_name(),
+                    Some(zone),
+                    *replicas,
+                )
+                .await?;
+            }
+        }
+        Provider::Go => create_go_fleet(&server.client(), args, &go_nodes).await?,
     }
     let ready_at = wait_for(
         &shared,
-        &mut capmox,
+        &mut provider,
         "provisioning",
         machines,
         timeout,
         Timeline::ready,
     )
-    .await?;
-    let provisioned = rig
-        .end_phase(&mut capmox, &provision, ready_at, machines, false)
+    .await
+    .inspect_err(|error| {
+        if let BenchError::Timeout { .. } = error {
+            eprintln!(
+                "fleet: by the timeout the simulator had run these tasks (ended of created): {}",
+                task_progress(&sims)
+            );
+        }
+    })?;
+    let not_running = vms_not_running(&shared, &sims, &sites);
+    let mut provisioned = rig
+        .end_phase(&mut provider, &provision, ready_at, machines, false)
         .await?;
+    provisioned["ready_with_vm_not_running"] = json!(not_running);
     eprintln!(
         "fleet: {machines} machines ready in {:.1}s",
         (ready_at - provision.start).as_secs_f64()
     );
 
     // ---- steady state: everything ready, nothing to do
-    let idle = rig.begin(&mut capmox).await?;
+    let idle = rig.begin(&mut provider).await?;
     // The idle window is what is measured, not a wait for something to happen.
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let idle_costs = rig.costs(&mut capmox, &idle, machines).await?;
+    let idle_costs = rig.costs(&mut provider, &idle, machines).await?;
     let idle_calls: Vec<usize> = sims
         .iter()
         .zip(&idle.log_from)
@@ -961,13 +1291,13 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
 
     // ---- deletion
     eprintln!("fleet: deleting the cluster");
-    let deletion = rig.begin(&mut capmox).await?;
+    let deletion = rig.begin(&mut provider).await?;
     Api::<capi::Cluster>::namespaced(server.client(), NAMESPACE)
         .delete(CLUSTER, &DeleteParams::default())
         .await?;
     let gone_at = wait_for(
         &shared,
-        &mut capmox,
+        &mut provider,
         "deletion",
         machines,
         timeout,
@@ -975,7 +1305,7 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
     )
     .await?;
     let deleted = rig
-        .end_phase(&mut capmox, &deletion, gone_at, machines, true)
+        .end_phase(&mut provider, &deletion, gone_at, machines, true)
         .await?;
     for ((site, sim), templates) in (0..).zip(&sims).zip(&templates) {
         let leaked = sim.with_cluster(|c| c.vm_count()) - templates.len();
@@ -991,22 +1321,39 @@ async fn bench(args: &Args) -> Result<Value, BenchError> {
         (gone_at - deletion.start).as_secs_f64()
     );
     stop.cancel();
-    drop(capmox);
+    drop(provider);
 
     let mut report = json!({
         "command": bench_command(args),
         "host": machine_host(),
+        "provider": provider_json(args, &binary),
         "processes": {
-            "capmox_process": format!("`{} run` in a child process (global Proxmox credentials, no leader election, --proxmoxmachine-concurrency {}), measured through /proc/<pid> (utime + stime; VmRSS; VmHWM, reset at each phase's start through clear_refs) and its /metrics; its Kubernetes requests are counted by the API server under the User-Agent product token {client:?}", binary.display(), args.machine_concurrency),
+            "capmox_process": match args.provider {
+                Provider::Capmox => format!("`{} run` in a child process (global Proxmox credentials, no leader election, --proxmoxmachine-concurrency {}), measured through /proc/<pid> (utime + stime; VmRSS; VmHWM, reset at each phase's start through clear_refs) and its /metrics; its Kubernetes requests are counted by the API server under the User-Agent product token {client:?}", binary.display(), args.machine_concurrency),
+                Provider::Go => format!("the Go provider's manager {} in a child process (global Proxmox credentials from PROXMOX_URL/PROXMOX_TOKEN/PROXMOX_SECRET, no leader election, no webhooks, one reconcile at a time per controller as it is built), measured through /proc/<pid> (utime + stime; VmRSS; VmHWM, reset at each phase's start through clear_refs) and its /metrics (diagnostics address, plain HTTP); its Kubernetes requests are counted by the API server under the User-Agent product token {client:?}; the key keeps capmox's name so reports compare field by field", binary.display()),
+            },
             "environment_process": "the bench process: the in-process Kubernetes API server (served over HTTP on 127.0.0.1), the Proxmox VE simulator, the CAPI/IPAM stand-ins and the bench's watches, measured through /proc/self",
         },
         "settings": {
             "machines": args.machines, "zones": args.zones, "nodes_per_zone": args.nodes_per_zone,
-            "clone_slots_per_node": args.clone_slots, "machine_concurrency": args.machine_concurrency,
+            "clone_slots_per_node": args.clone_slots,
+            "machine_concurrency": match args.provider {
+                Provider::Capmox => args.machine_concurrency,
+                // controller-runtime's default; the Go provider sets no other.
+                Provider::Go => 1,
+            },
             "node_task_limit": args.node_task_limit,
             "clones_at_once_per_node": effective_clone_slots(args),
-            "task_timing": args.task_timing.unwrap_or_default().as_str(),
-            "credentials": if args.credentials_ref { "credentialsRef Secret" } else { "global (capmox run --proxmox-url/--proxmox-token, PROXMOX_SECRET)" },
+            "task_timing": match args.provider {
+                Provider::Capmox => args.task_timing.unwrap_or_default().as_str(),
+                // Requeues every 10 s and in-call waits, fixed in its code.
+                Provider::Go => "the Go provider's own",
+            },
+            "credentials": match (args.provider, args.credentials_ref) {
+                (Provider::Go, _) => "global (PROXMOX_URL, PROXMOX_TOKEN, PROXMOX_SECRET)",
+                (Provider::Capmox, true) => "credentialsRef Secret",
+                (Provider::Capmox, false) => "global (capmox run --proxmox-url/--proxmox-token, PROXMOX_SECRET)",
+            },
             "sites": args.sites,
             "site_zones": sites.names.iter().zip(site_zones(args))
                 .map(|(name, zones)| (name.clone(), json!(zones.into_iter().map(zone_name).collect::<Vec<_>>())))
@@ -1033,16 +1380,23 @@ impl Rig<'_> {
     /// at `end`.
     async fn end_phase(
         &self,
-        capmox: &mut CapmoxProcess,
+        provider: &mut ProviderProcess,
         phase: &Phase,
         end: Instant,
         machines: usize,
         deleting: bool,
     ) -> Result<Value, BenchError> {
-        let costs = self.costs(capmox, phase, machines).await?;
-        if costs["kubernetes"]["reads"] == 0 {
+        let costs = self.costs(provider, phase, machines).await?;
+        // The Go provider reads through its informers' caches: a phase may hold none of its
+        // gets or lists, but never no request at all.
+        let requests = ["reads", "writes", "watch_requests"]
+            .iter()
+            .map(|key| costs["kubernetes"][key].as_u64().unwrap_or(0))
+            .sum::<u64>();
+        if requests == 0 {
             return Err(BenchError::Inconsistent(format!(
-                "the API server counted no request of client {:?} in this phase: does the capmox binary send User-Agent {:?}?",
+                "the API server counted no request of client {:?} in this phase: does the provider's User-Agent start with {:?} (capmox sends {:?}; client-go sends its executable's file name)?",
+                self.client,
                 self.client,
                 capmox::cli::USER_AGENT
             )));
@@ -1288,6 +1642,8 @@ fn render(report: &Value) -> String {
     let d = &report["deletion"];
     let s = &report["steady_state"];
     let h = &report["host"];
+    // The provider measured: "capmox", or the Go provider.
+    let who = report["provider"]["label"].as_str().unwrap_or("capmox");
     let num = |v: &Value| match v {
         Value::Number(n) => {
             let f = n.as_f64().unwrap_or(0.0);
@@ -1338,6 +1694,13 @@ fn render(report: &Value) -> String {
         realistic_rows(&mut row, p, d, &num);
     }
     row(
+        "machines ready with their VM not running",
+        p["ready_with_vm_not_running"]
+            .as_array()
+            .map_or_else(|| "-".to_string(), |names| names.len().to_string()),
+        "-".to_string(),
+    );
+    row(
         "Proxmox calls per machine: mean / max",
         format!(
             "{} / {}",
@@ -1382,12 +1745,12 @@ fn render(report: &Value) -> String {
         )
     };
     row(
-        "capmox Kubernetes requests per machine: reads / writes / watch restarts",
+        &format!("{who} Kubernetes requests per machine: reads / writes / watch restarts"),
         k(&p["kubernetes"]),
         k(&d["kubernetes"]),
     );
     row(
-        "capmox reconciles per machine (ProxmoxMachine)",
+        &format!("{who} reconciles per machine (ProxmoxMachine)"),
         num(&p["reconciles_per_machine"]["proxmoxmachine"]),
         num(&d["reconciles_per_machine"]["proxmoxmachine"]),
     );
@@ -1399,17 +1762,17 @@ fn render(report: &Value) -> String {
         )
     };
     row(
-        "capmox process: CPU time (s)",
+        &format!("{who} process: CPU time (s)"),
         cpu(&p["capmox_process"]),
         cpu(&d["capmox_process"]),
     );
     row(
-        "capmox process: peak RSS (MiB)",
+        &format!("{who} process: peak RSS (MiB)"),
         num(&p["capmox_process"]["peak_rss_mib"]),
         num(&d["capmox_process"]["peak_rss_mib"]),
     );
     row(
-        "capmox process: RSS at end (MiB)",
+        &format!("{who} process: RSS at end (MiB)"),
         num(&p["capmox_process"]["rss_at_end_mib"]),
         num(&d["capmox_process"]["rss_at_end_mib"]),
     );
@@ -1429,7 +1792,7 @@ fn render(report: &Value) -> String {
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let pw = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max(12);
     let mut out = format!(
-        "\ncapmox fleet benchmark — {} cores, {} MiB, {}; task timing: {}{}\n\n{:<width$}  {:<pw$}  {}\n",
+        "\n{who} fleet benchmark — {} cores, {} MiB, {}; task timing: {}{}\n\n{:<width$}  {:<pw$}  {}\n",
         num(&h["cores"]),
         num(&h["memory_mib"]),
         h["cpu"].as_str().unwrap_or(""),
@@ -1451,7 +1814,7 @@ fn render(report: &Value) -> String {
         out.push_str(&format!("{name:<width$}  {prov:<pw$}  {del}\n"));
     }
     out.push_str(&format!(
-        "\nsteady state (all ready): capmox RSS {} MiB; idle {} s: capmox CPU {} s (environment {} s), {} Proxmox calls, reconciles {}\n",
+        "\nsteady state (all ready): {who} RSS {} MiB; idle {} s: {who} CPU {} s (environment {} s), {} Proxmox calls, reconciles {}\n",
         num(&s["capmox_process"]["rss_at_end_mib"]),
         num(&s["idle_seconds"]),
         num(&s["capmox_process"]["cpu_s"]),
@@ -1596,6 +1959,23 @@ fn busiest_pools(phase: &Value, name: &str, num: &impl Fn(&Value) -> String) -> 
     out
 }
 
+/// Which provider the report measures, and with what fleet.
+fn provider_json(args: &Args, binary: &std::path::Path) -> Value {
+    match args.provider {
+        Provider::Capmox => {
+            json!({"name": "capmox", "label": Provider::Capmox.label(), "binary": binary.display().to_string()})
+        }
+        Provider::Go => json!({
+            "name": "go", "label": Provider::Go.label(), "binary": binary.display().to_string(),
+            "crds": args.go_crds.as_ref().map_or_else(
+                || "capmox's crds/ (a superset of the Go provider's schemas)".to_string(),
+                |dir| dir.display().to_string(),
+            ),
+            "fleet": "one ProxmoxMachineTemplate (sourceNode, templateID of the node's template copy, allowedNodes: [node], network.zone: the node's zone) and one MachineDeployment per node; the 3 control-plane machines from the first node's template; no failure domains (the Go provider v0.9 has none)",
+        }),
+    }
+}
+
 /// The command that repeats this run.
 fn bench_command(args: &Args) -> String {
     let sites = if args.sites == 1 {
@@ -1637,8 +2017,21 @@ fn bench_command(args: &Args) -> String {
     if args.nodes_per_zone != 4 {
         zones.push_str(&format!(" --nodes-per-zone {}", args.nodes_per_zone));
     }
+    let provider = match args.provider {
+        Provider::Capmox => String::new(),
+        Provider::Go => format!(
+            " --provider go --go-manager {}{}",
+            args.go_manager
+                .as_ref()
+                .map_or_else(|| "PATH".to_string(), |p| p.display().to_string()),
+            args.go_crds
+                .as_ref()
+                .map(|dir| format!(" --go-crds {}", dir.display()))
+                .unwrap_or_default()
+        ),
+    };
     format!(
-        "make bench BENCH_ARGS=\"--machines {}{zones}{sites}{timing}{limits}{profile}\"",
+        "make bench BENCH_ARGS=\"--machines {}{zones}{sites}{timing}{limits}{profile}{provider}\"",
         args.machines
     )
 }

@@ -12,6 +12,7 @@ mod machine_support;
 mod api_validation;
 mod bad_input;
 mod bench_analysis;
+mod bench_go_fleet;
 mod capi_views;
 mod cli;
 mod cloudinit_iso;

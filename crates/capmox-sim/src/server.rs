@@ -505,6 +505,7 @@ pub(crate) fn endpoint_template(method: &Method, segs: &[&str]) -> String {
         ["cluster", x] => format!("/cluster/{x}"),
         ["pools"] => "/pools".to_string(),
         ["nodes", _, "qemu"] => "/nodes/{node}/qemu".to_string(),
+        ["nodes", _, "lxc"] => "/nodes/{node}/lxc".to_string(),
         ["nodes", _, "qemu", _] => "/nodes/{node}/qemu/{vmid}".to_string(),
         ["nodes", _, "qemu", _, rest @ ..] => {
             format!("/nodes/{{node}}/qemu/{{vmid}}/{}", rest.join("/"))
@@ -534,6 +535,7 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ("GET", "/cluster/nextid"),
     ("GET", "/cluster/status"),
     ("GET", "/nodes/{node}/qemu"),
+    ("GET", "/nodes/{node}/lxc"),
     ("GET", "/nodes/{node}/qemu/{vmid}/config"),
     ("POST", "/nodes/{node}/qemu/{vmid}/config"),
     ("PUT", "/nodes/{node}/qemu/{vmid}/config"),
@@ -550,6 +552,7 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ("GET", "/nodes/{node}/storage"),
     ("GET", "/nodes/{node}/storage/{storage}/content"),
     ("POST", "/nodes/{node}/storage/{storage}/upload"),
+    ("GET", "/nodes/{node}/storage/{storage}/content/{volume}"),
     ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"),
     ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"),
     ("GET", "/nodes/{node}/qemu/{vmid}/agent/get-osinfo"),
@@ -644,6 +647,7 @@ fn route(
                 Reply::Data(c.node_pci(n, get("pci-class-blacklist"), get("verbose"))?)
             }
             ("GET", ["nodes", n, "qemu"]) => Reply::Data(c.list_vms(n)?),
+            ("GET", ["nodes", n, "lxc"]) => Reply::Data(c.list_containers(n)?),
             ("GET", ["nodes", n, "qemu", id, "config"]) => {
                 Reply::Data(c.vm_config(n, vmid_of(id)?)?)
             }
@@ -696,6 +700,9 @@ fn route(
             ("GET", ["nodes", n, "storage"]) => Reply::Data(c.list_storage(n, get("content"))?),
             ("GET", ["nodes", n, "storage", s, "content"]) => {
                 Reply::Data(c.storage_content(n, s, get("content"), get("vmid"))?)
+            }
+            ("GET", ["nodes", n, "storage", s, "content", rest @ ..]) if !rest.is_empty() => {
+                Reply::Data(c.volume_attributes(n, s, &rest.join("/"))?)
             }
             ("DELETE", ["nodes", n, "storage", s, "content", rest @ ..]) if !rest.is_empty() => {
                 Reply::Data(json!(c.delete_volume(now, n, s, &rest.join("/"))?.as_str()))

@@ -1336,6 +1336,13 @@ impl Cluster {
         ))
     }
 
+    /// `GET /nodes/{node}/lxc`: the simulator runs no containers, so every node's list is
+    /// empty (clients summing guests' memory, such as schedulers, read it with the VMs').
+    pub fn list_containers(&self, node: &str) -> SimResult<Value> {
+        self.node_checked(node)?;
+        Ok(Value::Array(Vec::new()))
+    }
+
     /// `GET .../config`.
     pub fn vm_config(&self, node: &str, vmid: u32) -> SimResult<Value> {
         let vm = self.vm_on(node, vmid)?;
@@ -2006,6 +2013,50 @@ impl Cluster {
                 })
                 .collect(),
         ))
+    }
+
+    /// `GET .../storage/{storage}/content/{volume}`: a volume's attributes, as clients read
+    /// before deleting an ISO they uploaded (`volume` is a volid or a name on `storage`).
+    pub fn volume_attributes(&self, node: &str, storage: &str, volume: &str) -> SimResult<Value> {
+        self.node_checked(node)?;
+        let spec = self.storage_on(node, storage)?;
+        let volid = if volume.contains(':') {
+            volume.to_string()
+        } else {
+            format!("{storage}:{volume}")
+        };
+        let v = self
+            .volumes
+            .iter()
+            .find(|v| v.volid == volid && v.node.as_deref().is_none_or(|n| n == node))
+            .ok_or_else(|| SimError::e500(format!("volume '{volid}' does not exist")))?;
+        let name = volid.split_once(':').map_or(volid.as_str(), |(_, n)| n);
+        let path = match spec.kind.as_str() {
+            "dir" | "nfs" | "cifs" => {
+                let file = name.rsplit('/').next().unwrap_or(name);
+                let sub = match (v.content.as_str(), v.vmid) {
+                    ("iso", _) => "template/iso".to_string(),
+                    ("vztmpl", _) => "template/cache".to_string(),
+                    ("snippets", _) => "snippets".to_string(),
+                    (_, Some(id)) => format!("images/{id}"),
+                    _ => "images".to_string(),
+                };
+                let root = if storage == "local" {
+                    "/var/lib/vz".to_string()
+                } else {
+                    format!("/mnt/pve/{storage}")
+                };
+                format!("{root}/{sub}/{file}")
+            }
+            "lvmthin" | "lvm" => format!("/dev/pve/{name}"),
+            "zfspool" => format!("/dev/zvol/rpool/data/{name}"),
+            _ => format!("{storage}:{name}"),
+        };
+        let format = v
+            .format
+            .as_deref()
+            .unwrap_or(if v.content == "iso" { "iso" } else { "raw" });
+        Ok(json!({"path": path, "size": v.size, "used": v.size, "format": format}))
     }
 
     /// `POST .../storage/{storage}/upload` after the multipart body was parsed.
@@ -2701,6 +2752,64 @@ mod tests {
         assert_eq!(parse_size("1.5K"), Some(1536));
         assert_eq!(format_size(10 << 30), "10G");
         assert_eq!(format_size(1536), "1536");
+    }
+
+    /// The simulator runs no containers: a node's list is empty, an unknown node's an error.
+    #[test]
+    fn container_lists_are_empty_on_known_nodes_only() {
+        let c = cluster();
+        assert_eq!(c.list_containers("pve1").expect("list"), json!([]));
+        let e = c.list_containers("pve9").expect_err("unknown node");
+        assert_eq!(e.status, 500);
+        assert!(
+            e.reason.contains("hostname lookup 'pve9' failed"),
+            "{}",
+            e.reason
+        );
+    }
+
+    /// An uploaded ISO's attributes answer by volid or by name, with its path on the `dir`
+    /// storage, its size and format; once deleted (or never there) the read fails as PVE does.
+    #[tokio::test(start_paused = true)]
+    async fn volume_attributes_follow_upload_and_deletion() {
+        let mut c = cluster();
+        let now = Instant::now();
+        let data = vec![7u8; 4096];
+        c.upload(now, "pve1", "local", "iso", "user-data-100.iso", data)
+            .expect("upload");
+        let later = now + Duration::from_secs(5);
+        c.advance(later);
+        let by_volid = c
+            .volume_attributes("pve1", "local", "local:iso/user-data-100.iso")
+            .expect("attributes");
+        assert_eq!(
+            by_volid,
+            json!({"path": "/var/lib/vz/template/iso/user-data-100.iso", "size": 4096,
+                   "used": 4096, "format": "iso"})
+        );
+        let by_name = c
+            .volume_attributes("pve1", "local", "iso/user-data-100.iso")
+            .expect("attributes by name");
+        assert_eq!(by_name, by_volid);
+        // Local storage: the volume is on pve1 only.
+        let e = c
+            .volume_attributes("pve2", "local", "local:iso/user-data-100.iso")
+            .expect_err("other node");
+        assert_eq!(
+            e.reason,
+            "volume 'local:iso/user-data-100.iso' does not exist"
+        );
+        c.delete_volume(later, "pve1", "local", "local:iso/user-data-100.iso")
+            .expect("delete");
+        c.advance(later + Duration::from_secs(5));
+        let e = c
+            .volume_attributes("pve1", "local", "local:iso/user-data-100.iso")
+            .expect_err("deleted");
+        assert_eq!(e.status, 500);
+        let e = c
+            .volume_attributes("pve1", "nowhere", "nowhere:iso/x.iso")
+            .expect_err("unknown storage");
+        assert_eq!(e.reason, "storage 'nowhere' does not exist on node 'pve1'");
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
-//! The `capmox run` child the benchmark measures: started against the in-process API server
-//! and the simulator, read through `/proc/<pid>` and its `/metrics`, killed and reaped when
-//! dropped (on error paths too).
+//! The provider child the benchmark measures (`capmox run`, or the Go provider's manager with
+//! `--provider go`): started against the in-process API server and the simulator, read
+//! through `/proc/<pid>` and its `/metrics`, killed and reaped when dropped (on error paths
+//! too).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::BenchError;
 use crate::analysis::{stat_ticks, status_kib};
+use crate::go_fleet::klog_level;
 
 /// The log line in which `capmox run` names the address of `/readyz` and `/metrics` (with
 /// port 0 in the flags, the only place the chosen port appears).
@@ -24,7 +26,7 @@ const SERVING: &str = "serving /healthz, /readyz and /metrics";
 /// Log lines of the child kept for error messages.
 const TAIL_LINES: usize = 30;
 
-/// How to start the child.
+/// How to start `capmox run`.
 pub struct Launch<'a> {
     /// The `capmox` executable.
     pub binary: &'a Path,
@@ -42,6 +44,30 @@ pub struct Launch<'a> {
     pub task_timing: Option<capmox::controller::machine::TaskTimingPolicy>,
     /// Show every log line of the child (else only warnings and errors).
     pub verbose: bool,
+}
+
+/// How to start the Go provider's manager: its global credentials come from the
+/// environment only (`PROXMOX_URL`, `PROXMOX_TOKEN`, `PROXMOX_SECRET`).
+pub struct GoLaunch<'a> {
+    /// The manager executable.
+    pub binary: &'a Path,
+    /// Kubeconfig of the in-process API server.
+    pub kubeconfig: &'a Path,
+    /// The simulator's base URL (the Go client adds `/api2/json`).
+    pub proxmox_url: String,
+    /// The simulator's API token id.
+    pub token_id: String,
+    /// The token's secret.
+    pub secret: String,
+    /// Show every log line of the child (else only warnings and errors).
+    pub verbose: bool,
+}
+
+/// How a child writes its log: capmox's JSON lines, or klog's text lines.
+#[derive(Clone, Copy)]
+enum LogFormat {
+    Json,
+    Klog,
 }
 
 /// CPU and memory of one process, from `/proc/<pid>/stat` and `status`.
@@ -82,21 +108,26 @@ fn read(path: &str) -> Result<String, BenchError> {
     })
 }
 
-/// A running `capmox run`.
-pub struct CapmoxProcess {
+/// A running provider: `capmox run` or the Go provider's manager.
+pub struct ProviderProcess {
     child: Child,
-    /// `/healthz`, `/readyz` and `/metrics`.
-    endpoint: SocketAddr,
+    /// `/healthz` and `/readyz`.
+    probes: SocketAddr,
+    /// `/metrics` (capmox serves it with the probes, the Go manager on its diagnostics port).
+    metrics: SocketAddr,
+    /// How the child is named in errors.
+    name: &'static str,
     tail: Arc<Mutex<VecDeque<String>>>,
     /// Cancelled when the child closes its stderr, i.e. exits.
     stopped: CancellationToken,
 }
 
-impl CapmoxProcess {
-    /// Starts the child and waits until it serves `/readyz` with 200 (every controller has
+impl ProviderProcess {
+    /// Starts `capmox run` and waits until it serves `/readyz` with 200 (every controller has
     /// listed its objects), or fails with what it logged.
     pub async fn start(launch: Launch<'_>, timeout: Duration) -> Result<Self, BenchError> {
-        let mut child = Command::new(launch.binary)
+        let mut command = Command::new(launch.binary);
+        command
             .args(["--log-format", "json", "run"])
             // One address: the probes and /metrics share one server, on a port the OS picks.
             .args(["--metrics-bind-address", "127.0.0.1:0"])
@@ -127,38 +158,18 @@ impl CapmoxProcess {
             .env_remove("PROXMOX_FINGERPRINT")
             .env_remove("PROXMOX_INSECURE")
             .env_remove("CAPMOX_SECRET_NAMESPACES")
-            .env_remove("CAPMOX_ALLOWED_PROXMOX_URLS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| BenchError::Spawn {
-                path: launch.binary.to_path_buf(),
-                source,
-            })?;
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
-        let (address_tx, address_rx) = tokio::sync::oneshot::channel();
-        let stderr = child.stderr.take();
-        let stopped = CancellationToken::new();
-        let mut process = Self {
-            child,
-            endpoint: SocketAddr::from(([127, 0, 0, 1], 0)),
-            tail: tail.clone(),
-            stopped: stopped.clone(),
-        };
-        let Some(stderr) = stderr else {
-            return Err(process.failed("its stderr was not captured"));
-        };
-        let verbose = launch.verbose;
-        std::thread::Builder::new()
-            .name("capmox-log".into())
-            .spawn(move || {
-                follow_log(stderr, address_tx, &tail, verbose);
-                stopped.cancel();
-            })
-            .map_err(|e| BenchError::Inconsistent(format!("cannot start a thread: {e}")))?;
+            .env_remove("CAPMOX_ALLOWED_PROXMOX_URLS");
+        let unknown = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (mut process, address_rx) = Self::spawn(
+            command,
+            launch.binary,
+            "capmox",
+            LogFormat::Json,
+            launch.verbose,
+            (unknown, unknown),
+        )?;
         let deadline = Instant::now() + timeout;
-        process.endpoint = match tokio::time::timeout_at(deadline, address_rx).await {
+        let address = match tokio::time::timeout_at(deadline, address_rx).await {
             Ok(Ok(address)) => address,
             // The reader ended without the line: the child closed stderr, i.e. exited.
             Ok(Err(_)) => return Err(process.failed("it stopped before serving /readyz")),
@@ -168,8 +179,88 @@ impl CapmoxProcess {
                 );
             }
         };
+        process.probes = address;
+        process.metrics = address;
         process.wait_ready(deadline, timeout).await?;
         Ok(process)
+    }
+
+    /// Starts the Go provider's manager (no webhooks, no leader election, plain-HTTP
+    /// diagnostics for `/metrics`) and waits until its `/readyz` answers 200.
+    pub async fn start_go(launch: GoLaunch<'_>, timeout: Duration) -> Result<Self, BenchError> {
+        // The manager logs its listeners' configured addresses, not the ports the OS chose:
+        // take two free ports first.
+        let probes = free_port()?;
+        let metrics = free_port()?;
+        let mut command = Command::new(launch.binary);
+        command
+            .arg("--enable-webhooks=false")
+            .arg("--leader-elect=false")
+            .arg(format!("--health-probe-bind-address={probes}"))
+            .arg(format!("--diagnostics-address={metrics}"))
+            .arg("--insecure-diagnostics")
+            .arg(format!("--kubeconfig={}", launch.kubeconfig.display()))
+            .env("PROXMOX_URL", &launch.proxmox_url)
+            .env("PROXMOX_TOKEN", &launch.token_id)
+            .env("PROXMOX_SECRET", &launch.secret)
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("PROXMOX_INSECURE");
+        let (mut process, _) = Self::spawn(
+            command,
+            launch.binary,
+            "go-capmox",
+            LogFormat::Klog,
+            launch.verbose,
+            (probes, metrics),
+        )?;
+        let deadline = Instant::now() + timeout;
+        process.wait_ready(deadline, timeout).await?;
+        Ok(process)
+    }
+
+    /// Spawns `command` with its stderr followed by a thread of its own; the receiver gets
+    /// the address capmox names for its probes (never, for a klog child).
+    fn spawn(
+        mut command: Command,
+        binary: &Path,
+        name: &'static str,
+        format: LogFormat,
+        verbose: bool,
+        (probes, metrics): (SocketAddr, SocketAddr),
+    ) -> Result<(Self, tokio::sync::oneshot::Receiver<SocketAddr>), BenchError> {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| BenchError::Spawn {
+                path: binary.to_path_buf(),
+                source,
+            })?;
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let (address_tx, address_rx) = tokio::sync::oneshot::channel();
+        let stderr = child.stderr.take();
+        let stopped = CancellationToken::new();
+        let mut process = Self {
+            child,
+            probes,
+            metrics,
+            name,
+            tail: tail.clone(),
+            stopped: stopped.clone(),
+        };
+        let Some(stderr) = stderr else {
+            return Err(process.failed("its stderr was not captured"));
+        };
+        std::thread::Builder::new()
+            .name(format!("{name}-log"))
+            .spawn(move || {
+                follow_log(stderr, format, name, address_tx, &tail, verbose);
+                stopped.cancel();
+            })
+            .map_err(|e| BenchError::Inconsistent(format!("cannot start a thread: {e}")))?;
+        Ok((process, address_rx))
     }
 
     /// Polls `/readyz` until it answers 200.
@@ -186,7 +277,7 @@ impl CapmoxProcess {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return Err(self.failed("it stopped before it was ready"));
             }
-            match get(self.endpoint, "/readyz").await {
+            match get(self.probes, "/readyz").await {
                 Ok((200, _)) => return Ok(()),
                 Ok((_, body)) => last = body.trim().to_string(),
                 Err(error) => last = error.to_string(),
@@ -201,7 +292,7 @@ impl CapmoxProcess {
 
     /// The child's Prometheus exposition, or an error that says whether it is still running.
     pub async fn metrics(&mut self) -> Result<String, BenchError> {
-        match get(self.endpoint, "/metrics").await {
+        match get(self.metrics, "/metrics").await {
             Ok((200, body)) => Ok(body),
             Ok((status, body)) => {
                 Err(self.failed(&format!("/metrics answered {status}: {}", body.trim())))
@@ -232,11 +323,14 @@ impl CapmoxProcess {
             .cloned()
             .collect::<Vec<_>>()
             .join("\n  ");
-        BenchError::Capmox(format!("{what} ({status}); its last log lines:\n  {tail}"))
+        BenchError::Provider(format!(
+            "{}: {what} ({status}); its last log lines:\n  {tail}",
+            self.name
+        ))
     }
 }
 
-impl Drop for CapmoxProcess {
+impl Drop for ProviderProcess {
     fn drop(&mut self) {
         // SIGKILL: the measurements are taken; nothing of the child's state matters any more.
         if let Ok(None) = self.child.try_wait() {
@@ -253,10 +347,13 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Reads the child's JSON log lines: sends the `/readyz` address once it is named, keeps the
-/// last lines, and shows warnings and errors (every line when `verbose`).
+/// Reads the child's log lines: sends the `/readyz` address once capmox names it, keeps the
+/// last lines, and shows warnings and errors (every line when `verbose`), prefixed with the
+/// child's name.
 fn follow_log(
     stderr: impl std::io::Read,
+    format: LogFormat,
+    name: &str,
     address: tokio::sync::oneshot::Sender<SocketAddr>,
     tail: &Mutex<VecDeque<String>>,
     verbose: bool,
@@ -266,21 +363,28 @@ fn follow_log(
         let Ok(line) = line else {
             break;
         };
-        let parsed: Option<Value> = serde_json::from_str(&line).ok();
-        let fields = parsed.as_ref().map(|v| &v["fields"]);
-        if let Some(fields) = fields
-            && fields["message"] == SERVING
-            && let Some(found) = fields["address"].as_str().and_then(|a| a.parse().ok())
-            && let Some(sender) = address.take()
-        {
-            let _ = sender.send(found);
-        }
-        let level = parsed
-            .as_ref()
-            .and_then(|v| v["level"].as_str())
-            .unwrap_or("ERROR");
-        if verbose || matches!(level, "WARN" | "ERROR") {
-            eprintln!("capmox: {line}");
+        let shown = match format {
+            LogFormat::Json => {
+                let parsed: Option<Value> = serde_json::from_str(&line).ok();
+                let fields = parsed.as_ref().map(|v| &v["fields"]);
+                if let Some(fields) = fields
+                    && fields["message"] == SERVING
+                    && let Some(found) = fields["address"].as_str().and_then(|a| a.parse().ok())
+                    && let Some(sender) = address.take()
+                {
+                    let _ = sender.send(found);
+                }
+                let level = parsed
+                    .as_ref()
+                    .and_then(|v| v["level"].as_str())
+                    .unwrap_or("ERROR");
+                matches!(level, "WARN" | "ERROR")
+            }
+            // A line without a klog header continues the one before (a multi-line message).
+            LogFormat::Klog => matches!(klog_level(&line), Some('W' | 'E' | 'F')),
+        };
+        if verbose || shown {
+            eprintln!("{name}: {line}");
         }
         let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
         if tail.len() == TAIL_LINES {
@@ -288,6 +392,13 @@ fn follow_log(
         }
         tail.push_back(line);
     }
+}
+
+/// A port on 127.0.0.1 nothing listens on now, for a child that cannot be told port 0.
+fn free_port() -> Result<SocketAddr, BenchError> {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|listener| listener.local_addr())
+        .map_err(|e| BenchError::Inconsistent(format!("cannot find a free port: {e}")))
 }
 
 /// `GET path` over HTTP/1.1 with `Connection: close`: (status, body).
