@@ -242,9 +242,8 @@ pub struct RunArgs {
     /// ProxmoxClusters reconciled at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxcluster_concurrency: u16,
-    /// ProxmoxMachines reconciled at once (a pass mostly waits for Proxmox and the Kubernetes
-    /// API; requests to one Proxmox are capped by --proxmox-requests-in-flight).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    /// ProxmoxMachines reconciled at once.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxmachine_concurrency: u16,
     /// When a machine's Proxmox task or booting guest is looked at again: `learned` models
     /// task durations and clone queues per node, `plain` polls with a doubling interval (the
