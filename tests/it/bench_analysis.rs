@@ -13,6 +13,18 @@ use capmox_sim::{LoggedRequest, RequestTiming, StorageLockHold, TaskRecord};
 use serde_json::json;
 use tokio::time::Instant;
 
+/// The tasks by VM, all on the first site.
+fn by_vm(tasks: &[TaskRecord]) -> HashMap<VmKey, Vec<&TaskRecord>> {
+    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
+    for t in tasks {
+        tasks_of
+            .entry((0, t.vmid.unwrap_or_default()))
+            .or_default()
+            .push(t);
+    }
+    tasks_of
+}
+
 #[test]
 fn kube_requests_are_the_difference_of_two_snapshots() {
     let counts = |entries: &[(&str, &str, u64)], ended: u64| {
@@ -127,13 +139,7 @@ fn lower_bound_counts_clone_waves_per_node_and_the_control_plane_chain() {
         task("qmclone", "pve1", 101, t0, [0, 2000, 4000]),
         task("qmstart", "pve1", 101, t0, [4000, 4000, 5000]),
     ];
-    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
-    for t in &tasks {
-        tasks_of
-            .entry((0, t.vmid.unwrap_or_default()))
-            .or_default()
-            .push(t);
-    }
+    let tasks_of = by_vm(&tasks);
     let one_site = Sites::default();
     let machine = |vmid: u32, control_plane: bool| MachineTimes {
         control_plane,
@@ -473,13 +479,7 @@ fn lower_bound_takes_drawn_clones_requests_and_lock_waits_into_account() {
         created_by(task("qmstart", "pve1", 101, t0, [3600, 3600, 4100]), 100),
         created_by(task("qmstart", "pve1", 102, t0, [6600, 6600, 7100]), 100),
     ];
-    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
-    for t in &tasks {
-        tasks_of
-            .entry((0, t.vmid.unwrap_or_default()))
-            .or_default()
-            .push(t);
-    }
+    let tasks_of = by_vm(&tasks);
     let machines: BTreeMap<String, MachineTimes> = (100..103)
         .map(|vmid| {
             let m = MachineTimes {
@@ -541,13 +541,7 @@ fn storage_locks_and_api_pools_bound_the_fleet() {
         start.request = Some(timing("pve1/pvedaemon", t0, [0, 0, 0]));
         tasks.push(start);
     }
-    let mut tasks_of: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
-    for t in &tasks {
-        tasks_of
-            .entry((0, t.vmid.unwrap_or_default()))
-            .or_default()
-            .push(t);
-    }
+    let tasks_of = by_vm(&tasks);
     let machines: BTreeMap<String, MachineTimes> = tasks
         .iter()
         .filter(|t| t.kind == "qmclone")

@@ -5,14 +5,11 @@
 use std::time::Duration;
 
 use capmox::proxmox::*;
+
+use super::api::client_for;
 use capmox_sim::{
     LogNormal, Profile, ProfileName, RealisticProfile, SimOptions, Simulator, TaskRecord, Topology,
 };
-
-fn client_for(sim: &Simulator) -> ProxmoxClient {
-    let cfg = ClientConfig::new(sim.url(), ApiToken::parse(&sim.token()).expect("token"));
-    ProxmoxClient::new(&cfg).expect("client")
-}
 
 fn waits() -> WaitOptions {
     WaitOptions {
