@@ -62,6 +62,7 @@ use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
@@ -373,8 +374,11 @@ fn woken_by_related(
 pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let namespace = context.config.watch_namespace.as_deref();
     let machines: Api<ProxmoxMachine> = scoped_api(&context.client, namespace);
-    let controller = Controller::new(machines, context.config.shard_watch());
-    let store = controller.store();
+    let (store, writer) = kube::runtime::reflector::store();
+    let own_changes =
+        super::caches::reflected(machines, context.config.shard_watch(), writer, || {})
+            .predicate_filter(beyond_status, PredicateConfig::default());
+    let controller = Controller::for_stream(own_changes, store.clone());
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let (caches, writers) = Caches::new(store.clone());
     let controller = woken_by_related(controller, &caches, writers, &context, store);
@@ -404,6 +408,26 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
             }
         })
         .await;
+}
+
+/// What of a machine a pass does not write: a change to it wakes the machine, while a change
+/// to its status alone (a pass's own write) does not, since that pass set its own requeue.
+fn beyond_status(machine: &ProxmoxMachine) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let meta = &machine.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.finalizers.hash(&mut hasher);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_millisecond())
+        .hash(&mut hasher);
+    for owner in meta.owner_references.iter().flatten() {
+        (&owner.uid, &owner.kind, owner.controller).hash(&mut hasher);
+    }
+    Some(hasher.finish())
 }
 
 /// The requeue after a failed pass: a stale copy is looked at again soon and quietly, anything
@@ -504,7 +528,7 @@ impl<'a> Reconcile<'a> {
             return Ok(Action::requeue(remaining));
         }
         // A task this process submitted for the machine and expects to run a while longer:
-        // nothing to look at before then, whatever woke the machine (its own status write).
+        // nothing to look at before then, whatever woke the machine (a related object's change).
         if !deleting && let Some(remaining) = self.task_not_due() {
             tracing::trace!(machine = %self.machine.name_any(), ?remaining, "waiting for a Proxmox task");
             return Ok(Action::requeue(remaining));
@@ -598,6 +622,48 @@ mod tests {
         assert!(!machine_gone(&machine, &not_found("proxmoxmachines", "m2")));
         assert!(!machine_gone(&machine, &not_found("secrets", "m1")));
         assert!(!machine_gone(&machine, &MachineError::MissingIdentity));
+    }
+
+    #[test]
+    fn only_changes_beyond_the_status_wake_a_machine() {
+        let machine = ProxmoxMachine::new("m1", Default::default());
+        let seen = beyond_status(&machine);
+        let mut written = machine.clone();
+        written.status = Some(api::ProxmoxMachineStatus {
+            bootstrap_data_provided: Some(true),
+            ..Default::default()
+        });
+        written.metadata.resource_version = Some("42".into());
+        assert_eq!(beyond_status(&written), seen, "a pass's own status write");
+        let changes: [fn(&mut ProxmoxMachine); 6] = [
+            |m| m.metadata.generation = Some(2),
+            |m| {
+                m.annotations_mut()
+                    .insert("cluster.x-k8s.io/paused".into(), String::new());
+            },
+            |m| {
+                m.labels_mut().insert("a".into(), "b".into());
+            },
+            |m| m.finalizers_mut().push("f".into()),
+            |m| {
+                m.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ));
+            },
+            |m| {
+                m.owner_references_mut().push(Default::default());
+            },
+        ];
+        for (index, change) in changes.iter().enumerate() {
+            let mut changed = written.clone();
+            change(&mut changed);
+            assert_ne!(
+                beyond_status(&changed),
+                seen,
+                "change {index} wakes the machine"
+            );
+        }
     }
 
     #[test]

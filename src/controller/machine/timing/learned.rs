@@ -47,7 +47,7 @@ const STALE_IN_FLIGHT: Duration = Duration::from_secs(30);
 const QUEUEING_REMEMBERED: Duration = Duration::from_secs(60);
 
 /// When this process expects Proxmox tasks to end, so a machine is looked at again then and
-/// not before, whatever wakes it meanwhile (its own status writes, for one).
+/// not before, whatever wakes it meanwhile (its CAPI Machine changing, for one).
 #[derive(Default)]
 pub struct LearnedClock {
     inner: Mutex<ClockState>,
