@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 
 use super::outcome::{Flow, Stop, Wait, wait, waiting};
 use super::task::{FinishedTask, TaskKind, TaskPurpose, task_backoff};
@@ -107,6 +108,24 @@ pub(super) fn failed_task_step(
 }
 
 impl Reconcile<'_> {
+    /// Notes that `upid` ended; the machine whose task waits next behind it on its node is
+    /// looked at now, so its pass takes the sooner check instead of its earlier requeue.
+    fn task_ended(&self, upid: &Upid) {
+        let Some(next) = self.context.task_timing.finished(upid) else {
+            return;
+        };
+        let machine = self
+            .context
+            .caches
+            .as_ref()
+            .and_then(|caches| caches.machines.find(|m| claim_key(m) == next));
+        if let Some(machine) = machine {
+            self.context
+                .task_slots
+                .wake(vec![ObjectRef::from_obj(&*machine)]);
+        }
+    }
+
     /// How long until the task this process submitted for the machine is expected to end, if
     /// it has one and that is still ahead.
     pub(super) fn task_not_due(&self) -> Option<Duration> {
@@ -225,7 +244,7 @@ impl Reconcile<'_> {
                 .listing_shows_done(proxmox, &upid, purpose.as_ref())
                 .await
         {
-            self.context.task_timing.finished(&upid);
+            self.task_ended(&upid);
             return self
                 .task_succeeded(scope, upid, purpose.as_ref(), &raw)
                 .await;
@@ -255,7 +274,7 @@ impl Reconcile<'_> {
             let wait = self.context.task_timing.still_running(&upid);
             return Err(running_step(&upid, purpose.as_ref(), wait));
         }
-        self.context.task_timing.finished(&upid);
+        self.task_ended(&upid);
         // A clone's success changes only its VM's lock, which the inventory then knows is
         // gone; every other end (a failed clone removes its VM) is fetched again.
         let cloned = scope.recorded_vmid.filter(|_| {

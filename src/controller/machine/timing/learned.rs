@@ -39,6 +39,8 @@ const SCOUT_HOLD: Duration = Duration::from_secs(60);
 const SCOUT_RECHECK: Duration = Duration::from_millis(100);
 /// Finished tasks remembered per (task type, node) for the median.
 const SAMPLES: usize = 15;
+/// Samples from all nodes before they bound one node's queued task durations.
+const POOLED_BOUND_SAMPLES: usize = 5;
 /// A task in flight not checked for this long after it was due is left out of the queue on
 /// its node (its machine was deleted, or the process lost track of it).
 const STALE_IN_FLIGHT: Duration = Duration::from_secs(30);
@@ -93,6 +95,8 @@ impl std::ops::DerefMut for Booting {
 }
 
 struct InFlight {
+    /// The key of the machine that submitted it (empty for a task this process did not submit).
+    machine: String,
     task_type: String,
     node: String,
     submitted: Instant,
@@ -104,6 +108,8 @@ struct InFlight {
     expected_end: Instant,
     /// Tasks of its kind that were in flight on its node when it was submitted.
     queued_behind: usize,
+    /// Queued: when the task ahead of it was seen done, about when it began to run.
+    queue_left: Option<Instant>,
     /// Its check waits for the guest's usual boot time (a start): how long it took says
     /// nothing about tasks like it.
     checked_with_boot: bool,
@@ -129,6 +135,7 @@ enum Scouting {
 impl InFlight {
     fn new(upid: &Upid, now: Instant) -> Self {
         InFlight {
+            machine: String::new(),
             task_type: upid.task_type.clone(),
             node: upid.node.clone(),
             submitted: now,
@@ -136,6 +143,7 @@ impl InFlight {
             due: now,
             expected_end: now,
             queued_behind: 0,
+            queue_left: None,
             checked_with_boot: false,
             first_check_deferred: false,
             scouting: Scouting::No,
@@ -182,6 +190,7 @@ impl TaskTiming for LearnedClock {
         state.in_flight.insert(
             upid.as_str().to_owned(),
             InFlight {
+                machine: machine.to_owned(),
                 due: now + expected,
                 expected_end: queue_end.map_or(now, |end| end.max(now)) + expected,
                 queued_behind,
@@ -248,6 +257,7 @@ impl TaskTiming for LearnedClock {
     fn still_running(&self, upid: &Upid) -> Duration {
         let now = Instant::now();
         let mut state = self.lock();
+        let expected = state.expected(upid);
         let entry = state
             .in_flight
             .entry(upid.as_str().to_owned())
@@ -261,9 +271,16 @@ impl TaskTiming for LearnedClock {
         } else {
             MIN_RECHECK
         };
+        // The task next in line has run only since the one ahead of it ended, not since its
+        // submission; the others still wait behind it and are rechecked as rarely as before.
+        let running_for = if queued && entry.queue_left.is_some() {
+            expected
+        } else {
+            ran
+        };
         let wait = match entry.expected_end.checked_duration_since(now) {
             Some(remaining) if remaining >= shortest => remaining,
-            _ => (ran / 4).clamp(shortest, MAX_RECHECK),
+            _ => (running_for / 4).clamp(shortest, MAX_RECHECK),
         };
         entry.due = now + wait;
         if queued && first_check {
@@ -276,16 +293,16 @@ impl TaskTiming for LearnedClock {
 
     /// Notes that a check saw the task stopped, and learns its duration if this process saw
     /// it start.
-    fn finished(&self, upid: &Upid) {
+    fn finished(&self, upid: &Upid) -> Option<String> {
         let now = Instant::now();
         let mut state = self.lock();
         state.ledger.task_ended(upid);
-        let Some(task) = state.in_flight.remove(upid.as_str()) else {
-            return;
+        let task = state.in_flight.remove(upid.as_str())?;
+        let next = if queues_on_node(&upid.task_type) {
+            state.queue_moved_on(upid, now)
+        } else {
+            None
         };
-        if queues_on_node(&upid.task_type) {
-            state.queue_moved_on(upid, now);
-        }
         // A queued task seen running ran for the tasks ahead of it too; one found done at its
         // first check took at most the time since it was submitted, and shows that its node
         // runs such tasks side by side.
@@ -297,9 +314,19 @@ impl TaskTiming for LearnedClock {
         }
         let waited_in_queue =
             queued && (!task.last_seen_running.is_zero() || task.first_check_deferred);
-        if waited_in_queue || task.checked_with_boot || task.scouting == Scouting::Held {
-            return;
+        if task.checked_with_boot || task.scouting == Scouting::Held {
+            return next;
         }
+        // A queued task seen running after the one ahead of it was seen done teaches how long
+        // it ran from then; found done at once, it may have run long before that was seen.
+        let seen_running_at = task.submitted + task.last_seen_running;
+        let (since, last_seen_running) = match task.queue_left {
+            Some(left) if queued && !task.last_seen_running.is_zero() && seen_running_at > left => {
+                (left, seen_running_at - left)
+            }
+            _ if waited_in_queue => return next,
+            _ => (task.submitted, task.last_seen_running),
+        };
         let samples = state
             .learned
             .entry((upid.task_type.clone(), upid.node.clone()))
@@ -308,9 +335,14 @@ impl TaskTiming for LearnedClock {
         // a task like it checked then is done.
         let last_seen_running = match task.scouting {
             Scouting::Scout => Duration::ZERO,
-            Scouting::No | Scouting::Held => task.last_seen_running,
+            Scouting::No | Scouting::Held => last_seen_running,
         };
-        learn(samples, last_seen_running, now - task.submitted);
+        learn(
+            samples,
+            last_seen_running,
+            now.saturating_duration_since(since),
+        );
+        next
     }
 
     /// Forgets a task nobody will check again.
@@ -508,11 +540,20 @@ impl ClockState {
     /// A task like `upid` was seen done on its node at `now`: the tasks queued there after it
     /// began by then, so each ends at most a task's duration after the one ahead of it. Their
     /// expected ends (and checks) move forward to that where it is sooner: an estimate that was
-    /// too long does not add up along the queue.
-    fn queue_moved_on(&mut self, upid: &Upid, now: Instant) {
+    /// too long does not add up along the queue. Returns the machine of the task next in line
+    /// when its check moved sooner: its requeue, set before, would come late.
+    fn queue_moved_on(&mut self, upid: &Upid, now: Instant) -> Option<String> {
         // Durations are counted from when this process saw the request answered, a little
         // after Proxmox began the task: a twentieth more keeps the checks from coming early.
         let expected = self.expected(upid) * 21 / 20;
+        if let Some(next_in_line) = self
+            .in_flight
+            .values_mut()
+            .filter(|task| task.queues_with(upid, now))
+            .min_by_key(|task| task.submitted)
+        {
+            next_in_line.queue_left.get_or_insert(now);
+        }
         let mut behind: Vec<&mut InFlight> = self
             .in_flight
             .values_mut()
@@ -520,13 +561,19 @@ impl ClockState {
             .collect();
         behind.sort_by_key(|task| task.expected_end);
         let mut end = now;
-        for task in behind {
+        let mut next = None;
+        for (place, task) in behind.into_iter().enumerate() {
             end += expected;
             if end < task.expected_end {
                 task.expected_end = end;
-                task.due = task.due.min(end.max(now));
+                let due = task.due.min(end.max(now));
+                if place == 0 && due < task.due && !task.machine.is_empty() {
+                    next = Some(task.machine.clone());
+                }
+                task.due = due;
             }
         }
+        next
     }
 
     /// While no boot was seen end, the guest booting longest (ties by machine) whose look is
@@ -577,18 +624,26 @@ impl ClockState {
     /// the node's storage and queue).
     fn expected(&self, upid: &Upid) -> Duration {
         let key = (upid.task_type.clone(), upid.node.clone());
-        if let Some(samples) = self.learned.get(&key).filter(|s| !s.is_empty()) {
-            return median(samples).max(MIN_RECHECK);
-        }
-        if queues_on_node(&upid.task_type) {
-            return DEFAULT_CLONE;
-        }
         let pooled: VecDeque<Duration> = self
             .learned
             .iter()
             .filter(|((task_type, _), _)| *task_type == upid.task_type)
             .flat_map(|(_, samples)| samples.iter().copied())
             .collect();
+        if let Some(samples) = self.learned.get(&key).filter(|s| !s.is_empty()) {
+            let on_node = median(samples);
+            // A node's queue is timed by its own clones; an outlier among its few samples (a
+            // slow first clone) would time the whole queue, so the other nodes' bound it.
+            let bound = if queues_on_node(&upid.task_type) && pooled.len() >= POOLED_BOUND_SAMPLES {
+                median(&pooled) * 3 / 2
+            } else {
+                on_node
+            };
+            return on_node.min(bound).max(MIN_RECHECK);
+        }
+        if queues_on_node(&upid.task_type) {
+            return DEFAULT_CLONE;
+        }
         if pooled.is_empty() {
             DEFAULT_TASK
         } else {
@@ -1017,7 +1072,11 @@ mod tests {
         assert!(due_in(&clock, &clones[3]) > DEFAULT_CLONE * 7 / 2);
         // The first is seen done at once, far sooner than expected: each clone behind it ends
         // at most a clone's duration after the one ahead of it, counted from now.
-        clock.finished(&clones[0]);
+        assert_eq!(
+            clock.finished(&clones[0]).as_deref(),
+            Some("pve1-m2"),
+            "the machine next in line is woken: its pass was told to come back later"
+        );
         let dues: Vec<Duration> = clones[1..].iter().map(|c| due_in(&clock, c)).collect();
         for (rank, due) in dues.iter().enumerate() {
             let at_most = DEFAULT_CLONE * 21 / 20 * (rank as u32 + 1);
@@ -1033,6 +1092,110 @@ mod tests {
         let before = due_in(&clock, &upid("qmclone", "pve2", 10));
         clock.finished(&clones[1]);
         assert!(due_in(&clock, &upid("qmclone", "pve2", 10)) + MIN_RECHECK > before);
+        // A clone whose check does not move sooner wakes nobody.
+        assert_eq!(clock.finished(&clones[3]), None, "nothing behind it");
+    }
+
+    #[test]
+    fn a_queued_clone_teaches_how_long_it_ran_after_the_one_ahead_of_it_was_seen_done() {
+        let clock = LearnedClock::default();
+        let clones = submit_clones(&clock, "pve1", 1..=3);
+        clock.finished(&clones[0]);
+        let ran_alone = clock.expected(&clones[0]);
+        {
+            let mut state = clock.lock();
+            let second = state
+                .in_flight
+                .get_mut(clones[1].as_str())
+                .expect("submitted");
+            assert!(
+                second.queue_left.is_some(),
+                "next in line when the first ended"
+            );
+            let now = Instant::now();
+            second.queue_left = Some(now - DEFAULT_CLONE * 3);
+            second.submitted = now - DEFAULT_CLONE * 10;
+            // Seen running two clones' durations after the one ahead was seen done.
+            second.last_seen_running = DEFAULT_CLONE * 9;
+        }
+        clock.finished(&clones[1]);
+        let learned = clock.expected(&clones[0]);
+        assert!(
+            learned >= DEFAULT_CLONE * 5 / 2 && learned < DEFAULT_CLONE * 3,
+            "between when it was seen running and done after the queue, not its time since \
+             submission: {learned:?} (alone: {ran_alone:?})"
+        );
+        // Found done at its first check after the queue moved on, it may have run long before.
+        {
+            let mut state = clock.lock();
+            let third = state
+                .in_flight
+                .get_mut(clones[2].as_str())
+                .expect("submitted");
+            assert!(third.queue_left.is_some());
+            third.submitted -= DEFAULT_CLONE * 10;
+        }
+        clock.finished(&clones[2]);
+        assert_eq!(clock.expected(&clones[0]), learned, "taught nothing");
+    }
+
+    #[test]
+    fn a_slow_first_clone_on_a_node_does_not_time_its_whole_queue() {
+        let clock = LearnedClock::default();
+        {
+            let mut state = clock.lock();
+            let clone = |secs| Duration::from_secs(secs);
+            state.learned.insert(
+                ("qmclone".into(), "pve1".into()),
+                VecDeque::from([clone(20)]),
+            );
+            for node in ["pve2", "pve3", "pve4", "pve5", "pve6"] {
+                state
+                    .learned
+                    .insert(("qmclone".into(), node.into()), VecDeque::from([clone(2)]));
+            }
+        }
+        assert_eq!(
+            clock.expected(&upid("qmclone", "pve1", 1)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            clock.expected(&upid("qmclone", "pve2", 2)),
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn a_queued_clone_past_its_expected_end_is_checked_again_at_a_fraction_of_a_clone() {
+        let clock = LearnedClock::default();
+        let clones = submit_clones(&clock, "pve1", 1..=2);
+        {
+            let mut state = clock.lock();
+            let queued = state
+                .in_flight
+                .get_mut(clones[1].as_str())
+                .expect("submitted");
+            // A minute in the queue, and the estimate of its end already passed.
+            queued.submitted -= Duration::from_secs(60);
+            queued.expected_end = Instant::now();
+        }
+        let waiting = clock.still_running(&clones[1]);
+        assert_eq!(
+            waiting, MAX_RECHECK,
+            "still behind the first: checked rarely"
+        );
+        clock.finished(&clones[0]);
+        clock
+            .lock()
+            .in_flight
+            .get_mut(clones[1].as_str())
+            .expect("submitted")
+            .expected_end = Instant::now();
+        let wait = clock.still_running(&clones[1]);
+        assert!(
+            wait <= DEFAULT_CLONE / 4 && wait >= MIN_RECHECK,
+            "next in line, its time in the queue says nothing of how long it still runs: {wait:?}"
+        );
     }
 
     #[test]

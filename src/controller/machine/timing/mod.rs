@@ -68,8 +68,9 @@ pub trait TaskTiming: Send + Sync {
     /// Notes that a check saw the task still running; returns the requeue until the next check.
     fn still_running(&self, upid: &Upid) -> Duration;
 
-    /// Notes that a check saw the task stopped.
-    fn finished(&self, upid: &Upid);
+    /// Notes that a check saw the task stopped; returns the machine (by key) whose task, next
+    /// in line behind it on its node, is now due sooner than that machine's requeue.
+    fn finished(&self, upid: &Upid) -> Option<String>;
 
     /// Forgets a task nobody will check again.
     fn forget(&self, upid: &Upid);

@@ -194,13 +194,11 @@ impl TaskTiming for PlainClock {
         wait
     }
 
-    fn finished(&self, upid: &Upid) {
+    fn finished(&self, upid: &Upid) -> Option<String> {
         let now = Instant::now();
         let mut state = self.lock();
         state.ledger.task_ended(upid);
-        let Some(task) = state.tasks.remove(upid.as_str()) else {
-            return;
-        };
+        let task = state.tasks.remove(upid.as_str())?;
         if task.learns {
             let took = estimate(task.last_seen_running, now - task.submitted);
             state
@@ -208,6 +206,8 @@ impl TaskTiming for PlainClock {
                 .insert(task.task_type.clone(), took);
             state.last_task.insert((task.task_type, task.node), took);
         }
+        // No queue model: each task's own back-off finds it done.
+        None
     }
 
     fn forget(&self, upid: &Upid) {
