@@ -1,7 +1,7 @@
 //! Bootstrap data: the format check before anything is created, the seed ISO built, uploaded
 //! and attached, and its removal once the node joined.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,11 +107,18 @@ impl Reconcile<'_> {
         // After the upload, the attachment needs nothing of the config.
         let attaching_only = VmConfig::default();
         let config = held.config.as_ref().unwrap_or(&attaching_only);
+        let uploads = &self.context.vms.seed_isos_uploaded;
+        let machine_key = claim_key(self.machine);
         if seed_iso_attached(config, vmid) {
+            uploads.attached(&machine_key, vmid);
             return Ok(());
         }
-        // The upload this pass saw succeed: only the attachment is left.
-        let image = if seed_iso_uploaded(scope, node) {
+        // The upload this pass, or one whose attachment failed, saw succeed: only the
+        // attachment is left.
+        if seed_iso_uploaded(scope, node) {
+            uploads.uploaded(&machine_key, vmid, node);
+        }
+        let image = if uploads.awaits_attachment(&machine_key, vmid, node) {
             None
         } else {
             Some(self.seed_iso_image(scope, held, vmid, config).await?)
@@ -198,8 +205,16 @@ impl Reconcile<'_> {
             // Perhaps attached all the same (a lost answer): what this process wrote no longer
             // tells what the VM has.
             self.context.vms.written_configs.forget(&machine_key, vmid);
+            self.context
+                .vms
+                .seed_isos_uploaded
+                .attachment_failed(&machine_key, vmid);
         }
         attached?;
+        self.context
+            .vms
+            .seed_isos_uploaded
+            .attached(&machine_key, vmid);
         self.context
             .vms
             .written_configs
@@ -405,6 +420,61 @@ impl SeedIsosRemoved {
     }
 }
 
+/// The seed ISOs (by machine and VMID, with their node) this process saw uploaded and not yet
+/// attached, with the attachments that failed since, so a failed attachment is tried again
+/// without uploading again. After a restart, or after [`SeedIsosUploaded::ATTACH_TRIES`]
+/// failed attachments (the ISO may be gone), the seed ISO is uploaded again.
+#[derive(Clone, Default)]
+pub struct SeedIsosUploaded(Arc<std::sync::Mutex<UploadsByVm>>);
+
+/// By machine and VMID: the node the seed ISO went to, and the attachments failed since.
+type UploadsByVm = HashMap<(String, u32), (String, u32)>;
+
+impl SeedIsosUploaded {
+    /// Failed attachments before the upload is made again.
+    const ATTACH_TRIES: u32 = 3;
+    /// Most uploads remembered; past it, the memory starts over (each uploads once more).
+    const MAX: usize = 10_000;
+
+    pub(super) fn uploaded(&self, machine: &str, vmid: u32, node: &str) {
+        let mut uploaded = self.lock();
+        if uploaded.len() >= Self::MAX {
+            uploaded.clear();
+        }
+        uploaded.insert((machine.to_owned(), vmid), (node.to_owned(), 0));
+    }
+
+    /// Whether the machine's seed ISO is on `node`, waiting to be attached.
+    pub(super) fn awaits_attachment(&self, machine: &str, vmid: u32, node: &str) -> bool {
+        self.lock()
+            .get(&(machine.to_owned(), vmid))
+            .is_some_and(|(on, _)| on == node)
+    }
+
+    pub(super) fn attachment_failed(&self, machine: &str, vmid: u32) {
+        let mut uploaded = self.lock();
+        let key = (machine.to_owned(), vmid);
+        if let Some((_, failed)) = uploaded.get_mut(&key) {
+            *failed += 1;
+            if *failed >= Self::ATTACH_TRIES {
+                uploaded.remove(&key);
+            }
+        }
+    }
+
+    pub(super) fn attached(&self, machine: &str, vmid: u32) {
+        self.lock().remove(&(machine.to_owned(), vmid));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, UploadsByVm> {
+        // Every update is a single insert, change, removal or clear: a poisoned lock holds a
+        // usable map.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// The configs of VMs (by machine and VMID) as this process last left them, from the pass
 /// that configured them until their seed ISO is removed: the passes after the disk resize
 /// and before the seed ISO's removal need not read them again. A restarted process reads once.
@@ -495,4 +565,37 @@ pub(super) async fn detach_seed_iso(
 /// The SMBIOS UUID of a VM (`smbios1: uuid=...`): its instance ID and provider ID.
 pub fn smbios_uuid(config: &VmConfig) -> Option<String> {
     crate::cloudinit::instance_id_from_smbios(&config.get("smbios1")?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_uploaded_seed_iso_is_attached_again_without_another_upload_a_few_times() {
+        let uploads = SeedIsosUploaded::default();
+        assert!(!uploads.awaits_attachment("m1", 101, "pve1"));
+        uploads.uploaded("m1", 101, "pve1");
+        assert!(uploads.awaits_attachment("m1", 101, "pve1"));
+        assert!(
+            !uploads.awaits_attachment("m1", 101, "pve2"),
+            "another node"
+        );
+        assert!(
+            !uploads.awaits_attachment("m2", 101, "pve1"),
+            "another machine"
+        );
+        for _ in 1..SeedIsosUploaded::ATTACH_TRIES {
+            uploads.attachment_failed("m1", 101);
+            assert!(uploads.awaits_attachment("m1", 101, "pve1"));
+        }
+        uploads.attachment_failed("m1", 101);
+        assert!(
+            !uploads.awaits_attachment("m1", 101, "pve1"),
+            "after repeated failures the ISO may be gone: uploaded again"
+        );
+        uploads.uploaded("m1", 101, "pve1");
+        uploads.attached("m1", 101);
+        assert!(!uploads.awaits_attachment("m1", 101, "pve1"));
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::bootstrap::{SeedIsosRemoved, WrittenConfigs};
+use super::bootstrap::{SeedIsosRemoved, SeedIsosUploaded, WrittenConfigs};
 use super::delete::ConfigsBeforeStop;
 use crate::controller::inventory::EndpointReservations;
 use crate::controller::vmid::VmidClaims;
@@ -29,6 +29,9 @@ pub struct Vms {
     /// The configs deletions read before the stops they submitted, so the pass after a stop
     /// need not read again. After a restart: the config is read again.
     pub configs_before_stop: ConfigsBeforeStop,
+    /// The seed ISOs uploaded and not yet attached, so a failed attachment does not upload
+    /// again. After a restart: the seed ISO is uploaded again.
+    pub seed_isos_uploaded: SeedIsosUploaded,
 }
 
 impl Vms {
