@@ -14,6 +14,7 @@ pub mod inventory;
 pub mod leader;
 pub mod machine;
 pub mod metrics;
+pub mod node_tasks;
 pub mod queue_depth;
 pub mod remediation;
 pub mod task_slots;
@@ -125,6 +126,9 @@ pub struct Context {
     /// What each Proxmox endpoint lists, shared by all machine reconciles, so a pass costs no
     /// listing of its own. After a restart: each endpoint is listed again on first use.
     pub inventory: inventory::Inventory,
+    /// Each node's task list, so one request answers for every task this process waits for on
+    /// the node. After a restart: each node is listed again when a check falls due.
+    pub node_tasks: node_tasks::NodeTaskLists,
     /// Since when each cluster's zones have been healthy or not, so a zone's failure domain
     /// changes only after its state lasted. After a restart: timed from the first pass again.
     pub zone_states: zone_health::ZoneStates,
@@ -168,6 +172,7 @@ impl Context {
             retries: failures::Retries::default(),
             task_timing,
             inventory: inventory::Inventory::default(),
+            node_tasks: node_tasks::NodeTaskLists::default(),
             zone_states: zone_health::ZoneStates::default(),
             readiness: Readiness::default(),
             caches: None,
@@ -301,6 +306,7 @@ pub async fn run(
             retries: failures::Retries::default(),
             task_timing,
             inventory: inventory::Inventory::default(),
+            node_tasks: node_tasks::NodeTaskLists::default(),
             zone_states: zone_health::ZoneStates::default(),
             readiness: readiness.clone(),
             caches: None,

@@ -118,6 +118,11 @@ pub const CLIENT_ENDPOINTS: &[(&str, &str, &[&str])] = &[
     ("GET", "/nodes/{node}/tasks/{upid}/status", &[]),
     (
         "GET",
+        "/nodes/{node}/tasks",
+        &["source:string", "since:integer", "limit:integer"],
+    ),
+    (
+        "GET",
         "/nodes/{node}/tasks/{upid}/log",
         &["start:integer", "limit:integer"],
     ),
@@ -748,6 +753,21 @@ impl ProxmoxClient {
                 seg("upid", upid.as_str())?
             ),
         ))
+        .await
+    }
+
+    /// `GET /nodes/{node}/tasks?source=all`: the node's running and ended tasks started at
+    /// or after `since` (unix seconds), newest first, at most `limit`.
+    pub async fn node_tasks(&self, node: &str, since: u64, limit: usize) -> Result<Vec<NodeTask>> {
+        self.send(
+            Request::get(
+                "GET /nodes/{node}/tasks",
+                format!("/nodes/{}/tasks", node_seg(node)?),
+            )
+            .query("source", "all")
+            .query("since", since)
+            .query("limit", limit),
+        )
         .await
     }
 

@@ -972,6 +972,44 @@ impl TaskStatus {
     }
 }
 
+/// One task of `GET /nodes/{node}/tasks`: an ended one carries its end and exit status.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct NodeTask {
+    /// The UPID.
+    pub upid: String,
+    /// Start time (unix seconds).
+    #[serde(default, deserialize_with = "de::opt_u64")]
+    pub starttime: Option<u64>,
+    /// End time (unix seconds), once ended.
+    #[serde(default, deserialize_with = "de::opt_u64")]
+    pub endtime: Option<u64>,
+    /// Exit status once ended: `OK`, `WARNINGS: n`, or the error text.
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
+impl NodeTask {
+    /// What `GET /nodes/{node}/tasks/{upid}/status` would answer about the task's state.
+    pub fn as_status(&self) -> TaskStatus {
+        let ended = self.endtime.is_some() || self.status.is_some();
+        TaskStatus {
+            upid: self.upid.clone(),
+            node: String::new(),
+            status: if ended {
+                TaskState::Stopped
+            } else {
+                TaskState::Running
+            },
+            exitstatus: self.status.clone().filter(|_| ended),
+            task_type: String::new(),
+            id: None,
+            user: String::new(),
+            pid: None,
+            starttime: self.starttime,
+        }
+    }
+}
+
 /// One line of a task log.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct TaskLogLine {

@@ -647,3 +647,115 @@ async fn a_vmid_recorded_before_a_restart_is_not_handed_to_another_machine() {
         "demo-md-1 still records it"
     );
 }
+
+/// A ProxmoxCluster whose one zone holds pve1 alone, with room for `machines` clones at once.
+fn one_node_cluster(machines: usize) -> serde_json::Value {
+    let mut cluster = rack_a_cluster();
+    cluster["zoneConfig"] = json!([{"zone": "rack-a", "nodes": ["pve1"]}]);
+    cluster["taskLimits"] = json!({"perNode": machines, "perStorage": machines});
+    cluster
+}
+
+/// Provisions `machines` machines on pve1, deletes them all at once and returns the Proxmox
+/// calls of the deletion by endpoint, with how many tasks it ran.
+async fn delete_side_by_side(env: &Env, machines: usize) -> (BTreeMap<String, u64>, usize) {
+    cluster(env, one_node_cluster(machines)).await;
+    let templates = env.sim.with_cluster(|c| c.vm_count());
+    let names: Vec<String> = (0..machines).map(|n| format!("demo-md-{n}")).collect();
+    for name in &names {
+        env.create_machine("demo", name, Some("rack-a"), false, machine_spec(1024))
+            .await;
+    }
+    for name in &names {
+        env.wait_machine(name, "provisioned", ProxmoxMachine::is_provisioned)
+            .await;
+    }
+    let before = calls_by_endpoint(env);
+    let tasks_before = env.sim.task_records().len();
+    let api = Api::<ProxmoxMachine>::namespaced(env.client(), "default");
+    for name in &names {
+        api.delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    let deadline = tokio::time::Instant::now() + crate::common::env::ENV_WAIT;
+    while env.sim.with_cluster(|c| c.vm_count()) > templates
+        || !api
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for the machines and their VMs to be gone"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (
+        calls_since(env, &before),
+        env.sim.task_records().len() - tasks_before,
+    )
+}
+
+fn task_checks(calls: &BTreeMap<String, u64>) -> (u64, u64) {
+    let count = |endpoint: &str| calls.get(endpoint).copied().unwrap_or(0);
+    (
+        count("GET /nodes/{node}/tasks/{upid}/status"),
+        count("GET /nodes/{node}/tasks"),
+    )
+}
+
+/// Machines deleted together on one node have their tasks checked together: one list of the
+/// node's tasks answers for every task that ended, so the deletion checks fewer times than it
+/// runs tasks.
+#[tokio::test]
+async fn tasks_of_machines_on_one_node_are_checked_together_from_its_task_list() {
+    const MACHINES: usize = 4;
+    let env = Env::start_with(instant_sim()).await;
+    let (calls, tasks) = delete_side_by_side(&env, MACHINES).await;
+    let (one_by_one, lists) = task_checks(&calls);
+    assert!(
+        lists > 0,
+        "the node's task list was never asked for: {calls:#?}"
+    );
+    assert!(
+        tasks >= 2 * MACHINES,
+        "a stop and a destroy per machine, {tasks} tasks in all"
+    );
+    assert!(
+        ((one_by_one + lists) as usize) < tasks,
+        "{tasks} tasks were checked {one_by_one} times one by one and {lists} times by list: \
+         {calls:#?}"
+    );
+}
+
+/// A Proxmox that refuses the node's task list (a token without the right to list there) costs
+/// one refused list: then tasks are checked one by one, and nothing else changes.
+#[tokio::test]
+async fn a_refused_task_list_is_asked_for_once_and_tasks_are_checked_one_by_one() {
+    const MACHINES: usize = 3;
+    let mut options = instant_sim();
+    options.faults.rules.push(FaultRule {
+        endpoint: "GET /nodes/{node}/tasks".into(),
+        error_rate: 1.0,
+        error_status: 403,
+        error_reason: "Permission check failed (/nodes/pve1, Sys.Audit)".into(),
+        drop_rate: 0.0,
+        lock_contention_rate: 0.0,
+        latency_ms: 0,
+    });
+    let env = Env::start_with(options).await;
+    let (calls, tasks) = delete_side_by_side(&env, MACHINES).await;
+    let (one_by_one, _) = task_checks(&calls);
+    let lists_in_all = calls_by_endpoint(&env)
+        .get("GET /nodes/{node}/tasks")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(
+        lists_in_all, 1,
+        "the refused list was asked for {lists_in_all} times"
+    );
+    assert!(one_by_one > 0, "{tasks} tasks, none checked: {calls:#?}");
+}

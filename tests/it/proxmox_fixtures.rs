@@ -161,6 +161,9 @@ async fn call(
         ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status") => {
             format!("{:?}", client.agent_exec_status(&node, vmid, 1234).await?)
         }
+        ("GET", "/nodes/{node}/tasks") => {
+            format!("{:?}", client.node_tasks(&node, 0, 50).await?)
+        }
         ("GET", "/nodes/{node}/tasks/{upid}/status") => {
             format!("{:?}", client.task_status(&upid()?).await?)
         }
@@ -309,6 +312,30 @@ async fn specific_fixture_values() {
         .await
         .expect("content");
     assert!(content.iter().all(|c| c.ctime.is_some()));
+
+    // A node's task list: ended tasks with their exit status, a failed one not a success.
+    serve("recorded/fog-pve6.2/GET_nodes_tasks.json");
+    let tasks = client.node_tasks("pve", 0, 50).await.expect("tasks");
+    assert_eq!(tasks.len(), 50);
+    let destroy = tasks
+        .iter()
+        .find(|t| t.upid.contains(":qmdestroy:"))
+        .expect("a qmdestroy")
+        .as_status();
+    assert!(destroy.is_finished() && destroy.is_success(), "{destroy:?}");
+    let refused = tasks[0].as_status();
+    assert!(
+        refused.is_finished() && !refused.is_success(),
+        "{refused:?}"
+    );
+    let seen = server.take_seen();
+    let query = seen
+        .last()
+        .expect("request")
+        .query
+        .clone()
+        .unwrap_or_default();
+    assert!(query.contains("source=all"), "{query}");
 
     serve("recorded/fog-pve6.2/POST_qemu_clone.json");
     let upid = client

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::profile::{ApiModel, RequestTiming};
-use super::state::{Cluster, SimError};
+use super::state::{Cluster, SimError, TaskQuery};
 use super::topology::{FaultConfig, SimOptions};
 
 /// Largest accepted request body (uploads included).
@@ -520,6 +520,7 @@ pub(crate) fn endpoint_template(method: &Method, segs: &[&str]) -> String {
         ["nodes", _, "storage", _, "upload"] => {
             "/nodes/{node}/storage/{storage}/upload".to_string()
         }
+        ["nodes", _, "tasks"] => "/nodes/{node}/tasks".to_string(),
         ["nodes", _, "tasks", _, x] => format!("/nodes/{{node}}/tasks/{{upid}}/{x}"),
         _ => "?".to_string(),
     };
@@ -562,6 +563,7 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ),
     ("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"),
     ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"),
+    ("GET", "/nodes/{node}/tasks"),
     ("GET", "/nodes/{node}/tasks/{upid}/status"),
     ("GET", "/nodes/{node}/tasks/{upid}/log"),
     ("GET", "/pools"),
@@ -601,6 +603,40 @@ fn not_implemented(method: &Method, segs: &[&str]) -> Reply {
         reason: format!("Method '{method} /{}' not implemented", segs.join("/")),
         errors: BTreeMap::new(),
     })
+}
+
+/// The parameters of `GET /nodes/{node}/tasks`, checked as Proxmox checks them.
+fn task_query<'a>(get: &impl Fn(&str) -> Option<&'a str>) -> Result<TaskQuery, SimError> {
+    let number = |key: &str| -> Result<Option<u64>, SimError> {
+        get(key)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| SimError::param(key, "value does not look like a valid integer"))
+            })
+            .transpose()
+    };
+    let mut query = TaskQuery::default();
+    if let Some(source) = get("source") {
+        if !["archive", "active", "all"].contains(&source) {
+            return Err(SimError::param(
+                "source",
+                format!(
+                    "value '{source}' does not have a value in the enumeration 'archive, active, all'"
+                ),
+            ));
+        }
+        query.source = source.to_owned();
+    }
+    query.since = number("since")?;
+    query.until = number("until")?;
+    query.vmid = get("vmid")
+        .map(|v| vmid_of(v).map(|v| v.to_string()))
+        .transpose()?;
+    query.typefilter = get("typefilter").map(str::to_owned);
+    query.errors = matches!(get("errors"), Some("1" | "true"));
+    query.start = number("start")?.map_or(0, |v| v as usize);
+    query.limit = number("limit")?.map_or(query.limit, |v| v as usize);
+    Ok(query)
 }
 
 fn vmid_of(s: &str) -> Result<u32, SimError> {
@@ -732,6 +768,10 @@ fn route(
             }
             ("GET", ["nodes", n, "qemu", id, "agent", "exec-status"]) => {
                 Reply::Data(c.agent_exec_status(now, n, vmid_of(id)?, get("pid"))?)
+            }
+            ("GET", ["nodes", n, "tasks"]) => {
+                let (tasks, total) = c.node_tasks(n, &task_query(&get)?)?;
+                Reply::DataWithTotal(tasks, total)
             }
             ("GET", ["nodes", n, "tasks", upid, "status"]) => Reply::Data(c.task_status(n, upid)?),
             ("GET", ["nodes", n, "tasks", upid, "log"]) => {

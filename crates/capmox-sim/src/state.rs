@@ -293,6 +293,59 @@ enum Effect {
     },
 }
 
+/// The filters of `GET /nodes/{node}/tasks` the simulator honours.
+#[derive(Clone, Debug)]
+pub struct TaskQuery {
+    /// `archive` (ended tasks, Proxmox's default), `active` (running ones) or `all`.
+    pub source: String,
+    /// Only tasks started at or after this UNIX time.
+    pub since: Option<u64>,
+    /// Only tasks started at or before this UNIX time.
+    pub until: Option<u64>,
+    /// Only tasks of this guest.
+    pub vmid: Option<String>,
+    /// Only tasks of this type.
+    pub typefilter: Option<String>,
+    /// Only tasks that ended with an error.
+    pub errors: bool,
+    /// Tasks skipped from the newest.
+    pub start: usize,
+    /// Tasks listed at most.
+    pub limit: usize,
+}
+
+impl Default for TaskQuery {
+    fn default() -> Self {
+        TaskQuery {
+            source: "archive".to_owned(),
+            since: None,
+            until: None,
+            vmid: None,
+            typefilter: None,
+            errors: false,
+            start: 0,
+            limit: 50,
+        }
+    }
+}
+
+impl TaskQuery {
+    fn admits(&self, task: &Task) -> bool {
+        let u = &task.upid;
+        let source = match self.source.as_str() {
+            "active" => !task.done,
+            "all" => true,
+            _ => task.done,
+        };
+        source
+            && self.since.is_none_or(|since| u.starttime >= since)
+            && self.until.is_none_or(|until| u.starttime <= until)
+            && self.vmid.as_deref().is_none_or(|vmid| u.id == vmid)
+            && self.typefilter.as_deref().is_none_or(|t| u.task_type == t)
+            && (!self.errors || (task.done && task.outcome.is_err()))
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Task {
     upid: Upid,
@@ -2178,6 +2231,49 @@ impl Cluster {
         Ok(r)
     }
 
+    /// `GET /nodes/{node}/tasks`: the node's tasks, newest first, as Proxmox lists them
+    /// (`source` `archive`: ended ones, `active`: running ones, `all`: both; `since` and
+    /// `until` bound the start time; `vmid`, `typefilter` and `errors` filter; `start` and
+    /// `limit` page) → (tasks, total before paging).
+    pub fn node_tasks(&self, node: &str, query: &TaskQuery) -> SimResult<(Value, usize)> {
+        self.node_checked(node)?;
+        let mut listed: Vec<&Task> = self
+            .tasks
+            .values()
+            .filter(|t| t.upid.node == node && query.admits(t))
+            .collect();
+        listed.sort_by(|a, b| {
+            (b.upid.starttime, b.created, b.upid.as_str()).cmp(&(
+                a.upid.starttime,
+                a.created,
+                a.upid.as_str(),
+            ))
+        });
+        let total = listed.len();
+        let entries = listed
+            .into_iter()
+            .skip(query.start)
+            .take(query.limit)
+            .map(|t| {
+                let u = &t.upid;
+                // Unlike a task's status, the list names a token's tasks by the whole token id.
+                let mut entry = json!({"upid": u.as_str(), "node": u.node, "pid": u.pid,
+                    "pstart": u.pstart, "starttime": u.starttime, "type": u.task_type,
+                    "id": u.id, "user": u.user});
+                if let (true, Some(end)) = (t.done, t.end()) {
+                    let ran = end.saturating_duration_since(t.created).as_secs();
+                    entry["endtime"] = json!(u.starttime + ran);
+                    entry["status"] = json!(match &t.outcome {
+                        Ok(()) => "OK",
+                        Err(e) => e.as_str(),
+                    });
+                }
+                entry
+            })
+            .collect();
+        Ok((Value::Array(entries), total))
+    }
+
     /// `GET /nodes/{node}/tasks/{upid}/log` → (lines, total).
     pub fn task_log(
         &self,
@@ -2834,6 +2930,67 @@ mod tests {
             .expect("unlocked");
         let st = c.task_status("pve1", upid.as_str()).expect("task");
         assert_eq!(st["exitstatus"], "OK");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nodes_task_list_shows_running_and_ended_tasks_newest_first_as_asked() {
+        let mut c = cluster();
+        let t0 = Instant::now();
+        let first = c
+            .clone_vm(t0, "pve1", 9000, &p(&[("newid", "100")]))
+            .expect("clone");
+        c.advance(t0 + c.options().clone_duration);
+        let t1 = t0 + c.options().clone_duration + Duration::from_secs(1);
+        c.advance(t1);
+        let second = c
+            .update_config(t1, "pve1", 100, &p(&[("cores", "4")]), true)
+            .expect("config")
+            .expect("a task");
+        let list = |query: TaskQuery| {
+            let (tasks, total) = c.node_tasks("pve1", &query).expect("list");
+            let upids: Vec<String> = tasks
+                .as_array()
+                .expect("array")
+                .iter()
+                .map(|t| t["upid"].as_str().expect("upid").to_owned())
+                .collect();
+            (tasks, upids, total)
+        };
+        let all = TaskQuery {
+            source: "all".into(),
+            ..TaskQuery::default()
+        };
+        let (tasks, upids, total) = list(all.clone());
+        assert_eq!(upids, [second.as_str(), first.as_str()], "newest first");
+        assert_eq!(total, 2);
+        assert_eq!(tasks[1]["status"], "OK");
+        assert!(tasks[1]["endtime"].as_u64() >= tasks[1]["starttime"].as_u64());
+        assert!(tasks[0].get("status").is_none(), "running: {}", tasks[0]);
+        assert!(tasks[0].get("endtime").is_none());
+        let (_, upids, _) = list(TaskQuery::default());
+        assert_eq!(upids, [first.as_str()], "the archive holds ended tasks");
+        let (_, upids, _) = list(TaskQuery {
+            source: "active".into(),
+            ..TaskQuery::default()
+        });
+        assert_eq!(upids, [second.as_str()]);
+        let (_, upids, total) = list(TaskQuery {
+            limit: 1,
+            ..all.clone()
+        });
+        assert_eq!((upids.len(), total), (1, 2), "paged, with the total");
+        let (_, upids, _) = list(TaskQuery {
+            since: Some(second.starttime + 1),
+            ..all.clone()
+        });
+        assert!(upids.is_empty(), "started before `since`");
+        let (_, upids, _) = list(TaskQuery {
+            typefilter: Some("qmclone".into()),
+            ..all
+        });
+        assert_eq!(upids, [first.as_str()]);
+        assert!(c.node_tasks("pve1", &TaskQuery::default()).is_ok());
+        assert!(c.node_tasks("nowhere", &TaskQuery::default()).is_err());
     }
 
     /// Off, `clone_smbios_uuid` gives clones no SMBIOS UUID (keeping the template's other

@@ -233,6 +233,15 @@ fn claim_key(machine: &ProxmoxMachine) -> String {
     }
 }
 
+/// Whether `key` is the machine's [`claim_key`], without building the key (it is compared
+/// against every machine of the store).
+fn has_claim_key(machine: &ProxmoxMachine, key: &str) -> bool {
+    match machine.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid == key,
+        _ => claim_key(machine) == key,
+    }
+}
+
 /// The API of kind `K` in the namespace the manager watches (all namespaces: `None`).
 fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
 where

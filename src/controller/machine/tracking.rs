@@ -12,10 +12,11 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::outcome::{Flow, Stop, Wait, wait, waiting};
 use super::task::{FinishedTask, TaskKind, TaskPurpose, task_backoff};
-use super::{During, MachineError, PROVISIONED, Reconcile, Scope, claim_key};
+use super::{During, MachineError, PROVISIONED, Reconcile, Scope, claim_key, has_claim_key};
 use crate::controller::conditions::Decided;
 use crate::controller::failures::Backoff;
-use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, TaskRef, Upid};
+use crate::controller::node_tasks::TaskList;
+use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, TaskRef, TaskStatus, Upid};
 
 /// Tasks of one kind a machine may see succeed in a row before its passes back off: a step
 /// that repeats a write Proxmox reports done is a loop, not progress.
@@ -118,12 +119,61 @@ impl Reconcile<'_> {
             .context
             .caches
             .as_ref()
-            .and_then(|caches| caches.machines.find(|m| claim_key(m) == next));
+            .and_then(|caches| caches.machines.find(|m| has_claim_key(m, &next)));
         if let Some(machine) = machine {
             self.context
                 .task_slots
                 .wake(vec![ObjectRef::from_obj(&*machine)]);
         }
+    }
+
+    /// The state of the task `upid`: from its node's task list while this process waits for
+    /// other tasks on that node too (one request answers for all of them, and the machines whose
+    /// tasks it shows ended are woken), otherwise from the task's own status.
+    async fn task_state(
+        &self,
+        proxmox: &ProxmoxClient,
+        upid: &Upid,
+    ) -> Result<TaskStatus, ProxmoxError> {
+        let on_node = self.context.task_timing.in_flight_on(&upid.node);
+        let since = on_node.iter().map(|(_, task)| task.starttime).min();
+        if on_node.len() > 1
+            && let Some(since) = since
+            && let Some(list) = self
+                .context
+                .node_tasks
+                .list_with(proxmox, upid, since)
+                .await
+            && let Some(status) = list.status_of(upid)
+        {
+            self.wake_listed_ended(&list, upid, on_node);
+            return Ok(status);
+        }
+        proxmox.task_status(upid).await
+    }
+
+    /// Wakes the machines (other than this one, which checked `checked`) whose tasks `list`
+    /// shows ended, unless they wait for their guest's boot anyway: their passes settle them
+    /// from the list, without a request.
+    fn wake_listed_ended(&self, list: &TaskList, checked: &Upid, on_node: Vec<(String, Upid)>) {
+        let ended: Vec<String> = on_node
+            .into_iter()
+            .filter(|(_, task)| {
+                task != checked && list.ended(task) && self.context.task_timing.listed_ended(task)
+            })
+            .map(|(machine, _)| machine)
+            .collect();
+        let Some(caches) = self.context.caches.as_ref().filter(|_| !ended.is_empty()) else {
+            return;
+        };
+        let woken = caches
+            .machines
+            .state()
+            .iter()
+            .filter(|machine| ended.iter().any(|key| has_claim_key(machine, key)))
+            .map(|machine| ObjectRef::from_obj(&**machine))
+            .collect();
+        self.context.task_slots.wake(woken);
     }
 
     /// How long until the task this process submitted for the machine is expected to end, if
@@ -239,6 +289,8 @@ impl Reconcile<'_> {
         if !backing_off && let Some(wait) = self.context.task_timing.not_due(&upid) {
             return Err(running_step(&upid, purpose.as_ref(), wait));
         }
+        // Before the task list: a start or stop settled by the listing leaves nothing to fetch
+        // again for the machine's next look at its VM.
         if !backing_off
             && self
                 .listing_shows_done(proxmox, &upid, purpose.as_ref())
@@ -249,7 +301,11 @@ impl Reconcile<'_> {
                 .task_succeeded(scope, upid, purpose.as_ref(), &raw)
                 .await;
         }
-        let status = match proxmox.task_status(&upid).await {
+        let checked = match self.context.node_tasks.listed_ended(proxmox, &upid) {
+            Some(status) => Ok(status),
+            None => self.task_state(proxmox, &upid).await,
+        };
+        let status = match checked {
             Ok(status) => status,
             Err(error) if error.is_not_found() => {
                 // Proxmox no longer knows the task (rotated away, node reinstalled): what

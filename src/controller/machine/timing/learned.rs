@@ -234,6 +234,9 @@ impl TaskTiming for LearnedClock {
     fn not_due(&self, upid: &Upid) -> Option<Duration> {
         let now = Instant::now();
         let mut state = self.lock();
+        if state.ledger.seen_listed_ended(upid) && !state.checked_with_boot(upid) {
+            return None;
+        }
         let queueing = state
             .queueing_seen
             .get(&(upid.task_type.clone(), upid.node.clone()))
@@ -346,6 +349,16 @@ impl TaskTiming for LearnedClock {
     }
 
     /// Forgets a task nobody will check again.
+    fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)> {
+        self.lock().ledger.in_flight_on(node)
+    }
+
+    fn listed_ended(&self, upid: &Upid) -> bool {
+        let mut state = self.lock();
+        state.ledger.listed_ended(upid);
+        !state.checked_with_boot(upid)
+    }
+
     fn forget(&self, upid: &Upid) {
         let mut state = self.lock();
         state.in_flight.remove(upid.as_str());
@@ -520,6 +533,13 @@ impl LearnedClock {
 }
 
 impl ClockState {
+    /// Whether the task's check waits for its guest's boot.
+    fn checked_with_boot(&self, upid: &Upid) -> bool {
+        self.in_flight
+            .get(upid.as_str())
+            .is_some_and(|task| task.checked_with_boot)
+    }
+
     /// `machine`'s boot, counted as started `now` (due at `due`) when this process did not
     /// start it.
     fn booting_entry(

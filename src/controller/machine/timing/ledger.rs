@@ -3,7 +3,7 @@
 //! from a cached copy of the machine older than the status that records these, so this
 //! process remembers them itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::MAX_IN_FLIGHT;
@@ -24,6 +24,8 @@ pub(super) struct Ledger {
     guests_up: HashMap<String, u32>,
     /// Per machine, the kind of task it last saw succeed, how many times in a row, and when.
     succeeded: HashMap<String, (TaskKind, u32, Instant)>,
+    /// Tasks in flight that a node's task list showed ended: worth checking at once.
+    listed_ended: HashSet<String>,
 }
 
 impl Ledger {
@@ -31,6 +33,7 @@ impl Ledger {
     pub(super) fn submitted(&mut self, upid: &Upid, machine: &str, purpose: &str) {
         if self.by_machine.len() >= MAX_IN_FLIGHT {
             self.by_machine.clear();
+            self.listed_ended.clear();
         }
         self.by_machine.insert(
             machine.to_owned(),
@@ -45,6 +48,37 @@ impl Ledger {
     /// Notes that `upid` ended or was forgotten: no machine waits for it any more.
     pub(super) fn task_ended(&mut self, upid: &Upid) {
         self.by_machine.retain(|_, (task, _)| task != upid.as_str());
+        self.listed_ended.remove(upid.as_str());
+    }
+
+    /// The tasks in flight on `node`, with the machine (by key) waiting for each.
+    pub(super) fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)> {
+        self.by_machine
+            .iter()
+            .filter(|(_, (task, _))| {
+                // A UPID names its node first: most tasks are told apart without parsing.
+                task.strip_prefix("UPID:")
+                    .and_then(|rest| rest.strip_prefix(node))
+                    .is_some_and(|rest| rest.starts_with(':'))
+            })
+            .filter_map(|(machine, (task, _))| Some((machine.clone(), task.parse().ok()?)))
+            .collect()
+    }
+
+    /// Notes that a node's task list showed `upid` ended, if a machine waits for it.
+    pub(super) fn listed_ended(&mut self, upid: &Upid) {
+        if self
+            .by_machine
+            .values()
+            .any(|(task, _)| task == upid.as_str())
+        {
+            self.listed_ended.insert(upid.as_str().to_owned());
+        }
+    }
+
+    /// Whether a node's task list showed `upid` ended since it was submitted.
+    pub(super) fn seen_listed_ended(&self, upid: &Upid) -> bool {
+        self.listed_ended.contains(upid.as_str())
     }
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.

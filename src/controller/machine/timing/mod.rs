@@ -75,6 +75,14 @@ pub trait TaskTiming: Send + Sync {
     /// Forgets a task nobody will check again.
     fn forget(&self, upid: &Upid);
 
+    /// The tasks this process submitted on `node` and has not seen end, with the machine (by
+    /// key) waiting for each.
+    fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)>;
+
+    /// Notes that a node's task list showed the task ended: it is worth checking at once,
+    /// unless its check waits for the guest's boot (a start). Returns whether it is.
+    fn listed_ended(&self, upid: &Upid) -> bool;
+
     /// Notes that `machine`'s VM on `node` was just asked to start: its guest is looked at
     /// when it is expected up, and what was seen of an earlier guest of the machine no longer
     /// counts.

@@ -73,6 +73,8 @@ struct Polled {
     last_seen_running: Duration,
     /// Whether how long it took tells how long the next one like it takes.
     learns: bool,
+    /// Its check waits for the guest's usual boot time (a start).
+    checked_with_boot: bool,
 }
 
 /// A guest being waited for.
@@ -142,6 +144,7 @@ impl TaskTiming for PlainClock {
                 next_wait: MIN_RECHECK,
                 last_seen_running: Duration::ZERO,
                 learns: true,
+                checked_with_boot: false,
             },
         );
         expected
@@ -157,6 +160,7 @@ impl TaskTiming for PlainClock {
         if let Some(boot_due) = boot_due {
             task.due = task.due.max(boot_due);
             task.learns = false;
+            task.checked_with_boot = true;
         }
         task.due.saturating_duration_since(now).max(MIN_RECHECK)
     }
@@ -170,7 +174,12 @@ impl TaskTiming for PlainClock {
     }
 
     fn not_due(&self, upid: &Upid) -> Option<Duration> {
-        until(self.lock().tasks.get(upid.as_str())?.due, Instant::now())
+        let state = self.lock();
+        let task = state.tasks.get(upid.as_str());
+        if state.ledger.seen_listed_ended(upid) && !task.is_some_and(|t| t.checked_with_boot) {
+            return None;
+        }
+        until(task?.due, Instant::now())
     }
 
     fn still_running(&self, upid: &Upid) -> Duration {
@@ -187,6 +196,7 @@ impl TaskTiming for PlainClock {
                 next_wait: MIN_RECHECK,
                 last_seen_running: Duration::ZERO,
                 learns: false,
+                checked_with_boot: false,
             });
         task.last_seen_running = now - task.submitted;
         let wait = back_off(&mut task.next_wait);
@@ -208,6 +218,19 @@ impl TaskTiming for PlainClock {
         }
         // No queue model: each task's own back-off finds it done.
         None
+    }
+
+    fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)> {
+        self.lock().ledger.in_flight_on(node)
+    }
+
+    fn listed_ended(&self, upid: &Upid) -> bool {
+        let mut state = self.lock();
+        state.ledger.listed_ended(upid);
+        !state
+            .tasks
+            .get(upid.as_str())
+            .is_some_and(|t| t.checked_with_boot)
     }
 
     fn forget(&self, upid: &Upid) {
