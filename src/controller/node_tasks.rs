@@ -3,9 +3,10 @@
 //! instead of one status request per task. A list is fetched by one caller while the others
 //! wait for it (single flight). An ended task stays ended, so a list answers for that whatever
 //! its age; that a task still runs, a list answers only for a check that fell due at most
-//! [`RUNNING_ANSWERED_FOR`] after it was asked for. An endpoint whose lists fail, or leave out a task of this process (a token that may not
-//! see its own tasks there), is not listed for [`BLIND_FOR`]: its tasks are checked one by one.
-//! After a restart: nothing is kept, and the first check that falls due lists again.
+//! [`RUNNING_ANSWERED_FOR`] after it was asked for. An endpoint whose lists fail, or leave
+//! out a task of this process (a token that may not see its own tasks there), is not listed for
+//! [`BLIND_FOR`]: its tasks are checked one by one. After a restart: nothing is kept, and the
+//! first check that falls due lists again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -72,8 +73,7 @@ impl TaskList {
 
     /// Whether the list shows the task ended.
     pub fn ended(&self, upid: &Upid) -> bool {
-        self.status_of(upid)
-            .is_some_and(|status| status.is_finished())
+        self.tasks.get(upid.as_str()).is_some_and(NodeTask::ended)
     }
 
     /// Whether it answers, at `due`, for `upid`, started at or after `since`: listed, and
@@ -90,12 +90,13 @@ impl NodeTaskLists {
     pub fn listed_ended(&self, proxmox: &ProxmoxClient, upid: &Upid) -> Option<TaskStatus> {
         let node = self.endpoint(proxmox).node(&upid.node);
         let latest = lock(&node.latest).clone()?;
-        latest.status_of(upid).filter(|status| status.is_finished())
+        latest.ended(upid).then(|| latest.status_of(upid)).flatten()
     }
 
     /// The list of `upid`'s node with `upid` in it, showing it ended or asked for at most
-    /// [`RUNNING_ANSWERED_FOR`] ago, of the tasks started at or after `since`. `None`: the endpoint's lists cannot answer
-    /// for it (the list failed or left it out); check the task by itself.
+    /// [`RUNNING_ANSWERED_FOR`] ago, of the tasks started at or after `since`. `None`: the
+    /// endpoint's lists cannot answer for it (the list failed or left it out); check the task
+    /// by itself.
     pub async fn list_with(
         &self,
         proxmox: &ProxmoxClient,

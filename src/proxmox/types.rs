@@ -989,9 +989,14 @@ pub struct NodeTask {
 }
 
 impl NodeTask {
+    /// Whether the task ended (it has an end time or an exit status).
+    pub fn ended(&self) -> bool {
+        self.endtime.is_some() || self.status.is_some()
+    }
+
     /// What `GET /nodes/{node}/tasks/{upid}/status` would answer about the task's state.
     pub fn as_status(&self) -> TaskStatus {
-        let ended = self.endtime.is_some() || self.status.is_some();
+        let ended = self.ended();
         TaskStatus {
             upid: self.upid.clone(),
             node: String::new(),
