@@ -2,8 +2,9 @@
 //! this process waits for several tasks on one node, one list tells which of them ended and how,
 //! instead of one status request per task. A list is fetched by one caller while the others
 //! wait for it (single flight). An ended task stays ended, so a list answers for that whatever
-//! its age; that a task still runs, a list answers only for a check that fell due at most
-//! [`RUNNING_ANSWERED_FOR`] after it was asked for. An endpoint whose lists fail, or leave
+//! its age; that a task still runs, a list answers only for a check that began before it was
+//! asked for (a task checked when it is expected to end may have ended since an earlier list,
+//! and would be noticed only at its next check). An endpoint whose lists fail, or leave
 //! out a task of this process (a token that may not see its own tasks there), is not listed for
 //! [`BLIND_FOR`]: its tasks are checked one by one. After a restart: nothing is kept, and the
 //! first check that falls due lists again.
@@ -14,10 +15,6 @@ use std::time::{Duration, Instant};
 
 use crate::proxmox::{NodeTask, ProxmoxClient, TaskStatus, Upid};
 
-/// How long after a list was asked for it still answers that a task runs, for a check that
-/// falls due then: a check due later asks again, since its task may have ended meanwhile, and
-/// would otherwise be noticed only at the next check.
-pub const RUNNING_ANSWERED_FOR: Duration = Duration::from_millis(50);
 /// Tasks asked for at most per list: a node's tasks since the oldest one this process waits for.
 pub const LIST_LIMIT: usize = 500;
 /// How long an endpoint whose list failed or left out a task of this process is not listed.
@@ -76,12 +73,12 @@ impl TaskList {
         self.tasks.get(upid.as_str()).is_some_and(NodeTask::ended)
     }
 
-    /// Whether it answers, at `due`, for `upid`, started at or after `since`: listed, and
-    /// ended or listed recently enough.
-    fn answers(&self, upid: &Upid, since: u64, due: Instant) -> bool {
+    /// Whether it answers a check of `upid` (started at or after `since`) that began at
+    /// `checking`: listed, and ended or listed after the check began.
+    fn answers(&self, upid: &Upid, since: u64, checking: Instant) -> bool {
         self.since <= since
             && self.tasks.contains_key(upid.as_str())
-            && (self.ended(upid) || self.asked + RUNNING_ANSWERED_FOR >= due)
+            && (self.ended(upid) || self.asked >= checking)
     }
 }
 
@@ -93,8 +90,8 @@ impl NodeTaskLists {
         latest.ended(upid).then(|| latest.status_of(upid)).flatten()
     }
 
-    /// The list of `upid`'s node with `upid` in it, showing it ended or asked for at most
-    /// [`RUNNING_ANSWERED_FOR`] ago, of the tasks started at or after `since`. `None`: the
+    /// The list of `upid`'s node with `upid` in it, showing it ended or asked for after this
+    /// call began, of the tasks started at or after `since`. `None`: the
     /// endpoint's lists cannot answer for it (the list failed or left it out); check the task
     /// by itself.
     pub async fn list_with(
@@ -107,12 +104,12 @@ impl NodeTaskLists {
         if endpoint.blind() {
             return None;
         }
-        let due = Instant::now();
+        let checking = Instant::now();
         let node = endpoint.node(&upid.node);
         let answering = |node: &Node| {
             lock(&node.latest)
                 .clone()
-                .filter(|list| list.answers(upid, since, due))
+                .filter(|list| list.answers(upid, since, checking))
         };
         if let Some(list) = answering(&node) {
             return Some(list);
@@ -230,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn a_list_answers_for_an_ended_task_at_any_age_and_for_a_running_one_only_if_recent() {
+    fn a_list_answers_for_an_ended_task_at_any_age_and_for_a_running_one_only_if_asked_after() {
         let asked = Instant::now();
         let (ended, running, absent) = (upid(1), upid(2), upid(3));
         let list = TaskList::new(
@@ -238,9 +235,9 @@ mod tests {
             ended.starttime,
             vec![task(&ended, Some("OK")), task(&running, None)],
         );
-        let later = asked + RUNNING_ANSWERED_FOR + Duration::from_millis(1);
+        let later = asked + Duration::from_millis(1);
         assert!(list.answers(&ended, ended.starttime, later + Duration::from_secs(60)));
-        assert!(list.answers(&running, ended.starttime, asked + RUNNING_ANSWERED_FOR));
+        assert!(list.answers(&running, ended.starttime, asked));
         assert!(
             !list.answers(&running, ended.starttime, later),
             "it may have ended since"
