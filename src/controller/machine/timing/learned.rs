@@ -234,7 +234,7 @@ impl TaskTiming for LearnedClock {
     fn not_due(&self, upid: &Upid) -> Option<Duration> {
         let now = Instant::now();
         let mut state = self.lock();
-        if state.ledger.seen_listed_ended(upid) && !state.checked_with_boot(upid) {
+        if state.ledger.seen_listed_ended(upid) {
             return None;
         }
         let queueing = state
@@ -355,8 +355,7 @@ impl TaskTiming for LearnedClock {
 
     fn listed_ended(&self, upid: &Upid) -> bool {
         let mut state = self.lock();
-        state.ledger.listed_ended(upid);
-        !state.checked_with_boot(upid)
+        state.ledger.listed_ended(upid)
     }
 
     fn forget(&self, upid: &Upid) {
@@ -533,13 +532,6 @@ impl LearnedClock {
 }
 
 impl ClockState {
-    /// Whether the task's check waits for its guest's boot.
-    fn checked_with_boot(&self, upid: &Upid) -> bool {
-        self.in_flight
-            .get(upid.as_str())
-            .is_some_and(|task| task.checked_with_boot)
-    }
-
     /// `machine`'s boot, counted as started `now` (due at `due`) when this process did not
     /// start it.
     fn booting_entry(

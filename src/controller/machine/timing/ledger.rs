@@ -65,15 +65,25 @@ impl Ledger {
             .collect()
     }
 
-    /// Notes that a node's task list showed `upid` ended, if a machine waits for it.
-    pub(super) fn listed_ended(&mut self, upid: &Upid) {
-        if self
+    /// Notes that a node's task list showed `upid` ended, if a machine waits for it; returns
+    /// whether that makes it worth checking at once. A start or stop is not: its check looks
+    /// at the listing first, so the pass that settles it decides from a listing that shows the
+    /// VM's new power state, not from one fetched before the task ended.
+    pub(super) fn listed_ended(&mut self, upid: &Upid) -> bool {
+        let power = |purpose: &str| {
+            matches!(
+                TaskPurpose::parse(purpose).kind,
+                Some(TaskKind::Start | TaskKind::Stop)
+            )
+        };
+        let worth = self
             .by_machine
             .values()
-            .any(|(task, _)| task == upid.as_str())
-        {
+            .any(|(task, purpose)| task == upid.as_str() && !power(purpose));
+        if worth {
             self.listed_ended.insert(upid.as_str().to_owned());
         }
+        worth
     }
 
     /// Whether a node's task list showed `upid` ended since it was submitted.
@@ -140,6 +150,34 @@ mod tests {
         assert_eq!(ledger.succeeded("m1", upload, start + REPEAT_WINDOW), 2);
         let later = start + REPEAT_WINDOW * 2 + Duration::from_secs(1);
         assert_eq!(ledger.succeeded("m1", upload, later), 1);
+    }
+
+    #[test]
+    fn a_task_a_list_showed_ended_is_due_unless_it_starts_or_stops_a_vm_or_nobody_waits() {
+        let mut ledger = Ledger::default();
+        let task =
+            |kind: &str, n: u32| Upid::new("pve1", n, 1, 1_700_000_000, kind, "101", "root@pam");
+        let (resize, stop, other) = (task("resize", 1), task("qmstop", 2), task("resize", 3));
+        let purpose = |kind: TaskKind| TaskPurpose::new(kind, "x".to_owned()).recorded();
+        ledger.submitted(&resize, "m1", &purpose(TaskKind::Resize));
+        ledger.submitted(&stop, "m2", &purpose(TaskKind::Stop));
+        assert!(ledger.listed_ended(&resize));
+        assert!(ledger.seen_listed_ended(&resize));
+        assert!(
+            !ledger.listed_ended(&stop),
+            "its check looks at the listing first"
+        );
+        assert!(!ledger.seen_listed_ended(&stop));
+        assert!(!ledger.listed_ended(&other), "no machine waits for it");
+        let on_node: Vec<String> = ledger
+            .in_flight_on("pve1")
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect();
+        assert_eq!(on_node.len(), 2);
+        assert!(ledger.in_flight_on("pve2").is_empty());
+        ledger.task_ended(&resize);
+        assert!(!ledger.seen_listed_ended(&resize));
     }
 
     #[test]

@@ -80,7 +80,8 @@ pub trait TaskTiming: Send + Sync {
     fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)>;
 
     /// Notes that a node's task list showed the task ended: it is worth checking at once,
-    /// unless its check waits for the guest's boot (a start). Returns whether it is.
+    /// unless it starts or stops a VM (its check looks at the listing first). Returns whether
+    /// it is.
     fn listed_ended(&self, upid: &Upid) -> bool;
 
     /// Notes that `machine`'s VM on `node` was just asked to start: its guest is looked at

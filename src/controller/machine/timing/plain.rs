@@ -73,8 +73,6 @@ struct Polled {
     last_seen_running: Duration,
     /// Whether how long it took tells how long the next one like it takes.
     learns: bool,
-    /// Its check waits for the guest's usual boot time (a start).
-    checked_with_boot: bool,
 }
 
 /// A guest being waited for.
@@ -144,7 +142,6 @@ impl TaskTiming for PlainClock {
                 next_wait: MIN_RECHECK,
                 last_seen_running: Duration::ZERO,
                 learns: true,
-                checked_with_boot: false,
             },
         );
         expected
@@ -160,7 +157,6 @@ impl TaskTiming for PlainClock {
         if let Some(boot_due) = boot_due {
             task.due = task.due.max(boot_due);
             task.learns = false;
-            task.checked_with_boot = true;
         }
         task.due.saturating_duration_since(now).max(MIN_RECHECK)
     }
@@ -175,11 +171,10 @@ impl TaskTiming for PlainClock {
 
     fn not_due(&self, upid: &Upid) -> Option<Duration> {
         let state = self.lock();
-        let task = state.tasks.get(upid.as_str());
-        if state.ledger.seen_listed_ended(upid) && !task.is_some_and(|t| t.checked_with_boot) {
+        if state.ledger.seen_listed_ended(upid) {
             return None;
         }
-        until(task?.due, Instant::now())
+        until(state.tasks.get(upid.as_str())?.due, Instant::now())
     }
 
     fn still_running(&self, upid: &Upid) -> Duration {
@@ -196,7 +191,6 @@ impl TaskTiming for PlainClock {
                 next_wait: MIN_RECHECK,
                 last_seen_running: Duration::ZERO,
                 learns: false,
-                checked_with_boot: false,
             });
         task.last_seen_running = now - task.submitted;
         let wait = back_off(&mut task.next_wait);
@@ -225,12 +219,7 @@ impl TaskTiming for PlainClock {
     }
 
     fn listed_ended(&self, upid: &Upid) -> bool {
-        let mut state = self.lock();
-        state.ledger.listed_ended(upid);
-        !state
-            .tasks
-            .get(upid.as_str())
-            .is_some_and(|t| t.checked_with_boot)
+        self.lock().ledger.listed_ended(upid)
     }
 
     fn forget(&self, upid: &Upid) {
