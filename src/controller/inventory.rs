@@ -326,9 +326,17 @@ impl Inventory {
     }
 
     fn endpoint(&self, proxmox: &ProxmoxClient) -> Arc<Endpoint> {
-        let key = format!("{}#{}", proxmox.base_url(), proxmox.token_id());
-        lock(&self.endpoints).entry(key).or_default().clone()
+        lock(&self.endpoints)
+            .entry(endpoint_key(proxmox))
+            .or_default()
+            .clone()
     }
+}
+
+/// What is kept per Proxmox endpoint is keyed by base URL and token: another token may see
+/// other VMs and tasks.
+pub(crate) fn endpoint_key(proxmox: &ProxmoxClient) -> String {
+    format!("{}#{}", proxmox.base_url(), proxmox.token_id())
 }
 
 /// Memory promised to machines whose VMs are still being created, per Proxmox endpoint

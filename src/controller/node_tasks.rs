@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::inventory::endpoint_key;
 use crate::proxmox::{NodeTask, ProxmoxClient, TaskStatus, Upid};
 
 /// Tasks asked for at most per list: a node's tasks since the oldest one this process waits for.
@@ -143,8 +144,10 @@ impl NodeTaskLists {
     }
 
     fn endpoint(&self, proxmox: &ProxmoxClient) -> Arc<Endpoint> {
-        let key = format!("{}#{}", proxmox.base_url(), proxmox.token_id());
-        lock(&self.endpoints).entry(key).or_default().clone()
+        lock(&self.endpoints)
+            .entry(endpoint_key(proxmox))
+            .or_default()
+            .clone()
     }
 }
 
