@@ -491,7 +491,7 @@ pub struct VmIdRange {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxmoxMachineChecks {
-    /// Do not wait for `cloud-init status` to report done.
+    /// Do not wait for cloud-init to report that it finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skip_cloud_init_status: Option<bool>,
     /// Do not wait for the QEMU guest agent (implies skipping the cloud-init check).

@@ -176,14 +176,14 @@ pub const REASONS: &[Reason] = &[
     Reason {
         name: "CloudInitDegraded",
         seen: &[MACHINE_WARNING],
-        meaning: "cloud-init in the guest finished with recoverable errors (exit code 2); the machine carries on.",
+        meaning: "cloud-init in the guest finished with recoverable errors (warnings, deprecations; `cloud-init status` exits 2); the machine carries on.",
         action: "Look at /var/log/cloud-init.log in the guest if the node misbehaves.",
     },
     Reason {
         name: "CloudInitFailed",
         seen: &[MACHINE_WARNING],
         meaning: "cloud-init in the guest reported an error; capmox asks again with back-off.",
-        action: "Look at the guest's cloud-init log (the event has its output); fix the bootstrap data or the VM template.",
+        action: "Look at the guest's cloud-init log (the event has the errors of its result file); fix the bootstrap data or the VM template.",
     },
     Reason {
         name: "CloudInitRenderFailed",
@@ -585,7 +585,7 @@ pub const REASONS: &[Reason] = &[
     Reason {
         name: "WaitingForCloudInit",
         seen: MACHINE_WAITS,
-        meaning: "The guest runs cloud-init; capmox asks `cloud-init status` again.",
+        meaning: "The guest runs cloud-init; capmox reads its result file (/run/cloud-init/result.json) again later.",
         action: "Nothing; for Flatcar set checks.skipCloudInitStatus: true (it has no cloud-init).",
     },
     Reason {

@@ -2,6 +2,8 @@
 //! endpoint template it uses; the same templates appear in counters and in the
 //! conformance test against the official schema.
 
+use std::collections::BTreeMap;
+
 use reqwest::Method;
 use serde::Deserialize;
 use serde_json::Value;
@@ -114,6 +116,11 @@ pub const CLIENT_ENDPOINTS: &[(&str, &str, &[&str])] = &[
         "GET",
         "/nodes/{node}/qemu/{vmid}/agent/exec-status",
         &["pid:integer"],
+    ),
+    (
+        "GET",
+        "/nodes/{node}/qemu/{vmid}/agent/file-read",
+        &["file:string"],
     ),
     ("GET", "/nodes/{node}/tasks/{upid}/status", &[]),
     (
@@ -1130,76 +1137,132 @@ impl ProxmoxClient {
         Ok(found)
     }
 
-    /// Runs `cloud-init status` through the guest agent and interprets the answer
-    /// (exit 0 + `done` = done, `running` = running, exit 2 = degraded, other = error).
-    pub async fn cloud_init_status(
+    /// `GET .../agent/file-read`: the whole content of the file at `path` in the guest.
+    pub async fn agent_file_read(&self, node: &str, vmid: u32, path: &str) -> Result<String> {
+        #[derive(Deserialize)]
+        struct FileContent {
+            content: String,
+        }
+        let read: FileContent = self
+            .send(
+                Request::get(
+                    "GET /nodes/{node}/qemu/{vmid}/agent/file-read",
+                    format!("{}/agent/file-read", vm_path(node, vmid)?),
+                )
+                .query("file", path),
+            )
+            .await?;
+        Ok(read.content)
+    }
+
+    /// How cloud-init ended in the guest, read from its result file in one request; `None`
+    /// while it has not ended (the file is written when its last stage is done).
+    pub async fn cloud_init_result(
         &self,
         node: &str,
         vmid: u32,
-        deadline: std::time::Duration,
-    ) -> Result<CloudInitStatus> {
-        let pid = self
-            .agent_exec(node, vmid, &["cloud-init", "status"], None)
-            .await?;
-        let start = tokio::time::Instant::now();
-        let mut interval = std::time::Duration::from_millis(100);
-        loop {
-            let st = self.agent_exec_status(node, vmid, pid).await?;
-            if let Some(status) = CloudInitStatus::of(&st) {
-                return Ok(status);
-            }
-            if start.elapsed() >= deadline {
-                return Err(ProxmoxError::Transient {
-                    status: None,
-                    reason: format!(
-                        "'cloud-init status' in VM {vmid} did not exit within {} ms",
-                        deadline.as_millis()
-                    ),
-                });
-            }
-            tokio::time::sleep(interval).await;
-            interval = (interval * 2).min(std::time::Duration::from_secs(1));
+    ) -> Result<Option<CloudInitStatus>> {
+        match self
+            .agent_file_read(node, vmid, CLOUD_INIT_RESULT_FILE)
+            .await
+        {
+            Ok(content) => CloudInitStatus::of_result(&content)
+                .map(Some)
+                .map_err(|message| ProxmoxError::Decode {
+                    endpoint: "GET /nodes/{node}/qemu/{vmid}/agent/file-read".into(),
+                    message: format!("{CLOUD_INIT_RESULT_FILE} in VM {vmid}: {message}"),
+                }),
+            Err(error) if error.is_missing_guest_file() => Ok(None),
+            Err(error) => Err(error),
         }
     }
 }
 
+/// Where cloud-init records how its boot ended (`/run` starts empty at each boot).
+pub const CLOUD_INIT_RESULT_FILE: &str = "/run/cloud-init/result.json";
+
 impl CloudInitStatus {
-    /// What an exited `cloud-init status` (run through `agent/exec`) says; `None` while the
-    /// command still runs.
-    pub fn of(exec: &AgentExecStatus) -> Option<Self> {
-        if !exec.exited {
-            return None;
+    /// What cloud-init's result file says: its `errors` fail the boot, its
+    /// `recoverable_errors` (cloud-init 23.4 and later) degrade it.
+    pub fn of_result(content: &str) -> Result<Self, String> {
+        #[derive(Deserialize)]
+        struct ResultFile {
+            v1: ResultV1,
         }
-        let out = exec.out_data.clone().unwrap_or_default();
-        Some(match exec.exitcode {
-            Some(0) if out.contains("running") => Self::Running,
-            Some(0) if out.contains("done") => Self::Done,
-            Some(0) => Self::Running,
-            Some(2) => Self::Degraded(out.trim().to_string()),
-            code => Self::Error {
-                exitcode: code,
-                output: format!("{}{}", out, exec.err_data.clone().unwrap_or_default())
-                    .trim()
-                    .to_string(),
-            },
+        #[derive(Deserialize)]
+        struct ResultV1 {
+            #[serde(default)]
+            errors: Vec<Value>,
+            #[serde(default)]
+            recoverable_errors: BTreeMap<String, Vec<Value>>,
+        }
+        let result: ResultFile = serde_json::from_str(content).map_err(|e| e.to_string())?;
+        let text = |value: &Value| match value {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        if !result.v1.errors.is_empty() {
+            let errors: Vec<String> = result.v1.errors.iter().map(text).collect();
+            return Ok(Self::Error(errors.join("; ")));
+        }
+        let recoverable: Vec<String> = result
+            .v1
+            .recoverable_errors
+            .iter()
+            .filter(|(_, messages)| !messages.is_empty())
+            .map(|(level, messages)| {
+                let messages: Vec<String> = messages.iter().map(text).collect();
+                format!("{level}: {}", messages.join("; "))
+            })
+            .collect();
+        Ok(if recoverable.is_empty() {
+            Self::Done
+        } else {
+            Self::Degraded(recoverable.join("; "))
         })
     }
 }
 
-/// Outcome of `cloud-init status` in a guest.
+/// How cloud-init ended in a guest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CloudInitStatus {
-    /// Still running.
-    Running,
     /// Finished successfully.
     Done,
-    /// Finished with recoverable errors (cloud-init ≥ 23.4 exits 2); the text says which.
+    /// Finished with recoverable errors (warnings, deprecations); the text says which.
     Degraded(String),
-    /// Failed.
-    Error {
-        /// Exit code, if any.
-        exitcode: Option<i64>,
-        /// stdout + stderr.
-        output: String,
-    },
+    /// Failed; the text is cloud-init's errors.
+    Error(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CloudInitStatus;
+
+    #[test]
+    fn cloud_inits_result_file_says_done_degraded_or_failed() {
+        let done = r#"{"v1": {"datasource": "DataSourceNoCloud [seed=/dev/sr0]", "errors": []}}"#;
+        assert_eq!(CloudInitStatus::of_result(done), Ok(CloudInitStatus::Done));
+        let warned = r#"{"v1": {"errors": [], "recoverable_errors": {"WARNING": [],
+            "DEPRECATED": ["Deprecated cloud-config provided: chpasswd.list"]}}}"#;
+        assert_eq!(
+            CloudInitStatus::of_result(warned),
+            Ok(CloudInitStatus::Degraded(
+                "DEPRECATED: Deprecated cloud-config provided: chpasswd.list".into()
+            ))
+        );
+        let failed = r#"{"v1": {"errors": ["('scripts_user', RuntimeError('Runparts: 1 failures (runcmd)'))"],
+            "recoverable_errors": {"WARNING": ["a warning"]}}}"#;
+        assert_eq!(
+            CloudInitStatus::of_result(failed),
+            Ok(CloudInitStatus::Error(
+                "('scripts_user', RuntimeError('Runparts: 1 failures (runcmd)'))".into()
+            ))
+        );
+        for malformed in ["", "{}", r#"{"v1": {"errors": "none"}}"#, "status: done"] {
+            assert!(
+                CloudInitStatus::of_result(malformed).is_err(),
+                "{malformed:?} is no result file"
+            );
+        }
+    }
 }

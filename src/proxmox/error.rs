@@ -147,6 +147,13 @@ impl ProxmoxError {
                 || (reason.contains("qga command") && reason.contains("got timeout")))
     }
 
+    /// Whether the guest agent answered that a file it was asked to read is not there (QGA's
+    /// `guest-file-open` failed with ENOENT).
+    pub fn is_missing_guest_file(&self) -> bool {
+        matches!(self, Self::Api { status: 500, reason } | Self::NotFound { status: 500, reason }
+            if reason.contains("guest-file-open") && reason.contains("No such file or directory"))
+    }
+
     /// The server's reason text, when the error came from the server.
     pub fn reason(&self) -> Option<&str> {
         match self {
@@ -383,6 +390,23 @@ mod tests {
         );
         let e = ProxmoxError::from_response(500, "No QEMU guest agent configured", BTreeMap::new());
         assert!(!e.is_agent_unavailable());
+        assert!(!e.is_missing_guest_file());
+        let e = ProxmoxError::from_response(
+            500,
+            "VM 101 qga command 'guest-file-open' failed - failed to open file '/run/cloud-init/result.json' (mode: 'r'): No such file or directory",
+            BTreeMap::new(),
+        );
+        assert!(e.is_missing_guest_file(), "{e:?}");
+        assert!(!e.is_agent_unavailable());
+        let e = ProxmoxError::from_response(
+            500,
+            "VM 101 qga command 'guest-file-open' failed - failed to open file '/run/cloud-init/result.json' (mode: 'r'): Permission denied",
+            BTreeMap::new(),
+        );
+        assert!(
+            !e.is_missing_guest_file(),
+            "a file it may not read is no missing file"
+        );
         let e =
             ProxmoxError::from_response(500, "shrinking disks is not supported", BTreeMap::new());
         assert!(matches!(e, ProxmoxError::Api { status: 500, .. }));

@@ -74,7 +74,7 @@ async fn provisioning_publishes_normal_events_for_each_proxmox_action() {
 }
 
 #[tokio::test]
-async fn a_failed_cloud_init_is_a_warning_event_and_the_condition_names_the_exit_code() {
+async fn a_failed_cloud_init_is_a_warning_event_and_the_condition_names_its_errors() {
     let scenario = Scenario::start(SimOptions {
         cloud_init_failure: Some("modules-final: runcmd failed".into()),
         ..sim_options()
@@ -92,7 +92,7 @@ async fn a_failed_cloud_init_is_a_warning_event_and_the_condition_names_the_exit
         machine_condition(&machine, "VirtualMachineProvisioned").expect("condition");
     assert_eq!(status, "False");
     assert!(
-        message.contains("exit code 1") && message.contains("runcmd failed"),
+        message.starts_with("cloud-init failed in VM ") && message.contains("runcmd failed"),
         "{message}"
     );
     let warning = wait_event(&scenario.env, "demo-md-2", "CloudInitFailed").await;
@@ -102,20 +102,19 @@ async fn a_failed_cloud_init_is_a_warning_event_and_the_condition_names_the_exit
 }
 
 #[tokio::test]
-async fn cloud_init_exit_code_2_is_a_warning_but_the_machine_provisions() {
+async fn cloud_init_recoverable_errors_are_a_warning_but_the_machine_provisions() {
     let scenario = Scenario::start(sim_options()).await;
-    // A guest with cloud-init ≥ 23.4 that finished with recoverable errors: exit code 2.
+    // A guest with cloud-init ≥ 23.4 that finished with recoverable errors (its
+    // `cloud-init status` exits 2): they are in the result file's `recoverable_errors`.
     scenario.tap.set_rewrite(Box::new(|method, path, body| {
-        if method != "GET" || !path.ends_with("/agent/exec-status") {
+        if method != "GET" || !path.contains("/agent/file-read") {
             return None;
         }
         let mut answer: Value = serde_json::from_slice(body).ok()?;
-        if answer["data"]["exited"] != json!(1) {
-            return None;
-        }
-        answer["data"]["exitcode"] = json!(2);
-        answer["data"]["out-data"] = json!("status: done\n");
-        answer["data"]["err-data"] = json!("Deprecated cloud-config provided: chpasswd.list\n");
+        let mut result: Value = serde_json::from_str(answer["data"]["content"].as_str()?).ok()?;
+        result["v1"]["recoverable_errors"] =
+            json!({"DEPRECATED": ["Deprecated cloud-config provided: chpasswd.list"]});
+        answer["data"]["content"] = json!(result.to_string());
         serde_json::to_vec(&answer).ok()
     }));
     scenario.create("demo-md-3").await;
@@ -127,7 +126,7 @@ async fn cloud_init_exit_code_2_is_a_warning_but_the_machine_provisions() {
         warning
             .note
             .as_deref()
-            .is_some_and(|n| n.contains("recoverable errors")),
+            .is_some_and(|n| n.contains("recoverable errors") && n.contains("chpasswd.list")),
         "{warning:?}"
     );
 }

@@ -563,6 +563,7 @@ pub const SIM_ROUTES: &[(&str, &str)] = &[
     ),
     ("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"),
     ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/file-read"),
     ("GET", "/nodes/{node}/tasks"),
     ("GET", "/nodes/{node}/tasks/{upid}/status"),
     ("GET", "/nodes/{node}/tasks/{upid}/log"),
@@ -768,6 +769,9 @@ fn route(
             }
             ("GET", ["nodes", n, "qemu", id, "agent", "exec-status"]) => {
                 Reply::Data(c.agent_exec_status(now, n, vmid_of(id)?, get("pid"))?)
+            }
+            ("GET", ["nodes", n, "qemu", id, "agent", "file-read"]) => {
+                Reply::Data(c.agent_file_read(now, n, vmid_of(id)?, get("file"))?)
             }
             ("GET", ["nodes", n, "tasks"]) => {
                 let (tasks, total) = c.node_tasks(n, &task_query(&get)?)?;

@@ -465,6 +465,9 @@ pub fn repeated_writes(records: &[TaskRecord], more_than: usize) -> Vec<Repeated
         .collect()
 }
 
+/// Where cloud-init records how the boot ended.
+const CLOUD_INIT_RESULT: &str = "/run/cloud-init/result.json";
+
 #[derive(Debug, Clone)]
 struct Exec {
     /// When `exec-status` first reports the command exited.
@@ -2496,6 +2499,40 @@ impl Cluster {
             r["err-data"] = json!(exec.err);
         }
         Ok(r)
+    }
+
+    /// `GET .../agent/file-read?file=`: of the guest's files, only cloud-init's result file
+    /// exists (once the agent answers, cloud-init is done), and not in a Flatcar guest.
+    pub fn agent_file_read(
+        &self,
+        now: Instant,
+        node: &str,
+        vmid: u32,
+        file: Option<&str>,
+    ) -> SimResult<Value> {
+        let vm = self.agent_vm(now, node, vmid)?;
+        let file = file
+            .ok_or_else(|| SimError::param("file", "property is missing and it is not optional"))?;
+        let missing = || {
+            SimError::e500(format!(
+                "VM {vmid} qga command 'guest-file-open' failed - failed to open file '{file}' (mode: 'r'): No such file or directory"
+            ))
+        };
+        if file != CLOUD_INIT_RESULT || self.guest_os(vm) == GuestOs::Flatcar {
+            return Err(missing());
+        }
+        let errors: Vec<&str> = self
+            .opts
+            .cloud_init_failure
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let result = json!({"v1": {
+            "datasource": "DataSourceNoCloud [seed=/dev/sr0]",
+            "errors": errors,
+            "recoverable_errors": {},
+        }});
+        Ok(json!({"content": format!("{result:#}\n")}))
     }
 
     // ---------------------------------------------------------------- pools

@@ -22,7 +22,7 @@ const CLONE_RECHECK: Duration = Duration::from_secs(1);
 /// What tells that the guest is up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum GuestCheck {
-    /// `cloud-init status` through the guest agent reports done.
+    /// cloud-init's result file, read through the guest agent, says it finished.
     CloudInit,
     /// The guest agent answers.
     Agent,

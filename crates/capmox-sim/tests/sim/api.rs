@@ -300,11 +300,16 @@ async fn machine_lifecycle_end_to_end() {
     assert_eq!(result.out_data.as_deref(), Some("status: done\n"));
     assert_eq!(
         client
-            .cloud_init_status(node, newid, Duration::from_secs(5))
+            .cloud_init_result(node, newid)
             .await
-            .expect("cloud-init"),
-        CloudInitStatus::Done
+            .expect("cloud-init's result file"),
+        Some(CloudInitStatus::Done)
     );
+    let other = client
+        .agent_file_read(node, newid, "/etc/hostname")
+        .await
+        .expect_err("only cloud-init's result file is there");
+    assert!(other.is_missing_guest_file(), "{other:?}");
     let found = client.find_vm(newid).await.expect("find").expect("present");
     assert_eq!(found.node.as_deref(), Some(node));
     assert_eq!(found.status.as_deref(), Some("running"));
@@ -1074,14 +1079,11 @@ async fn timeouts_deadlines_offline_nodes_and_cloud_init_failure() {
             .is_some_and(|e| e.contains("runcmd"))
     );
     match client2
-        .cloud_init_status("pve1", 300, Duration::from_secs(5))
+        .cloud_init_result("pve1", 300)
         .await
-        .expect("status")
+        .expect("cloud-init's result file")
     {
-        CloudInitStatus::Error { exitcode, output } => {
-            assert_eq!(exitcode, Some(1));
-            assert!(output.contains("runcmd"), "{output}");
-        }
+        Some(CloudInitStatus::Error(errors)) => assert!(errors.contains("runcmd"), "{errors}"),
         other => panic!("{other:?}"),
     }
 }

@@ -395,15 +395,12 @@ impl TaskTiming for LearnedClock {
         let expected = state.expected_boot(&node);
         let scout_due = state.scout_due(machine, now);
         let boot = state.booting.get_mut(machine)?;
-        // A command started in the guest is read when it is done, whatever the boot.
-        if boot.command.is_none() {
-            boot.due = boot.due.max(boot.started + expected);
-            if let Some(scout_due) = scout_due
-                && scout_due.max(now) + AFTER_SCOUT > boot.due
-            {
-                boot.due = scout_due.max(now) + AFTER_SCOUT;
-                boot.held_for_scout = true;
-            }
+        boot.due = boot.due.max(boot.started + expected);
+        if let Some(scout_due) = scout_due
+            && scout_due.max(now) + AFTER_SCOUT > boot.due
+        {
+            boot.due = scout_due.max(now) + AFTER_SCOUT;
+            boot.held_for_scout = true;
         }
         let due = boot.due;
         (due > now + Duration::from_millis(20)).then(|| due - now)
@@ -445,45 +442,6 @@ impl TaskTiming for LearnedClock {
         wait
     }
 
-    /// Notes that `cloud-init status` was started as `pid` in `machine`'s guest (VM `vmid` on
-    /// `node`): its result is worth reading after [`COMMAND_FIRST_LOOK`].
-    fn command_started(&self, machine: &str, node: &str, vmid: u32, pid: u64) {
-        let now = Instant::now();
-        self.lock()
-            .booting_entry(machine, node, now, now)
-            .command_started(vmid, pid, now);
-    }
-
-    /// The pid of the `cloud-init status` this process started in VM `vmid` for `machine`
-    /// and has not read the result of.
-    fn command_pending(&self, machine: &str, vmid: u32) -> Option<u64> {
-        self.lock().booting.get(machine)?.command_pending(vmid)
-    }
-
-    /// Notes that the machine's command still runs: looked at again shortly.
-    fn command_running(&self, machine: &str) {
-        if let Some(entry) = self.lock().booting.get_mut(machine) {
-            entry.command_running(Instant::now());
-        }
-    }
-
-    /// How long until the result of the machine's command is worth reading.
-    fn command_wait(&self, machine: &str) -> Duration {
-        let now = Instant::now();
-        let state = self.lock();
-        state
-            .booting
-            .get(machine)
-            .map_or(MIN_RECHECK, |entry| entry.command_wait(now))
-    }
-
-    /// Forgets the machine's command (its result was read, or it cannot be).
-    fn command_ended(&self, machine: &str) {
-        if let Some(entry) = self.lock().booting.get_mut(machine) {
-            entry.command = None;
-        }
-    }
-
     /// Notes that `machine`'s guest is done booting, and learns how long that took if this
     /// process started it and looked at it on its own schedule. What is learned is when the
     /// guest was first seen up: a guest like it looked at then is up, where the middle of the
@@ -498,7 +456,7 @@ impl TaskTiming for LearnedClock {
         if boot.held_for_scout {
             return;
         }
-        let up = boot.command_issued.unwrap_or(now - boot.started);
+        let up = now - boot.started;
         let samples = state.boots_learned.entry(boot.guest.node).or_default();
         learn(samples, Duration::ZERO, up);
     }
@@ -725,45 +683,9 @@ fn pass_requeue(task_type: &str, until_check: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::machine::timing::COMMAND_FIRST_LOOK;
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
-    }
-
-    #[test]
-    fn a_guest_command_is_read_by_a_later_look_and_only_for_its_vm() {
-        let clock = LearnedClock::default();
-        assert_eq!(clock.command_pending("m1", 101), None);
-        clock.command_started("m1", "pve1", 101, 4242);
-        assert_eq!(clock.command_pending("m1", 101), Some(4242));
-        assert_eq!(
-            clock.command_pending("m1", 102),
-            None,
-            "another VM of the machine (re-created) starts its own"
-        );
-        let wait = clock.boot_not_due("m1").expect("not read right away");
-        assert!(
-            wait <= COMMAND_FIRST_LOOK && wait > COMMAND_FIRST_LOOK / 2,
-            "{wait:?}"
-        );
-        let left = clock.command_wait("m1");
-        assert!(left <= wait && left > MIN_RECHECK, "{left:?}");
-        clock.command_running("m1");
-        assert!(clock.command_wait("m1") <= MIN_RECHECK);
-        assert_eq!(
-            clock.command_pending("m1", 101),
-            Some(4242),
-            "still to be read"
-        );
-        clock.command_ended("m1");
-        assert_eq!(clock.command_pending("m1", 101), None);
-        // The boot is learned up to when the command that said done was started, not when
-        // its result was read.
-        clock.command_started("m1", "pve1", 101, 4243);
-        clock.boot_answered("m1");
-        clock.boot_started("m2", "pve1");
-        assert!(clock.boot_not_due("m2").is_none_or(|d| d <= MIN_RECHECK));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! behind [`TaskTiming`], chosen per manager ([`TaskTimingPolicy`]), so the reconciler stays the
 //! same whichever one runs. Each policy also keeps what the reconciler relies on between passes
 //! whatever the timing (`ledger.rs`): the task a machine waits for, repeats of successful tasks,
-//! guests seen up; and the `cloud-init status` command started in a booting guest.
+//! guests seen up.
 
 mod guest;
 mod learned;
@@ -27,9 +27,6 @@ const DEFAULT_TASK: Duration = Duration::from_millis(500);
 /// Expected time from a VM's start to its guest being done with cloud-init, before any was
 /// seen on the node.
 const DEFAULT_BOOT: Duration = Duration::from_secs(2);
-/// How soon after `cloud-init status` is started in a guest its result is read: the command
-/// starts a Python interpreter, which takes a few hundred milliseconds.
-const COMMAND_FIRST_LOOK: Duration = Duration::from_millis(300);
 /// Shortest requeue while a task runs, so a task past its expected end is not polled in a
 /// tight loop.
 const MIN_RECHECK: Duration = Duration::from_millis(200);
@@ -43,8 +40,8 @@ const DUE_SLACK: Duration = Duration::from_millis(20);
 
 /// How a machine's passes are timed around its Proxmox tasks and its booting guest. Every
 /// method notes what a pass saw or did and answers when the next look is worth it; the
-/// bookkeeping methods (`in_flight_for`, `succeeded`, `guest_up`, `seen_up`,
-/// `command_pending`) answer the same whatever the policy.
+/// bookkeeping methods (`in_flight_for`, `succeeded`, `guest_up`, `seen_up`) answer the same
+/// whatever the policy.
 pub trait TaskTiming: Send + Sync {
     /// Notes a task just submitted for `machine`; returns the requeue until its first check.
     fn submitted(&self, upid: &Upid, machine: &str, purpose: &str) -> Duration;
@@ -89,8 +86,7 @@ pub trait TaskTiming: Send + Sync {
     /// counts.
     fn boot_started(&self, machine: &str, node: &str);
 
-    /// How long until `machine`'s booting guest (or the command started in it) is worth
-    /// looking at, if it is not yet.
+    /// How long until `machine`'s booting guest is worth looking at, if it is not yet.
     fn boot_not_due(&self, machine: &str) -> Option<Duration>;
 
     /// How long until `machine`'s guest, started on `node`, is worth a first look (not less
@@ -101,23 +97,6 @@ pub trait TaskTiming: Send + Sync {
     /// Notes that `machine`'s guest on `node` is not done booting; returns the requeue until
     /// the next look.
     fn boot_silent(&self, machine: &str, node: &str) -> Duration;
-
-    /// Notes that `cloud-init status` was started as `pid` in `machine`'s guest (VM `vmid` on
-    /// `node`): its result is read by a later pass.
-    fn command_started(&self, machine: &str, node: &str, vmid: u32, pid: u64);
-
-    /// The pid of the `cloud-init status` this process started in VM `vmid` for `machine`
-    /// and has not read the result of.
-    fn command_pending(&self, machine: &str, vmid: u32) -> Option<u64>;
-
-    /// Notes that the machine's command still runs: looked at again shortly.
-    fn command_running(&self, machine: &str);
-
-    /// How long until the result of the machine's command is worth reading.
-    fn command_wait(&self, machine: &str) -> Duration;
-
-    /// Forgets the machine's command (its result was read, or it cannot be).
-    fn command_ended(&self, machine: &str);
 
     /// Notes that `machine`'s guest is done booting (or failed for good): nothing more to
     /// wait for.
@@ -357,47 +336,6 @@ mod tests {
                 "{policy}: an unknown purpose counts as none"
             );
             assert_eq!(clock.succeeded("m1", upload), 1, "{policy}");
-        }
-    }
-
-    #[test]
-    fn a_guest_command_is_read_for_its_vm_until_it_ended_or_the_vm_starts_again() {
-        for (policy, clock) in every_policy() {
-            assert_eq!(clock.command_pending("m1", 101), None, "{policy}");
-            clock.command_started("m1", "pve1", 101, 4242);
-            assert_eq!(clock.command_pending("m1", 101), Some(4242), "{policy}");
-            assert_eq!(
-                clock.command_pending("m1", 102),
-                None,
-                "{policy}: another VM of the machine (re-created) starts its own"
-            );
-            let first = clock.command_wait("m1");
-            assert!(
-                first > MIN_RECHECK && first <= COMMAND_FIRST_LOOK,
-                "{policy}: {first:?}"
-            );
-            assert!(
-                clock.boot_not_due("m1").is_some(),
-                "{policy}: no pass reads it right away"
-            );
-            clock.command_running("m1");
-            assert!(clock.command_wait("m1") <= MIN_RECHECK, "{policy}");
-            assert_eq!(
-                clock.command_pending("m1", 101),
-                Some(4242),
-                "{policy}: still to be read"
-            );
-            clock.command_ended("m1");
-            assert_eq!(clock.command_pending("m1", 101), None, "{policy}");
-            // A command of the guest before a new start is not read.
-            clock.command_started("m1", "pve1", 101, 4243);
-            clock.boot_started("m1", "pve1");
-            assert_eq!(clock.command_pending("m1", 101), None, "{policy}");
-            // Nor after the guest answered.
-            clock.command_started("m1", "pve1", 101, 4244);
-            clock.boot_answered("m1");
-            assert_eq!(clock.command_pending("m1", 101), None, "{policy}");
-            assert_eq!(clock.command_wait("m2"), MIN_RECHECK, "{policy}: none");
         }
     }
 

@@ -15,8 +15,7 @@
 //! - A check that finds the task running waits twice as long as the one before, from a short
 //!   recheck up to a cap: a task a little late is seen soon, a long one costs few checks.
 //! - A guest is first looked at after the last seen boot on its node (any node's, a
-//!   default), then backs off the same way; the `cloud-init status` command's result is read
-//!   after the time it takes, then at the short recheck.
+//!   default), then backs off the same way.
 //! - A task or boot this process did not see begin, and a start checked together with the
 //!   boot, teach nothing: how long they took is unknown.
 
@@ -273,40 +272,6 @@ impl TaskTiming for PlainClock {
         wait
     }
 
-    fn command_started(&self, machine: &str, node: &str, vmid: u32, pid: u64) {
-        let now = Instant::now();
-        self.lock()
-            .booting
-            .entry(machine.to_owned())
-            .or_insert_with(|| Boot::unknown(node, now, now))
-            .command_started(vmid, pid, now);
-    }
-
-    fn command_pending(&self, machine: &str, vmid: u32) -> Option<u64> {
-        self.lock().booting.get(machine)?.command_pending(vmid)
-    }
-
-    fn command_running(&self, machine: &str) {
-        if let Some(boot) = self.lock().booting.get_mut(machine) {
-            boot.command_running(Instant::now());
-        }
-    }
-
-    fn command_wait(&self, machine: &str) -> Duration {
-        let now = Instant::now();
-        let state = self.lock();
-        state
-            .booting
-            .get(machine)
-            .map_or(MIN_RECHECK, |boot| boot.command_wait(now))
-    }
-
-    fn command_ended(&self, machine: &str) {
-        if let Some(boot) = self.lock().booting.get_mut(machine) {
-            boot.command = None;
-        }
-    }
-
     fn boot_answered(&self, machine: &str) {
         let now = Instant::now();
         let mut state = self.lock();
@@ -314,8 +279,7 @@ impl TaskTiming for PlainClock {
             return;
         };
         if boot.learns {
-            let up = boot.command_issued.unwrap_or(now - boot.started);
-            let took = estimate(boot.last_seen_silent, up);
+            let took = estimate(boot.last_seen_silent, now - boot.started);
             state.last_boot_anywhere = Some(took);
             state.last_boot.insert(boot.guest.node, took);
         }
@@ -374,7 +338,6 @@ impl PlainState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::machine::timing::COMMAND_FIRST_LOOK;
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
@@ -487,11 +450,9 @@ mod tests {
         );
         let waits: Vec<Duration> = (0..7).map(|_| clock.boot_silent("m1", "pve1")).collect();
         assert_eq!(millis(&waits), [200, 400, 800, 1600, 3200, 5000, 5000]);
-        // Started 4 s ago, never seen silent, and the command that said done was started now.
+        // Started 4 s ago, never seen silent, and seen done now.
         clock.boot_started("m2", "pve1");
         clock.lock().booting.get_mut("m2").expect("booting").started = Instant::now() - second * 4;
-        clock.command_started("m2", "pve1", 102, 7);
-        clock.command_ended("m2");
         clock.boot_answered("m2");
         let on_pve1 = clock.lock().expected_boot("pve1");
         assert!(on_pve1 >= second * 4 && on_pve1 < second * 5, "{on_pve1:?}");
@@ -519,26 +480,5 @@ mod tests {
         clock.lock().booting.get_mut("m5").expect("booting").started = Instant::now() - second * 60;
         clock.boot_answered("m5");
         assert_eq!(clock.lock().expected_boot("pve3"), on_pve2);
-    }
-
-    #[test]
-    fn a_command_result_is_read_after_the_command_takes_then_at_the_short_recheck() {
-        let clock = PlainClock::default();
-        clock.boot_started("m1", "pve1");
-        clock.boot_silent("m1", "pve1");
-        clock.boot_silent("m1", "pve1");
-        clock.command_started("m1", "pve1", 101, 4242);
-        let wait = clock.command_wait("m1");
-        assert!(
-            wait > COMMAND_FIRST_LOOK / 2 && wait <= COMMAND_FIRST_LOOK,
-            "{wait:?}"
-        );
-        assert!(clock.boot_not_due("m1").is_some_and(|d| d <= wait));
-        clock.command_running("m1");
-        let again = clock.command_wait("m1");
-        assert!(again <= MIN_RECHECK && again > MIN_RECHECK / 2, "{again:?}");
-        // cloud-init still runs: the guest's looks keep backing off from where they were.
-        clock.command_ended("m1");
-        assert_eq!(clock.boot_silent("m1", "pve1"), MIN_RECHECK * 4);
     }
 }
