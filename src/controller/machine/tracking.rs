@@ -112,19 +112,24 @@ impl Reconcile<'_> {
     /// Notes that `upid` ended; the machine whose task waits next behind it on its node is
     /// looked at now, so its pass takes the sooner check instead of its earlier requeue.
     fn task_ended(&self, upid: &Upid) {
-        let Some(next) = self.context.task_timing.finished(upid) else {
+        if let Some(next) = self.context.task_timing.finished(upid) {
+            self.wake_machines(&[next]);
+        }
+    }
+
+    /// Looks at the machines with these claim keys now (through the task-slot channel).
+    fn wake_machines(&self, keys: &[String]) {
+        let Some(caches) = self.context.caches.as_ref().filter(|_| !keys.is_empty()) else {
             return;
         };
-        let machine = self
-            .context
-            .caches
-            .as_ref()
-            .and_then(|caches| caches.machines.find(|m| has_claim_key(m, &next)));
-        if let Some(machine) = machine {
-            self.context
-                .task_slots
-                .wake(vec![ObjectRef::from_obj(&*machine)]);
-        }
+        let woken = caches
+            .machines
+            .state()
+            .iter()
+            .filter(|machine| keys.iter().any(|key| has_claim_key(machine, key)))
+            .map(|machine| ObjectRef::from_obj(&**machine))
+            .collect();
+        self.context.task_slots.wake(woken);
     }
 
     /// The state of the task `upid`: from its node's task list while this process waits for
@@ -147,9 +152,14 @@ impl Reconcile<'_> {
             && let Some(status) = list.status_of(upid)
         {
             self.wake_listed_ended(&list, upid, on_node);
+            tracing::debug!(%upid, task_type = %upid.task_type, ended = status.is_finished(), from = "node task list", "checked a Proxmox task");
             return Ok(status);
         }
-        proxmox.task_status(upid).await
+        let status = proxmox.task_status(upid).await;
+        if let Ok(status) = &status {
+            tracing::debug!(%upid, task_type = %upid.task_type, ended = status.is_finished(), from = "task status", "checked a Proxmox task");
+        }
+        status
     }
 
     /// Wakes the machines (other than this one, which checked `checked`) whose tasks `list`
@@ -163,17 +173,7 @@ impl Reconcile<'_> {
             })
             .map(|(machine, _)| machine)
             .collect();
-        let Some(caches) = self.context.caches.as_ref().filter(|_| !ended.is_empty()) else {
-            return;
-        };
-        let woken = caches
-            .machines
-            .state()
-            .iter()
-            .filter(|machine| ended.iter().any(|key| has_claim_key(machine, key)))
-            .map(|machine| ObjectRef::from_obj(&**machine))
-            .collect();
-        self.context.task_slots.wake(woken);
+        self.wake_machines(&ended);
     }
 
     /// How long until the task this process submitted for the machine is expected to end, if
