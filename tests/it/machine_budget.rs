@@ -125,6 +125,8 @@ struct Provisioned {
     /// The controllers' Kubernetes GETs and LISTs (the watches behind their caches go on).
     kubernetes_reads: u64,
     kubernetes_reads_by_resource: BTreeMap<String, u64>,
+    /// The controllers' writes to ProxmoxMachine statuses.
+    status_writes: u64,
 }
 
 /// The cluster controller's checks of the endpoint (its nodes and version) are the cluster's,
@@ -140,6 +142,21 @@ fn listings(calls: &BTreeMap<String, u64>) -> u64 {
     calls.get("GET /cluster/resources").copied().unwrap_or(0)
 }
 
+/// The controllers' patches of ProxmoxMachine statuses so far.
+fn status_writes(env: &Env) -> u64 {
+    env.server
+        .request_counts_of(CONTROLLERS)
+        .by_resource
+        .into_iter()
+        .filter(|((resource, verb), _)| {
+            verb == "patch"
+                && resource.starts_with("proxmoxmachines")
+                && resource.ends_with("/status")
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
 fn kubernetes_reads(env: &Env) -> BTreeMap<(String, String), u64> {
     env.server
         .request_counts_of(CONTROLLERS)
@@ -152,6 +169,7 @@ fn kubernetes_reads(env: &Env) -> BTreeMap<(String, String), u64> {
 /// Provisions `name` until its node joined and its seed ISO is gone, counting the calls.
 async fn provision_counted(env: &Env, name: &str) -> Provisioned {
     let reads_before = kubernetes_reads(env);
+    let status_writes_before = status_writes(env);
     let log_before = env.sim.request_log().len();
     let before = proxmox_calls(env);
     let by_endpoint = calls_by_endpoint(env);
@@ -210,6 +228,7 @@ async fn provision_counted(env: &Env, name: &str) -> Provisioned {
         proxmox_by_endpoint,
         kubernetes_reads: kubernetes_reads_by_resource.values().sum(),
         kubernetes_reads_by_resource,
+        status_writes: status_writes(env) - status_writes_before,
     }
 }
 
@@ -251,13 +270,16 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
     let deletion = proxmox_calls(&env) - before - cluster_checks(&deletion_calls);
     println!(
         "Proxmox API calls: provisioning {} and {} listings (first machine {} and {}), deletion \
-         {deletion}; Kubernetes reads while provisioning: {} (first machine {})",
+         {deletion}; Kubernetes reads while provisioning: {} (first machine {}), status writes {} \
+         (first machine {})",
         second.proxmox,
         second.listings,
         first.proxmox,
         first.listings,
         second.kubernetes_reads,
-        first.kubernetes_reads
+        first.kubernetes_reads,
+        second.status_writes,
+        first.status_writes
     );
     // Secrets are never cached: the bootstrap data is read when its format is checked and when
     // the seed ISO is built, the credentials at most once. The cluster controller looks at its
@@ -279,6 +301,16 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
             "provisioning the {which} machine made {} Kubernetes reads (budget 6): {:#?}",
             machine.kubernetes_reads,
             machine.kubernetes_reads_by_resource
+        );
+    }
+    // Status writes: the clone's intent and its task record (with the conditions its pass
+    // ends with, so that pass writes nothing more), the announced ends of the clone and the
+    // start, and the records of the later steps.
+    for (which, machine) in [("first", &first), ("second", &second)] {
+        assert!(
+            machine.status_writes <= 9,
+            "provisioning the {which} machine wrote its status {} times (budget 9)",
+            machine.status_writes
         );
     }
     // Provisioning counts everything up to the seed ISO's removal after the node joined

@@ -267,16 +267,7 @@ impl Reconcile<'_> {
                 backoff: false,
             },
         };
-        let decided = [
-            Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
-            wait.decided,
-        ];
-        scope.status.conditions = conditions::merge(
-            &scope.current.conditions,
-            &decided,
-            scope.generation,
-            k8s_openapi::jiff::Timestamp::now(),
-        );
+        scope.status.conditions = reported_conditions(scope, wait.decided);
         self.write_status(&scope.api, &scope.name, &scope.current, &scope.status)
             .await?;
         Ok(if wait.backoff {
@@ -285,4 +276,20 @@ impl Reconcile<'_> {
             Pass::Done(wait.action)
         })
     }
+}
+
+/// The conditions a pass that ends with `decided` reports: not paused, and what it decided.
+pub(super) fn reported_conditions(
+    scope: &Scope,
+    decided: Decided,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conditions::merge(
+        &scope.current.conditions,
+        &[
+            Decided::failed(api::conditions::PAUSED, "NotPaused", ""),
+            decided,
+        ],
+        scope.generation,
+        k8s_openapi::jiff::Timestamp::now(),
+    )
 }

@@ -180,10 +180,18 @@ impl Reconcile<'_> {
 
     /// Records the clone's task right after the request, not at the end of the pass, so a
     /// failed write of the pass's status cannot lose it (a restarted controller checks the task
-    /// instead of cloning again).
-    pub(super) async fn write_task_record(&self, scope: &mut Scope) -> Result<(), MachineError> {
+    /// instead of cloning again). With the conditions the pass ends with (`reporting`), which
+    /// leaves the pass's own status write nothing to change.
+    pub(super) async fn write_task_record(
+        &self,
+        scope: &mut Scope,
+        reporting: Option<&Decided>,
+    ) -> Result<(), MachineError> {
         let mut recorded = scope.status.clone();
-        recorded.conditions = scope.current.conditions.clone();
+        recorded.conditions = match reporting {
+            Some(decided) => super::pass::reported_conditions(scope, decided.clone()),
+            None => scope.current.conditions.clone(),
+        };
         apply_status(&scope.api, &scope.name, &scope.current, &recorded).await?;
         scope.current = recorded;
         Ok(())

@@ -253,7 +253,11 @@ impl Reconcile<'_> {
                 if let Err(failed @ Stop::Failed(_)) = step {
                     return Err(failed);
                 }
-                self.write_task_record(scope).await?;
+                let reporting = match &step {
+                    Err(Stop::Wait(wait)) => Some(&wait.decided),
+                    _ => None,
+                };
+                self.write_task_record(scope, reporting).await?;
                 self.event(
                     scope,
                     EventType::Normal,
