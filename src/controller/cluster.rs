@@ -872,6 +872,9 @@ async fn reconcile_pools(
 ) -> Result<(), ClusterError> {
     let api: Api<InClusterIPPool> = Api::namespaced(context.client.clone(), namespace);
     let owner = cluster_owner_reference(cluster, true);
+    // One list serves the comparison with every desired pool and the search for pools no
+    // longer desired.
+    let live_pools = api.list(&ListParams::default()).await?.items;
     for pool in desired {
         let mut annotations_map = BTreeMap::from([
             (
@@ -907,7 +910,8 @@ async fn reconcile_pools(
         )]));
         object.metadata.annotations = Some(annotations_map);
         object.metadata.owner_references = Some(vec![owner.clone()]);
-        let unchanged = api.get_opt(&pool.name).await?.is_some_and(|live| {
+        let live = live_pools.iter().find(|live| live.name_any() == pool.name);
+        let unchanged = live.is_some_and(|live| {
             live.spec == object.spec
                 && live.labels().get(labels::PROXMOX_ZONE)
                     == object.labels().get(labels::PROXMOX_ZONE)
@@ -928,7 +932,7 @@ async fn reconcile_pools(
     }
     // Pools of zones that were removed or lost their IP config.
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
-    for live in api.list(&ListParams::default()).await? {
+    for live in &live_pools {
         let ours = live
             .owner_references()
             .iter()
