@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -876,40 +876,7 @@ async fn reconcile_pools(
     // longer desired.
     let live_pools = api.list(&ListParams::default()).await?.items;
     for pool in desired {
-        let mut annotations_map = BTreeMap::from([
-            (
-                annotations::IP_FAMILY.to_owned(),
-                pool.family.annotation_value().to_owned(),
-            ),
-            (
-                annotations::GATEWAY_METRIC.to_owned(),
-                pool.config
-                    .metric
-                    .map(|m| m.to_string())
-                    .unwrap_or_default(),
-            ),
-        ]);
-        if let Some(metric) = pool.config.metric {
-            // The legacy annotation the Go provider also writes.
-            annotations_map.insert("metric".to_owned(), metric.to_string());
-        }
-        let mut object = InClusterIPPool::new(
-            &pool.name,
-            capi::InClusterIpPoolSpec {
-                pool: PoolAddresses {
-                    addresses: pool.config.addresses.clone(),
-                    prefix: pool.config.prefix,
-                    gateway: Some(pool.config.gateway.clone()),
-                },
-            },
-        );
-        object.metadata.namespace = Some(namespace.to_owned());
-        object.metadata.labels = Some(BTreeMap::from([(
-            labels::PROXMOX_ZONE.to_owned(),
-            pool.zone_label().to_owned(),
-        )]));
-        object.metadata.annotations = Some(annotations_map);
-        object.metadata.owner_references = Some(vec![owner.clone()]);
+        let object = pool_object(pool, namespace, &owner);
         let live = live_pools.iter().find(|live| live.name_any() == pool.name);
         let unchanged = live.is_some_and(|live| {
             live.spec == object.spec
@@ -944,6 +911,45 @@ async fn reconcile_pools(
         }
     }
     Ok(())
+}
+
+/// The `InClusterIPPool` the cluster wants for `pool`, owned by it (`owner`).
+fn pool_object(pool: &ClusterPool, namespace: &str, owner: &OwnerReference) -> InClusterIPPool {
+    let mut annotations_map = BTreeMap::from([
+        (
+            annotations::IP_FAMILY.to_owned(),
+            pool.family.annotation_value().to_owned(),
+        ),
+        (
+            annotations::GATEWAY_METRIC.to_owned(),
+            pool.config
+                .metric
+                .map(|m| m.to_string())
+                .unwrap_or_default(),
+        ),
+    ]);
+    if let Some(metric) = pool.config.metric {
+        // The legacy annotation the Go provider also writes.
+        annotations_map.insert("metric".to_owned(), metric.to_string());
+    }
+    let mut object = InClusterIPPool::new(
+        &pool.name,
+        capi::InClusterIpPoolSpec {
+            pool: PoolAddresses {
+                addresses: pool.config.addresses.clone(),
+                prefix: pool.config.prefix,
+                gateway: Some(pool.config.gateway.clone()),
+            },
+        },
+    );
+    object.metadata.namespace = Some(namespace.to_owned());
+    object.metadata.labels = Some(BTreeMap::from([(
+        labels::PROXMOX_ZONE.to_owned(),
+        pool.zone_label().to_owned(),
+    )]));
+    object.metadata.annotations = Some(annotations_map);
+    object.metadata.owner_references = Some(vec![owner.clone()]);
+    object
 }
 
 /// Records the pools in `status.inClusterIPPoolRef` and `status.inClusterZoneRef`.
