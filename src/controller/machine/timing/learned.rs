@@ -6,8 +6,9 @@
 //!
 //! Clones queue on their node (Proxmox's storage I/O, the simulator's clone slots): a clone
 //! submitted behind others is checked once at the usual duration of a clone, which tells
-//! whether the node runs clones side by side, and if it still runs, next when the clones ahead
-//! of it and its own are expected to be done, instead of every quarter of its age. A VM's start
+//! whether the node runs clones side by side. On a node that runs them one after another, only
+//! the clone ahead of the others is checked (each check lists the node's tasks, which tells of
+//! the clones behind too), and each end it sees times the queue behind it anew. A VM's start
 //! is checked when guests on its node are usually up, so the pass that sees it end looks at the
 //! guest. Until some guest was seen up, one guest (the scout, booting longest) is looked at often
 //! and the others just after it: the time the scout was first seen up is what they then wait.
@@ -234,19 +235,23 @@ impl TaskTiming for LearnedClock {
     fn not_due(&self, upid: &Upid) -> Option<Duration> {
         let now = Instant::now();
         let mut state = self.lock();
-        if state.ledger.seen_listed_ended(upid) {
+        if state.ledger.seen_listed_ended(upid.as_str()) {
             return None;
         }
-        let queueing = state
-            .queueing_seen
-            .get(&(upid.task_type.clone(), upid.node.clone()))
-            .is_some_and(|seen| now.duration_since(*seen) < QUEUEING_REMEMBERED);
+        let queueing = state.queueing(upid, now);
+        let waits_its_turn = queueing && state.unfinished_ahead(upid, now);
         let task = state.in_flight.get_mut(upid.as_str())?;
         // Queued on a node that is known to run such tasks one after another: the check at a
         // lone task's duration would only find it running.
         if queueing && task.queued_behind > 0 && task.last_seen_running.is_zero() {
             task.first_check_deferred = true;
             task.due = task.due.max(task.expected_end);
+        }
+        // Not begun while one ahead of it runs: the checks of that one list the node and tell
+        // of this one too, and its end wakes this one's pass (`queue_moved_on`).
+        if waits_its_turn {
+            task.due = task.due.max(now);
+            return Some(MAX_RECHECK);
         }
         let due = task.due;
         let task_type = task.task_type.clone();
@@ -286,7 +291,9 @@ impl TaskTiming for LearnedClock {
             _ => (running_for / 4).clamp(shortest, MAX_RECHECK),
         };
         entry.due = now + wait;
-        if queued && first_check {
+        // Seen running at its first check, or running longer than a lone one would since its
+        // submission: the node runs such tasks one after another (still).
+        if queued && (first_check || ran >= expected) {
             state
                 .queueing_seen
                 .insert((upid.task_type.clone(), upid.node.clone()), now);
@@ -302,7 +309,7 @@ impl TaskTiming for LearnedClock {
         state.ledger.task_ended(upid);
         let task = state.in_flight.remove(upid.as_str())?;
         let next = if queues_on_node(&upid.task_type) {
-            state.queue_moved_on(upid, now)
+            state.queue_moved_on(upid, task.submitted, now)
         } else {
             None
         };
@@ -512,7 +519,7 @@ impl ClockState {
     /// expected ends (and checks) move forward to that where it is sooner: an estimate that was
     /// too long does not add up along the queue. Returns the machine of the task next in line
     /// when its check moved sooner: its requeue, set before, would come late.
-    fn queue_moved_on(&mut self, upid: &Upid, now: Instant) -> Option<String> {
+    fn queue_moved_on(&mut self, upid: &Upid, submitted: Instant, now: Instant) -> Option<String> {
         // Durations are counted from when this process saw the request answered, a little
         // after Proxmox began the task: a twentieth more keeps the checks from coming early.
         let expected = self.expected(upid) * 21 / 20;
@@ -523,6 +530,9 @@ impl ClockState {
             .min_by_key(|task| task.submitted)
         {
             next_in_line.queue_left.get_or_insert(now);
+        }
+        if self.queueing(upid, now) {
+            return self.queue_timed_anew(upid, submitted, now, expected);
         }
         let mut behind: Vec<&mut InFlight> = self
             .in_flight
@@ -544,6 +554,62 @@ impl ClockState {
             }
         }
         next
+    }
+
+    /// On a node that runs tasks like `upid` one after another, the one seen done at `now` lets
+    /// the next begin: each task submitted after it (at `submitted`) ends a task's duration (`expected`) after the one
+    /// ahead of it, later as well as sooner than first thought (an estimate that was too short
+    /// would have its checks find it waiting). Returns the machine next in line, woken to be
+    /// checked when its turn should end.
+    fn queue_timed_anew(
+        &mut self,
+        upid: &Upid,
+        submitted: Instant,
+        now: Instant,
+        expected: Duration,
+    ) -> Option<String> {
+        let listed_ended = &self.ledger;
+        let mut behind: Vec<&mut InFlight> = self
+            .in_flight
+            .iter_mut()
+            .filter(|(key, task)| {
+                task.queues_with(upid, now)
+                    && task.submitted > submitted
+                    && !listed_ended.seen_listed_ended(key)
+            })
+            .map(|(_, task)| task)
+            .collect();
+        behind.sort_by_key(|task| task.submitted);
+        let mut end = now;
+        for task in &mut behind {
+            end += expected;
+            task.expected_end = end;
+            task.due = end;
+        }
+        behind
+            .first()
+            .filter(|task| !task.machine.is_empty())
+            .map(|task| task.machine.clone())
+    }
+
+    /// Whether the node of `upid` was seen running tasks like it one after another, lately.
+    fn queueing(&self, upid: &Upid, now: Instant) -> bool {
+        self.queueing_seen
+            .get(&(upid.task_type.clone(), upid.node.clone()))
+            .is_some_and(|seen| now.duration_since(*seen) < QUEUEING_REMEMBERED)
+    }
+
+    /// Whether a task like `upid`, submitted before it on its node, is in flight and not seen
+    /// end (by its check or a node's task list).
+    fn unfinished_ahead(&self, upid: &Upid, now: Instant) -> bool {
+        let Some(submitted) = self.in_flight.get(upid.as_str()).map(|task| task.submitted) else {
+            return false;
+        };
+        self.in_flight.iter().any(|(other, task)| {
+            task.queues_with(upid, now)
+                && task.submitted < submitted
+                && !self.ledger.seen_listed_ended(other)
+        })
     }
 
     /// While no boot was seen end, the guest booting longest (ties by machine) whose look is
@@ -1129,6 +1195,93 @@ mod tests {
         assert!(
             wait <= DEFAULT_CLONE / 4 && wait >= MIN_RECHECK,
             "next in line, its time in the queue says nothing of how long it still runs: {wait:?}"
+        );
+    }
+
+    #[test]
+    fn on_a_node_seen_queueing_only_the_clone_ahead_is_checked_and_its_end_retimes_the_rest() {
+        let clock = LearnedClock::default();
+        let clones = submit_clones(&clock, "pve1", 1..=3);
+        clock.still_running(&clones[1]);
+        // Due by its own estimate, which came too soon: behind a clone no check saw end, it
+        // has not begun, so its pass comes back without a check.
+        for behind in &clones[1..] {
+            clock
+                .lock()
+                .in_flight
+                .get_mut(behind.as_str())
+                .expect("submitted")
+                .expected_end = Instant::now() - DEFAULT_CLONE;
+            clock
+                .lock()
+                .in_flight
+                .get_mut(behind.as_str())
+                .expect("submitted")
+                .due = Instant::now() - DEFAULT_CLONE;
+            assert_eq!(clock.not_due(behind), Some(MAX_RECHECK), "{behind}");
+        }
+        clock
+            .lock()
+            .in_flight
+            .get_mut(clones[0].as_str())
+            .expect("submitted")
+            .due = Instant::now();
+        assert_eq!(
+            clock.not_due(&clones[0]),
+            None,
+            "the clone ahead is checked"
+        );
+        // Its end retimes the queue behind it from now, later than first thought, and wakes
+        // the machine next in line, whose pass was told to come back later.
+        assert_eq!(clock.finished(&clones[0]).as_deref(), Some("pve1-m2"));
+        let expected = DEFAULT_CLONE * 21 / 20;
+        for (rank, behind) in clones[1..].iter().enumerate() {
+            let due = due_in(&clock, behind);
+            let at = expected * (rank as u32 + 1);
+            assert!(due <= at && due + MIN_RECHECK > at, "{rank}: {due:?}");
+        }
+        assert!(clock.not_due(&clones[1]).is_some_and(|d| d <= expected));
+        assert_eq!(
+            clock.not_due(&clones[2]),
+            Some(MAX_RECHECK),
+            "still behind one"
+        );
+        // A node's task list that shows the clone ahead ended: the one behind is no longer held
+        // back (checked on its own estimate), and is checked a clone's duration after that end.
+        assert!(clock.lock().ledger.listed_ended(&clones[1]));
+        assert!(
+            clock
+                .not_due(&clones[2])
+                .is_some_and(|d| d < MAX_RECHECK - MIN_RECHECK)
+        );
+        assert_eq!(clock.finished(&clones[1]).as_deref(), Some("pve1-m3"));
+        // (The first clone, seen done at once, taught a short duration.)
+        let expected = clock.expected(&clones[0]) * 21 / 20;
+        let due = due_in(&clock, &clones[2]);
+        assert!(due <= expected && due + expected / 4 > expected, "{due:?}");
+    }
+
+    #[test]
+    fn a_queued_clone_running_longer_than_a_lone_one_keeps_its_node_known_for_queueing() {
+        let clock = LearnedClock::default();
+        let clones = submit_clones(&clock, "pve1", 1..=2);
+        let key = ("qmclone".to_owned(), "pve1".to_owned());
+        {
+            let mut state = clock.lock();
+            state
+                .queueing_seen
+                .insert(key.clone(), Instant::now() - QUEUEING_REMEMBERED);
+            let queued = state
+                .in_flight
+                .get_mut(clones[1].as_str())
+                .expect("submitted");
+            queued.first_check_deferred = true;
+            queued.submitted -= DEFAULT_CLONE * 2;
+        }
+        clock.still_running(&clones[1]);
+        assert!(
+            clock.lock().queueing_seen[&key].elapsed() < QUEUEING_REMEMBERED / 2,
+            "seen queueing again"
         );
     }
 

@@ -87,8 +87,8 @@ impl Ledger {
     }
 
     /// Whether a node's task list showed `upid` ended since it was submitted.
-    pub(super) fn seen_listed_ended(&self, upid: &Upid) -> bool {
-        self.listed_ended.contains(upid.as_str())
+    pub(super) fn seen_listed_ended(&self, upid: &str) -> bool {
+        self.listed_ended.contains(upid)
     }
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.
@@ -162,12 +162,12 @@ mod tests {
         ledger.submitted(&resize, "m1", &purpose(TaskKind::Resize));
         ledger.submitted(&stop, "m2", &purpose(TaskKind::Stop));
         assert!(ledger.listed_ended(&resize));
-        assert!(ledger.seen_listed_ended(&resize));
+        assert!(ledger.seen_listed_ended(resize.as_str()));
         assert!(
             !ledger.listed_ended(&stop),
             "its check looks at the listing first"
         );
-        assert!(!ledger.seen_listed_ended(&stop));
+        assert!(!ledger.seen_listed_ended(stop.as_str()));
         assert!(!ledger.listed_ended(&other), "no machine waits for it");
         let on_node: Vec<String> = ledger
             .in_flight_on("pve1")
@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(on_node.len(), 2);
         assert!(ledger.in_flight_on("pve2").is_empty());
         ledger.task_ended(&resize);
-        assert!(!ledger.seen_listed_ended(&resize));
+        assert!(!ledger.seen_listed_ended(resize.as_str()));
     }
 
     #[test]

@@ -170,7 +170,7 @@ impl TaskTiming for PlainClock {
 
     fn not_due(&self, upid: &Upid) -> Option<Duration> {
         let state = self.lock();
-        if state.ledger.seen_listed_ended(upid) {
+        if state.ledger.seen_listed_ended(upid.as_str()) {
             return None;
         }
         until(state.tasks.get(upid.as_str())?.due, Instant::now())
