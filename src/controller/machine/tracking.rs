@@ -122,12 +122,11 @@ impl Reconcile<'_> {
         let Some(caches) = self.context.caches.as_ref().filter(|_| !keys.is_empty()) else {
             return;
         };
-        let woken = caches
-            .machines
-            .state()
+        // One search per key: a copy of the store's list per task end would cost more.
+        let woken = keys
             .iter()
-            .filter(|machine| keys.iter().any(|key| has_claim_key(machine, key)))
-            .map(|machine| ObjectRef::from_obj(&**machine))
+            .filter_map(|key| caches.machines.find(|machine| has_claim_key(machine, key)))
+            .map(|machine| ObjectRef::from_obj(&*machine))
             .collect();
         self.context.task_slots.wake(woken);
     }

@@ -48,6 +48,10 @@ const STALE_IN_FLIGHT: Duration = Duration::from_secs(30);
 /// How long a node seen running queued tasks one after another is taken to still do so: a
 /// queued task submitted then skips the check at a lone task's duration.
 const QUEUEING_REMEMBERED: Duration = Duration::from_secs(60);
+/// Requeue of a pass whose task waits its turn behind a running one on its node: the turn
+/// wakes it, so this only bounds the wait when that wake does not come (the machine ahead was
+/// removed).
+const TURN_RECHECK: Duration = Duration::from_secs(30);
 
 /// When this process expects Proxmox tasks to end, so a machine is looked at again then and
 /// not before, whatever wakes it meanwhile (its CAPI Machine changing, for one).
@@ -240,6 +244,14 @@ impl TaskTiming for LearnedClock {
         }
         let queueing = state.queueing(upid, now);
         let waits_its_turn = queueing && state.unfinished_ahead(upid, now);
+        if waits_its_turn {
+            // A queue still waits behind a running task: the node is taken to still run them
+            // one after another (a queue on a node that runs them side by side only waits
+            // longer to be noticed: the lists of the task ahead show the ends behind it).
+            state
+                .queueing_seen
+                .insert((upid.task_type.clone(), upid.node.clone()), now);
+        }
         let task = state.in_flight.get_mut(upid.as_str())?;
         // Queued on a node that is known to run such tasks one after another: the check at a
         // lone task's duration would only find it running.
@@ -251,7 +263,7 @@ impl TaskTiming for LearnedClock {
         // of this one too, and its end wakes this one's pass (`queue_moved_on`).
         if waits_its_turn {
             task.due = task.due.max(now);
-            return Some(MAX_RECHECK);
+            return Some(TURN_RECHECK);
         }
         let due = task.due;
         let task_type = task.task_type.clone();
@@ -291,9 +303,7 @@ impl TaskTiming for LearnedClock {
             _ => (running_for / 4).clamp(shortest, MAX_RECHECK),
         };
         entry.due = now + wait;
-        // Seen running at its first check, or running longer than a lone one would since its
-        // submission: the node runs such tasks one after another (still).
-        if queued && (first_check || ran >= expected) {
+        if queued && first_check {
             state
                 .queueing_seen
                 .insert((upid.task_type.clone(), upid.node.clone()), now);
@@ -1064,11 +1074,11 @@ mod tests {
         let clock = LearnedClock::default();
         let clones = submit_clones(&clock, "pve1", 1..=4);
         // pve1 queues them: the last is checked when the three ahead and it are expected done,
-        // and its pass comes back meanwhile within a bounded time, without a check.
+        // and its pass waits for its turn meanwhile, without a check.
         clock.still_running(&clones[1]);
         clock.not_due(&clones[2]).expect("not due");
         let pass = clock.not_due(&clones[3]).expect("not due");
-        assert!(pass <= MAX_RECHECK, "{pass:?}");
+        assert_eq!(pass, TURN_RECHECK);
         assert!(due_in(&clock, &clones[3]) > DEFAULT_CLONE * 7 / 2);
         // The first is seen done at once, far sooner than expected: each clone behind it ends
         // at most a clone's duration after the one ahead of it, counted from now.
@@ -1218,7 +1228,7 @@ mod tests {
                 .get_mut(behind.as_str())
                 .expect("submitted")
                 .due = Instant::now() - DEFAULT_CLONE;
-            assert_eq!(clock.not_due(behind), Some(MAX_RECHECK), "{behind}");
+            assert_eq!(clock.not_due(behind), Some(TURN_RECHECK), "{behind}");
         }
         clock
             .lock()
@@ -1243,17 +1253,13 @@ mod tests {
         assert!(clock.not_due(&clones[1]).is_some_and(|d| d <= expected));
         assert_eq!(
             clock.not_due(&clones[2]),
-            Some(MAX_RECHECK),
+            Some(TURN_RECHECK),
             "still behind one"
         );
         // A node's task list that shows the clone ahead ended: the one behind is no longer held
         // back (checked on its own estimate), and is checked a clone's duration after that end.
         assert!(clock.lock().ledger.listed_ended(&clones[1]));
-        assert!(
-            clock
-                .not_due(&clones[2])
-                .is_some_and(|d| d < MAX_RECHECK - MIN_RECHECK)
-        );
+        assert!(clock.not_due(&clones[2]).is_some_and(|d| d <= MAX_RECHECK));
         assert_eq!(clock.finished(&clones[1]).as_deref(), Some("pve1-m3"));
         // (The first clone, seen done at once, taught a short duration.)
         let expected = clock.expected(&clones[0]) * 21 / 20;
@@ -1262,27 +1268,29 @@ mod tests {
     }
 
     #[test]
-    fn a_queued_clone_running_longer_than_a_lone_one_keeps_its_node_known_for_queueing() {
+    fn a_clone_waiting_its_turn_keeps_its_node_known_for_queueing() {
         let clock = LearnedClock::default();
         let clones = submit_clones(&clock, "pve1", 1..=2);
         let key = ("qmclone".to_owned(), "pve1".to_owned());
-        {
-            let mut state = clock.lock();
-            state
-                .queueing_seen
-                .insert(key.clone(), Instant::now() - QUEUEING_REMEMBERED);
-            let queued = state
-                .in_flight
-                .get_mut(clones[1].as_str())
-                .expect("submitted");
-            queued.first_check_deferred = true;
-            queued.submitted -= DEFAULT_CLONE * 2;
-        }
-        clock.still_running(&clones[1]);
+        let almost_forgotten = Instant::now() - QUEUEING_REMEMBERED + MIN_RECHECK;
+        clock
+            .lock()
+            .queueing_seen
+            .insert(key.clone(), almost_forgotten);
+        assert_eq!(clock.not_due(&clones[1]), Some(TURN_RECHECK));
         assert!(
-            clock.lock().queueing_seen[&key].elapsed() < QUEUEING_REMEMBERED / 2,
+            clock.lock().queueing_seen[&key] > almost_forgotten,
             "seen queueing again"
         );
+        // Nothing waits behind a lone clone: the node is forgotten as before.
+        let lone = submit_clones(&clock, "pve2", 3..=3);
+        let key = ("qmclone".to_owned(), "pve2".to_owned());
+        clock
+            .lock()
+            .queueing_seen
+            .insert(key.clone(), almost_forgotten);
+        clock.not_due(&lone[0]);
+        assert_eq!(clock.lock().queueing_seen[&key], almost_forgotten);
     }
 
     #[test]
