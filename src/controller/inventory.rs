@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::placement::TemplateInfo;
@@ -106,7 +106,52 @@ struct Snapshot {
     taken: Instant,
     /// The write count when the fetch started: it shows the writes counted up to there.
     writes_before: u64,
-    resources: Arc<Vec<ClusterResource>>,
+    resources: Arc<Listing>,
+}
+
+/// One fetch of `/cluster/resources`, with its VMs indexed by tag on first use: every machine's
+/// pass looks for its VM in the same listing, so it is searched once, not once per pass.
+#[derive(Debug, Default)]
+pub struct Listing {
+    resources: Vec<ClusterResource>,
+    /// Lowercased tag -> position of the first VM (not template) carrying it.
+    vm_by_tag: OnceLock<HashMap<String, usize>>,
+}
+
+impl Listing {
+    pub fn new(resources: Vec<ClusterResource>) -> Self {
+        Self {
+            resources,
+            vm_by_tag: OnceLock::new(),
+        }
+    }
+
+    /// The first VM (not template) that carries `tag`, compared without regard to ASCII case.
+    pub fn vm_tagged(&self, tag: &str) -> Option<&ClusterResource> {
+        let index = self.vm_by_tag.get_or_init(|| {
+            let mut index = HashMap::new();
+            for (position, vm) in self.resources.iter().enumerate() {
+                if vm.kind != ResourceType::Qemu || vm.template {
+                    continue;
+                }
+                for tag in &vm.tags {
+                    index.entry(tag.to_ascii_lowercase()).or_insert(position);
+                }
+            }
+            index
+        });
+        index
+            .get(&tag.to_ascii_lowercase())
+            .map(|&position| &self.resources[position])
+    }
+}
+
+impl std::ops::Deref for Listing {
+    type Target = [ClusterResource];
+
+    fn deref(&self) -> &[ClusterResource] {
+        &self.resources
+    }
 }
 
 impl Snapshot {
@@ -143,7 +188,7 @@ impl Endpoint {
         written_by.insert(writer.to_owned(), count);
     }
 
-    fn fresh(&self, written: u64) -> Option<Arc<Vec<ClusterResource>>> {
+    fn fresh(&self, written: u64) -> Option<Arc<Listing>> {
         let latest = lock(&self.latest);
         let snapshot = latest.as_ref()?;
         snapshot
@@ -159,7 +204,7 @@ impl Inventory {
         &self,
         proxmox: &ProxmoxClient,
         reader: Option<&str>,
-    ) -> Result<Arc<Vec<ClusterResource>>, ProxmoxError> {
+    ) -> Result<Arc<Listing>, ProxmoxError> {
         let endpoint = self.endpoint(proxmox);
         let written = endpoint.written(reader);
         if let Some(resources) = endpoint.fresh(written) {
@@ -172,7 +217,7 @@ impl Inventory {
         }
         let writes_before = endpoint.writes.load(Ordering::SeqCst);
         let taken = Instant::now();
-        let resources = Arc::new(proxmox.cluster_resources(None).await?);
+        let resources = Arc::new(Listing::new(proxmox.cluster_resources(None).await?));
         *lock(&endpoint.latest) = Some(Snapshot {
             taken,
             writes_before,
@@ -400,8 +445,32 @@ mod tests {
         *lock(&endpoint.latest) = Some(Snapshot {
             taken: Instant::now(),
             writes_before: endpoint.writes.load(Ordering::SeqCst),
-            resources: Arc::new(Vec::new()),
+            resources: Arc::new(Listing::default()),
         });
+    }
+
+    #[test]
+    fn a_vm_is_found_by_any_of_its_tags_in_any_case_and_templates_are_not_vms() {
+        let guest = |kind: &str, vmid: u32, template: u8, tags: &str| -> ClusterResource {
+            serde_json::from_value(serde_json::json!({
+                "id": format!("{kind}/{vmid}"), "type": kind, "vmid": vmid, "node": "pve1",
+                "template": template, "tags": tags,
+            }))
+            .expect("resource")
+        };
+        let listing = Listing::new(vec![
+            guest("qemu", 100, 1, "capmox-machine-a"),
+            guest("lxc", 101, 0, "capmox-machine-a"),
+            guest("qemu", 102, 0, "k8s;Capmox-Machine-A"),
+            guest("qemu", 103, 0, "capmox-machine-a"),
+            guest("qemu", 104, 0, "capmox-machine-b"),
+        ]);
+        let vmid = |tag: &str| listing.vm_tagged(tag).and_then(|vm| vm.vmid);
+        assert_eq!(vmid("capmox-machine-a"), Some(102));
+        assert_eq!(vmid("CAPMOX-machine-B"), Some(104));
+        assert_eq!(vmid("k8s"), Some(102));
+        assert_eq!(vmid("capmox-machine-c"), None);
+        assert_eq!(listing.len(), 5);
     }
 
     #[test]

@@ -288,17 +288,13 @@ impl ProxmoxClient {
                     tokio::time::sleep(delay).await;
                 }
                 Err(e) => return Err(e),
-                Ok(v) => {
-                    return serde_json::from_value::<T>(v).map_err(|e| ProxmoxError::Decode {
-                        endpoint: req.endpoint.to_string(),
-                        message: e.to_string(),
-                    });
-                }
+                Ok(body) => return decode_data(&body, req.endpoint),
             }
         }
     }
 
-    async fn send_once(&self, req: &Request, body: Body) -> Result<Value> {
+    /// One attempt: the body of a successful answer, undecoded.
+    async fn send_once(&self, req: &Request, body: Body) -> Result<Vec<u8>> {
         if req.method != Method::GET && self.inner.fence.is_raised() {
             return Err(ProxmoxError::Fenced);
         }
@@ -342,7 +338,7 @@ impl ProxmoxClient {
         result
     }
 
-    async fn exchange(&self, builder: reqwest::RequestBuilder, endpoint: &str) -> Result<Value> {
+    async fn exchange(&self, builder: reqwest::RequestBuilder, endpoint: &str) -> Result<Vec<u8>> {
         let resp = builder.send().await.map_err(transport_error)?;
         let status = resp.status();
         let retry_after = retry_after(resp.headers());
@@ -352,18 +348,7 @@ impl ProxmoxClient {
             .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned());
         let bytes = read_bounded(resp, endpoint).await?;
         if status.is_success() {
-            let envelope: Value =
-                serde_json::from_slice(&bytes).map_err(|e| ProxmoxError::Decode {
-                    endpoint: endpoint.to_string(),
-                    message: format!("body is not JSON: {e}"),
-                })?;
-            return match envelope {
-                Value::Object(mut map) => Ok(map.remove("data").unwrap_or(Value::Null)),
-                other => Err(ProxmoxError::Decode {
-                    endpoint: endpoint.to_string(),
-                    message: format!("expected an object with 'data', got {}", type_name(&other)),
-                }),
-            };
+            return Ok(bytes);
         }
         Err(error_from_parts(status, phrase.as_deref(), &bytes).with_retry_after(retry_after))
     }
@@ -441,14 +426,55 @@ pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Durati
     Some(wait.min(MAX_RETRY_AFTER))
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+/// The `data` of a Proxmox answer decoded straight into `T` (no JSON tree in between: a
+/// listing of thousands of VMs is decoded on every refresh); an answer without `data` decodes
+/// as `null`.
+fn decode_data<T: DeserializeOwned>(body: &[u8], endpoint: &str) -> Result<T> {
+    let decode_error = |message: String| ProxmoxError::Decode {
+        endpoint: endpoint.to_string(),
+        message,
+    };
+    let envelope: Envelope<T> = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            decode_error(format!("body is not JSON: {e}"))
+        }
+        _ => decode_error(e.to_string()),
+    })?;
+    match envelope.0 {
+        Some(data) => Ok(data),
+        None => T::deserialize(Value::Null).map_err(|e| decode_error(e.to_string())),
+    }
+}
+
+/// A Proxmox answer's envelope: `{"data": ...}`, other members ignored.
+struct Envelope<T>(Option<T>);
+
+impl<'de, T: DeserializeOwned> serde::Deserialize<'de> for Envelope<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        struct EnvelopeVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: DeserializeOwned> serde::de::Visitor<'de> for EnvelopeVisitor<T> {
+            type Value = Envelope<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object with 'data'")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut data = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "data" {
+                        data = Some(map.next_value::<T>()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(Envelope(data))
+            }
+        }
+        deserializer.deserialize_map(EnvelopeVisitor(std::marker::PhantomData))
     }
 }
 
@@ -515,6 +541,45 @@ pub fn error_from_parts(status: StatusCode, phrase: Option<&str>, body: &[u8]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_decode_their_data_and_say_what_is_wrong_with_the_rest() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Vm {
+            vmid: u32,
+        }
+        let endpoint = "GET /cluster/resources";
+        let vms: Vec<Vm> = decode_data(
+            br#"{"total":2,"data":[{"vmid":100},{"vmid":101,"extra":[1,{"a":null}]}]}"#,
+            endpoint,
+        )
+        .unwrap();
+        assert_eq!(vms, [Vm { vmid: 100 }, Vm { vmid: 101 }]);
+        // Without `data` (or with a null one) the answer reads as null.
+        assert_eq!(
+            decode_data::<Option<Vm>>(br#"{"success":1}"#, endpoint).unwrap(),
+            None
+        );
+        assert_eq!(
+            decode_data::<Option<Vm>>(br#"{"data":null}"#, endpoint).unwrap(),
+            None
+        );
+        let message = |body: &[u8]| match decode_data::<Vec<Vm>>(body, endpoint) {
+            Err(ProxmoxError::Decode {
+                endpoint: e,
+                message,
+            }) => {
+                assert_eq!(e, endpoint);
+                message
+            }
+            other => panic!("expected a decode error, got {other:?}"),
+        };
+        assert!(message(b"<html>login</html>").starts_with("body is not JSON"));
+        assert!(message(br#"{"data":[{"vmid":1}"#).starts_with("body is not JSON"));
+        assert!(message(br#"[{"vmid":1}]"#).contains("an object with 'data'"));
+        assert!(message(br#"{"data":[{"vmid":"x"}]}"#).contains("invalid type"));
+        assert!(message(br#"{"total":0}"#).contains("invalid type: null"));
+    }
 
     #[test]
     fn error_body_variants() {

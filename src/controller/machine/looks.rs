@@ -11,6 +11,7 @@ use super::endpoint::MachineProxmox;
 use super::outcome::{Flow, Stop};
 use super::vm::Identity;
 use super::{During, Reconcile, Scope, claim_key};
+use crate::controller::inventory::Listing;
 use crate::placement::Placement;
 use crate::proxmox::{ClusterResource, ProxmoxClient, VmConfig};
 
@@ -28,7 +29,7 @@ pub(super) struct Held {
     /// Some of the machine's claims are not bound yet.
     pub addresses_pending: bool,
     /// What Proxmox lists.
-    pub resources: Option<Arc<Vec<ClusterResource>>>,
+    pub resources: Option<Arc<Listing>>,
     /// The machine's VM as listed.
     pub vm: Option<ClusterResource>,
     /// The VM's config, once a phase read or wrote it.

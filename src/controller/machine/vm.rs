@@ -23,7 +23,7 @@ use super::{
 use crate::api::{self, ProxmoxMachine, ProxmoxMachineStatus, VirtualMachineState, labels};
 use crate::capi::{self};
 use crate::controller::conditions::{self, Decided};
-use crate::controller::inventory;
+use crate::controller::inventory::{self, Listing};
 use crate::placement::{
     self, CloneSources, GuestInfo, GuestKind, NodeCandidates, NodeInfo, NodeInventory,
     PlacedMachine, Placement, ScheduleRequest, StorageInfo, TemplateChoice, TemplateCopy,
@@ -66,11 +66,11 @@ impl Reconcile<'_> {
     pub(super) async fn find_vm(
         &self,
         scope: &mut Scope,
-        resources: &[ClusterResource],
+        resources: &Listing,
         proxmox: &ProxmoxClient,
     ) -> Result<Option<ClusterResource>, MachineError> {
         let identity = Identity::of(self.machine, &scope.name);
-        if let Some(vm) = vms(resources).find(|r| identity.tagged(&r.tags)) {
+        if let Some(vm) = resources.vm_tagged(&identity.tag) {
             return Ok(Some(vm.clone()));
         }
         if let Some(vmid) = scope.recorded_vmid
@@ -121,7 +121,10 @@ impl Reconcile<'_> {
     /// intent, before the request), and requests the clone. The pass always waits after it.
     pub(super) async fn create_vm(&self, scope: &mut Scope, held: &Held) -> Flow<Infallible> {
         let (placement, proxmox) = (held.placement()?, held.proxmox()?);
-        let resources = held.resources.as_deref().map_or(&[][..], Vec::as_slice);
+        let resources = held
+            .resources
+            .as_deref()
+            .map_or(&[][..], |listing| &**listing);
         let CloneChoice {
             source,
             target,
