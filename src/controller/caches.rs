@@ -4,6 +4,7 @@
 //! Secrets are never cached (they are read when needed, and only then). A reconcile that runs
 //! outside a controller (a test calling it directly) reads from the API server instead.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -256,6 +257,35 @@ impl<'a> Reads<'a> {
         }
     }
 
+    /// The objects of kind `K` in `namespace` with these names, by name (those that exist):
+    /// from the caches one lookup each, else one list of those labelled `label`.
+    pub async fn named<'n, K: Cached>(
+        &self,
+        namespace: &str,
+        names: impl Iterator<Item = &'n str>,
+        label: (&str, &str),
+    ) -> Result<HashMap<String, Arc<K>>, kube::Error> {
+        let wanted: HashSet<&str> = names.collect();
+        match self.caches {
+            Some(caches) => Ok(wanted
+                .into_iter()
+                .filter_map(|name| {
+                    let object = K::store(caches).get(&ObjectRef::new(name).within(namespace))?;
+                    Some((name.to_owned(), object))
+                })
+                .collect()),
+            None => Ok(self
+                .labelled::<K>(namespace, label.0, label.1)
+                .await?
+                .into_iter()
+                .filter_map(|object| {
+                    let name = object.meta().name.clone()?;
+                    wanted.contains(name.as_str()).then_some((name, object))
+                })
+                .collect()),
+        }
+    }
+
     /// The objects of kind `K` in `namespace` whose label `key` equals `value`.
     pub async fn labelled<K: Cached>(
         &self,
@@ -265,7 +295,7 @@ impl<'a> Reads<'a> {
     ) -> Result<Vec<Arc<K>>, kube::Error> {
         match self.caches {
             Some(caches) => Ok(K::store(caches).state_filter(|object| {
-                object.namespace().as_deref() == Some(namespace)
+                object.meta().namespace.as_deref() == Some(namespace)
                     && object.labels().get(key).map(String::as_str) == Some(value)
             })),
             None => Ok(Api::<K>::namespaced(self.client.clone(), namespace)
@@ -285,7 +315,8 @@ impl<'a> Reads<'a> {
     ) -> Result<Vec<Arc<K>>, kube::Error> {
         match self.caches {
             Some(caches) => Ok(K::store(caches).state_filter(|object| {
-                namespace.is_none_or(|namespace| object.namespace().as_deref() == Some(namespace))
+                namespace
+                    .is_none_or(|namespace| object.meta().namespace.as_deref() == Some(namespace))
             })),
             None => {
                 let api = match namespace {

@@ -264,7 +264,7 @@ fn machines_of(
         .state()
         .into_iter()
         .filter(|m| {
-            m.namespace() == namespace
+            m.metadata.namespace == namespace
                 && m.labels().get(labels::CLUSTER_NAME).map(String::as_str) == Some(name)
         })
         .map(|m| ObjectRef::from_obj(&*m))

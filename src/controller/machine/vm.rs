@@ -1,7 +1,7 @@
 //! Finding the machine's VM, or creating it: the VM's identity, VMID choice, placement on a
 //! node and the clone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -553,73 +553,91 @@ impl Reconcile<'_> {
         placement: &Placement,
     ) -> Flow<NodeInventory> {
         let pci_on_node = self.pci_devices(proxmox, placement).await?;
-        let reads = self.reads();
-        let machines = reads
-            .labelled::<ProxmoxMachine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
-            .await?;
-        let capi_machines = reads
-            .labelled::<capi::Machine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
-            .await?;
-        // By name: a fleet of thousands is matched in one pass, not one scan per machine.
-        let capi_machines: BTreeMap<&str, &capi::Machine> = capi_machines
+        let mut placed = self.placed_machines(scope, proxmox).await?;
+        let mut guests_on_node: HashMap<&str, Vec<GuestInfo>> = HashMap::new();
+        for guest in resources
             .iter()
-            .filter_map(|c| Some((c.metadata.name.as_deref()?, &**c)))
-            .collect();
-        let placed = |node: &str| -> Vec<PlacedMachine> {
-            machines
-                .iter()
-                .filter(|m| m.metadata.name.as_deref() != Some(scope.name.as_str()))
-                .filter(|m| {
-                    // On this node of this Proxmox (a machine that has not recorded its
-                    // endpoint yet counts wherever its node name matches).
-                    m.status.as_ref().is_some_and(|s| {
-                        s.proxmox_node.as_deref() == Some(node)
-                            && s.proxmox_endpoint
-                                .as_deref()
-                                .is_none_or(|endpoint| endpoint == proxmox.endpoint())
-                    })
-                })
-                .filter_map(|m| {
-                    let owner = m.owner_references().iter().find(|o| o.kind == "Machine")?;
-                    let capi_machine = capi_machines.get(owner.name.as_str())?;
-                    Some(PlacedMachine::from_machine(m.name_any(), capi_machine))
-                })
-                .collect()
-        };
+            .filter(|g| matches!(g.kind, ResourceType::Qemu | ResourceType::Lxc))
+        {
+            let Some(node) = guest.node.as_deref() else {
+                continue;
+            };
+            guests_on_node.entry(node).or_default().push(GuestInfo {
+                vmid: guest.vmid.unwrap_or_default(),
+                kind: if guest.kind == ResourceType::Lxc {
+                    GuestKind::Lxc
+                } else {
+                    GuestKind::Qemu
+                },
+                max_memory_bytes: guest.maxmem.unwrap_or(0),
+                template: guest.template,
+            });
+        }
         // An offline node takes no clone (and a zone with none online waits, saying so).
         let nodes = resources
             .iter()
             .filter(|r| r.kind == ResourceType::Node && r.status.as_deref() == Some("online"))
             .filter_map(|r| {
                 let name = r.node.clone()?;
-                let guests = resources
-                    .iter()
-                    .filter(|g| {
-                        matches!(g.kind, ResourceType::Qemu | ResourceType::Lxc)
-                            && g.node.as_deref() == Some(name.as_str())
-                    })
-                    .map(|g| GuestInfo {
-                        vmid: g.vmid.unwrap_or_default(),
-                        kind: if g.kind == ResourceType::Lxc {
-                            GuestKind::Lxc
-                        } else {
-                            GuestKind::Qemu
-                        },
-                        max_memory_bytes: g.maxmem.unwrap_or(0),
-                        template: g.template,
-                    })
-                    .collect();
                 Some(NodeInfo {
-                    machines: placed(&name),
+                    machines: placed.remove(name.as_str()).unwrap_or_default(),
                     pci: pci_on_node.on(&name),
                     local_storage_free: super::devices::local_storage_free(resources, &name),
+                    guests: guests_on_node.remove(name.as_str()).unwrap_or_default(),
                     name,
                     total_memory_bytes: r.maxmem.unwrap_or(0),
-                    guests,
                 })
             })
             .collect();
         Ok(NodeInventory { nodes })
+    }
+
+    /// The cluster's other machines recorded on a node of this Proxmox, by node (a machine
+    /// that has not recorded its endpoint yet counts wherever its node name matches), each with
+    /// the owner and role of its CAPI Machine: one pass over the cluster's machines per clone.
+    async fn placed_machines(
+        &self,
+        scope: &Scope,
+        proxmox: &ProxmoxClient,
+    ) -> Result<HashMap<String, Vec<PlacedMachine>>, MachineError> {
+        let reads = self.reads();
+        let machines = reads
+            .labelled::<ProxmoxMachine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
+            .await?;
+        let on_nodes: Vec<(&str, &ProxmoxMachine, &str)> = machines
+            .iter()
+            .filter(|m| m.metadata.name.as_deref() != Some(scope.name.as_str()))
+            .filter_map(|m| {
+                let status = m.status.as_ref()?;
+                let node = status.proxmox_node.as_deref()?;
+                let here = status
+                    .proxmox_endpoint
+                    .as_deref()
+                    .is_none_or(|endpoint| endpoint == proxmox.endpoint());
+                let owner = m.owner_references().iter().find(|o| o.kind == "Machine")?;
+                here.then_some((node, &**m, owner.name.as_str()))
+            })
+            .collect();
+        let owners = reads
+            .named::<capi::Machine>(
+                &scope.namespace,
+                on_nodes.iter().map(|(_, _, owner)| *owner),
+                (labels::CLUSTER_NAME, &scope.cluster_name),
+            )
+            .await?;
+        let mut placed: HashMap<String, Vec<PlacedMachine>> = HashMap::new();
+        for (node, machine, owner) in on_nodes {
+            if let Some(capi_machine) = owners.get(owner) {
+                placed
+                    .entry(node.to_owned())
+                    .or_default()
+                    .push(PlacedMachine::from_machine(
+                        machine.name_any(),
+                        capi_machine,
+                    ));
+            }
+        }
+        Ok(placed)
     }
 }
 
