@@ -96,7 +96,8 @@ where
             {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}
         ])
     };
-    api.patch(
+    super::patch::patch(
+        api,
         &name,
         &PatchParams::default(),
         &Patch::Json::<()>(serde_json::from_value(patch)?),
@@ -134,7 +135,8 @@ where
     if ops.len() == 1 {
         return Ok(());
     }
-    api.patch(
+    super::patch::patch(
+        api,
         &name,
         &PatchParams::default(),
         &Patch::Json::<()>(serde_json::from_value(Value::Array(ops))?),

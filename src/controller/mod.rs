@@ -15,6 +15,7 @@ pub mod leader;
 pub mod machine;
 pub mod metrics;
 pub mod node_tasks;
+pub mod patch;
 pub mod queue_depth;
 pub mod remediation;
 pub mod task_slots;

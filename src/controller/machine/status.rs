@@ -12,6 +12,7 @@ use crate::api::{self, ProxmoxMachine, ProxmoxMachineStatus, finalizers, labels}
 use crate::controller::conditions::{self, Decided};
 use crate::controller::failures;
 use crate::controller::guarded::{self, WriteError};
+use crate::controller::patch;
 use crate::placement::Placement;
 
 impl Reconcile<'_> {
@@ -67,17 +68,16 @@ impl Reconcile<'_> {
             ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
         }
         ops.push(json!({"op": "add", "path": "/spec/virtualMachineID", "value": vmid}));
-        let patched = scope
-            .api
-            .patch(
-                &scope.name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(serde_json::from_value(serde_json::Value::Array(ops))?),
-            )
-            .await
-            .map_err(|error| guarded::guarded_write_error(self.machine, error))?;
-        scope.generation = patched.metadata.generation;
-        Ok(patched.metadata.resource_version)
+        let patched = patch::patch(
+            &scope.api,
+            &scope.name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(serde_json::Value::Array(ops))?),
+        )
+        .await
+        .map_err(|error| guarded::guarded_write_error(self.machine, error))?;
+        scope.generation = patched.generation;
+        Ok(patched.resource_version)
     }
 
     /// Writes `provider_id` to the machine's spec and its zone (`default` without one) to its
@@ -100,18 +100,17 @@ impl Reconcile<'_> {
         {
             return Ok(());
         }
-        let patched = scope
-            .api
-            .patch(
-                &scope.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({
-                    "metadata": {"labels": {labels::PROXMOX_ZONE: zone}},
-                    "spec": {"providerID": provider_id},
-                })),
-            )
-            .await?;
-        scope.generation = patched.metadata.generation;
+        let patched = patch::patch(
+            &scope.api,
+            &scope.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {labels::PROXMOX_ZONE: zone}},
+                "spec": {"providerID": provider_id},
+            })),
+        )
+        .await?;
+        scope.generation = patched.generation;
         Ok(())
     }
 
@@ -127,14 +126,13 @@ impl Reconcile<'_> {
             {"op": "test", "path": "/status/taskRef", "value": upid},
             {"op": "remove", "path": "/status/taskRef"}
         ]);
-        let patched = scope
-            .api
-            .patch_status(
-                &scope.name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(serde_json::from_value(patch)?),
-            )
-            .await;
+        let patched = patch::patch_status(
+            &scope.api,
+            &scope.name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(patch)?),
+        )
+        .await;
         match patched {
             Ok(_) => {
                 scope.current.task_ref = None;
@@ -279,7 +277,8 @@ async fn apply_status_guarded(
     if let Some(version) = resource_version {
         body["metadata"] = json!({"resourceVersion": version});
     }
-    api.patch_status(
+    patch::patch_status(
+        api,
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(body),
