@@ -1,6 +1,7 @@
 //! One snapshot of Proxmox's `/cluster/resources` per endpoint, shared by every machine
 //! reconcile: fetched by one caller while the others wait for that fetch (single flight),
-//! reused while younger than [`MAX_AGE`], and refetched for a machine once it changed what
+//! reused while younger than [`MAX_AGE`] ([`SETTLED_MAX_AGE`] for a provisioned machine's
+//! resync, which only looks for drift), and refetched for a machine once it changed what
 //! Proxmox lists of its own VM (a clone, a start, a stop, a deletion, its HA state). Other
 //! machines' changes do not make a snapshot stale for it: what they hold while Proxmox may not
 //! list it yet is in this process's bookkeeping (memory reservations, VMID claims). Decisions
@@ -22,13 +23,18 @@ use crate::proxmox::{ClusterResource, ProxmoxClient, ProxmoxError, ResourceType,
 /// How long a snapshot serves before it is fetched again, even without writes of this process.
 pub const MAX_AGE: Duration = Duration::from_secs(2);
 
+/// How long a snapshot serves a provisioned machine that wrote nothing since: its pass only
+/// looks for drift, which it would otherwise find one resync later, so a large fleet at rest
+/// fetches the listing a few times a minute, not on every pass.
+pub const SETTLED_MAX_AGE: Duration = Duration::from_secs(60);
+
 /// How long a node's ISO storage, a template's config and the lowest free VMID Proxmox named
 /// are reused: an administrator's change to them is seen within this time.
 pub const LOOKUP_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// How long a clone's end is remembered: longer than any snapshot in use, with room for the
 /// fetch that was under way.
-const CLONE_END_KEPT: Duration = Duration::from_secs(2 * MAX_AGE.as_secs());
+const CLONE_END_KEPT: Duration = Duration::from_secs(2 * SETTLED_MAX_AGE.as_secs());
 
 /// Snapshots by endpoint (base URL and token).
 #[derive(Clone, Default)]
@@ -155,9 +161,10 @@ impl std::ops::Deref for Listing {
 }
 
 impl Snapshot {
-    /// Young enough, and fetched after the reader's own latest write (counted `written`).
-    fn fresh_for(&self, written: u64) -> bool {
-        self.writes_before >= written && self.taken.elapsed() < MAX_AGE
+    /// Younger than `max_age`, and fetched after the reader's own latest write (counted
+    /// `written`).
+    fn fresh_for(&self, written: u64, max_age: Duration) -> bool {
+        self.writes_before >= written && self.taken.elapsed() < max_age
     }
 }
 
@@ -188,11 +195,11 @@ impl Endpoint {
         written_by.insert(writer.to_owned(), count);
     }
 
-    fn fresh(&self, written: u64) -> Option<Arc<Listing>> {
+    fn fresh(&self, written: u64, max_age: Duration) -> Option<Arc<Listing>> {
         let latest = lock(&self.latest);
         let snapshot = latest.as_ref()?;
         snapshot
-            .fresh_for(written)
+            .fresh_for(written, max_age)
             .then(|| snapshot.resources.clone())
     }
 }
@@ -205,14 +212,34 @@ impl Inventory {
         proxmox: &ProxmoxClient,
         reader: Option<&str>,
     ) -> Result<Arc<Listing>, ProxmoxError> {
+        self.resources_within(proxmox, reader, MAX_AGE).await
+    }
+
+    /// What Proxmox lists, for a provisioned machine's resync: as [`Inventory::resources`],
+    /// but up to [`SETTLED_MAX_AGE`] old.
+    pub async fn settled_resources(
+        &self,
+        proxmox: &ProxmoxClient,
+        reader: &str,
+    ) -> Result<Arc<Listing>, ProxmoxError> {
+        self.resources_within(proxmox, Some(reader), SETTLED_MAX_AGE)
+            .await
+    }
+
+    async fn resources_within(
+        &self,
+        proxmox: &ProxmoxClient,
+        reader: Option<&str>,
+        max_age: Duration,
+    ) -> Result<Arc<Listing>, ProxmoxError> {
         let endpoint = self.endpoint(proxmox);
         let written = endpoint.written(reader);
-        if let Some(resources) = endpoint.fresh(written) {
+        if let Some(resources) = endpoint.fresh(written, max_age) {
             return Ok(resources);
         }
         let _fetching = endpoint.fetching.lock().await;
         // Another reader may have fetched while this one waited.
-        if let Some(resources) = endpoint.fresh(written) {
+        if let Some(resources) = endpoint.fresh(written, max_age) {
             return Ok(resources);
         }
         let writes_before = endpoint.writes.load(Ordering::SeqCst);
@@ -497,7 +524,8 @@ mod tests {
     fn a_snapshot_is_stale_only_for_the_machine_that_wrote_since() {
         let endpoint = Endpoint::default();
         snapshot(&endpoint);
-        let fresh_for = |reader: Option<&str>| endpoint.fresh(endpoint.written(reader)).is_some();
+        let fresh_for =
+            |reader: Option<&str>| endpoint.fresh(endpoint.written(reader), MAX_AGE).is_some();
         assert!(fresh_for(Some("m1")) && fresh_for(Some("m2")) && fresh_for(None));
 
         endpoint.wrote("m1");
@@ -517,6 +545,28 @@ mod tests {
     }
 
     #[test]
+    fn a_settled_machine_reads_an_older_snapshot_unless_it_wrote_since() {
+        let endpoint = Endpoint::default();
+        snapshot(&endpoint);
+        let age_by = |by: Duration| lock(&endpoint.latest).as_mut().expect("snapshot").taken -= by;
+        let serves = |reader: &str, max_age| {
+            endpoint
+                .fresh(endpoint.written(Some(reader)), max_age)
+                .is_some()
+        };
+        age_by(MAX_AGE);
+        assert!(!serves("m1", MAX_AGE), "too old for a machine at work");
+        assert!(serves("m1", SETTLED_MAX_AGE), "young enough for a resync");
+
+        endpoint.wrote("m1");
+        assert!(!serves("m1", SETTLED_MAX_AGE), "m1 changed its VM since");
+        assert!(serves("m2", SETTLED_MAX_AGE));
+
+        age_by(SETTLED_MAX_AGE);
+        assert!(!serves("m2", SETTLED_MAX_AGE), "too old even for a resync");
+    }
+
+    #[test]
     fn forgotten_writers_read_as_if_they_wrote_when_they_were_forgotten() {
         let endpoint = Endpoint::default();
         for n in 0..WRITERS_KEPT {
@@ -529,7 +579,11 @@ mod tests {
             1,
             "the marks were dropped"
         );
-        let fresh_for = |reader: &str| endpoint.fresh(endpoint.written(Some(reader))).is_some();
+        let fresh_for = |reader: &str| {
+            endpoint
+                .fresh(endpoint.written(Some(reader)), MAX_AGE)
+                .is_some()
+        };
         assert!(!fresh_for("m7"), "m7 may have written just before");
         assert!(!fresh_for("new"));
         snapshot(&endpoint);

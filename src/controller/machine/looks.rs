@@ -164,12 +164,14 @@ impl Reconcile<'_> {
         held: &mut Held,
     ) -> Flow<VmSeen> {
         let proxmox = held.proxmox()?.clone();
-        let resources = self
-            .context
-            .inventory
-            .resources(&proxmox, Some(&claim_key(self.machine)))
-            .await
-            .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
+        let inventory = &self.context.inventory;
+        let reader = claim_key(self.machine);
+        let resources = if observed.provisioned && !observed.deleting {
+            inventory.settled_resources(&proxmox, &reader).await
+        } else {
+            inventory.resources(&proxmox, Some(&reader)).await
+        }
+        .during(|| "listing Proxmox's VMs and nodes".to_owned())?;
         let found = self.find_vm(scope, &resources, &proxmox).await?;
         held.resources = Some(resources);
         let Some(mut vm) = found else {
