@@ -165,11 +165,7 @@ pub const REASONS: &[Reason] = &[
     },
     Reason {
         name: "Cloning",
-        seen: &[
-            MACHINE_PROVISIONED_FALSE,
-            MACHINE_READY_FALSE,
-            MACHINE_NORMAL,
-        ],
+        seen: &[MACHINE_PROVISIONED_FALSE, MACHINE_READY_FALSE],
         meaning: "The template is being cloned to the machine's VM (the message names the template, VMID and node), or a VMID in use is not listed by Proxmox yet.",
         action: "Nothing; a clone that waits long is queued behind other clones on its node (Proxmox's locks).",
     },

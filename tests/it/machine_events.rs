@@ -33,7 +33,7 @@ async fn provisioning_publishes_normal_events_for_each_proxmox_action() {
         .as_ref()
         .and_then(|s| s.virtual_machine_id)
         .expect("vmid");
-    for reason in ["Cloning", "Cloned", "PoweredOn", "Provisioned"] {
+    for reason in ["Cloned", "PoweredOn", "Provisioned"] {
         let event = wait_event(&scenario.env, "demo-md-1", reason).await;
         assert_eq!(event.type_.as_deref(), Some("Normal"), "{event:?}");
         assert_eq!(
@@ -68,7 +68,7 @@ async fn provisioning_publishes_normal_events_for_each_proxmox_action() {
                 .sum::<i32>()
         }
     };
-    for reason in ["Cloning", "Cloned", "PoweredOn", "Provisioned"] {
+    for reason in ["Cloned", "PoweredOn", "Provisioned"] {
         assert_eq!(announced(reason).await, 1, "{reason} events");
     }
 }

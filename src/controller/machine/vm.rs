@@ -8,7 +8,6 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::bootstrap::smbios_uuid;
@@ -260,14 +259,9 @@ impl Reconcile<'_> {
                     Err(Stop::Wait(wait)) => Some(&wait.decided),
                     _ => None,
                 };
+                // No event yet: the condition names the clone while it runs, and its end is
+                // announced with the task ("Cloned").
                 self.write_task_record(scope, reporting).await?;
-                self.event(
-                    scope,
-                    EventType::Normal,
-                    "Cloning",
-                    &format!("{} (task {upid})", cloning()),
-                )
-                .await;
                 Err(step.err().unwrap_or_else(|| {
                     waiting(
                         "Cloning",
