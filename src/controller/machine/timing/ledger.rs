@@ -19,6 +19,11 @@ pub(super) struct Ledger {
     /// The task each machine waits for (by machine key), with its purpose: a pass working
     /// from a cached copy older than the status that records it still sees it.
     by_machine: HashMap<String, (String, String)>,
+    /// The machine waiting for each task of `by_machine`, by UPID.
+    by_task: HashMap<String, String>,
+    /// The machines of `by_machine`, by the node of their task: a check of a node's task list
+    /// finds the tasks it answers for without a look at every node's.
+    by_node: HashMap<String, HashSet<String>>,
     /// The VM (by machine key) whose guest this process saw up, so a pass working from a copy
     /// older than the status that says so does not look at the guest again.
     guests_up: HashMap<String, u32>,
@@ -33,12 +38,25 @@ impl Ledger {
     pub(super) fn submitted(&mut self, upid: &Upid, machine: &str, purpose: &str) {
         if self.by_machine.len() >= MAX_IN_FLIGHT {
             self.by_machine.clear();
+            self.by_task.clear();
+            self.by_node.clear();
             self.listed_ended.clear();
+        }
+        if let Some((earlier, _)) = self.by_machine.get(machine).cloned()
+            && let Ok(earlier) = earlier.parse::<Upid>()
+        {
+            self.task_ended(&earlier);
         }
         self.by_machine.insert(
             machine.to_owned(),
             (upid.as_str().to_owned(), purpose.to_owned()),
         );
+        self.by_task
+            .insert(upid.as_str().to_owned(), machine.to_owned());
+        self.by_node
+            .entry(upid.node.clone())
+            .or_default()
+            .insert(machine.to_owned());
         if TaskPurpose::parse(purpose).kind == Some(TaskKind::Clone) {
             // A new VM (perhaps with the VMID of one the machine had): its guest is not up.
             self.guests_up.remove(machine);
@@ -47,21 +65,31 @@ impl Ledger {
 
     /// Notes that `upid` ended or was forgotten: no machine waits for it any more.
     pub(super) fn task_ended(&mut self, upid: &Upid) {
-        self.by_machine.retain(|_, (task, _)| task != upid.as_str());
         self.listed_ended.remove(upid.as_str());
+        let Some(machine) = self.by_task.remove(upid.as_str()) else {
+            return;
+        };
+        self.by_machine.remove(&machine);
+        if let Some(machines) = self.by_node.get_mut(&upid.node) {
+            machines.remove(&machine);
+            if machines.is_empty() {
+                self.by_node.remove(&upid.node);
+            }
+        }
     }
 
     /// The tasks in flight on `node`, with the machine (by key) waiting for each.
     pub(super) fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)> {
-        self.by_machine
+        let Some(machines) = self.by_node.get(node) else {
+            return Vec::new();
+        };
+        machines
             .iter()
-            .filter(|(_, (task, _))| {
-                // A UPID names its node first: most tasks are told apart without parsing.
-                task.strip_prefix("UPID:")
-                    .and_then(|rest| rest.strip_prefix(node))
-                    .is_some_and(|rest| rest.starts_with(':'))
+            .filter_map(|machine| {
+                let (task, _) = self.by_machine.get(machine)?;
+                let task: Upid = task.parse().ok()?;
+                (task.node == node).then(|| (machine.clone(), task))
             })
-            .filter_map(|(machine, (task, _))| Some((machine.clone(), task.parse().ok()?)))
             .collect()
     }
 
@@ -77,9 +105,10 @@ impl Ledger {
             )
         };
         let worth = self
-            .by_machine
-            .values()
-            .any(|(task, purpose)| task == upid.as_str() && !power(purpose));
+            .by_task
+            .get(upid.as_str())
+            .and_then(|machine| self.by_machine.get(machine))
+            .is_some_and(|(_, purpose)| !power(purpose));
         if worth {
             self.listed_ended.insert(upid.as_str().to_owned());
         }
@@ -178,6 +207,36 @@ mod tests {
         assert!(ledger.in_flight_on("pve2").is_empty());
         ledger.task_ended(&resize);
         assert!(!ledger.seen_listed_ended(resize.as_str()));
+        assert_eq!(ledger.in_flight_for("m1"), None);
+        assert_eq!(ledger.in_flight_on("pve1").len(), 1);
+    }
+
+    #[test]
+    fn a_machine_waits_for_its_latest_task_only_on_that_task_node() {
+        let mut ledger = Ledger::default();
+        let on =
+            |node: &str, n: u32| Upid::new(node, n, 1, 1_700_000_000, "resize", "101", "root@pam");
+        let purpose = TaskPurpose::new(TaskKind::Resize, "x".to_owned()).recorded();
+        let (first, second) = (on("pve1", 1), on("pve2", 2));
+        ledger.submitted(&first, "m1", &purpose);
+        ledger.submitted(&second, "m1", &purpose);
+        assert!(ledger.in_flight_on("pve1").is_empty(), "replaced");
+        let on_pve2 = ledger.in_flight_on("pve2");
+        assert_eq!(on_pve2.len(), 1);
+        assert_eq!(on_pve2[0], ("m1".to_owned(), second.clone()));
+        assert!(
+            !ledger.listed_ended(&first),
+            "nobody waits for the first any more"
+        );
+        // The end of a task nobody waits for changes nothing.
+        ledger.task_ended(&first);
+        assert_eq!(
+            ledger.in_flight_for("m1").map(|(task, _)| task),
+            Some(second.as_str().to_owned())
+        );
+        ledger.task_ended(&second);
+        assert!(ledger.in_flight_on("pve2").is_empty());
+        assert!(ledger.by_node.is_empty() && ledger.by_task.is_empty());
     }
 
     #[test]
