@@ -4,15 +4,16 @@
 //! benchmarks. Simplifications: IPv4 and IPv6 ranges, CIDRs and single addresses are supported;
 //! excluded addresses and reserved network/broadcast handling are not.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -35,15 +36,66 @@ pub enum IpamError {
 
 struct State {
     client: Client,
-    /// Serialises allocation so two claims never get the same address.
-    lock: Mutex<()>,
+    /// Every IPAddress, kept by a watch: a claim's allocation reads no list of the whole fleet.
+    addresses: Store<IPAddress>,
+    /// Serialises allocation so two claims never get the same address; holds the addresses
+    /// created here that the watch may not have delivered yet, by object.
+    allocated: Mutex<HashMap<ObjectRef<IPAddress>, (String, IpAddr)>>,
+}
+
+impl State {
+    /// The addresses of the pool `pool` in use: those the watch shows, and those created here
+    /// that it does not show yet (`allocated`, pruned of the ones it shows).
+    fn taken(
+        &self,
+        pool: &capmox::capi::IpPoolReference,
+        allocated: &mut HashMap<ObjectRef<IPAddress>, (String, IpAddr)>,
+    ) -> BTreeSet<IpAddr> {
+        let mut taken = BTreeSet::new();
+        for address in self.addresses.state() {
+            allocated.remove(&ObjectRef::from_obj(&*address));
+            if address.spec.pool_ref.name == pool.name && address.spec.pool_ref.kind == pool.kind {
+                taken.extend(address.spec.address.parse::<IpAddr>().ok());
+            }
+        }
+        let key = pool_key(pool);
+        taken.extend(
+            allocated
+                .values()
+                .filter(|(of, _)| *of == key)
+                .map(|(_, ip)| *ip),
+        );
+        taken
+    }
+}
+
+fn pool_key(pool: &capmox::capi::IpPoolReference) -> String {
+    format!("{}/{}", pool.kind, pool.name)
 }
 
 /// Runs the IPAM stand-in until `shutdown` is cancelled.
 pub async fn run(client: Client, shutdown: CancellationToken) {
+    let (addresses, writer) = reflector::store();
+    let watched = reflector::reflector(
+        writer,
+        watcher(
+            Api::<IPAddress>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    )
+    .for_each(|_| async {});
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = watched => {}
+            () = stop.cancelled() => {}
+        }
+    });
     let state = Arc::new(State {
         client: client.clone(),
-        lock: Mutex::new(()),
+        addresses,
+        allocated: Mutex::new(HashMap::new()),
     });
     Controller::new(
         Api::<IPAddressClaim>::all(client),
@@ -75,18 +127,15 @@ async fn reconcile(claim: Arc<IPAddressClaim>, state: Arc<State>) -> Result<Acti
     let namespace = claim.namespace().unwrap_or_default();
     let name = claim.name_any();
     let pool = pool_addresses(&state.client, &namespace, &claim).await?;
-    let _guard = state.lock.lock().await;
+    // Until the watch has listed every address, any could be taken.
+    state
+        .addresses
+        .wait_until_ready()
+        .await
+        .map_err(|_| IpamError::Pool("the IPAddress watch ended".into()))?;
+    let mut allocated = state.allocated.lock().await;
     let addresses: Api<IPAddress> = Api::namespaced(state.client.clone(), &namespace);
-    let taken: BTreeSet<IpAddr> = Api::<IPAddress>::all(state.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .into_iter()
-        .filter(|a| {
-            a.spec.pool_ref.name == claim.spec.pool_ref.name
-                && a.spec.pool_ref.kind == claim.spec.pool_ref.kind
-        })
-        .filter_map(|a| a.spec.address.parse().ok())
-        .collect();
+    let taken = state.taken(&claim.spec.pool_ref, &mut allocated);
     let free = candidates(&pool.addresses)
         .into_iter()
         .find(|a| !taken.contains(a) && pool.gateway.as_deref() != Some(a.to_string().as_str()))
@@ -112,10 +161,16 @@ async fn reconcile(claim: Arc<IPAddressClaim>, state: Arc<State>) -> Result<Acti
         vec![o]
     });
     match addresses.create(&PostParams::default(), &address).await {
-        Ok(_) => {}
+        Ok(created) => {
+            allocated.insert(
+                ObjectRef::from_obj(&created),
+                (pool_key(&claim.spec.pool_ref), free),
+            );
+        }
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(error) => return Err(error.into()),
     }
+    drop(allocated);
     let claims: Api<IPAddressClaim> = Api::namespaced(state.client.clone(), &namespace);
     claims
         .patch_status(
