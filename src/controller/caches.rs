@@ -5,8 +5,8 @@
 //! outside a controller (a test calling it directly) reads from the API server instead.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt};
 use kube::api::ListParams;
@@ -37,8 +37,67 @@ pub struct Caches {
     pub addresses: Store<IPAddress>,
     /// The cluster's pools (their annotations carry the default route's metric).
     pub pools: Store<capi::InClusterIPPool>,
+    /// The machines by UID, kept from the machines' watch.
+    pub machines_by_uid: MachinesByUid,
     /// Set when a watch has finished its first list; a pass waits until all have.
     synced: Arc<Vec<AtomicBool>>,
+}
+
+/// The machines' references by UID, kept from their watch, so waking machines by key (a task
+/// list shows their tasks ended) costs no scan of the whole fleet per key. A machine deleted
+/// since is dropped when looked up, or when the index outgrows the store.
+#[derive(Clone, Default)]
+pub struct MachinesByUid {
+    refs: Arc<Mutex<HashMap<String, ObjectRef<ProxmoxMachine>>>>,
+}
+
+/// How many more entries than the store holds the index may keep before it drops the
+/// machines no longer there.
+const INDEX_SLACK: usize = 1024;
+
+impl MachinesByUid {
+    /// Notes `machine`, as its watch delivered it.
+    pub fn saw(&self, machine: &ProxmoxMachine, store: &Store<ProxmoxMachine>) {
+        let Some(uid) = machine
+            .metadata
+            .uid
+            .as_deref()
+            .filter(|uid| !uid.is_empty())
+        else {
+            return;
+        };
+        let mut refs = self.refs.lock().unwrap_or_else(PoisonError::into_inner);
+        if refs.contains_key(uid) {
+            return;
+        }
+        if refs.len() >= 2 * store.len() + INDEX_SLACK {
+            refs.retain(|uid, reference| holds(store, reference, uid));
+        }
+        refs.insert(uid.to_owned(), ObjectRef::from_obj(machine));
+    }
+
+    /// The machine in `store` with the UID `uid`, if the index knows it.
+    pub fn get(
+        &self,
+        uid: &str,
+        store: &Store<ProxmoxMachine>,
+    ) -> Option<ObjectRef<ProxmoxMachine>> {
+        let mut refs = self.refs.lock().unwrap_or_else(PoisonError::into_inner);
+        let reference = refs.get(uid)?;
+        if holds(store, reference, uid) {
+            return Some(reference.clone());
+        }
+        refs.remove(uid);
+        None
+    }
+}
+
+/// Whether `store` holds the machine `reference` names with the UID `uid` (not one deleted and
+/// made again under its name).
+fn holds(store: &Store<ProxmoxMachine>, reference: &ObjectRef<ProxmoxMachine>, uid: &str) -> bool {
+    store
+        .get(reference)
+        .is_some_and(|machine| machine.metadata.uid.as_deref() == Some(uid))
 }
 
 /// The writers behind [`Caches`], each consumed by the watch that fills its store.
@@ -77,6 +136,7 @@ impl Caches {
             claims,
             addresses,
             pools,
+            machines_by_uid: MachinesByUid::default(),
             synced: Arc::new((0..WATCHED_KINDS).map(|_| AtomicBool::new(false)).collect()),
         };
         let writers = Writers {
@@ -332,5 +392,66 @@ impl<'a> Reads<'a> {
                     .collect())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ProxmoxMachineSpec;
+
+    fn machine(name: &str, uid: &str) -> ProxmoxMachine {
+        let mut machine = ProxmoxMachine::new(name, ProxmoxMachineSpec::default());
+        machine.metadata.namespace = Some("default".into());
+        machine.metadata.uid = Some(uid.into());
+        machine
+    }
+
+    #[test]
+    fn a_machine_is_found_by_uid_while_the_store_holds_it_under_that_uid() {
+        let (store, mut writer) = reflector::store();
+        let index = MachinesByUid::default();
+        let first = machine("m1", "uid-1");
+        writer.apply_watcher_event(&watcher::Event::Apply(first.clone()));
+        index.saw(&first, &store);
+        assert_eq!(
+            index.get("uid-1", &store),
+            Some(ObjectRef::from_obj(&first))
+        );
+        assert_eq!(index.get("uid-2", &store), None, "never seen");
+
+        // Deleted and made again under its name: the old UID names nothing any more.
+        writer.apply_watcher_event(&watcher::Event::Delete(first.clone()));
+        let again = machine("m1", "uid-3");
+        writer.apply_watcher_event(&watcher::Event::Apply(again.clone()));
+        index.saw(&again, &store);
+        assert_eq!(index.get("uid-1", &store), None);
+        assert_eq!(
+            index.get("uid-3", &store),
+            Some(ObjectRef::from_obj(&again))
+        );
+    }
+
+    #[test]
+    fn the_index_drops_machines_gone_once_it_outgrows_the_store() {
+        let (store, mut writer) = reflector::store();
+        let index = MachinesByUid::default();
+        let kept = machine("kept", "kept");
+        writer.apply_watcher_event(&watcher::Event::Apply(kept.clone()));
+        index.saw(&kept, &store);
+        // Seen by the watch, then deleted: never in the store any more.
+        for n in 0..2 * INDEX_SLACK {
+            index.saw(&machine(&format!("gone-{n}"), &format!("gone-{n}")), &store);
+        }
+        let refs = index.refs.lock().expect("index");
+        assert!(
+            refs.len() <= 2 * store.len() + INDEX_SLACK,
+            "{}",
+            refs.len()
+        );
+        assert!(
+            refs.contains_key("kept"),
+            "the machine the store holds stays"
+        );
     }
 }

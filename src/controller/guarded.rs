@@ -72,17 +72,18 @@ pub(crate) fn guarded_write_error<K: Resource<DynamicType = ()>>(
 }
 
 /// Adds `finalizer` with a JSON patch guarded by the resourceVersion (a concurrent change makes it
-/// fail and the reconcile retry, instead of overwriting someone else's finalizers).
+/// fail and the reconcile retry, instead of overwriting someone else's finalizers). Returns
+/// what the write read back, or `None` when the finalizer was there already.
 pub(crate) async fn ensure_finalizer<K>(
     api: &Api<K>,
     object: &K,
     finalizer: &str,
-) -> Result<(), WriteError>
+) -> Result<Option<super::patch::Written>, WriteError>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     if object.finalizers().iter().any(|f| f == finalizer) {
-        return Ok(());
+        return Ok(None);
     }
     let name = name_of(object)?;
     let patch = if object.meta().finalizers.is_none() {
@@ -96,7 +97,7 @@ where
             {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}
         ])
     };
-    super::patch::patch(
+    let written = super::patch::patch(
         api,
         &name,
         &PatchParams::default(),
@@ -104,7 +105,7 @@ where
     )
     .await
     .map_err(|error| guarded_write_error(object, error))?;
-    Ok(())
+    Ok(Some(written))
 }
 
 /// Removes `finalizer` when given (and, for Secrets, our owner reference) with a guarded JSON

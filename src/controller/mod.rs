@@ -15,6 +15,7 @@ pub mod leader;
 pub mod machine;
 pub mod metrics;
 pub mod node_tasks;
+pub mod own_writes;
 pub mod patch;
 pub mod queue_depth;
 pub mod remediation;
@@ -130,6 +131,9 @@ pub struct Context {
     /// Each node's task list, so one request answers for every task this process waits for on
     /// the node. After a restart: each node is listed again when a check falls due.
     pub node_tasks: node_tasks::NodeTaskLists,
+    /// The versions this process's own spec and metadata writes of machines produced, so their
+    /// echoes do not wake the machines again ([`own_writes`]).
+    pub own_writes: own_writes::OwnWrites,
     /// Since when each cluster's zones have been healthy or not, so a zone's failure domain
     /// changes only after its state lasted. After a restart: timed from the first pass again.
     pub zone_states: zone_health::ZoneStates,
@@ -174,6 +178,7 @@ impl Context {
             task_timing,
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
+            own_writes: own_writes::OwnWrites::default(),
             zone_states: zone_health::ZoneStates::default(),
             readiness: Readiness::default(),
             caches: None,
@@ -308,6 +313,7 @@ pub async fn run(
             task_timing,
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
+            own_writes: own_writes::OwnWrites::default(),
             zone_states: zone_health::ZoneStates::default(),
             readiness: readiness.clone(),
             caches: None,

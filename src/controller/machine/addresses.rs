@@ -150,7 +150,10 @@ impl Reconcile<'_> {
         let claims: Api<IPAddressClaim> =
             Api::namespaced(self.context.client.clone(), &scope.namespace);
         match claims.create(&PostParams::default(), &claim).await {
-            Ok(created) => Ok(Some(Arc::new(created))),
+            Ok(created) => {
+                self.context.own_writes.created(&created);
+                Ok(Some(Arc::new(created)))
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
             Err(error) => Err(error.into()),
         }

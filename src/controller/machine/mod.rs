@@ -340,10 +340,17 @@ fn woken_by_related(
         capi_cluster_queue,
     ] = std::array::from_fn(|_| queue.clone());
     let capi_cluster_store = store.clone();
+    let own_writes = context.own_writes.clone();
     controller
-        // Owned claims wake their ProxmoxMachine (as `owns` would), noted on the work queue.
+        // Owned claims wake their ProxmoxMachine (as `owns` would), noted on the work queue;
+        // not the echo of the claim's creation: the pass that created it waits for its binding.
         .watches_stream(claims, move |claim| {
-            claim_queue.wake(super::owners::<ProxmoxMachine>(&claim))
+            let owners = if own_writes.is_echo(&claim) {
+                Vec::new()
+            } else {
+                super::owners::<ProxmoxMachine>(&claim)
+            };
+            claim_queue.wake(owners)
         })
         // A bound address wakes the machine that owns its claim.
         .watches_stream(addresses, move |address| {
@@ -384,12 +391,24 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let namespace = context.config.watch_namespace.as_deref();
     let machines: Api<ProxmoxMachine> = scoped_api(&context.client, namespace);
     let (store, writer) = kube::runtime::reflector::store();
+    let (caches, writers) = Caches::new(store.clone());
+    let own_writes = context.own_writes.clone();
+    let (index, indexed) = (caches.machines_by_uid.clone(), store.clone());
     let own_changes =
         super::caches::reflected(machines, context.config.shard_watch(), writer, || {})
-            .predicate_filter(beyond_status, PredicateConfig::default());
+            .inspect(move |machine| {
+                if let Ok(machine) = machine {
+                    index.saw(machine, &indexed);
+                }
+            })
+            .predicate_filter(beyond_status, PredicateConfig::default())
+            // After the predicate, so its memory of each machine includes the echo.
+            .filter(move |machine| {
+                let echo = machine.as_ref().is_ok_and(|m| own_writes.is_echo(m));
+                std::future::ready(!echo)
+            });
     let controller = Controller::for_stream(own_changes, store.clone());
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
-    let (caches, writers) = Caches::new(store.clone());
     let controller = woken_by_related(controller, &caches, writers, &context, store);
     // A freed clone or disk task slot wakes the machines next in line.
     let controller = match context.task_slots.take_wakeups() {

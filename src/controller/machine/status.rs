@@ -76,6 +76,7 @@ impl Reconcile<'_> {
         )
         .await
         .map_err(|error| guarded::guarded_write_error(self.machine, error))?;
+        self.context.own_writes.wrote(self.machine, &patched);
         scope.generation = patched.generation;
         Ok(patched.resource_version)
     }
@@ -110,6 +111,7 @@ impl Reconcile<'_> {
             })),
         )
         .await?;
+        self.context.own_writes.wrote(self.machine, &patched);
         scope.generation = patched.generation;
         Ok(())
     }
@@ -147,7 +149,11 @@ impl Reconcile<'_> {
     /// Adds the machine's finalizer, guarded by the resourceVersion this pass saw, so a stale
     /// copy of the machine never goes on to clone.
     pub(super) async fn ensure_finalizer(&self, scope: &Scope) -> Result<(), MachineError> {
-        guarded::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?;
+        if let Some(written) =
+            guarded::ensure_finalizer(&scope.api, self.machine, finalizers::MACHINE).await?
+        {
+            self.context.own_writes.wrote(self.machine, &written);
+        }
         Ok(())
     }
 

@@ -122,11 +122,21 @@ impl Reconcile<'_> {
         let Some(caches) = self.context.caches.as_ref().filter(|_| !keys.is_empty()) else {
             return;
         };
-        // One search per key: a copy of the store's list per task end would cost more.
+        // A key the index does not know (a machine without a UID, or one its watch has not
+        // delivered to the index yet) is searched for in the store.
         let woken = keys
             .iter()
-            .filter_map(|key| caches.machines.find(|machine| has_claim_key(machine, key)))
-            .map(|machine| ObjectRef::from_obj(&*machine))
+            .filter_map(|key| {
+                caches
+                    .machines_by_uid
+                    .get(key, &caches.machines)
+                    .or_else(|| {
+                        caches
+                            .machines
+                            .find(|machine| has_claim_key(machine, key))
+                            .map(|machine| ObjectRef::from_obj(&*machine))
+                    })
+            })
             .collect();
         self.context.task_slots.wake(woken);
     }
