@@ -42,10 +42,12 @@ impl Ledger {
             self.by_node.clear();
             self.listed_ended.clear();
         }
+        // The task it waited for before is no longer its; whether a list showed that one
+        // ended is kept (a clock may still count it in a queue until it sees it end).
         if let Some((earlier, _)) = self.by_machine.get(machine).cloned()
             && let Ok(earlier) = earlier.parse::<Upid>()
         {
-            self.task_ended(&earlier);
+            self.unindex(&earlier);
         }
         self.by_machine.insert(
             machine.to_owned(),
@@ -66,16 +68,22 @@ impl Ledger {
     /// Notes that `upid` ended or was forgotten: no machine waits for it any more.
     pub(super) fn task_ended(&mut self, upid: &Upid) {
         self.listed_ended.remove(upid.as_str());
-        let Some(machine) = self.by_task.remove(upid.as_str()) else {
-            return;
-        };
-        self.by_machine.remove(&machine);
+        if let Some(machine) = self.unindex(upid) {
+            self.by_machine.remove(&machine);
+        }
+    }
+
+    /// Drops `upid` from the indexes of the tasks in flight; returns the machine that waited
+    /// for it.
+    fn unindex(&mut self, upid: &Upid) -> Option<String> {
+        let machine = self.by_task.remove(upid.as_str())?;
         if let Some(machines) = self.by_node.get_mut(&upid.node) {
             machines.remove(&machine);
             if machines.is_empty() {
                 self.by_node.remove(&upid.node);
             }
         }
+        Some(machine)
     }
 
     /// The tasks in flight on `node`, with the machine (by key) waiting for each.
@@ -219,6 +227,7 @@ mod tests {
         let purpose = TaskPurpose::new(TaskKind::Resize, "x".to_owned()).recorded();
         let (first, second) = (on("pve1", 1), on("pve2", 2));
         ledger.submitted(&first, "m1", &purpose);
+        assert!(ledger.listed_ended(&first));
         ledger.submitted(&second, "m1", &purpose);
         assert!(ledger.in_flight_on("pve1").is_empty(), "replaced");
         let on_pve2 = ledger.in_flight_on("pve2");
@@ -228,8 +237,13 @@ mod tests {
             !ledger.listed_ended(&first),
             "nobody waits for the first any more"
         );
-        // The end of a task nobody waits for changes nothing.
+        assert!(
+            ledger.seen_listed_ended(first.as_str()),
+            "what a list showed of a replaced task is kept until it is seen end"
+        );
+        // The end of a task nobody waits for changes only that.
         ledger.task_ended(&first);
+        assert!(!ledger.seen_listed_ended(first.as_str()));
         assert_eq!(
             ledger.in_flight_for("m1").map(|(task, _)| task),
             Some(second.as_str().to_owned())
