@@ -309,10 +309,16 @@ fn woken_by_related(
     context: &Context,
     store: Store<ProxmoxMachine>,
 ) -> Controller<ProxmoxMachine> {
-    // This manager's shard: the CAPI objects it maps from carry the label too; the IPAM
-    // objects (made by capmox and the IPAM provider) are watched whole.
-    let claims = watch(caches, slot::CLAIMS, context, false, writers.claims);
-    let addresses = watch(caches, slot::ADDRESSES, context, false, writers.addresses);
+    let queue = context.metrics.work_queue(CONTROLLER);
+    queue.observe(store.clone());
+    let controller = woken_by_ipam(
+        controller,
+        caches,
+        (writers.claims, writers.addresses),
+        context,
+        &queue,
+    );
+    // This manager's shard: the CAPI objects it maps from carry the label too.
     let capi_machines = watch(
         caches,
         slot::CAPI_MACHINES,
@@ -329,17 +335,48 @@ fn woken_by_related(
         writers.capi_clusters,
     );
     let pools = watch(caches, slot::POOLS, context, false, writers.pools);
-    let claim_store = caches.claims.clone();
-    let queue = context.metrics.work_queue(CONTROLLER);
-    queue.observe(store.clone());
-    let [
-        claim_queue,
-        address_queue,
-        machine_queue,
-        cluster_queue,
-        capi_cluster_queue,
-    ] = std::array::from_fn(|_| queue.clone());
+    let [machine_queue, cluster_queue, capi_cluster_queue] = std::array::from_fn(|_| queue.clone());
     let capi_cluster_store = store.clone();
+    controller
+        .watches_stream(capi_machines, move |machine| {
+            machine_queue.wake(infrastructure_of(&machine))
+        })
+        // A cluster change (failure domains, pools, readiness) wakes the machines waiting on it.
+        .watches_stream(clusters, move |cluster| {
+            let name = cluster.labels().get(labels::CLUSTER_NAME).cloned();
+            let name = name.unwrap_or_else(|| cluster.name_any());
+            cluster_queue.wake(machines_of(&store, cluster.namespace(), &name))
+        })
+        // A CAPI Cluster change (un-pausing it, its infrastructure becoming provisioned) wakes
+        // its machines.
+        .watches_stream(capi_clusters, move |cluster| {
+            let machines = machines_of(
+                &capi_cluster_store,
+                cluster.namespace(),
+                &cluster.name_any(),
+            );
+            capi_cluster_queue.wake(machines)
+        })
+        // Pools are only read (for their gateway metric): nothing to wake.
+        .watches_stream(pools, |_| None::<ObjectRef<ProxmoxMachine>>)
+}
+
+/// `controller` woken by its machines' IP address claims and the addresses bound to them,
+/// watched whole (capmox and the IPAM provider make them, without the shard's label).
+fn woken_by_ipam(
+    controller: Controller<ProxmoxMachine>,
+    caches: &Caches,
+    (claims, addresses): (
+        kube::runtime::reflector::store::Writer<capi::IPAddressClaim>,
+        kube::runtime::reflector::store::Writer<capi::IPAddress>,
+    ),
+    context: &Context,
+    queue: &crate::controller::queue_depth::WorkQueue,
+) -> Controller<ProxmoxMachine> {
+    let claims = watch(caches, slot::CLAIMS, context, false, claims);
+    let addresses = watch(caches, slot::ADDRESSES, context, false, addresses);
+    let claim_store = caches.claims.clone();
+    let [claim_queue, address_queue] = std::array::from_fn(|_| queue.clone());
     let own_writes = context.own_writes.clone();
     controller
         // Owned claims wake their ProxmoxMachine (as `owns` would), noted on the work queue;
@@ -363,27 +400,6 @@ fn woken_by_related(
                     .unwrap_or_default(),
             )
         })
-        .watches_stream(capi_machines, move |machine| {
-            machine_queue.wake(infrastructure_of(&machine))
-        })
-        // A cluster change (failure domains, pools, readiness) wakes the machines waiting on it.
-        .watches_stream(clusters, move |cluster| {
-            let name = cluster.labels().get(labels::CLUSTER_NAME).cloned();
-            let name = name.unwrap_or_else(|| cluster.name_any());
-            cluster_queue.wake(machines_of(&store, cluster.namespace(), &name))
-        })
-        // A CAPI Cluster change (un-pausing it, its infrastructure becoming provisioned) wakes
-        // its machines.
-        .watches_stream(capi_clusters, move |cluster| {
-            let machines = machines_of(
-                &capi_cluster_store,
-                cluster.namespace(),
-                &cluster.name_any(),
-            );
-            capi_cluster_queue.wake(machines)
-        })
-        // Pools are only read (for their gateway metric): nothing to wake.
-        .watches_stream(pools, |_| None::<ObjectRef<ProxmoxMachine>>)
 }
 
 /// Runs the controller until `shutdown` is cancelled.
