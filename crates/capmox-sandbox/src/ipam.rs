@@ -51,9 +51,9 @@ impl State {
         pool: &capmox::capi::IpPoolReference,
         allocated: &mut HashMap<ObjectRef<IPAddress>, (String, IpAddr)>,
     ) -> BTreeSet<IpAddr> {
+        allocated.retain(|created, _| self.addresses.get(created).is_none());
         let mut taken = BTreeSet::new();
         for address in self.addresses.state() {
-            allocated.remove(&ObjectRef::from_obj(&*address));
             if address.spec.pool_ref.name == pool.name && address.spec.pool_ref.kind == pool.kind {
                 taken.extend(address.spec.address.parse::<IpAddr>().ok());
             }
