@@ -139,7 +139,7 @@ pub const REASONS: &[Reason] = &[
             MACHINE_WARNING,
         ],
         meaning: "The bootstrap Secret's Ignition data cannot be delivered: not JSON or not an object, no or an unsupported ignition.version, the wrong type where capmox merges, or ignition.config.replace. Nothing is created in Proxmox; a Secret that turns bad after the clone leaves the VM stopped without a seed image.",
-        action: "Fix the bootstrap data (the message names the Secret and the problem); use ignition.config.merge instead of replace. Secrets are not watched: the machine looks again within a minute or when it changes.",
+        action: "Fix the bootstrap data (the message names the Secret and the problem); use ignition.config.merge instead of replace. A change to the Secret wakes no machine: the machine looks again within a minute or when it changes itself.",
     },
     Reason {
         name: "BootstrapDataProvided",

@@ -1,8 +1,10 @@
 //! The Kubernetes objects a machine reconcile works from, kept by watches instead of read per
 //! pass: one list and one watch per kind for the whole fleet, however many machines reconcile.
 //!
-//! Secrets are never cached (they are read when needed, and only then). A reconcile that runs
-//! outside a controller (a test calling it directly) reads from the API server instead.
+//! Secrets are not here: credentials are read when needed and reused for a short while, and
+//! bootstrap data Secrets are held only until their machine took them
+//! ([`super::bootstrap_secrets`]). A reconcile that runs outside a controller (a test calling
+//! it directly) reads from the API server instead.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

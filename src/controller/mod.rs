@@ -1,6 +1,7 @@
 //! The controller manager: probes and metrics, leader election, graceful shutdown, and the
 //! reconcilers it runs while leading.
 
+pub mod bootstrap_secrets;
 pub mod caches;
 pub mod cluster;
 pub mod cluster_conditions;
@@ -134,6 +135,10 @@ pub struct Context {
     /// The versions this process's own spec and metadata writes of machines produced, so their
     /// echoes do not wake the machines again ([`own_writes`]).
     pub own_writes: own_writes::OwnWrites,
+    /// Bootstrap data Secrets, kept by a watch from their creation until their machine took
+    /// them ([`bootstrap_secrets`]). After a restart: recent ones are listed again; a machine
+    /// whose Secret is not held reads it.
+    pub bootstrap_secrets: bootstrap_secrets::BootstrapSecrets,
     /// Since when each cluster's zones have been healthy or not, so a zone's failure domain
     /// changes only after its state lasted. After a restart: timed from the first pass again.
     pub zone_states: zone_health::ZoneStates,
@@ -179,6 +184,7 @@ impl Context {
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
             own_writes: own_writes::OwnWrites::default(),
+            bootstrap_secrets: bootstrap_secrets::BootstrapSecrets::default(),
             zone_states: zone_health::ZoneStates::default(),
             readiness: Readiness::default(),
             caches: None,
@@ -314,6 +320,7 @@ pub async fn run(
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
             own_writes: own_writes::OwnWrites::default(),
+            bootstrap_secrets: bootstrap_secrets::BootstrapSecrets::default(),
             zone_states: zone_health::ZoneStates::default(),
             readiness: readiness.clone(),
             caches: None,

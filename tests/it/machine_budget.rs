@@ -281,11 +281,22 @@ async fn provisioning_and_deleting_a_machine_stay_within_the_api_call_budget() {
         second.status_writes,
         first.status_writes
     );
-    // Secrets are never cached: the bootstrap data is read when its format is checked and when
-    // the seed ISO is built, the credentials at most once. The cluster controller looks at its
-    // pools when the IPAM provider allocates from them (one list of pools). Everything else,
-    // the CAPI Cluster included, comes from the watches.
+    // The bootstrap data comes from the watch of bootstrap Secrets (its Secret was created
+    // long after that watch started), the credentials are read at most once. The cluster
+    // controller looks at its pools when the IPAM provider allocates from them (one list of
+    // pools). Everything else, the CAPI Cluster included, comes from the watches.
     for (which, machine) in [("first", &first), ("second", &second)] {
+        let secret_reads = machine
+            .kubernetes_reads_by_resource
+            .get("get secrets")
+            .copied()
+            .unwrap_or(0);
+        assert!(
+            secret_reads <= 1,
+            "the {which} machine's provisioning read {secret_reads} Secrets (its bootstrap data \
+             should come from the watch): {:#?}",
+            machine.kubernetes_reads_by_resource
+        );
         let cluster_reads = machine
             .kubernetes_reads_by_resource
             .get("get clusters.cluster.x-k8s.io")

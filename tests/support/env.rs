@@ -161,6 +161,7 @@ impl Env {
         let secret: Secret = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": format!("{name}-bootstrap"), "namespace": "default"},
+            "type": "cluster.x-k8s.io/secret",
             "stringData": {"value": "#cloud-config\nruncmd: [echo hello]\n", "format": "cloud-config"}
         }))
         .expect("secret");

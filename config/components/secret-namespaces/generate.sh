@@ -59,7 +59,7 @@ metadata:
 rules:
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, patch]
+  verbs: [get, list, patch, watch]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

@@ -18,6 +18,7 @@ use super::{
     During, MachineError, Reconcile, Scope, UNSUPPORTED_BOOTSTRAP_REQUEUE, VM_CONFIG_BACKOFF,
     claim_key,
 };
+use crate::controller::bootstrap_secrets::BootstrapData;
 use crate::controller::failures;
 use crate::placement::{self, Placement};
 use crate::proxmox::{ConfigUpdate, ProxmoxClient, VmConfig};
@@ -63,18 +64,13 @@ impl Reconcile<'_> {
         let Some(secret_name) = bootstrap_secret(scope) else {
             return Ok(());
         };
-        let Some(secret) = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
-            .get_opt(secret_name)
-            .await?
-        else {
+        let Some(data) = self.bootstrap_data(scope, secret_name).await? else {
             return Ok(());
         };
-        let format = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get("format"))
+        let format = data
+            .get("format")
             .map(|v| String::from_utf8_lossy(&v.0).into_owned());
-        let value = secret.data.as_ref().and_then(|d| d.get("value"));
+        let value = data.get("value");
         let error = match crate::cloudinit::BootstrapFormat::parse(format.as_deref()) {
             Ok(crate::cloudinit::BootstrapFormat::CloudConfig) => return Ok(()),
             Ok(crate::cloudinit::BootstrapFormat::Ignition) => {
@@ -93,6 +89,22 @@ impl Reconcile<'_> {
             message,
             Action::requeue(UNSUPPORTED_BOOTSTRAP_REQUEUE),
         ))
+    }
+
+    /// The data of bootstrap Secret `name`: as its watch delivered it, or read. What is read is
+    /// not held: without the watch, nothing would show a later change to it.
+    async fn bootstrap_data(
+        &self,
+        scope: &Scope,
+        name: &str,
+    ) -> Result<Option<BootstrapData>, kube::Error> {
+        if let Some(data) = self.context.bootstrap_secrets.get(&scope.namespace, name) {
+            return Ok(Some(data));
+        }
+        let secret = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
+            .get_opt(name)
+            .await?;
+        Ok(secret.map(|secret| Arc::new(secret.data.unwrap_or_default())))
     }
 
     /// Builds and uploads (a task) the machine's seed ISO, and attaches it.
@@ -220,6 +232,12 @@ impl Reconcile<'_> {
             .written_configs
             .written(&machine_key, vmid, &attach);
         scope.status.bootstrap_data_provided = Some(true);
+        if let Some(secret) = bootstrap_secret(scope) {
+            // The machine has what it needs of it; a new seed ISO reads it again.
+            self.context
+                .bootstrap_secrets
+                .forget(&scope.namespace, secret);
+        }
         self.event(
             scope,
             EventType::Normal,
@@ -241,17 +259,13 @@ impl Reconcile<'_> {
         addresses: &Addresses,
     ) -> Flow<Vec<u8>> {
         let secret_name = bootstrap_secret(scope).unwrap_or_default();
-        let secret = Api::<Secret>::namespaced(self.context.client.clone(), &scope.namespace)
-            .get_opt(secret_name)
-            .await?;
-        let Some(secret) = secret else {
+        let Some(data) = self.bootstrap_data(scope, secret_name).await? else {
             return Err(waiting(
                 "WaitingForBootstrapData",
                 format!("bootstrap Secret {secret_name} not found"),
                 Action::requeue(Duration::from_secs(10)),
             ));
         };
-        let data = secret.data.unwrap_or_default();
         let value = data.get("value").map(|v| v.0.clone()).unwrap_or_default();
         let format = data
             .get("format")

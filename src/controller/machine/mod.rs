@@ -38,8 +38,9 @@
 //!
 //! Reads: the Kubernetes objects a pass works from (CAPI Machines and Clusters,
 //! ProxmoxClusters, claims, addresses, pools, the other ProxmoxMachines) come from the
-//! controller's watches ([`super::caches`]); only Secrets are read from the API server, and
-//! credentials are reused for a short while ([`super::credentials::CREDENTIALS_REUSE`]). What
+//! controller's watches ([`super::caches`]); bootstrap data Secrets from a watch of their own
+//! ([`super::bootstrap_secrets`]), or read when it does not hold them; credentials Secrets are
+//! read and reused for a short while ([`super::credentials::CREDENTIALS_REUSE`]). What
 //! Proxmox lists comes from one snapshot per endpoint shared by all machines
 //! ([`super::inventory`]); a pass reads each VM config at most once, and a running VM waiting
 //! for its guest none.
@@ -254,6 +255,26 @@ where
     }
 }
 
+/// Where bootstrap Secrets are watched: the namespace the manager watches, narrowed to those
+/// it may read Secrets in (`--secret-namespaces`).
+fn bootstrap_secret_apis(context: &Context) -> Vec<Api<k8s_openapi::api::core::v1::Secret>> {
+    let readable = context.global_credentials.secret_namespaces.as_deref();
+    match (context.config.watch_namespace.as_deref(), readable) {
+        (None, None) => vec![Api::all(context.client.clone())],
+        (Some(namespace), _) if context.global_credentials.reads_secrets_in(namespace) => {
+            vec![Api::namespaced(context.client.clone(), namespace)]
+        }
+        (Some(_), _) => Vec::new(),
+        (None, Some(namespaces)) if namespaces.iter().any(|n| n == "*") => {
+            vec![Api::all(context.client.clone())]
+        }
+        (None, Some(namespaces)) => namespaces
+            .iter()
+            .map(|namespace| Api::namespaced(context.client.clone(), namespace))
+            .collect(),
+    }
+}
+
 /// The machines of cluster `name` in `namespace`, as the store holds them.
 fn machines_of(
     store: &Store<ProxmoxMachine>,
@@ -423,6 +444,11 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
                 let echo = machine.as_ref().is_ok_and(|m| own_writes.is_echo(m));
                 std::future::ready(!echo)
             });
+    tokio::spawn(super::bootstrap_secrets::follow(
+        context.bootstrap_secrets.clone(),
+        bootstrap_secret_apis(&context),
+        shutdown.clone(),
+    ));
     let controller = Controller::for_stream(own_changes, store.clone());
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
     let controller = woken_by_related(controller, &caches, writers, &context, store);

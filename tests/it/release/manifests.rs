@@ -682,7 +682,7 @@ fn secret_namespaces_give_roles_per_namespace_and_no_cluster_wide_secret_access(
         let role = find(&rbac, "Role", namespace, "capmox-manager-secrets");
         assert_eq!(
             role["rules"],
-            serde_json::json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "patch"]}])
+            serde_json::json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "patch", "watch"]}])
         );
         let binding = find(&rbac, "RoleBinding", namespace, "capmox-manager-secrets");
         assert_eq!(binding["roleRef"]["name"], "capmox-manager-secrets");
