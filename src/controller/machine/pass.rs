@@ -55,6 +55,16 @@ impl Reconcile<'_> {
                 }
             }
         };
+        tracing::debug!(
+            machine = %scope.name,
+            ended = match &end {
+                End::Quietly(_) => "quietly",
+                End::Waiting(wait) => wait.decided.reason.as_str(),
+                End::Provisioned => "provisioned",
+                End::Paused => "paused",
+            },
+            "pass ended"
+        );
         self.finish(&mut scope, end).await
     }
 
