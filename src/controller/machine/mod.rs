@@ -88,6 +88,7 @@ mod timing;
 mod tracking;
 mod vm;
 mod vms;
+mod wakes;
 
 pub use addresses::BoundAddress;
 use addresses::machine_addresses;
@@ -347,15 +348,17 @@ fn woken_by_related(
         true,
         writers.capi_machines,
     )
-    .predicate_filter(read_of_capi_machine, PredicateConfig::default());
-    let clusters = watch(caches, slot::CLUSTERS, context, true, writers.clusters);
+    .predicate_filter(wakes::read_of_capi_machine, PredicateConfig::default());
+    let clusters = watch(caches, slot::CLUSTERS, context, true, writers.clusters)
+        .predicate_filter(wakes::read_of_cluster, PredicateConfig::default());
     let capi_clusters = watch(
         caches,
         slot::CAPI_CLUSTERS,
         context,
         true,
         writers.capi_clusters,
-    );
+    )
+    .predicate_filter(wakes::read_of_capi_cluster, PredicateConfig::default());
     let pools = watch(caches, slot::POOLS, context, false, writers.pools);
     let [machine_queue, cluster_queue, capi_cluster_queue] = std::array::from_fn(|_| queue.clone());
     let capi_cluster_store = store.clone();
@@ -479,37 +482,6 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
             }
         })
         .await;
-}
-
-/// What of a CAPI Machine a pass reads: a change to anything else (its conditions, phase and
-/// addresses, which Cluster API updates several times per machine) wakes nothing.
-fn read_of_capi_machine(machine: &capi::Machine) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let meta = &machine.metadata;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    meta.generation.hash(&mut hasher);
-    meta.labels.hash(&mut hasher);
-    meta.annotations.hash(&mut hasher);
-    meta.deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.as_millisecond())
-        .hash(&mut hasher);
-    for owner in meta.owner_references.iter().flatten() {
-        (&owner.uid, &owner.kind, &owner.name, owner.controller).hash(&mut hasher);
-    }
-    let spec = &machine.spec;
-    spec.bootstrap
-        .as_ref()
-        .map(|b| &b.data_secret_name)
-        .hash(&mut hasher);
-    spec.failure_domain.hash(&mut hasher);
-    spec.provider_id.hash(&mut hasher);
-    machine
-        .status
-        .as_ref()
-        .is_some_and(|s| s.node_ref.is_some())
-        .hash(&mut hasher);
-    Some(hasher.finish())
 }
 
 /// What of a machine a pass does not write: a change to it wakes the machine, while a change
@@ -694,50 +666,6 @@ impl<'a> Reconcile<'a> {
 mod tests {
     use super::vm::is_machine_tag;
     use super::*;
-
-    #[test]
-    fn a_capi_machine_wakes_its_machine_only_when_what_a_pass_reads_changes() {
-        let machine: capi::Machine = serde_json::from_value(serde_json::json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": "m1", "namespace": "default", "generation": 1},
-            "spec": {"clusterName": "c1", "bootstrap": {}}
-        }))
-        .expect("a Machine");
-        let read = read_of_capi_machine(&machine);
-        let with_status = |status: serde_json::Value| {
-            let mut changed = serde_json::to_value(&machine).expect("serializable");
-            changed["status"] = status;
-            serde_json::from_value::<capi::Machine>(changed).expect("a Machine")
-        };
-        let progressed = with_status(serde_json::json!({
-            "phase": "Provisioning",
-            "conditions": [{"type": "Ready", "status": "False", "reason": "X",
-                "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-            "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}]
-        }));
-        assert_eq!(
-            read_of_capi_machine(&progressed),
-            read,
-            "a status change of its own"
-        );
-        let joined = with_status(serde_json::json!({"nodeRef": {"name": "m1"}}));
-        assert_ne!(read_of_capi_machine(&joined), read, "the node joined");
-        let mut bootstrapped = machine.clone();
-        bootstrapped.spec.bootstrap = Some(capi::MachineBootstrap {
-            data_secret_name: Some("m1-bootstrap".into()),
-        });
-        assert_ne!(
-            read_of_capi_machine(&bootstrapped),
-            read,
-            "bootstrap data named"
-        );
-        let mut deleting = machine.clone();
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ));
-        assert_ne!(read_of_capi_machine(&deleting), read, "deleted");
-    }
 
     #[test]
     fn only_a_not_found_answer_about_the_machine_itself_means_it_is_gone() {
