@@ -89,10 +89,17 @@ pub fn run_binary<E: std::fmt::Display>(
 }
 
 fn block_on<F: std::future::Future>(work: F) -> std::io::Result<F::Output> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    Ok(runtime.block_on(work))
+    Ok(runtime(None)?.block_on(work))
+}
+
+/// A multi-threaded Tokio runtime with `worker_threads` (Tokio's default, one per core, when
+/// `None`).
+fn runtime(worker_threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = worker_threads {
+        builder.worker_threads(threads);
+    }
+    builder.enable_all().build()
 }
 
 /// A binary's exit status: success, or failure with the error printed after its name.
@@ -245,6 +252,11 @@ pub struct RunArgs {
     /// ProxmoxMachines reconciled at once.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxmachine_concurrency: u16,
+    /// Threads the reconciles run on. Passes mostly wait on the Kubernetes and Proxmox APIs, and
+    /// one thread does not pay for waking another after each answer; raise it only when the
+    /// manager uses a whole core (`process_cpu_seconds_total`).
+    #[arg(long, env = "CAPMOX_WORKER_THREADS", default_value_t = 1, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u16).range(1..=64), usize::from))]
+    pub worker_threads: usize,
     /// When a machine's Proxmox task or booting guest is looked at again: `learned` models
     /// task durations and clone queues per node, `plain` polls with a doubling interval (the
     /// book's Performance page compares them).
@@ -428,7 +440,8 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         }
         Command::Run(args) => {
             cli.log.init(None)?;
-            block_on(run(*args))?
+            let threads = args.worker_threads;
+            runtime(Some(threads))?.block_on(run(*args))
         }
     }
 }
