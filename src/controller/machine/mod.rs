@@ -442,7 +442,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
                     index.saw(machine, &indexed);
                 }
             })
-            .predicate_filter(beyond_status, PredicateConfig::default())
+            .predicate_filter(wakes::beyond_status, PredicateConfig::default())
             // After the predicate, so its memory of each machine includes the echo.
             .filter(move |machine| {
                 let echo = machine.as_ref().is_ok_and(|m| own_writes.is_echo(m));
@@ -482,26 +482,6 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
             }
         })
         .await;
-}
-
-/// What of a machine a pass does not write: a change to it wakes the machine, while a change
-/// to its status alone (a pass's own write) does not, since that pass set its own requeue.
-fn beyond_status(machine: &ProxmoxMachine) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let meta = &machine.metadata;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    meta.generation.hash(&mut hasher);
-    meta.labels.hash(&mut hasher);
-    meta.annotations.hash(&mut hasher);
-    meta.finalizers.hash(&mut hasher);
-    meta.deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.as_millisecond())
-        .hash(&mut hasher);
-    for owner in meta.owner_references.iter().flatten() {
-        (&owner.uid, &owner.kind, owner.controller).hash(&mut hasher);
-    }
-    Some(hasher.finish())
 }
 
 /// The requeue after a failed pass: a stale copy is looked at again soon and quietly, anything
@@ -665,6 +645,7 @@ impl<'a> Reconcile<'a> {
 #[cfg(test)]
 mod tests {
     use super::vm::is_machine_tag;
+    use super::wakes::beyond_status;
     use super::*;
 
     #[test]

@@ -7,8 +7,14 @@ use std::hash::{Hash, Hasher};
 use kube::api::ObjectMeta;
 use serde::Serialize;
 
-use crate::api::ProxmoxCluster;
+use crate::api::{ProxmoxCluster, ProxmoxMachine};
 use crate::capi;
+
+/// A ProxmoxMachine beyond its status: a change to it wakes the machine, while a change to its
+/// status alone (a pass's own write) does not, since that pass set its own requeue.
+pub(super) fn beyond_status(machine: &ProxmoxMachine) -> Option<u64> {
+    hashed(&machine.metadata, &machine.metadata.finalizers)
+}
 
 /// A CAPI Machine: its identity, bootstrap data, failure domain and whether its node joined.
 pub(super) fn read_of_capi_machine(machine: &capi::Machine) -> Option<u64> {
