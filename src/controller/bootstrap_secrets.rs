@@ -83,7 +83,8 @@ impl BootstrapSecrets {
     }
 
     /// How many Secrets and bytes of data are held.
-    pub fn size(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn size(&self) -> (usize, usize) {
         let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         (held.secrets.len(), held.bytes)
     }
