@@ -1,6 +1,8 @@
 //! What of the objects a machine depends on its passes read: a change to anything else (the
 //! conditions and counters Cluster API and the cluster reconciler keep updating) wakes no
-//! machine. Each returns a hash for the watches' `predicate_filter`.
+//! machine. Each returns a hash for the watches' `predicate_filter`. Only a machine's own
+//! deletion wakes it: the deletion of the objects it depends on is not read by a pass (Cluster
+//! API deletes the ProxmoxMachine itself when it deletes its Machine or Cluster).
 
 use std::hash::{Hash, Hasher};
 
@@ -13,7 +15,12 @@ use crate::capi;
 /// A ProxmoxMachine beyond its status: a change to it wakes the machine, while a change to its
 /// status alone (a pass's own write) does not, since that pass set its own requeue.
 pub(super) fn beyond_status(machine: &ProxmoxMachine) -> Option<u64> {
-    hashed(&machine.metadata, &machine.metadata.finalizers)
+    let deletion = machine
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_millisecond());
+    hashed(&machine.metadata, &(&machine.metadata.finalizers, deletion))
 }
 
 /// A CAPI Machine: its identity, bootstrap data, failure domain and whether its node joined.
@@ -52,16 +59,12 @@ pub(super) fn read_of_cluster(cluster: &ProxmoxCluster) -> Option<u64> {
     hashed(&cluster.metadata, &(&cluster.spec, status))
 }
 
-/// The metadata a pass reads (generation, labels, annotations, deletion, owners) and `parts`.
+/// The metadata a pass reads (generation, labels, annotations, owners) and `parts`.
 fn hashed(meta: &ObjectMeta, parts: &impl Serialize) -> Option<u64> {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     meta.generation.hash(&mut hasher);
     meta.labels.hash(&mut hasher);
     meta.annotations.hash(&mut hasher);
-    meta.deletion_timestamp
-        .as_ref()
-        .map(|t| t.0.as_millisecond())
-        .hash(&mut hasher);
     for owner in meta.owner_references.iter().flatten() {
         (&owner.uid, &owner.kind, &owner.name, owner.controller).hash(&mut hasher);
     }
@@ -115,7 +118,11 @@ mod tests {
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ));
-        assert_ne!(read_of_capi_machine(&deleting), read, "deleted");
+        assert_eq!(
+            read_of_capi_machine(&deleting),
+            read,
+            "deleted: Cluster API deletes the ProxmoxMachine next, which wakes it"
+        );
     }
 
     #[test]
@@ -161,6 +168,16 @@ mod tests {
         }))
         .expect("a Cluster");
         assert_eq!(read_of_capi_cluster(&counted), read, "its replica counters");
+        let mut deleting = capi_cluster.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(
+            read_of_capi_cluster(&deleting),
+            read,
+            "deleted: each of its machines is woken by its own deletion"
+        );
         let mut paused = capi_cluster.clone();
         paused.spec.paused = Some(true);
         assert_ne!(read_of_capi_cluster(&paused), read, "paused");
