@@ -126,6 +126,9 @@ pub struct Context {
     /// once rather than polling. After a restart: the tasks recorded in status are checked at
     /// once and durations are learned again.
     pub task_timing: machine::TaskTimer,
+    /// The machines a pass runs for now, so a change meanwhile is left to the pass's end
+    /// ([`machine::Passes`]). After a restart: no pass runs.
+    pub passes: machine::Passes,
     /// What each Proxmox endpoint lists, shared by all machine reconciles, so a pass costs no
     /// listing of its own. After a restart: each endpoint is listed again on first use.
     pub inventory: inventory::Inventory,
@@ -181,6 +184,7 @@ impl Context {
             vms: machine::Vms::default(),
             retries: failures::Retries::default(),
             task_timing,
+            passes: machine::Passes::default(),
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
             own_writes: own_writes::OwnWrites::default(),
@@ -317,6 +321,7 @@ pub async fn run(
             vms: machine::Vms::default(),
             retries: failures::Retries::default(),
             task_timing,
+            passes: machine::Passes::default(),
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
             own_writes: own_writes::OwnWrites::default(),

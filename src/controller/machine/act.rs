@@ -207,7 +207,8 @@ impl Reconcile<'_> {
         already_provisioned: bool,
     ) -> Flow {
         let machine_key = claim_key(self.machine);
-        self.context.task_timing.boot_answered(&machine_key);
+        let waited = self.context.task_timing.boot_answered(&machine_key);
+        self.wake_machines(&waited);
         if held.addresses_pending {
             return Err(waiting_for_addresses());
         }

@@ -76,9 +76,11 @@ impl Reconcile<'_> {
                 let message = format!(
                     "cloud-init failed in VM {vmid}: {errors}; check the bootstrap data and the guest's /var/log/cloud-init.log"
                 );
-                self.context
+                let waited = self
+                    .context
                     .task_timing
                     .boot_answered(&claim_key(self.machine));
+                self.wake_machines(&waited);
                 self.event(scope, EventType::Warning, "CloudInitFailed", &message)
                     .await;
                 Err(waiting(

@@ -81,6 +81,7 @@ mod ha;
 mod looks;
 mod outcome;
 mod pass;
+mod passes;
 mod slots;
 mod status;
 mod task;
@@ -93,6 +94,7 @@ mod wakes;
 pub use addresses::BoundAddress;
 use addresses::machine_addresses;
 pub use bootstrap::{SeedIsosRemoved, WrittenConfigs, smbios_uuid};
+pub use passes::Passes;
 use vm::PassConfigs;
 pub use vms::Vms;
 
@@ -301,6 +303,41 @@ fn infrastructure_of(machine: &capi::Machine) -> Option<ObjectRef<ProxmoxMachine
     })
 }
 
+/// Where the changes of related objects wake machines, noted on the work queue: not a machine
+/// waiting for a Proxmox task this process submitted, whose requeue at the task's expected end
+/// reads whatever changed meanwhile from the caches (its pass before then would only find the
+/// task running).
+/// A machine whose pass runs is not queued again either: its pass's end decides ([`Passes`]).
+#[derive(Clone)]
+struct Wakes {
+    queue: crate::controller::queue_depth::WorkQueue,
+    timer: TaskTimer,
+    passes: Passes,
+    machines: Store<ProxmoxMachine>,
+}
+
+impl Wakes {
+    fn wake(
+        &self,
+        refs: impl IntoIterator<Item = ObjectRef<ProxmoxMachine>>,
+    ) -> Vec<ObjectRef<ProxmoxMachine>> {
+        let due = refs.into_iter().filter(|machine| {
+            self.machines
+                .get(machine)
+                .is_none_or(|machine| worth_a_pass(&self.timer, &machine))
+                && !self.passes.changed_during(machine)
+        });
+        self.queue.wake(due)
+    }
+}
+
+/// Whether a change to `machine` (or what it depends on) is worth a pass now: it is being
+/// deleted, or it waits for no Proxmox task this process submitted.
+fn worth_a_pass(timer: &TaskTimer, machine: &ProxmoxMachine) -> bool {
+    machine.metadata.deletion_timestamp.is_some()
+        || tracking::task_not_due(timer, machine).is_none()
+}
+
 /// A watch of kind `K` feeding the caches: of this manager's shard (`sharded`), or whole.
 fn watch<K>(
     caches: &Caches,
@@ -333,6 +370,12 @@ fn woken_by_related(
 ) -> Controller<ProxmoxMachine> {
     let queue = context.metrics.work_queue(CONTROLLER);
     queue.observe(store.clone());
+    let queue = Wakes {
+        queue,
+        timer: context.task_timing.clone(),
+        passes: context.passes.clone(),
+        machines: store.clone(),
+    };
     let controller = woken_by_ipam(
         controller,
         caches,
@@ -396,7 +439,7 @@ fn woken_by_ipam(
         kube::runtime::reflector::store::Writer<capi::IPAddress>,
     ),
     context: &Context,
-    queue: &crate::controller::queue_depth::WorkQueue,
+    queue: &Wakes,
 ) -> Controller<ProxmoxMachine> {
     let claims = watch(caches, slot::CLAIMS, context, false, claims);
     let addresses = watch(caches, slot::ADDRESSES, context, false, addresses);
@@ -434,6 +477,7 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let (store, writer) = kube::runtime::reflector::store();
     let (caches, writers) = Caches::new(store.clone());
     let own_writes = context.own_writes.clone();
+    let (timer, passes) = (context.task_timing.clone(), context.passes.clone());
     let (index, indexed) = (caches.machines_by_uid.clone(), store.clone());
     let own_changes =
         super::caches::reflected(machines, context.config.shard_watch(), writer, || {})
@@ -443,10 +487,17 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
                 }
             })
             .predicate_filter(wakes::beyond_status, PredicateConfig::default())
-            // After the predicate, so its memory of each machine includes the echo.
+            // After the predicate, so its memory of each machine includes the echo (and the
+            // change a machine waiting for its task reads at the task's expected end).
             .filter(move |machine| {
-                let echo = machine.as_ref().is_ok_and(|m| own_writes.is_echo(m));
-                std::future::ready(!echo)
+                let wake = machine.as_ref().map_or(true, |m| {
+                    // Its deletion is read at once, whatever runs.
+                    m.metadata.deletion_timestamp.is_some()
+                        || (!own_writes.is_echo(m)
+                            && worth_a_pass(&timer, m)
+                            && !passes.changed_during(&ObjectRef::from_obj(m)))
+                });
+                std::future::ready(wake)
             });
     tokio::spawn(super::bootstrap_secrets::follow(
         context.bootstrap_secrets.clone(),
@@ -517,19 +568,29 @@ fn machine_gone(machine: &ProxmoxMachine, error: &MachineError) -> bool {
         }))
 }
 
-/// One reconcile, with its duration and outcome recorded in the metrics.
+/// One reconcile, with its duration and outcome recorded in the metrics. A change that came
+/// in while it ran is read by another pass at once, unless the machine now waits for a Proxmox
+/// task (the pass at its expected end reads it).
 pub async fn reconcile(
     machine: Arc<ProxmoxMachine>,
     context: Arc<Context>,
 ) -> Result<Action, MachineError> {
-    context
+    let running = context.passes.start(ObjectRef::from_obj(&*machine));
+    let action = context
         .metrics
         .measure(
             CONTROLLER,
             &*machine,
             Reconcile::new(&machine, &context).and_then_run(),
         )
-        .await
+        .await?;
+    Ok(
+        if running.changed() && worth_a_pass(&context.task_timing, &machine) {
+            Action::requeue(Duration::ZERO)
+        } else {
+            action
+        },
+    )
 }
 
 struct Reconcile<'a> {
@@ -719,6 +780,40 @@ mod tests {
                 "change {index} wakes the machine"
             );
         }
+    }
+
+    #[test]
+    fn a_machine_waiting_for_its_task_is_woken_only_when_the_task_is_due_or_it_is_deleted() {
+        let timer = TaskTimer::new(TaskTimingPolicy::Learned);
+        let mut machine = ProxmoxMachine::new("m1", Default::default());
+        machine.metadata.namespace = Some("default".into());
+        machine.metadata.uid = Some("5c0e001a-1d2b-4c3a-9e8f-000000000001".into());
+        assert!(
+            worth_a_pass(&timer, &machine),
+            "no task: a change is read at once"
+        );
+        let upid: crate::proxmox::Upid =
+            "UPID:pve1:00000403:0000101B:6955B91B:qmclone:9001:root@pam!capmox:"
+                .parse()
+                .expect("a UPID");
+        let first_check = timer.submitted(&upid, &claim_key(&machine), "cloning");
+        assert!(!first_check.is_zero());
+        assert!(
+            !worth_a_pass(&timer, &machine),
+            "its clone runs: the pass at its expected end reads the change"
+        );
+        let mut deleting = machine.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(
+            worth_a_pass(&timer, &deleting),
+            "deleted while its clone runs"
+        );
+        timer.finished(&upid);
+        timer.forget(&upid);
+        assert!(worth_a_pass(&timer, &machine), "its clone ended");
     }
 
     #[test]

@@ -12,7 +12,10 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::outcome::{Flow, Stop, Wait, wait, waiting};
 use super::task::{FinishedTask, TaskKind, TaskPurpose, task_backoff};
-use super::{During, MachineError, PROVISIONED, Reconcile, Scope, claim_key, has_claim_key};
+use super::{
+    During, MachineError, PROVISIONED, Reconcile, Scope, TaskTimer, claim_key, has_claim_key,
+};
+use crate::api::ProxmoxMachine;
 use crate::controller::conditions::Decided;
 use crate::controller::failures::Backoff;
 use crate::controller::node_tasks::TaskList;
@@ -118,7 +121,7 @@ impl Reconcile<'_> {
     }
 
     /// Looks at the machines with these claim keys now (through the task-slot channel).
-    fn wake_machines(&self, keys: &[String]) {
+    pub(super) fn wake_machines(&self, keys: &[String]) {
         let Some(caches) = self.context.caches.as_ref().filter(|_| !keys.is_empty()) else {
             return;
         };
@@ -188,13 +191,7 @@ impl Reconcile<'_> {
     /// How long until the task this process submitted for the machine is expected to end, if
     /// it has one and that is still ahead.
     pub(super) fn task_not_due(&self) -> Option<Duration> {
-        let clock = &self.context.task_timing;
-        let machine = claim_key(self.machine);
-        match clock.in_flight_for(&machine) {
-            Some((upid, _)) => clock.not_due(&upid.parse().ok()?),
-            // Nor is a guest this process started looked at before it usually is done booting.
-            None => clock.boot_not_due(&machine),
-        }
+        task_not_due(&self.context.task_timing, self.machine)
     }
 
     /// Records the task a Proxmox request started (`started`, its answer) and stops the pass
@@ -553,6 +550,17 @@ fn clear_task(scope: &mut Scope) {
     scope.status.task_ref = None;
     scope.status.task_purpose = None;
     scope.status.retry_after = None;
+}
+
+/// How long until the task this process submitted for `machine` is expected to end, if it has
+/// one and that is still ahead: the pass before then would only find it running.
+pub(super) fn task_not_due(clock: &TaskTimer, machine: &ProxmoxMachine) -> Option<Duration> {
+    let machine = claim_key(machine);
+    match clock.in_flight_for(&machine) {
+        Some((upid, _)) => clock.not_due(&upid.parse().ok()?),
+        // Nor is a guest this process started looked at before it usually is done booting.
+        None => clock.boot_not_due(&machine),
+    }
 }
 
 #[cfg(test)]

@@ -26,8 +26,8 @@ use super::{
 use crate::controller::machine::TaskKind;
 use crate::proxmox::Upid;
 
-/// How long after the scout's look (the guest booting longest, while no boot was seen end)
-/// the other booting guests are looked at, so the scout's answer is known by then.
+/// A booting guest whose look would come before this long after the scout's (the guest
+/// booting longest, while no boot was seen end) waits for the scout's answer instead.
 const AFTER_SCOUT: Duration = Duration::from_millis(100);
 /// A scout whose look is this far overdue no longer holds the other guests back (its machine
 /// was deleted, or its passes are stuck).
@@ -403,8 +403,8 @@ impl TaskTiming for LearnedClock {
     /// How long until `machine`'s booting guest is worth looking at, if it is not yet. What was
     /// learned since the guest's look was planned counts: it is not looked at before guests on
     /// its node are now known to be up. While no boot was seen end, only the guest booting
-    /// longest (the scout) is looked at on its own schedule; the others just after it, when its
-    /// answer is known.
+    /// longest (the scout) is looked at on its own schedule; the others wait for its answer,
+    /// which wakes them, or until it would no longer hold them (its look long overdue).
     fn boot_not_due(&self, machine: &str) -> Option<Duration> {
         let now = Instant::now();
         let mut state = self.lock();
@@ -416,7 +416,7 @@ impl TaskTiming for LearnedClock {
         if let Some(scout_due) = scout_due
             && scout_due.max(now) + AFTER_SCOUT > boot.due
         {
-            boot.due = scout_due.max(now) + AFTER_SCOUT;
+            boot.due = scout_due.max(now) + SCOUT_STALE;
             boot.held_for_scout = true;
         }
         let due = boot.due;
@@ -464,18 +464,27 @@ impl TaskTiming for LearnedClock {
     /// guest was first seen up: a guest like it looked at then is up, where the middle of the
     /// last silent and the first answered look can be too early, and a look found silent costs
     /// a request and a wait.
-    fn boot_answered(&self, machine: &str) {
+    fn boot_answered(&self, machine: &str) -> Vec<String> {
         let now = Instant::now();
         let mut state = self.lock();
         let Some(boot) = state.booting.remove(machine) else {
-            return;
+            return Vec::new();
         };
         if boot.held_for_scout {
-            return;
+            return Vec::new();
         }
         let up = now - boot.started;
         let samples = state.boots_learned.entry(boot.guest.node).or_default();
         learn(samples, Duration::ZERO, up);
+        // The guests that waited for this answer are looked at when it says they are up.
+        let mut held = Vec::new();
+        for (key, boot) in &mut state.booting {
+            if boot.held_for_scout && boot.due > now {
+                boot.due = now;
+                held.push(key.clone());
+            }
+        }
+        held
     }
 
     /// Notes that `machine`'s guest in VM `vmid` is up and the machine provisioned; returns
@@ -765,15 +774,16 @@ mod tests {
     }
 
     #[test]
-    fn while_no_boot_was_learned_only_the_scout_is_looked_at_and_the_others_just_after_it() {
+    fn while_no_boot_was_learned_only_the_scout_is_looked_at_and_the_others_wait_for_its_answer() {
         let clock = LearnedClock::default();
         clock.boot_started("scout", "pve1");
         clock.boot_started("other", "pve2");
         let scout_first = clock.boot_not_due("scout").expect("not due at once");
         let other_first = clock.boot_not_due("other").expect("not due at once");
         assert!(
-            other_first > scout_first && other_first <= scout_first + AFTER_SCOUT,
-            "the other guest is looked at just after the scout: {scout_first:?}, {other_first:?}"
+            other_first >= scout_first + SCOUT_STALE - Duration::from_millis(50)
+                && other_first <= scout_first + SCOUT_STALE,
+            "the other guest waits for the scout's answer, or until the scout no longer holds it: {scout_first:?}, {other_first:?}"
         );
         // The scout, seen not done after 4 s, is looked at again after a sixteenth of that; the
         // other guest only after that look.
@@ -793,8 +803,16 @@ mod tests {
         assert!(other_wait > scout_wait, "{other_wait:?}");
         // The scout's boot is learned as the time it was first seen up (not the middle of its
         // last silent look and that one); the held guest's teaches nothing.
-        clock.boot_answered("scout");
+        assert_eq!(
+            clock.boot_answered("scout"),
+            ["other"],
+            "the scout's answer wakes the guest that waited for it"
+        );
         let learned = clock.lock().boots_learned["pve1"].clone();
+        assert!(
+            clock.boot_not_due("other").is_some_and(|d| d <= learned[0]),
+            "then looked at when guests are known to be up"
+        );
         assert!(
             learned.len() == 1 && learned[0] >= DEFAULT_BOOT * 2,
             "{learned:?}"

@@ -99,8 +99,9 @@ pub trait TaskTiming: Send + Sync {
     fn boot_silent(&self, machine: &str, node: &str) -> Duration;
 
     /// Notes that `machine`'s guest is done booting (or failed for good): nothing more to
-    /// wait for.
-    fn boot_answered(&self, machine: &str);
+    /// wait for. Returns the machines (by key) whose guests waited for this answer, to look at
+    /// now.
+    fn boot_answered(&self, machine: &str) -> Vec<String>;
 
     /// Notes that `machine`'s guest in VM `vmid` is up and the machine provisioned; returns
     /// whether this process already knew.

@@ -272,17 +272,18 @@ impl TaskTiming for PlainClock {
         wait
     }
 
-    fn boot_answered(&self, machine: &str) {
+    fn boot_answered(&self, machine: &str) -> Vec<String> {
         let now = Instant::now();
         let mut state = self.lock();
-        let Some(boot) = state.booting.remove(machine) else {
-            return;
-        };
-        if boot.learns {
+        if let Some(boot) = state.booting.remove(machine)
+            && boot.learns
+        {
             let took = estimate(boot.last_seen_silent, now - boot.started);
             state.last_boot_anywhere = Some(took);
             state.last_boot.insert(boot.guest.node, took);
         }
+        // No guest waits for another's answer.
+        Vec::new()
     }
 
     fn guest_up(&self, machine: &str, vmid: u32) -> bool {
