@@ -270,7 +270,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub zone_restore_after: std::time::Duration,
     /// Requests capmox sends to one Proxmox API at once, over all clusters and tokens that
-    /// reach it; more wait in capmox (pveproxy serves only a few at a time).
+    /// reach it; more wait in capmox (pveproxy serves only a few at a time). Each daemon of a
+    /// node gets at most two of them, leaving one of its three workers to other clients.
     #[arg(long, default_value_t = crate::proxmox::DEFAULT_REQUESTS_IN_FLIGHT, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u16).range(1..=256), usize::from))]
     pub proxmox_requests_in_flight: usize,
 }

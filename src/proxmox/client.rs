@@ -301,7 +301,7 @@ impl ProxmoxClient {
         let permit = self
             .inner
             .gate
-            .enter()
+            .enter(&req.method, &req.path)
             .await
             .ok_or_else(|| ProxmoxError::Transient {
                 status: None,
