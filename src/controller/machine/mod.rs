@@ -306,8 +306,7 @@ fn infrastructure_of(machine: &capi::Machine) -> Option<ObjectRef<ProxmoxMachine
 /// Where the changes of related objects wake machines, noted on the work queue: not a machine
 /// waiting for a Proxmox task this process submitted, whose requeue at the task's expected end
 /// reads whatever changed meanwhile from the caches (its pass before then would only find the
-/// task running).
-/// A machine whose pass runs is not queued again either: its pass's end decides ([`Passes`]).
+/// task running), nor one whose pass runs, as that pass's end decides ([`Passes`]).
 #[derive(Clone)]
 struct Wakes {
     queue: crate::controller::queue_depth::WorkQueue,
