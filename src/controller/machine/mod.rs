@@ -643,7 +643,9 @@ impl<'a> Reconcile<'a> {
         }
         // A task this process submitted for the machine and expects to run a while longer:
         // nothing to look at before then, whatever woke the machine (a related object's change).
-        if !deleting && let Some(remaining) = self.task_not_due() {
+        if !deleting
+            && let Some(remaining) = tracking::task_not_due(&self.context.task_timing, self.machine)
+        {
             tracing::trace!(machine = %self.machine.name_any(), ?remaining, "waiting for a Proxmox task");
             return Ok(Action::requeue(remaining));
         }

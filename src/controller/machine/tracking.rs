@@ -188,12 +188,6 @@ impl Reconcile<'_> {
         self.wake_machines(&ended);
     }
 
-    /// How long until the task this process submitted for the machine is expected to end, if
-    /// it has one and that is still ahead.
-    pub(super) fn task_not_due(&self) -> Option<Duration> {
-        task_not_due(&self.context.task_timing, self.machine)
-    }
-
     /// Records the task a Proxmox request started (`started`, its answer) and stops the pass
     /// until the task's expected end. `None`: Proxmox finished synchronously, go on. A failed
     /// request is reported as having happened in `purpose`.
