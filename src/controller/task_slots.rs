@@ -290,6 +290,22 @@ impl TaskSlots {
         self.wake_all(machines);
     }
 
+    /// Wakes `machines` after `delay`, when what they wait for is due: a pass before then
+    /// would only requeue. A restart drops the wake; the machines' own requeues still come.
+    pub fn wake_after(&self, machines: Vec<Who>, delay: Duration) {
+        if machines.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.wake_all(machines);
+        };
+        let slots = self.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(delay).await;
+            slots.wake_all(machines);
+        });
+    }
+
     /// Takes every slot `wants` names for `who`, or puts it in line (keeping its place).
     pub fn acquire(&self, who: &Who, wants: Vec<Want>) -> Result<(), Queued> {
         self.line().acquire(who, wants, Instant::now())
@@ -486,5 +502,16 @@ mod tests {
             .expect_err("full");
         slots.release(&who("a"));
         assert_eq!(woken.recv().await, Some(who("b")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_after_a_delay_comes_when_it_is_due_and_not_before() {
+        let slots = TaskSlots::default();
+        let mut woken = slots.take_wakeups().expect("first taker");
+        let asked = tokio::time::Instant::now();
+        slots.wake_after(vec![who("a")], Duration::from_secs(3));
+        assert!(woken.try_recv().is_err(), "not at once");
+        assert_eq!(woken.recv().await, Some(who("a")));
+        assert!(asked.elapsed() >= Duration::from_secs(3));
     }
 }

@@ -113,22 +113,28 @@ pub(super) fn failed_task_step(
 
 impl Reconcile<'_> {
     /// Notes that `upid` ended; the machine whose task waits next behind it on its node is
-    /// looked at now, so its pass takes the sooner check instead of its earlier requeue.
+    /// looked at when that task is due, sooner than its earlier requeue.
     fn task_ended(&self, upid: &Upid) {
         if let Some(next) = self.context.task_timing.finished(upid) {
-            self.wake_machines(&[next]);
+            let woken = self.machine_refs(&[next.machine]);
+            self.context.task_slots.wake_after(woken, next.due_in);
         }
     }
 
     /// Looks at the machines with these claim keys now (through the task-slot channel).
     pub(super) fn wake_machines(&self, keys: &[String]) {
+        let woken = self.machine_refs(keys);
+        self.context.task_slots.wake(woken);
+    }
+
+    /// The machines with these claim keys, as far as the caches know them.
+    fn machine_refs(&self, keys: &[String]) -> Vec<ObjectRef<ProxmoxMachine>> {
         let Some(caches) = self.context.caches.as_ref().filter(|_| !keys.is_empty()) else {
-            return;
+            return Vec::new();
         };
         // A key the index does not know (a machine without a UID, or one its watch has not
         // delivered to the index yet) is searched for in the store.
-        let woken = keys
-            .iter()
+        keys.iter()
             .filter_map(|key| {
                 caches
                     .machines_by_uid
@@ -140,8 +146,7 @@ impl Reconcile<'_> {
                             .map(|machine| ObjectRef::from_obj(&*machine))
                     })
             })
-            .collect();
-        self.context.task_slots.wake(woken);
+            .collect()
     }
 
     /// The state of the task `upid`: from its node's task list while this process waits for

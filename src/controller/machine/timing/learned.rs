@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use super::guest::GuestBoot;
 use super::ledger::Ledger;
 use super::{
-    DEFAULT_BOOT, DEFAULT_CLONE, DEFAULT_TASK, MAX_IN_FLIGHT, MAX_RECHECK, MIN_RECHECK, TaskTiming,
-    estimate,
+    DEFAULT_BOOT, DEFAULT_CLONE, DEFAULT_TASK, MAX_IN_FLIGHT, MAX_RECHECK, MIN_RECHECK, NextInLine,
+    TaskTiming, estimate,
 };
 use crate::controller::machine::TaskKind;
 use crate::proxmox::Upid;
@@ -203,7 +203,8 @@ impl TaskTiming for LearnedClock {
                 ..InFlight::new(upid, now)
             },
         );
-        expected
+        // Behind others on a node that runs them one after another: no pass until its turn.
+        state.waiting_turn(upid, now).unwrap_or(expected)
     }
 
     /// Notes that the task `upid`, which started `machine`'s VM on its node, is checked no
@@ -242,32 +243,11 @@ impl TaskTiming for LearnedClock {
         if state.ledger.seen_listed_ended(upid.as_str()) {
             return None;
         }
-        let queueing = state.queueing(upid, now);
-        let waits_its_turn = queueing && state.unfinished_ahead(upid, now);
-        if waits_its_turn {
-            // A queue still waits behind a running task: the node is taken to still run them
-            // one after another (a queue on a node that runs them side by side only waits
-            // longer to be noticed: the lists of the task ahead show the ends behind it).
-            state
-                .queueing_seen
-                .insert((upid.task_type.clone(), upid.node.clone()), now);
+        if let Some(turn) = state.waiting_turn(upid, now) {
+            return Some(turn);
         }
-        let task = state.in_flight.get_mut(upid.as_str())?;
-        // Queued on a node that is known to run such tasks one after another: the check at a
-        // lone task's duration would only find it running.
-        if queueing && task.queued_behind > 0 && task.last_seen_running.is_zero() {
-            task.first_check_deferred = true;
-            task.due = task.due.max(task.expected_end);
-        }
-        // Not begun while one ahead of it runs: the checks of that one list the node and tell
-        // of this one too, and its end wakes this one's pass (`queue_moved_on`).
-        if waits_its_turn {
-            task.due = task.due.max(now);
-            return Some(TURN_RECHECK);
-        }
-        let due = task.due;
-        let task_type = task.task_type.clone();
-        (due > now + Duration::from_millis(20)).then(|| pass_requeue(&task_type, due - now))
+        let due = state.in_flight.get(upid.as_str())?.due;
+        (due > now + Duration::from_millis(20)).then(|| pass_requeue(&upid.task_type, due - now))
     }
 
     /// Notes that a check saw the task still running; returns the requeue until the next
@@ -313,7 +293,7 @@ impl TaskTiming for LearnedClock {
 
     /// Notes that a check saw the task stopped, and learns its duration if this process saw
     /// it start.
-    fn finished(&self, upid: &Upid) -> Option<String> {
+    fn finished(&self, upid: &Upid) -> Option<NextInLine> {
         let now = Instant::now();
         let mut state = self.lock();
         state.ledger.task_ended(upid);
@@ -538,7 +518,12 @@ impl ClockState {
     /// expected ends (and checks) move forward to that where it is sooner: an estimate that was
     /// too long does not add up along the queue. Returns the machine of the task next in line
     /// when its check moved sooner: its requeue, set before, would come late.
-    fn queue_moved_on(&mut self, upid: &Upid, submitted: Instant, now: Instant) -> Option<String> {
+    fn queue_moved_on(
+        &mut self,
+        upid: &Upid,
+        submitted: Instant,
+        now: Instant,
+    ) -> Option<NextInLine> {
         // Durations are counted from when this process saw the request answered, a little
         // after Proxmox began the task: a twentieth more keeps the checks from coming early.
         let expected = self.expected(upid) * 21 / 20;
@@ -567,7 +552,10 @@ impl ClockState {
                 task.expected_end = end;
                 let due = task.due.min(end.max(now));
                 if place == 0 && due < task.due && !task.machine.is_empty() {
-                    next = Some(task.machine.clone());
+                    next = Some(NextInLine {
+                        machine: task.machine.clone(),
+                        due_in: due - now,
+                    });
                 }
                 task.due = due;
             }
@@ -586,7 +574,7 @@ impl ClockState {
         submitted: Instant,
         now: Instant,
         expected: Duration,
-    ) -> Option<String> {
+    ) -> Option<NextInLine> {
         let listed_ended = &self.ledger;
         let mut behind: Vec<&mut InFlight> = self
             .in_flight
@@ -608,7 +596,37 @@ impl ClockState {
         behind
             .first()
             .filter(|task| !task.machine.is_empty())
-            .map(|task| task.machine.clone())
+            .map(|task| NextInLine {
+                machine: task.machine.clone(),
+                due_in: task.due - now,
+            })
+    }
+
+    /// On a node known to run tasks like `upid` one after another, its first check is put off
+    /// to its expected end (the check at a lone task's duration would only find it running);
+    /// while one ahead of it runs, the pass waits for that one's end, which wakes it
+    /// (`queue_moved_on`; the checks of that one list the node and tell of this one too).
+    /// Returns the requeue while it waits its turn.
+    fn waiting_turn(&mut self, upid: &Upid, now: Instant) -> Option<Duration> {
+        let queueing = self.queueing(upid, now);
+        let waits_its_turn = queueing && self.unfinished_ahead(upid, now);
+        if waits_its_turn {
+            // A queue still waits behind a running task: the node is taken to still run them
+            // one after another (a queue on a node that runs them side by side only waits
+            // longer to be noticed: the lists of the task ahead show the ends behind it).
+            self.queueing_seen
+                .insert((upid.task_type.clone(), upid.node.clone()), now);
+        }
+        let task = self.in_flight.get_mut(upid.as_str())?;
+        if queueing && task.queued_behind > 0 && task.last_seen_running.is_zero() {
+            task.first_check_deferred = true;
+            task.due = task.due.max(task.expected_end);
+        }
+        if waits_its_turn {
+            task.due = task.due.max(now);
+            return Some(TURN_RECHECK);
+        }
+        None
     }
 
     /// Whether the node of `upid` was seen running tasks like it one after another, lately.
@@ -1100,10 +1118,14 @@ mod tests {
         assert!(due_in(&clock, &clones[3]) > DEFAULT_CLONE * 7 / 2);
         // The first is seen done at once, far sooner than expected: each clone behind it ends
         // at most a clone's duration after the one ahead of it, counted from now.
+        let next = clock.finished(&clones[0]).expect("a machine next in line");
         assert_eq!(
-            clock.finished(&clones[0]).as_deref(),
-            Some("pve1-m2"),
+            next.machine, "pve1-m2",
             "the machine next in line is woken: its pass was told to come back later"
+        );
+        assert!(
+            next.due_in <= DEFAULT_CLONE * 21 / 20 && next.due_in > DEFAULT_CLONE,
+            "woken when its check is due, not at once: {next:?}"
         );
         let dues: Vec<Duration> = clones[1..].iter().map(|c| due_in(&clock, c)).collect();
         for (rank, due) in dues.iter().enumerate() {
@@ -1261,8 +1283,10 @@ mod tests {
         );
         // Its end retimes the queue behind it from now, later than first thought, and wakes
         // the machine next in line, whose pass was told to come back later.
-        assert_eq!(clock.finished(&clones[0]).as_deref(), Some("pve1-m2"));
+        let next = clock.finished(&clones[0]).expect("a machine next in line");
         let expected = DEFAULT_CLONE * 21 / 20;
+        assert_eq!(next.machine, "pve1-m2");
+        assert!(next.due_in <= expected && next.due_in + MIN_RECHECK > expected);
         for (rank, behind) in clones[1..].iter().enumerate() {
             let due = due_in(&clock, behind);
             let at = expected * (rank as u32 + 1);
@@ -1278,11 +1302,37 @@ mod tests {
         // back (checked on its own estimate), and is checked a clone's duration after that end.
         assert!(clock.lock().ledger.listed_ended(&clones[1]));
         assert!(clock.not_due(&clones[2]).is_some_and(|d| d <= MAX_RECHECK));
-        assert_eq!(clock.finished(&clones[1]).as_deref(), Some("pve1-m3"));
+        let next = clock.finished(&clones[1]).expect("a machine next in line");
+        assert_eq!(next.machine, "pve1-m3");
         // (The first clone, seen done at once, taught a short duration.)
         let expected = clock.expected(&clones[0]) * 21 / 20;
         let due = due_in(&clock, &clones[2]);
         assert!(due <= expected && due + expected / 4 > expected, "{due:?}");
+    }
+
+    #[test]
+    fn a_clone_submitted_behind_others_on_a_node_seen_queueing_waits_its_turn_from_the_start() {
+        let clock = LearnedClock::default();
+        let clones = submit_clones(&clock, "pve1", 1..=2);
+        clock.still_running(&clones[1]);
+        // pve1 is now known to run clones one after another: the next one submitted there
+        // has no pass until the ones ahead end, and is checked at its expected end.
+        let third = upid("qmclone", "pve1", 3);
+        let wait = clock.submitted(&third, "pve1-m3", "cloning");
+        assert_eq!(wait, TURN_RECHECK);
+        assert!(
+            due_in(&clock, &third) > DEFAULT_CLONE * 5 / 2,
+            "after the two ahead"
+        );
+        // Alone on a node, or first on one not seen queueing, it is checked as before.
+        let lone = upid("qmclone", "pve2", 4);
+        assert_eq!(clock.submitted(&lone, "pve2-m4", "cloning"), DEFAULT_CLONE);
+        let behind_lone = upid("qmclone", "pve2", 5);
+        assert_eq!(
+            clock.submitted(&behind_lone, "pve2-m5", "cloning"),
+            DEFAULT_CLONE,
+            "pve2 was not seen queueing"
+        );
     }
 
     #[test]

@@ -38,6 +38,15 @@ const MAX_IN_FLIGHT: usize = 10_000;
 /// A look due this soon counts as due now: a requeue shorter than the pass it saves is no gain.
 const DUE_SLACK: Duration = Duration::from_millis(20);
 
+/// A machine whose queued task began when the one ahead of it ended, to be looked at when it
+/// is due (not before: a pass then would only requeue).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NextInLine {
+    /// The machine's key.
+    pub machine: String,
+    pub due_in: Duration,
+}
+
 /// How a machine's passes are timed around its Proxmox tasks and its booting guest. Every
 /// method notes what a pass saw or did and answers when the next look is worth it; the
 /// bookkeeping methods (`in_flight_for`, `succeeded`, `guest_up`, `seen_up`) answer the same
@@ -65,9 +74,9 @@ pub trait TaskTiming: Send + Sync {
     /// Notes that a check saw the task still running; returns the requeue until the next check.
     fn still_running(&self, upid: &Upid) -> Duration;
 
-    /// Notes that a check saw the task stopped; returns the machine (by key) whose task, next
-    /// in line behind it on its node, is now due sooner than that machine's requeue.
-    fn finished(&self, upid: &Upid) -> Option<String>;
+    /// Notes that a check saw the task stopped; returns the machine whose task, next in line
+    /// behind it on its node, is now due sooner than that machine's requeue.
+    fn finished(&self, upid: &Upid) -> Option<NextInLine>;
 
     /// Forgets a task nobody will check again.
     fn forget(&self, upid: &Upid);

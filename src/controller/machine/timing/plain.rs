@@ -27,7 +27,7 @@ use super::guest::GuestBoot;
 use super::ledger::Ledger;
 use super::{
     DEFAULT_BOOT, DEFAULT_CLONE, DEFAULT_TASK, DUE_SLACK, MAX_IN_FLIGHT, MAX_RECHECK, MIN_RECHECK,
-    TaskTiming, estimate,
+    NextInLine, TaskTiming, estimate,
 };
 use crate::controller::machine::TaskKind;
 use crate::proxmox::Upid;
@@ -197,7 +197,7 @@ impl TaskTiming for PlainClock {
         wait
     }
 
-    fn finished(&self, upid: &Upid) -> Option<String> {
+    fn finished(&self, upid: &Upid) -> Option<NextInLine> {
         let now = Instant::now();
         let mut state = self.lock();
         state.ledger.task_ended(upid);
