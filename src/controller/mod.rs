@@ -129,6 +129,9 @@ pub struct Context {
     /// The machines a pass runs for now, so a change meanwhile is left to the pass's end
     /// ([`machine::Passes`]). After a restart: no pass runs.
     pub passes: machine::Passes,
+    /// The machines waiting for their Proxmox task or guest, each woken when it is due
+    /// ([`machine::DueWakes`]). After a restart: nothing waits; every machine gets a pass.
+    pub due_wakes: machine::DueWakes,
     /// What each Proxmox endpoint lists, shared by all machine reconciles, so a pass costs no
     /// listing of its own. After a restart: each endpoint is listed again on first use.
     pub inventory: inventory::Inventory,
@@ -185,6 +188,7 @@ impl Context {
             retries: failures::Retries::default(),
             task_timing,
             passes: machine::Passes::default(),
+            due_wakes: machine::DueWakes::default(),
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
             own_writes: own_writes::OwnWrites::default(),
@@ -322,6 +326,7 @@ pub async fn run(
             retries: failures::Retries::default(),
             task_timing,
             passes: machine::Passes::default(),
+            due_wakes: machine::DueWakes::default(),
             inventory: inventory::Inventory::default(),
             node_tasks: node_tasks::NodeTaskLists::default(),
             own_writes: own_writes::OwnWrites::default(),

@@ -75,6 +75,7 @@ mod decide;
 mod delete;
 mod devices;
 mod dhcp;
+mod due;
 mod endpoint;
 mod guest;
 mod ha;
@@ -94,6 +95,7 @@ mod wakes;
 pub use addresses::BoundAddress;
 use addresses::machine_addresses;
 pub use bootstrap::{SeedIsosRemoved, WrittenConfigs, smbios_uuid};
+pub use due::DueWakes;
 pub use passes::Passes;
 use vm::PassConfigs;
 pub use vms::Vms;
@@ -306,7 +308,8 @@ fn infrastructure_of(machine: &capi::Machine) -> Option<ObjectRef<ProxmoxMachine
 /// Where the changes of related objects wake machines, noted on the work queue: not a machine
 /// waiting for a Proxmox task this process submitted, whose requeue at the task's expected end
 /// reads whatever changed meanwhile from the caches (its pass before then would only find the
-/// task running), nor one whose pass runs, as that pass's end decides ([`Passes`]).
+/// task running), nor one whose pass runs, as that pass's end decides ([`Passes`]), nor one
+/// the machines' cache does not hold (gone, or not listed yet: its arrival wakes it).
 #[derive(Clone)]
 struct Wakes {
     queue: crate::controller::queue_depth::WorkQueue,
@@ -323,7 +326,7 @@ impl Wakes {
         let due = refs.into_iter().filter(|machine| {
             self.machines
                 .get(machine)
-                .is_none_or(|machine| worth_a_pass(&self.timer, &machine))
+                .is_some_and(|machine| worth_a_pass(&self.timer, &machine))
                 && !self.passes.changed_during(machine)
         });
         self.queue.wake(due)
@@ -574,7 +577,8 @@ pub async fn reconcile(
     machine: Arc<ProxmoxMachine>,
     context: Arc<Context>,
 ) -> Result<Action, MachineError> {
-    let running = context.passes.start(ObjectRef::from_obj(&*machine));
+    let machine_ref = ObjectRef::from_obj(&*machine);
+    let running = context.passes.start(machine_ref.clone());
     let action = context
         .metrics
         .measure(
@@ -583,13 +587,32 @@ pub async fn reconcile(
             Reconcile::new(&machine, &context).and_then_run(),
         )
         .await?;
-    Ok(
-        if running.changed() && worth_a_pass(&context.task_timing, &machine) {
-            Action::requeue(Duration::ZERO)
-        } else {
-            action
-        },
-    )
+    let key = claim_key(&machine);
+    if running.changed() && worth_a_pass(&context.task_timing, &machine) {
+        context.due_wakes.forget(&key);
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    // Waiting for its task or its guest: woken when that is due, however the expected end
+    // moves meanwhile (only a running controller listens to the wakes).
+    match tracking::task_not_due(&context.task_timing, &machine)
+        .filter(|_| context.caches.is_some())
+    {
+        Some(remaining) => {
+            let watch = due::Watch {
+                timer: context.task_timing.clone(),
+                node_tasks: context.node_tasks.clone(),
+                slots: context.task_slots.clone(),
+            };
+            context
+                .due_wakes
+                .wake_when_due(machine_ref, key, remaining, watch);
+            Ok(Action::requeue(due::DUE_SAFETY_RECHECK))
+        }
+        None => {
+            context.due_wakes.forget(&key);
+            Ok(action)
+        }
+    }
 }
 
 struct Reconcile<'a> {

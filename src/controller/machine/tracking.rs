@@ -1,5 +1,6 @@
 //! The task recorded for a machine: a pass that submits one records it in status and stops
-//! until its expected end ([`super::timing`] says when); a later pass (or a restarted
+//! until its expected end ([`super::timing`] says when, [`super::due`] wakes the machine then
+//! unless its node's task list shows it still running); a later pass (or a restarted
 //! controller) checks it once, and a failed one holds the machine off during its back-off.
 
 use std::time::Duration;
@@ -229,6 +230,7 @@ impl Reconcile<'_> {
         let purpose = TaskPurpose::new(kind, purpose());
         let recorded = purpose.recorded();
         let machine = claim_key(self.machine);
+        self.context.due_wakes.checks_with(&machine, proxmox);
         let clock = &self.context.task_timing;
         let mut wait = clock.submitted(&upid, &machine, &recorded);
         if kind == TaskKind::Start && look_at_guest {
@@ -332,6 +334,9 @@ impl Reconcile<'_> {
             }
         };
         if !status.is_finished() {
+            self.context
+                .due_wakes
+                .checks_with(&claim_key(self.machine), proxmox);
             let wait = self.context.task_timing.still_running(&upid);
             return Err(running_step(&upid, purpose.as_ref(), wait));
         }
@@ -554,11 +559,15 @@ fn clear_task(scope: &mut Scope) {
 /// How long until the task this process submitted for `machine` is expected to end, if it has
 /// one and that is still ahead: the pass before then would only find it running.
 pub(super) fn task_not_due(clock: &TaskTimer, machine: &ProxmoxMachine) -> Option<Duration> {
-    let machine = claim_key(machine);
-    match clock.in_flight_for(&machine) {
+    key_not_due(clock, &claim_key(machine))
+}
+
+/// As [`task_not_due`], for the machine with claim key `machine`.
+pub(super) fn key_not_due(clock: &TaskTimer, machine: &str) -> Option<Duration> {
+    match clock.in_flight_for(machine) {
         Some((upid, _)) => clock.not_due(&upid.parse().ok()?),
         // Nor is a guest this process started looked at before it usually is done booting.
-        None => clock.boot_not_due(&machine),
+        None => clock.boot_not_due(machine),
     }
 }
 
