@@ -104,7 +104,7 @@ impl DueWakes {
     }
 
     /// Ends the wait of `key` (that took `turn`, if given) and wakes its machine, if that wait
-    /// is still its latest.
+    /// is still its latest; a machine that no longer waits keeps no client here.
     fn wake_if_turn(&self, key: &str, turn: Option<u64>, slots: &TaskSlots) {
         let mut waiting = lock(&self.waiting);
         if waiting
@@ -113,6 +113,8 @@ impl DueWakes {
             && let Some(ended) = waiting.remove(key)
         {
             drop(waiting);
+            // Its pass notes the client again if the machine still waits for a task.
+            lock(&self.clients).remove(key);
             slots.wake(vec![ended.machine]);
         }
     }
