@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::tracking::key_not_due;
+use super::tracking::{key_not_due, listed_ended_elsewhere};
 use super::{TaskKind, TaskPurpose, TaskTimer};
 use crate::api::ProxmoxMachine;
 use crate::controller::node_tasks::NodeTaskLists;
@@ -136,10 +136,8 @@ impl DueWakes {
         let on_node = watch.timer.in_flight_on(&upid.node);
         let since = on_node.iter().map(|(_, task)| task.starttime).min()?;
         let list = watch.node_tasks.list_with(&proxmox, &upid, since).await?;
-        for (other, task) in &on_node {
-            if *task != upid && list.ended(task) && watch.timer.listed_ended(task) {
-                self.wake_if_turn(other, None, &watch.slots);
-            }
+        for other in listed_ended_elsewhere(&watch.timer, &list, &upid, on_node) {
+            self.wake_if_turn(&other, None, &watch.slots);
         }
         let status = list.status_of(&upid)?;
         (!status.is_finished()).then(|| watch.timer.still_running(&upid))

@@ -184,13 +184,7 @@ impl Reconcile<'_> {
     /// shows ended, unless they wait for their guest's boot anyway: their passes settle them
     /// from the list, without a request.
     fn wake_listed_ended(&self, list: &TaskList, checked: &Upid, on_node: Vec<(String, Upid)>) {
-        let ended: Vec<String> = on_node
-            .into_iter()
-            .filter(|(_, task)| {
-                task != checked && list.ended(task) && self.context.task_timing.listed_ended(task)
-            })
-            .map(|(machine, _)| machine)
-            .collect();
+        let ended = listed_ended_elsewhere(&self.context.task_timing, list, checked, on_node);
         self.wake_machines(&ended);
     }
 
@@ -554,6 +548,22 @@ fn clear_task(scope: &mut Scope) {
     scope.status.task_ref = None;
     scope.status.task_purpose = None;
     scope.status.retry_after = None;
+}
+
+/// The machines (by key) of `on_node`, other than the one waiting for `checked`, whose tasks
+/// `list` shows ended, noted so in `clock`; only those worth checking at once (not a start or
+/// stop, which its pass settles from the VM listing).
+pub(super) fn listed_ended_elsewhere(
+    clock: &TaskTimer,
+    list: &TaskList,
+    checked: &Upid,
+    on_node: Vec<(String, Upid)>,
+) -> Vec<String> {
+    on_node
+        .into_iter()
+        .filter(|(_, task)| task != checked && list.ended(task) && clock.listed_ended(task))
+        .map(|(machine, _)| machine)
+        .collect()
 }
 
 /// How long until the task this process submitted for `machine` is expected to end, if it has
