@@ -305,7 +305,8 @@ fn infrastructure_of(machine: &capi::Machine) -> Option<ObjectRef<ProxmoxMachine
     })
 }
 
-/// Where the changes of related objects wake machines, noted on the work queue: not a machine
+/// Where wakes (related objects' changes, tasks' ends, guests' boots) reach machines, noted on
+/// the work queue: not a machine
 /// waiting for a Proxmox task this process submitted, whose requeue at the task's expected end
 /// reads whatever changed meanwhile from the caches (its pass before then would only find the
 /// task running), nor one whose pass runs, as that pass's end decides ([`Passes`]), nor one
@@ -319,6 +320,17 @@ struct Wakes {
 }
 
 impl Wakes {
+    fn new(context: &Context, machines: Store<ProxmoxMachine>) -> Self {
+        let queue = context.metrics.work_queue(CONTROLLER);
+        queue.observe(machines.clone());
+        Wakes {
+            queue,
+            timer: context.task_timing.clone(),
+            passes: context.passes.clone(),
+            machines,
+        }
+    }
+
     fn wake(
         &self,
         refs: impl IntoIterator<Item = ObjectRef<ProxmoxMachine>>,
@@ -370,14 +382,7 @@ fn woken_by_related(
     context: &Context,
     store: Store<ProxmoxMachine>,
 ) -> Controller<ProxmoxMachine> {
-    let queue = context.metrics.work_queue(CONTROLLER);
-    queue.observe(store.clone());
-    let queue = Wakes {
-        queue,
-        timer: context.task_timing.clone(),
-        passes: context.passes.clone(),
-        machines: store.clone(),
-    };
+    let queue = Wakes::new(context, store.clone());
     let controller = woken_by_ipam(
         controller,
         caches,
@@ -508,11 +513,13 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     ));
     let controller = Controller::for_stream(own_changes, store.clone());
     super::report_cache_sync(store.clone(), context.readiness.clone(), CONTROLLER);
-    let controller = woken_by_related(controller, &caches, writers, &context, store);
-    // A freed clone or disk task slot wakes the machines next in line.
+    let controller = woken_by_related(controller, &caches, writers, &context, store.clone());
+    // A freed clone or disk task slot, a task's end or a guest's boot wakes machines: as any
+    // wake, not one whose task is not due yet or whose pass runs (two wakes for one task's end
+    // would run a second pass that finds the next task just submitted).
     let controller = match context.task_slots.take_wakeups() {
         Some(woken) => {
-            let queue = context.metrics.work_queue(CONTROLLER);
+            let queue = Wakes::new(&context, store.clone());
             let woken = futures::stream::unfold(woken, |mut woken| async move {
                 woken.recv().await.map(|machine| (machine, woken))
             })
