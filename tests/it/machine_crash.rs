@@ -15,15 +15,19 @@ use capmox::controller::machine::MachineError;
 use capmox_sim::{FaultConfig, FaultRule, SimOptions};
 use capmox_testkit::FaultKind;
 use kube::api::Api;
-use scenario::{Scenario, condition_status, machine_condition, sim_options, wait_event};
+use scenario::{
+    Scenario, condition_status, machine_condition, machine_spec, machine_spec_keeping_seed_iso,
+    sim_options, wait_event,
+};
 
 use crate::machine_support::tap::Injected;
 
-/// A clean provisioning and deletion through the tap: the mutating requests of each.
-async fn clean_run() -> (usize, usize) {
+/// A clean provisioning and deletion of a machine with `spec` through the tap: the mutating
+/// requests of each.
+async fn clean_run(spec: serde_json::Value) -> (usize, usize) {
     let scenario = Scenario::start(sim_options()).await;
     let before = scenario.tap.mutating();
-    scenario.create("demo-md-0").await;
+    scenario.create_with("demo-md-0", spec).await;
     let machine = scenario.wait_ready("demo-md-0").await;
     scenario.assert_one_vm(&machine, "clean run").await;
     let provisioning = scenario.tap.mutating() - before;
@@ -44,11 +48,11 @@ async fn clean_run() -> (usize, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_any_mutating_request_while_provisioning_still_gives_one_vm() {
-    let (n, _) = clean_run().await;
+    let (n, _) = clean_run(machine_spec()).await;
     println!("a clean provisioning makes {n} mutating Proxmox requests");
     assert!(
-        n >= 5,
-        "clone, configure, resize, upload, attach, start: got {n}"
+        n >= 8,
+        "clone, configure, resize, upload, attach, start, seed ISO deletion, detach: got {n}"
     );
     let mut crashed = Vec::new();
     for k in 1..=n {
@@ -79,13 +83,15 @@ async fn a_crash_after_any_mutating_request_while_provisioning_still_gives_one_v
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_any_mutating_request_while_deleting_leaves_nothing() {
-    let (_, n) = clean_run().await;
+    let (_, n) = clean_run(machine_spec_keeping_seed_iso()).await;
     println!("a clean deletion makes {n} mutating Proxmox requests");
     assert!(n >= 3, "stop, delete VM, delete ISO: got {n}");
     let mut crashed = Vec::new();
     for k in 1..=n {
         let mut scenario = Scenario::start(sim_options()).await;
-        scenario.create("demo-md-2").await;
+        scenario
+            .create_with("demo-md-2", machine_spec_keeping_seed_iso())
+            .await;
         let machine = scenario.wait_ready("demo-md-2").await;
         scenario.assert_one_vm(&machine, "before deletion").await;
         let start = scenario.tap.mutating();
@@ -120,9 +126,9 @@ fn waits_for(machine: &ProxmoxMachine, task_type: &str) -> bool {
 }
 
 /// Tasks long enough to crash in: the controllers are killed while each task a provisioning
-/// (clone, disk resize, seed ISO upload, start) and a deletion (stop, seed ISO deletion, VM
-/// deletion) records runs; fresh controllers check the recorded task and go on. One VM, one
-/// clone, and nothing left after the deletion, every time.
+/// (clone, disk resize, seed ISO upload, start, seed ISO deletion) and a deletion (stop, seed ISO
+/// deletion, VM deletion) records runs; fresh controllers check the recorded task and go on.
+/// One VM, one clone, and nothing left after the deletion, every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_while_any_task_runs_still_gives_one_vm_and_leaves_nothing() {
     let slow_tasks = || SimOptions {
@@ -130,7 +136,7 @@ async fn a_crash_while_any_task_runs_still_gives_one_vm_and_leaves_nothing() {
         task_duration: std::time::Duration::from_secs(1),
         ..sim_options()
     };
-    for task_type in ["qmclone", "resize", "imgcopy", "qmstart"] {
+    for task_type in ["qmclone", "resize", "imgcopy", "qmstart", "imgdel"] {
         let mut scenario = Scenario::start(slow_tasks()).await;
         scenario.create("demo-md-4").await;
         scenario
@@ -149,7 +155,9 @@ async fn a_crash_while_any_task_runs_still_gives_one_vm_and_leaves_nothing() {
     }
     for task_type in ["qmstop", "imgdel", "qmdestroy"] {
         let mut scenario = Scenario::start(slow_tasks()).await;
-        scenario.create("demo-md-5").await;
+        scenario
+            .create_with("demo-md-5", machine_spec_keeping_seed_iso())
+            .await;
         scenario.wait_ready("demo-md-5").await;
         let uid = scenario.delete("demo-md-5").await;
         scenario

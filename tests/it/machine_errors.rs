@@ -19,7 +19,9 @@ use capmox::api::ProxmoxMachine;
 use capmox_sim::SimOptions;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
-use scenario::{Scenario, condition_status, machine_condition, wait_event};
+use scenario::{
+    Scenario, condition_status, machine_condition, machine_spec_keeping_seed_iso, wait_event,
+};
 use serde_json::json;
 use tap::Injected;
 
@@ -328,13 +330,15 @@ async fn a_rate_limit_is_waited_out_as_long_as_the_server_asks() {
 #[tokio::test]
 async fn a_failed_seed_iso_deletion_after_the_node_joined_is_retried_until_it_is_gone() {
     let scenario = Scenario::start(quick_sim()).await;
-    scenario.create("demo-md-1").await;
+    scenario
+        .create_with("demo-md-1", machine_spec_keeping_seed_iso())
+        .await;
     let machine = scenario.wait_ready("demo-md-1").await;
     let (vmid, node) = placed(&machine);
     assert_eq!(
         scenario.seed_isos().await.len(),
         1,
-        "attached while booting"
+        "attached until the node joins"
     );
     let refused = fail_first_volume_deletion(&scenario.tap);
     // The node joined: the ISO, with the bootstrap token inside, goes.
@@ -357,7 +361,39 @@ async fn a_failed_seed_iso_deletion_after_the_node_joined_is_retried_until_it_is
 }
 
 #[tokio::test]
-async fn a_seed_iso_attached_whose_answer_was_lost_is_still_removed_once_the_node_joined() {
+async fn a_failed_seed_iso_deletion_once_cloud_init_finished_is_retried_without_waiting_for_the_node()
+ {
+    let scenario = Scenario::start(quick_sim()).await;
+    let refused = fail_first_volume_deletion(&scenario.tap);
+    scenario.create("demo-md-3").await;
+    let machine = scenario.wait_ready("demo-md-3").await;
+    let (vmid, node) = placed(&machine);
+    eventually("the seed ISO deleted and detached", || {
+        seed_iso_gone(&scenario, &node, vmid)
+    })
+    .await;
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        1,
+        "the first deletion failed"
+    );
+    wait_event(&scenario.env, "demo-md-3", "ProxmoxServerError").await;
+    let capi_machine = Api::<capmox::capi::Machine>::namespaced(scenario.env.client(), "default")
+        .get("demo-md-3")
+        .await
+        .expect("Machine");
+    assert!(
+        capi_machine.status.and_then(|s| s.node_ref).is_none(),
+        "gone before any node joined"
+    );
+    assert!(
+        scenario.wait_ready("demo-md-3").await.is_provisioned(),
+        "still provisioned"
+    );
+}
+
+#[tokio::test]
+async fn a_seed_iso_attached_whose_answer_was_lost_is_still_removed_once_cloud_init_finished() {
     let scenario = Scenario::start(quick_sim()).await;
     // The attachment (the first config write after the upload) is carried out, its answer lost.
     let uploaded = Arc::new(AtomicUsize::new(0));
@@ -384,12 +420,10 @@ async fn a_seed_iso_attached_whose_answer_was_lost_is_still_removed_once_the_nod
         "the attachment's answer was lost"
     );
     let (vmid, node) = placed(&machine);
-    assert_eq!(
-        scenario.seed_isos().await.len(),
-        1,
-        "attached while booting"
-    );
-    join_and_wait_seed_iso_gone(&scenario, "demo-md-4", &node, vmid).await;
+    eventually("the seed ISO deleted and detached", || {
+        seed_iso_gone(&scenario, &node, vmid)
+    })
+    .await;
 }
 
 /// Sets the Machine's `nodeRef`, as CAPI does once its node joined, and waits until the seed
@@ -403,28 +437,36 @@ async fn join_and_wait_seed_iso_gone(scenario: &Scenario, name: &str, node: &str
         )
         .await
         .expect("nodeRef set");
-    let proxmox = scenario.env.proxmox();
-    eventually("the seed ISO deleted and detached", || async {
-        scenario.seed_isos().await.is_empty()
-            && proxmox
-                .vm_config(node, vmid)
-                .await
-                .expect("config")
-                .get("ide0")
-                .is_none()
+    eventually("the seed ISO deleted and detached", || {
+        seed_iso_gone(scenario, node, vmid)
     })
     .await;
+}
+
+/// No seed ISO in the storages, and none attached to VM `vmid` on `node`.
+async fn seed_iso_gone(scenario: &Scenario, node: &str, vmid: u32) -> bool {
+    scenario.seed_isos().await.is_empty()
+        && scenario
+            .env
+            .proxmox()
+            .vm_config(node, vmid)
+            .await
+            .expect("config")
+            .get("ide0")
+            .is_none()
 }
 
 #[tokio::test]
 async fn a_failed_seed_iso_deletion_holds_the_machine_until_the_iso_is_gone() {
     let scenario = Scenario::start(quick_sim()).await;
-    scenario.create("demo-md-2").await;
+    scenario
+        .create_with("demo-md-2", machine_spec_keeping_seed_iso())
+        .await;
     scenario.wait_ready("demo-md-2").await;
     assert_eq!(
         scenario.seed_isos().await.len(),
         1,
-        "attached while booting"
+        "attached until the node joins"
     );
     let refused = fail_first_volume_deletion(&scenario.tap);
     let uid = scenario.delete("demo-md-2").await;

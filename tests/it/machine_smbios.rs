@@ -3,7 +3,7 @@
 //! the NoCloud instance-id, instead of waiting for one forever (issue 29). The UUID lives in
 //! the VM's config, so a controller restarted after writing it reads it back.
 
-use crate::machine_support::scenario::{Scenario, sim_options};
+use crate::machine_support::scenario::{Scenario, machine_spec_keeping_seed_iso, sim_options};
 
 use capmox_sim::SimOptions;
 use serde_json::Value;
@@ -58,7 +58,10 @@ async fn a_clone_without_an_smbios_uuid_gets_one_that_survives_a_restart() {
     // The clone, then the config write that gives the VM its UUID: the controllers die right
     // after Proxmox carried it out, before they hear the answer.
     let armed = scenario.tap.trip_at(scenario.tap.mutating() + 2);
-    scenario.create("demo-md-1").await;
+    // Its seed ISO stays, so the instance ID the guest read can be read back after.
+    scenario
+        .create_with("demo-md-1", machine_spec_keeping_seed_iso())
+        .await;
     let tripped = armed.await.expect("the tap is alive");
     let request = &tripped.request;
     assert!(
@@ -104,7 +107,9 @@ async fn a_clone_whose_smbios1_lacks_a_uuid_keeps_its_other_fields() {
         c.update_config(tokio::time::Instant::now(), "pve1", 9000, &params, false)
             .expect("the template takes smbios1");
     });
-    scenario.create("demo-md-2").await;
+    scenario
+        .create_with("demo-md-2", machine_spec_keeping_seed_iso())
+        .await;
     let machine = scenario.wait_ready("demo-md-2").await;
     let vmid = machine
         .status

@@ -291,7 +291,7 @@ impl Reconcile<'_> {
         Ok(crate::cloudinit::provider_id(&uuid))
     }
 
-    /// Removes the seed ISO (it holds the bootstrap token) once the node joined, then
+    /// Removes the seed ISO (it holds the bootstrap token) once the guest read it, then
     /// remembers it gone so later passes need not read the config for it.
     async fn seed_iso_gone(
         &self,

@@ -1,5 +1,5 @@
 //! Bootstrap data: the format check before anything is created, the seed ISO built, uploaded
-//! and attached, and its removal once the node joined.
+//! and attached, and its removal once the guest read it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -369,7 +369,7 @@ impl Reconcile<'_> {
             .collect()
     }
 
-    /// Deletes the cloud-init ISO (it holds the bootstrap token) once the node has joined, and
+    /// Deletes the cloud-init ISO (it holds the bootstrap token) once the guest read it, and
     /// only then detaches it: a failed deletion leaves it attached, so the next pass finds it
     /// and tries again. `Some`: the deletion task runs.
     pub(super) async fn remove_iso(

@@ -45,7 +45,7 @@ pub(super) struct Seen {
     pub provisioned: bool,
     /// What tells that the guest is up.
     pub guest_check: GuestCheck,
-    /// The CAPI Machine has its node: the seed ISO (it holds the bootstrap token) can go.
+    /// The CAPI Machine has its node.
     pub node_joined: bool,
     /// This process saw the seed ISO removed.
     pub seed_iso_removed: bool,
@@ -60,6 +60,13 @@ impl Seen {
     /// are history, and some machines skip them.
     pub(super) fn guest_checked(&self) -> bool {
         !self.provisioned && self.guest_check != GuestCheck::None
+    }
+
+    /// Whether the guest is done with its seed ISO (it holds the bootstrap token), so it can
+    /// go: cloud-init said it finished (its last stage runs the bootstrap commands), or, where
+    /// that is not checked, the node joined. Only a pass that got past the guest's check asks.
+    pub(super) fn seed_iso_read(&self) -> bool {
+        self.node_joined || self.guest_check == GuestCheck::CloudInit
     }
 }
 
@@ -124,7 +131,7 @@ pub(super) fn phases(seen: Seen) -> Vec<Phase> {
         });
     }
     phases.push(Phase::Provisioned);
-    if seen.node_joined && !seen.seed_iso_removed {
+    if seen.seed_iso_read() && !seen.seed_iso_removed {
         phases.push(if seen.seed_iso_deleted {
             Phase::DetachSeedIso
         } else {
@@ -856,6 +863,7 @@ mod tests {
                     vm: Some(VmSeen::Present(Seen {
                         running: true,
                         provisioned: true,
+                        seed_iso_removed: true,
                         ..new_vm()
                     })),
                     vm_recorded: true,
@@ -1065,7 +1073,8 @@ mod tests {
             [
                 Phase::RegisterHa,
                 Phase::CheckGuest(GuestCheck::CloudInit),
-                Phase::Provisioned
+                Phase::Provisioned,
+                Phase::RemoveSeedIso
             ]
         );
         let registered = Seen {
@@ -1084,7 +1093,8 @@ mod tests {
                 Phase::Bootstrap,
                 Phase::Start,
                 Phase::CheckGuest(GuestCheck::CloudInit),
-                Phase::Provisioned
+                Phase::Provisioned,
+                Phase::RemoveSeedIso
             ]
         );
     }
@@ -1106,7 +1116,11 @@ mod tests {
         };
         assert_eq!(
             phases(seen),
-            [Phase::CheckGuest(GuestCheck::CloudInit), Phase::Provisioned]
+            [
+                Phase::CheckGuest(GuestCheck::CloudInit),
+                Phase::Provisioned,
+                Phase::RemoveSeedIso
+            ]
         );
         let unchecked = Seen {
             guest_check: GuestCheck::None,
@@ -1127,7 +1141,10 @@ mod tests {
             started: true,
             ..new_vm()
         };
-        assert_eq!(phases(seen), [Phase::AwaitBoot, Phase::Provisioned]);
+        assert_eq!(
+            phases(seen),
+            [Phase::AwaitBoot, Phase::Provisioned, Phase::RemoveSeedIso]
+        );
         let unchecked = Seen {
             guest_check: GuestCheck::None,
             ..seen
@@ -1143,7 +1160,10 @@ mod tests {
             retag: true,
             ..new_vm()
         };
-        assert_eq!(phases(seen), [Phase::Retag, Phase::Provisioned]);
+        assert_eq!(
+            phases(seen),
+            [Phase::Retag, Phase::Provisioned, Phase::RemoveSeedIso]
+        );
     }
 
     #[test]
@@ -1158,7 +1178,8 @@ mod tests {
                 Phase::Configure,
                 Phase::Bootstrap,
                 Phase::Start,
-                Phase::Provisioned
+                Phase::Provisioned,
+                Phase::RemoveSeedIso
             ]
         );
     }
@@ -1169,6 +1190,7 @@ mod tests {
             running: true,
             provisioned: true,
             node_joined: true,
+            guest_check: GuestCheck::Agent,
             ..new_vm()
         };
         assert_eq!(phases(joined), [Phase::Provisioned, Phase::RemoveSeedIso]);
@@ -1187,5 +1209,41 @@ mod tests {
             ..joined
         };
         assert_eq!(phases(not_joined), [Phase::Provisioned]);
+        let unchecked = Seen {
+            guest_check: GuestCheck::None,
+            ..not_joined
+        };
+        assert_eq!(phases(unchecked), [Phase::Provisioned]);
+    }
+
+    #[test]
+    fn the_seed_iso_goes_in_the_pass_that_sees_cloud_init_done_without_waiting_for_the_node() {
+        let booted = Seen {
+            running: true,
+            guest_check: GuestCheck::CloudInit,
+            ..new_vm()
+        };
+        assert_eq!(
+            phases(booted),
+            [
+                Phase::CheckGuest(GuestCheck::CloudInit),
+                Phase::Provisioned,
+                Phase::RemoveSeedIso
+            ],
+            "after the check that says cloud-init finished, not before"
+        );
+        let provisioned = Seen {
+            provisioned: true,
+            ..booted
+        };
+        assert_eq!(
+            phases(provisioned),
+            [Phase::Provisioned, Phase::RemoveSeedIso]
+        );
+        let removed = Seen {
+            seed_iso_removed: true,
+            ..provisioned
+        };
+        assert_eq!(phases(removed), [Phase::Provisioned]);
     }
 }
