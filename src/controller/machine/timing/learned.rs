@@ -246,7 +246,16 @@ impl TaskTiming for LearnedClock {
         if let Some(turn) = state.waiting_turn(upid, now) {
             return Some(turn);
         }
-        let due = state.in_flight.get(upid.as_str())?.due;
+        let task = state.in_flight.get(upid.as_str())?;
+        let (mut due, with_boot) = (
+            task.due,
+            task.checked_with_boot.then(|| task.machine.clone()),
+        );
+        // A start checked with its guest follows the guest's look as it moves (what was learned
+        // since, a scout's answer awaited): a pass before it would only wait for the guest.
+        if let Some(boot_due) = with_boot.and_then(|machine| state.boot_due(&machine, now)) {
+            due = due.max(boot_due);
+        }
         (due > now + Duration::from_millis(20)).then(|| pass_requeue(&upid.task_type, due - now))
     }
 
@@ -387,19 +396,7 @@ impl TaskTiming for LearnedClock {
     /// which wakes them, or until it would no longer hold them (its look long overdue).
     fn boot_not_due(&self, machine: &str) -> Option<Duration> {
         let now = Instant::now();
-        let mut state = self.lock();
-        let node = state.booting.get(machine)?.node.clone();
-        let expected = state.expected_boot(&node);
-        let scout_due = state.scout_due(machine, now);
-        let boot = state.booting.get_mut(machine)?;
-        boot.due = boot.due.max(boot.started + expected);
-        if let Some(scout_due) = scout_due
-            && scout_due.max(now) + AFTER_SCOUT > boot.due
-        {
-            boot.due = scout_due.max(now) + SCOUT_STALE;
-            boot.held_for_scout = true;
-        }
-        let due = boot.due;
+        let due = self.lock().boot_due(machine, now)?;
         (due > now + Duration::from_millis(20)).then(|| due - now)
     }
 
@@ -496,6 +493,23 @@ impl LearnedClock {
 }
 
 impl ClockState {
+    /// When `machine`'s booting guest is worth looking at (see [`TaskTiming::boot_not_due`]),
+    /// if it boots.
+    fn boot_due(&mut self, machine: &str, now: Instant) -> Option<Instant> {
+        let node = self.booting.get(machine)?.node.clone();
+        let expected = self.expected_boot(&node);
+        let scout_due = self.scout_due(machine, now);
+        let boot = self.booting.get_mut(machine)?;
+        boot.due = boot.due.max(boot.started + expected);
+        if let Some(scout_due) = scout_due
+            && scout_due.max(now) + AFTER_SCOUT > boot.due
+        {
+            boot.due = scout_due.max(now) + SCOUT_STALE;
+            boot.held_for_scout = true;
+        }
+        Some(boot.due)
+    }
+
     /// `machine`'s boot, counted as started `now` (due at `due`) when this process did not
     /// start it.
     fn booting_entry(
@@ -786,6 +800,13 @@ fn pass_requeue(task_type: &str, until_check: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl LearnedClock {
+        /// Guests on `node` were seen up `boot` after their start, recently and only so.
+        fn boots_learned_on(&self, node: &str, boot: Duration) {
+            self.lock().boots_learned.insert(node.into(), [boot].into());
+        }
+    }
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
@@ -1419,6 +1440,33 @@ mod tests {
         assert!(clock.not_due(&start).is_some_and(|d| d > DEFAULT_TASK));
         clock.finished(&start);
         assert_eq!(clock.expected(&upid("qmstart", "pve1", 2)), DEFAULT_TASK);
+    }
+
+    #[test]
+    fn a_start_checked_with_the_boot_follows_the_guests_look_when_it_moves_later() {
+        let clock = LearnedClock::default();
+        clock.boots_learned_on("pve1", DEFAULT_BOOT);
+        let start = upid("qmstart", "pve1", 1);
+        clock.submitted(&start, "m1", "starting");
+        clock.boot_started("m1", "pve1");
+        let planned = clock.check_with_boot(&start, "m1");
+        assert!(planned <= DEFAULT_BOOT, "{planned:?}");
+        // Guests on the node turned out to boot longer: the start's check waits for the look at
+        // the guest, so the pass that sees the start end looks at the guest too.
+        clock.boots_learned_on("pve1", DEFAULT_BOOT * 4);
+        let boot = clock.boot_not_due("m1").expect("the guest's look moved");
+        let check = clock
+            .not_due(&start)
+            .expect("not due before the guest's look");
+        assert!(
+            check + Duration::from_millis(50) >= boot && check > DEFAULT_BOOT * 2,
+            "start checked in {check:?}, guest looked at in {boot:?}"
+        );
+        // A start not checked with its guest keeps its own due time.
+        let other = upid("qmstart", "pve1", 2);
+        clock.submitted(&other, "m2", "starting");
+        clock.boot_started("m2", "pve1");
+        assert!(clock.not_due(&other).is_some_and(|d| d <= DEFAULT_TASK));
     }
 
     #[test]
