@@ -18,7 +18,7 @@ use super::{TaskKind, TaskPurpose, TaskTimer};
 use crate::api::ProxmoxMachine;
 use crate::controller::node_tasks::NodeTaskLists;
 use crate::controller::task_slots::TaskSlots;
-use crate::proxmox::{ProxmoxClient, Upid};
+use crate::proxmox::ProxmoxClient;
 
 /// Requeue of a pass whose machine waits here: only if its wake-up is lost.
 pub const DUE_SAFETY_RECHECK: Duration = Duration::from_secs(120);
@@ -124,14 +124,13 @@ impl DueWakes {
     /// the pass settles from the VM listing, or the list cannot tell). Machines waiting here
     /// whose tasks the list shows ended are woken too.
     async fn listed_running(&self, key: &str, watch: &Watch) -> Option<Duration> {
-        let (raw, purpose) = watch.timer.in_flight_for(key)?;
+        let (upid, purpose) = watch.timer.in_flight_for(key)?;
         if matches!(
             TaskPurpose::parse(&purpose).kind,
             Some(TaskKind::Start | TaskKind::Stop)
         ) {
             return None;
         }
-        let upid: Upid = raw.parse().ok()?;
         let proxmox = lock(&self.clients).get(key)?.clone();
         let on_node = watch.timer.in_flight_on(&upid.node);
         let since = on_node.iter().map(|(_, task)| task.starttime).min()?;

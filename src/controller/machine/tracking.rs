@@ -3,6 +3,7 @@
 //! unless its node's task list shows it still running); a later pass (or a restarted
 //! controller) checks it once, and a failed one holds the machine off during its back-off.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -183,7 +184,12 @@ impl Reconcile<'_> {
     /// Wakes the machines (other than this one, which checked `checked`) whose tasks `list`
     /// shows ended, unless they wait for their guest's boot anyway: their passes settle them
     /// from the list, without a request.
-    fn wake_listed_ended(&self, list: &TaskList, checked: &Upid, on_node: Vec<(String, Upid)>) {
+    fn wake_listed_ended(
+        &self,
+        list: &TaskList,
+        checked: &Upid,
+        on_node: Vec<(String, Arc<Upid>)>,
+    ) {
         let ended = listed_ended_elsewhere(&self.context.task_timing, list, checked, on_node);
         self.wake_machines(&ended);
     }
@@ -271,7 +277,7 @@ impl Reconcile<'_> {
                 .in_flight_for(&claim_key(self.machine))
         {
             // This pass works from a copy older than the status that records the task.
-            scope.status.task_ref = Some(upid);
+            scope.status.task_ref = Some(upid.as_str().to_owned());
             scope.status.task_purpose = Some(purpose);
         }
         let Some(raw) = scope.status.task_ref.clone() else {
@@ -557,11 +563,11 @@ pub(super) fn listed_ended_elsewhere(
     clock: &TaskTimer,
     list: &TaskList,
     checked: &Upid,
-    on_node: Vec<(String, Upid)>,
+    on_node: Vec<(String, Arc<Upid>)>,
 ) -> Vec<String> {
     on_node
         .into_iter()
-        .filter(|(_, task)| task != checked && list.ended(task) && clock.listed_ended(task))
+        .filter(|(_, task)| **task != *checked && list.ended(task) && clock.listed_ended(task))
         .map(|(machine, _)| machine)
         .collect()
 }
@@ -575,7 +581,7 @@ pub(super) fn task_not_due(clock: &TaskTimer, machine: &ProxmoxMachine) -> Optio
 /// As [`task_not_due`], for the machine with claim key `machine`.
 pub(super) fn key_not_due(clock: &TaskTimer, machine: &str) -> Option<Duration> {
     match clock.in_flight_for(machine) {
-        Some((upid, _)) => clock.not_due(&upid.parse().ok()?),
+        Some((upid, _)) => clock.not_due(&upid),
         // Nor is a guest this process started looked at before it usually is done booting.
         None => clock.boot_not_due(machine),
     }

@@ -14,7 +14,7 @@
 //! and the others just after it: the time the scout was first seen up is what they then wait.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::guest::GuestBoot;
@@ -231,7 +231,7 @@ impl TaskTiming for LearnedClock {
     }
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.
-    fn in_flight_for(&self, machine: &str) -> Option<(String, String)> {
+    fn in_flight_for(&self, machine: &str) -> Option<(Arc<Upid>, String)> {
         self.lock().ledger.in_flight_for(machine)
     }
 
@@ -355,7 +355,7 @@ impl TaskTiming for LearnedClock {
     }
 
     /// Forgets a task nobody will check again.
-    fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)> {
+    fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)> {
         self.lock().ledger.in_flight_on(node)
     }
 
@@ -966,7 +966,7 @@ mod tests {
         let wait = clock.submitted(&clone, "m1", "cloning");
         assert_eq!(
             clock.in_flight_for("m1"),
-            Some((clone.as_str().to_owned(), "cloning".to_owned()))
+            Some((Arc::new(clone.clone()), "cloning".to_owned()))
         );
         assert_eq!(wait, DEFAULT_CLONE);
         let remaining = clock.not_due(&clone).expect("not due yet");

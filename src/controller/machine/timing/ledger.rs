@@ -4,6 +4,7 @@
 //! process remembers them itself.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::MAX_IN_FLIGHT;
@@ -18,7 +19,8 @@ const REPEAT_WINDOW: Duration = Duration::from_secs(900);
 pub(super) struct Ledger {
     /// The task each machine waits for (by machine key), with its purpose: a pass working
     /// from a cached copy older than the status that records it still sees it.
-    by_machine: HashMap<String, (String, String)>,
+    /// The UPID is kept parsed: a check of a node's task list goes through the node's tasks.
+    by_machine: HashMap<String, (Arc<Upid>, String)>,
     /// The machine waiting for each task of `by_machine`, by UPID.
     by_task: HashMap<String, String>,
     /// The machines of `by_machine`, by the node of their task: a check of a node's task list
@@ -44,14 +46,12 @@ impl Ledger {
         }
         // The task it waited for before is no longer its; whether a list showed that one
         // ended is kept (a clock may still count it in a queue until it sees it end).
-        if let Some((earlier, _)) = self.by_machine.get(machine).cloned()
-            && let Ok(earlier) = earlier.parse::<Upid>()
-        {
+        if let Some((earlier, _)) = self.by_machine.get(machine).cloned() {
             self.unindex(&earlier);
         }
         self.by_machine.insert(
             machine.to_owned(),
-            (upid.as_str().to_owned(), purpose.to_owned()),
+            (Arc::new(upid.clone()), purpose.to_owned()),
         );
         self.by_task
             .insert(upid.as_str().to_owned(), machine.to_owned());
@@ -87,7 +87,7 @@ impl Ledger {
     }
 
     /// The tasks in flight on `node`, with the machine (by key) waiting for each.
-    pub(super) fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)> {
+    pub(super) fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)> {
         let Some(machines) = self.by_node.get(node) else {
             return Vec::new();
         };
@@ -95,8 +95,7 @@ impl Ledger {
             .iter()
             .filter_map(|machine| {
                 let (task, _) = self.by_machine.get(machine)?;
-                let task: Upid = task.parse().ok()?;
-                (task.node == node).then(|| (machine.clone(), task))
+                (task.node == node).then(|| (machine.clone(), task.clone()))
             })
             .collect()
     }
@@ -129,7 +128,7 @@ impl Ledger {
     }
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.
-    pub(super) fn in_flight_for(&self, machine: &str) -> Option<(String, String)> {
+    pub(super) fn in_flight_for(&self, machine: &str) -> Option<(Arc<Upid>, String)> {
         self.by_machine.get(machine).cloned()
     }
 
@@ -232,7 +231,7 @@ mod tests {
         assert!(ledger.in_flight_on("pve1").is_empty(), "replaced");
         let on_pve2 = ledger.in_flight_on("pve2");
         assert_eq!(on_pve2.len(), 1);
-        assert_eq!(on_pve2[0], ("m1".to_owned(), second.clone()));
+        assert_eq!(on_pve2[0], ("m1".to_owned(), Arc::new(second.clone())));
         assert!(
             !ledger.listed_ended(&first),
             "nobody waits for the first any more"
@@ -245,7 +244,9 @@ mod tests {
         ledger.task_ended(&first);
         assert!(!ledger.seen_listed_ended(first.as_str()));
         assert_eq!(
-            ledger.in_flight_for("m1").map(|(task, _)| task),
+            ledger
+                .in_flight_for("m1")
+                .map(|(task, _)| task.as_str().to_owned()),
             Some(second.as_str().to_owned())
         );
         ledger.task_ended(&second);

@@ -65,7 +65,7 @@ pub trait TaskTiming: Send + Sync {
     fn succeeded(&self, machine: &str, kind: Option<TaskKind>) -> u32;
 
     /// The task this process submitted for `machine` and has not seen end, with its purpose.
-    fn in_flight_for(&self, machine: &str) -> Option<(String, String)>;
+    fn in_flight_for(&self, machine: &str) -> Option<(Arc<Upid>, String)>;
 
     /// How long until the task is worth checking, if it is not yet: `None` means check now
     /// (also for a task this process did not submit, e.g. after a restart).
@@ -83,7 +83,7 @@ pub trait TaskTiming: Send + Sync {
 
     /// The tasks this process submitted on `node` and has not seen end, with the machine (by
     /// key) waiting for each.
-    fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)>;
+    fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)>;
 
     /// Notes that a node's task list showed the task ended: it is worth checking at once,
     /// unless it starts or stops a VM (its check looks at the listing first). Returns whether
@@ -247,7 +247,7 @@ mod tests {
             assert!(wait >= MIN_RECHECK, "{policy}: {wait:?}");
             assert_eq!(
                 timer.in_flight_for("m1"),
-                Some((clone.as_str().to_owned(), "clone: cloning".to_owned())),
+                Some((Arc::new(clone.clone()), "clone: cloning".to_owned())),
                 "{policy}"
             );
             assert!(

@@ -20,7 +20,7 @@
 //!   boot, teach nothing: how long they took is unknown.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::guest::GuestBoot;
@@ -164,7 +164,7 @@ impl TaskTiming for PlainClock {
         self.lock().ledger.succeeded(machine, kind, Instant::now())
     }
 
-    fn in_flight_for(&self, machine: &str) -> Option<(String, String)> {
+    fn in_flight_for(&self, machine: &str) -> Option<(Arc<Upid>, String)> {
         self.lock().ledger.in_flight_for(machine)
     }
 
@@ -213,7 +213,7 @@ impl TaskTiming for PlainClock {
         None
     }
 
-    fn in_flight_on(&self, node: &str) -> Vec<(String, Upid)> {
+    fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)> {
         self.lock().ledger.in_flight_on(node)
     }
 
