@@ -120,15 +120,12 @@ impl DueWakes {
     }
 
     /// The next check of the due task of `key` when its node's task list shows it still
-    /// running; `None`: its pass is worth running (the task ended, or is a start or stop, which
-    /// the pass settles from the VM listing, or the list cannot tell). Machines waiting here
-    /// whose tasks the list shows ended are woken too.
+    /// running; `None`: its pass is worth running (the task ended, or is a start, checked when
+    /// its guest is worth a look, which the pass settles from the VM listing; or the list cannot
+    /// tell). Machines waiting here whose tasks the list shows ended are woken too.
     async fn listed_running(&self, key: &str, watch: &Watch) -> Option<Duration> {
         let (upid, purpose) = watch.timer.in_flight_for(key)?;
-        if matches!(
-            TaskPurpose::parse(&purpose).kind,
-            Some(TaskKind::Start | TaskKind::Stop)
-        ) {
+        if TaskPurpose::parse(&purpose).kind == Some(TaskKind::Start) {
             return None;
         }
         let proxmox = lock(&self.clients).get(key)?.clone();
