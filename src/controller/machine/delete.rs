@@ -200,6 +200,7 @@ impl Reconcile<'_> {
                 .written_configs
                 .forget(&claim_key(self.machine), vmid);
         }
+        self.context.vms.released.insert(self.machine);
         self.wake_waiting_for_capacity().await?;
         Ok(())
     }
@@ -228,6 +229,40 @@ impl Reconcile<'_> {
             .collect();
         self.context.task_slots.wake(waiting);
         Ok(())
+    }
+}
+
+/// The machines (by UID: one re-created under the same name is another) this process let go.
+#[derive(Clone, Default)]
+pub struct ReleasedMachines(Arc<Mutex<std::collections::HashSet<String>>>);
+
+impl ReleasedMachines {
+    /// Most machines remembered; past it, the memory starts over (a late wake of one forgotten
+    /// runs a pass that finds it gone).
+    const MAX: usize = 100_000;
+
+    pub(super) fn insert(&self, machine: &ProxmoxMachine) {
+        let Some(uid) = machine.metadata.uid.clone() else {
+            return;
+        };
+        let mut released = self.lock();
+        if released.len() >= Self::MAX {
+            released.clear();
+        }
+        released.insert(uid);
+    }
+
+    pub(super) fn contains(&self, machine: &ProxmoxMachine) -> bool {
+        machine
+            .metadata
+            .uid
+            .as_ref()
+            .is_some_and(|uid| self.lock().contains(uid))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, std::collections::HashSet<String>> {
+        // Every update is a single insert or clear: a poisoned lock holds a usable set.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -329,5 +364,22 @@ mod tests {
         assert_eq!(kept.take("default/m1", 101, "UPID:stop-2"), None);
         assert_eq!(kept.take("default/m1", 101, "UPID:stop-1"), None);
         assert_eq!(kept.take("default/m2", 101, "UPID:stop-1"), None);
+    }
+
+    #[test]
+    fn a_machine_let_go_is_remembered_by_uid_and_one_recreated_under_its_name_is_not() {
+        let with_uid = |uid: &str| {
+            let mut machine = ProxmoxMachine::new("m1", Default::default());
+            machine.metadata.uid = Some(uid.to_owned());
+            machine
+        };
+        let released = ReleasedMachines::default();
+        released.insert(&with_uid("uid-1"));
+        assert!(released.contains(&with_uid("uid-1")));
+        assert!(
+            !released.contains(&with_uid("uid-2")),
+            "re-created (a move, a restore, a new machine of that name)"
+        );
+        assert!(!released.contains(&ProxmoxMachine::new("m1", Default::default())));
     }
 }

@@ -107,7 +107,7 @@ use super::Context;
 use super::caches::{Caches, Reads, slot};
 use super::failures::{self, Backoff};
 use super::guarded::{self, WriteError};
-use crate::api::{self, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineStatus, labels};
+use crate::api::{self, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineStatus, finalizers, labels};
 use crate::capi::{self};
 use crate::proxmox::ProxmoxError;
 
@@ -317,6 +317,7 @@ struct Wakes {
     timer: TaskTimer,
     passes: Passes,
     machines: Store<ProxmoxMachine>,
+    released: delete::ReleasedMachines,
 }
 
 impl Wakes {
@@ -328,6 +329,7 @@ impl Wakes {
             timer: context.task_timing.clone(),
             passes: context.passes.clone(),
             machines,
+            released: context.vms.released.clone(),
         }
     }
 
@@ -336,13 +338,25 @@ impl Wakes {
         refs: impl IntoIterator<Item = ObjectRef<ProxmoxMachine>>,
     ) -> Vec<ObjectRef<ProxmoxMachine>> {
         let due = refs.into_iter().filter(|machine| {
-            self.machines
-                .get(machine)
-                .is_some_and(|machine| worth_a_pass(&self.timer, &machine))
-                && !self.passes.changed_during(machine)
+            self.machines.get(machine).is_some_and(|machine| {
+                worth_a_pass(&self.timer, &machine)
+                    && !released(&machine)
+                    && !self.released.contains(&machine)
+            }) && !self.passes.changed_during(machine)
         });
         self.queue.wake(due)
     }
+}
+
+/// Whether `machine` is being deleted and no longer carries capmox's finalizer: its deletion
+/// is done (the pass that released it deleted its IP claims, whose deletion must not wake it
+/// for a pass that would find it gone), or never needed capmox.
+fn released(machine: &ProxmoxMachine) -> bool {
+    machine.metadata.deletion_timestamp.is_some()
+        && !machine
+            .finalizers()
+            .iter()
+            .any(|f| f == finalizers::MACHINE)
 }
 
 /// Whether a change to `machine` (or what it depends on) is worth a pass now: it is being
@@ -661,6 +675,10 @@ impl<'a> Reconcile<'a> {
     /// One pass, unless the machine's back-off after a failed Proxmox request still runs; a
     /// pass that ends without a failure resets the back-off.
     async fn and_then_run(self) -> Result<Action, MachineError> {
+        // Let go by this process (a requeue set before its release comes late): nothing to do.
+        if self.context.vms.released.contains(self.machine) {
+            return Ok(Action::await_change());
+        }
         let key = failures::key(self.machine);
         let deleting = self.machine.metadata.deletion_timestamp.is_some();
         if let Some(remaining) =
@@ -769,6 +787,20 @@ mod tests {
         assert!(!machine_gone(&machine, &not_found("proxmoxmachines", "m2")));
         assert!(!machine_gone(&machine, &not_found("secrets", "m1")));
         assert!(!machine_gone(&machine, &MachineError::MissingIdentity));
+    }
+
+    #[test]
+    fn a_machine_being_deleted_counts_as_released_once_capmox_finalizer_is_off() {
+        let mut machine = ProxmoxMachine::new("m1", Default::default());
+        machine.metadata.finalizers = Some(vec![finalizers::MACHINE.to_owned()]);
+        assert!(!released(&machine), "not being deleted");
+        machine.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!released(&machine), "its deletion still to do");
+        machine.metadata.finalizers = Some(vec!["example.com/backup".to_owned()]);
+        assert!(released(&machine), "only someone else's finalizer left");
     }
 
     #[test]

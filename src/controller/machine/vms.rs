@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::bootstrap::{SeedIsosRemoved, SeedIsosUploaded, WrittenConfigs};
-use super::delete::ConfigsBeforeStop;
+use super::delete::{ConfigsBeforeStop, ReleasedMachines};
 use crate::controller::inventory::EndpointReservations;
 use crate::controller::vmid::VmidClaims;
 
@@ -32,6 +32,10 @@ pub struct Vms {
     /// The seed ISOs uploaded and not yet attached, so a failed attachment does not upload
     /// again. After a restart: the seed ISO is uploaded again.
     pub seed_isos_uploaded: SeedIsosUploaded,
+    /// The machines this process let go, so the wakes that follow (their IP claims deleted
+    /// with them, seen before the machine's own deletion) run no pass that finds them gone.
+    /// After a restart: empty; such a pass finds the machine gone and ends quietly.
+    pub released: ReleasedMachines,
 }
 
 impl Vms {
