@@ -107,7 +107,7 @@ use super::Context;
 use super::caches::{Caches, Reads, slot};
 use super::failures::{self, Backoff};
 use super::guarded::{self, WriteError};
-use crate::api::{self, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineStatus, finalizers, labels};
+use crate::api::{self, ProxmoxCluster, ProxmoxMachine, ProxmoxMachineStatus, labels};
 use crate::capi::{self};
 use crate::proxmox::ProxmoxError;
 
@@ -306,11 +306,11 @@ fn infrastructure_of(machine: &capi::Machine) -> Option<ObjectRef<ProxmoxMachine
 }
 
 /// Where wakes (related objects' changes, tasks' ends, guests' boots) reach machines, noted on
-/// the work queue: not a machine
-/// waiting for a Proxmox task this process submitted, whose requeue at the task's expected end
-/// reads whatever changed meanwhile from the caches (its pass before then would only find the
-/// task running), nor one whose pass runs, as that pass's end decides ([`Passes`]), nor one
-/// the machines' cache does not hold (gone, or not listed yet: its arrival wakes it).
+/// the work queue: not a machine waiting for a Proxmox task this process submitted, whose
+/// requeue at the task's expected end reads whatever changed meanwhile from the caches (its pass
+/// before then would only find the task running), nor one whose pass runs, as that pass's end
+/// decides ([`Passes`]), nor one the machines' cache does not hold (gone, or not listed yet: its
+/// arrival wakes it), nor one this process let go (its IP claims' deletion follows).
 #[derive(Clone)]
 struct Wakes {
     queue: crate::controller::queue_depth::WorkQueue,
@@ -339,24 +339,11 @@ impl Wakes {
     ) -> Vec<ObjectRef<ProxmoxMachine>> {
         let due = refs.into_iter().filter(|machine| {
             self.machines.get(machine).is_some_and(|machine| {
-                worth_a_pass(&self.timer, &machine)
-                    && !released(&machine)
-                    && !self.released.contains(&machine)
+                worth_a_pass(&self.timer, &machine) && !self.released.contains(&machine)
             }) && !self.passes.changed_during(machine)
         });
         self.queue.wake(due)
     }
-}
-
-/// Whether `machine` is being deleted and no longer carries capmox's finalizer: its deletion
-/// is done (the pass that released it deleted its IP claims, whose deletion must not wake it
-/// for a pass that would find it gone), or never needed capmox.
-fn released(machine: &ProxmoxMachine) -> bool {
-    machine.metadata.deletion_timestamp.is_some()
-        && !machine
-            .finalizers()
-            .iter()
-            .any(|f| f == finalizers::MACHINE)
 }
 
 /// Whether a change to `machine` (or what it depends on) is worth a pass now: it is being
@@ -787,20 +774,6 @@ mod tests {
         assert!(!machine_gone(&machine, &not_found("proxmoxmachines", "m2")));
         assert!(!machine_gone(&machine, &not_found("secrets", "m1")));
         assert!(!machine_gone(&machine, &MachineError::MissingIdentity));
-    }
-
-    #[test]
-    fn a_machine_being_deleted_counts_as_released_once_capmox_finalizer_is_off() {
-        let mut machine = ProxmoxMachine::new("m1", Default::default());
-        machine.metadata.finalizers = Some(vec![finalizers::MACHINE.to_owned()]);
-        assert!(!released(&machine), "not being deleted");
-        machine.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ));
-        assert!(!released(&machine), "its deletion still to do");
-        machine.metadata.finalizers = Some(vec!["example.com/backup".to_owned()]);
-        assert!(released(&machine), "only someone else's finalizer left");
     }
 
     #[test]
