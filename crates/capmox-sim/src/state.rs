@@ -17,6 +17,10 @@ pub use restart::{DEFAULT_SHUTDOWN_TIMEOUT, POWERDOWN_TIMEOUT};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Simulators made by this process so far, for their distinct UPIDs.
+static SIMULATORS: AtomicU64 = AtomicU64::new(0);
 
 use serde_json::{Value, json};
 use tokio::time::{Duration, Instant};
@@ -499,6 +503,10 @@ pub struct Cluster {
     execs: HashMap<(u32, u64), Exec>,
     counter: u64,
     epoch: u64,
+    /// The task processes' start times (a UPID's `pstart`) begin here: each simulator of a
+    /// process has its own (within 32 bits, for the first 240), as each Proxmox node has, so
+    /// two simulated clusters with the same node names do not hand out one UPID twice.
+    pstart_base: u64,
     opts: SimOptions,
     task_fail: Box<dyn FnMut(&str) -> bool + Send>,
     /// HA resources, groups, rules and the CRM's view of them.
@@ -569,6 +577,7 @@ impl Cluster {
             execs: HashMap::new(),
             counter: 0,
             epoch: 1_767_225_600, // 2026-01-01, for UPID start times
+            pstart_base: 0x1000 + ((SIMULATORS.fetch_add(1, Ordering::Relaxed) % 0xF0) << 24),
             task_model: opts.profile.realistic().map(TaskModel::new),
             serving: None,
             opts,
@@ -1014,7 +1023,7 @@ impl Cluster {
         let upid = Upid::new(
             node,
             (1000 + n) as u32,
-            0x1000 + n,
+            self.pstart_base + n,
             self.epoch + n,
             self.opts.shown_task_type(kind),
             id,
