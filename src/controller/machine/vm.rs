@@ -1,7 +1,7 @@
 //! Finding the machine's VM, or creating it: the VM's identity, VMID choice, placement on a
 //! node and the clone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -481,7 +481,9 @@ impl Reconcile<'_> {
         let claims = &self.context.vms.vmid_claims;
         claims.seed(|| self.recorded_vmids()).await?;
         let key = claim_key(self.machine);
-        let used = |vmid: u32| resources.iter().any(|r| r.vmid == Some(vmid));
+        // Looked up once per candidate: a scan of the listing each would grow with the fleet.
+        let listed: HashSet<u32> = resources.iter().filter_map(|r| r.vmid).collect();
+        let used = |vmid: u32| listed.contains(&vmid);
         if let Some(recorded) = scope.recorded_vmid
             && !used(recorded)
             && claims.claim(recorded, &key)
@@ -507,15 +509,15 @@ impl Reconcile<'_> {
                 (i64::from(lowest), i64::from(MAX_VMID))
             }
         };
-        for candidate in candidates.0..=candidates.1 {
-            let Ok(vmid) = u32::try_from(candidate) else {
-                continue;
-            };
-            if !used(vmid) && claims.claim(vmid, &key) {
-                return Ok(Picked::Vmid(vmid));
-            }
-        }
-        Ok(Picked::Exhausted)
+        let (Ok(start), Ok(end)) = (
+            u32::try_from(candidates.0.max(0)),
+            u32::try_from(candidates.1.min(i64::from(u32::MAX))),
+        ) else {
+            return Ok(Picked::Exhausted);
+        };
+        Ok(claims
+            .claim_first_free(start..=end, &key, used)
+            .map_or(Picked::Exhausted, Picked::Vmid))
     }
 
     /// The VMIDs the ProxmoxMachines this controller watches have recorded, by machine, to
