@@ -76,7 +76,9 @@ impl VmidClaims {
         let mut free = None;
         for vmid in range {
             while claimed.next_if(|(other, _)| **other < vmid).is_some() {}
-            let holder = claimed.next_if(|(other, _)| **other == vmid).map(|(_, h)| h);
+            let holder = claimed
+                .next_if(|(other, _)| **other == vmid)
+                .map(|(_, h)| h);
             if holder.is_none_or(|holder| holder == machine) && !in_use(vmid) {
                 free = Some((vmid, holder.is_none()));
                 break;
@@ -92,7 +94,11 @@ impl VmidClaims {
     /// Gives `vmid` back if `machine` holds it (Proxmox has it in use by another VM).
     pub fn unclaim(&self, vmid: u32, machine: &str) {
         let mut held = self.held();
-        if held.by_vmid.get(&vmid).is_some_and(|holder| holder == machine) {
+        if held
+            .by_vmid
+            .get(&vmid)
+            .is_some_and(|holder| holder == machine)
+        {
             held.remove(vmid, machine);
         }
     }
