@@ -330,6 +330,8 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     // Cluster API's controller managers, and the kubelet
     "--feature-gates",
     "--provider-id",
+    // Linux perf, in the performance page's profiles
+    "--call-graph",
 ];
 
 /// Every flag the book may name: capmox's (from its command-line definition), the rigs' and
