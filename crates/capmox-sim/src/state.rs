@@ -19,9 +19,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Simulators made by this process so far, for their distinct UPIDs.
-static SIMULATORS: AtomicU64 = AtomicU64::new(0);
-
 use serde_json::{Value, json};
 use tokio::time::{Duration, Instant};
 
@@ -34,6 +31,9 @@ use super::topology::{
 use capmox::proxmox::de::split_tags;
 use capmox::proxmox::types::{NetDevice, parse_property_string};
 use capmox::proxmox::upid::Upid;
+
+/// Simulators made by this process so far, for their distinct UPIDs.
+static SIMULATORS: AtomicU64 = AtomicU64::new(0);
 
 /// An API error as Proxmox would send it: status, reason phrase, optional `errors` map.
 #[derive(Debug, Clone, PartialEq, Eq)]
