@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::common::env::{Env, condition};
 use capmox::api::ProxmoxMachine;
+use capmox::controller::node_tasks::BLIND_FOR;
 use capmox_sim::{FaultRule, SimOptions};
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -775,7 +776,7 @@ async fn tasks_of_machines_on_one_node_are_checked_together_from_its_task_list()
 }
 
 /// A Proxmox that refuses the node's task list (a token without the right to list there) costs
-/// one refused list: then tasks are checked one by one, and nothing else changes.
+/// one refused list per blind period: then tasks are checked one by one, and nothing else changes.
 #[tokio::test]
 async fn a_refused_task_list_is_asked_for_once_and_tasks_are_checked_one_by_one() {
     const MACHINES: usize = 3;
@@ -789,6 +790,7 @@ async fn a_refused_task_list_is_asked_for_once_and_tasks_are_checked_one_by_one(
         lock_contention_rate: 0.0,
         latency_ms: 0,
     });
+    let started = std::time::Instant::now();
     let env = Env::start_with(options).await;
     let (calls, tasks) = delete_side_by_side(&env, MACHINES).await;
     let (one_by_one, _) = task_checks(&calls);
@@ -796,9 +798,11 @@ async fn a_refused_task_list_is_asked_for_once_and_tasks_are_checked_one_by_one(
         .get("GET /nodes/{node}/tasks")
         .copied()
         .unwrap_or(0);
-    assert_eq!(
-        lists_in_all, 1,
-        "the refused list was asked for {lists_in_all} times"
+    // A loaded machine may stretch the test past one blind period: one more list is then due.
+    let blind_periods = started.elapsed().as_secs() / BLIND_FOR.as_secs() + 1;
+    assert!(
+        (1..=blind_periods).contains(&lists_in_all),
+        "the refused list was asked for {lists_in_all} times in {blind_periods} blind period(s)"
     );
     assert!(one_by_one > 0, "{tasks} tasks, none checked: {calls:#?}");
 }
