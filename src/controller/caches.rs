@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use crate::api::labels::CLUSTER_NAME;
 use crate::api::{ProxmoxCluster, ProxmoxMachine};
 use crate::capi::{self, IPAddress, IPAddressClaim};
 
@@ -41,6 +42,8 @@ pub struct Caches {
     pub pools: Store<capi::InClusterIPPool>,
     /// The machines by UID, kept from the machines' watch.
     pub machines_by_uid: MachinesByUid,
+    /// The machines by cluster and Proxmox, kept from the machines' watch.
+    pub machines_by_place: MachinesByPlace,
     /// Set when a watch has finished its first list; a pass waits until all have.
     synced: Arc<Vec<AtomicBool>>,
 }
@@ -102,6 +105,136 @@ fn holds(store: &Store<ProxmoxMachine>, reference: &ObjectRef<ProxmoxMachine>, u
         .is_some_and(|machine| machine.metadata.uid.as_deref() == Some(uid))
 }
 
+/// The machines that recorded a node, by namespace, cluster and the Proxmox endpoint they
+/// recorded, kept from their watch: a clone's inventory reads its cluster's machines on its
+/// Proxmox alone, not every machine of a fleet that may be one cluster over many sites. What
+/// it hands out comes from the store, so a stale entry costs a lookup, never a wrong machine;
+/// while a watch lists again, machines that changed place show in the new place only once
+/// the store holds the new list.
+#[derive(Clone, Default)]
+pub struct MachinesByPlace {
+    index: Arc<Mutex<PlaceIndex>>,
+}
+
+#[derive(Default)]
+struct PlaceIndex {
+    machines: HashMap<Place, HashSet<ObjectRef<ProxmoxMachine>>>,
+    place_of: HashMap<ObjectRef<ProxmoxMachine>, Place>,
+}
+
+/// Where a machine recorded its VM; `endpoint` is empty for one that recorded a node before
+/// machines recorded their endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Place {
+    namespace: String,
+    cluster: String,
+    endpoint: String,
+}
+
+impl Place {
+    fn of(machine: &ProxmoxMachine) -> Option<Place> {
+        let status = machine.status.as_ref()?;
+        status.proxmox_node.as_ref()?;
+        Some(Place {
+            namespace: machine.metadata.namespace.clone()?,
+            cluster: machine.labels().get(CLUSTER_NAME)?.clone(),
+            endpoint: status.proxmox_endpoint.clone().unwrap_or_default(),
+        })
+    }
+}
+
+impl MachinesByPlace {
+    /// Notes `machine`'s place, as its watch delivered it.
+    pub fn saw(&self, machine: &ProxmoxMachine, store: &Store<ProxmoxMachine>) {
+        let reference = ObjectRef::from_obj(machine);
+        // What a watch delivers last of a deleted machine: no finalizer holds it any more.
+        let gone = machine.metadata.deletion_timestamp.is_some() && machine.finalizers().is_empty();
+        let place = Place::of(machine).filter(|_| !gone);
+        let mut index = self.index.lock().unwrap_or_else(PoisonError::into_inner);
+        if index.place_of.get(&reference) == place.as_ref() {
+            return;
+        }
+        index.remove(&reference);
+        if let Some(place) = place {
+            if index.place_of.len() >= 2 * store.len() + INDEX_SLACK {
+                index.keep_only(store);
+            }
+            index
+                .machines
+                .entry(place.clone())
+                .or_default()
+                .insert(reference.clone());
+            index.place_of.insert(reference, place);
+        }
+    }
+
+    /// The machines of `cluster` in `namespace` that recorded a node of the Proxmox at
+    /// `endpoint` or no endpoint at all, as the store holds them.
+    pub fn on(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        endpoint: &str,
+        store: &Store<ProxmoxMachine>,
+    ) -> Vec<Arc<ProxmoxMachine>> {
+        let mut index = self.index.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut found = Vec::new();
+        let mut gone = Vec::new();
+        let endpoints: &[&str] = if endpoint.is_empty() {
+            &[""]
+        } else {
+            &[endpoint, ""]
+        };
+        for endpoint in endpoints {
+            let place = Place {
+                namespace: namespace.to_owned(),
+                cluster: cluster.to_owned(),
+                endpoint: (*endpoint).to_owned(),
+            };
+            for reference in index.machines.get(&place).into_iter().flatten() {
+                match store.get(reference) {
+                    Some(machine) if Place::of(&machine).as_ref() == Some(&place) => {
+                        found.push(machine);
+                    }
+                    Some(_) => {}
+                    None => gone.push(reference.clone()),
+                }
+            }
+        }
+        for reference in &gone {
+            index.remove(reference);
+        }
+        found
+    }
+}
+
+impl PlaceIndex {
+    fn remove(&mut self, reference: &ObjectRef<ProxmoxMachine>) {
+        let Some(place) = self.place_of.remove(reference) else {
+            return;
+        };
+        if let Some(machines) = self.machines.get_mut(&place) {
+            machines.remove(reference);
+            if machines.is_empty() {
+                self.machines.remove(&place);
+            }
+        }
+    }
+
+    /// Drops the machines `store` no longer holds (deleted while a watch was down).
+    fn keep_only(&mut self, store: &Store<ProxmoxMachine>) {
+        let gone: Vec<_> = self
+            .place_of
+            .keys()
+            .filter(|reference| store.get(reference).is_none())
+            .cloned()
+            .collect();
+        for reference in &gone {
+            self.remove(reference);
+        }
+    }
+}
+
 /// The writers behind [`Caches`], each consumed by the watch that fills its store.
 pub struct Writers {
     /// CAPI Machines.
@@ -139,6 +272,7 @@ impl Caches {
             addresses,
             pools,
             machines_by_uid: MachinesByUid::default(),
+            machines_by_place: MachinesByPlace::default(),
             synced: Arc::new((0..WATCHED_KINDS).map(|_| AtomicBool::new(false)).collect()),
         };
         let writers = Writers {
@@ -370,6 +504,28 @@ impl<'a> Reads<'a> {
         }
     }
 
+    /// The ProxmoxMachines of `cluster` in `namespace` that may have recorded a node of the
+    /// Proxmox at `endpoint`: from the caches those that did or recorded no endpoint, else
+    /// every machine of the cluster.
+    pub async fn cluster_machines_on(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        endpoint: &str,
+    ) -> Result<Vec<Arc<ProxmoxMachine>>, kube::Error> {
+        match self.caches {
+            Some(caches) => {
+                Ok(caches
+                    .machines_by_place
+                    .on(namespace, cluster, endpoint, &caches.machines))
+            }
+            None => {
+                self.labelled::<ProxmoxMachine>(namespace, CLUSTER_NAME, cluster)
+                    .await
+            }
+        }
+    }
+
     /// Every object of kind `K` in `namespace`, or in all namespaces without one.
     pub async fn all<K: Cached>(
         &self,
@@ -432,6 +588,173 @@ mod tests {
             index.get("uid-3", &store),
             Some(ObjectRef::from_obj(&again))
         );
+    }
+
+    fn placed(
+        name: &str,
+        cluster: &str,
+        node: Option<&str>,
+        endpoint: Option<&str>,
+    ) -> ProxmoxMachine {
+        let mut machine = machine(name, &format!("uid-{name}"));
+        machine.metadata.labels = Some([(CLUSTER_NAME.to_owned(), cluster.to_owned())].into());
+        machine.status = Some(crate::api::ProxmoxMachineStatus {
+            proxmox_node: node.map(str::to_owned),
+            proxmox_endpoint: endpoint.map(str::to_owned),
+            ..Default::default()
+        });
+        machine
+    }
+
+    fn names(machines: Vec<Arc<ProxmoxMachine>>) -> Vec<String> {
+        let mut names: Vec<String> = machines.iter().map(|m| m.name_any()).collect();
+        names.sort();
+        names
+    }
+
+    /// What the index stands for: the scan of every machine it replaces.
+    fn scanned(store: &Store<ProxmoxMachine>, cluster: &str, endpoint: &str) -> Vec<String> {
+        let mut names: Vec<String> = store
+            .state()
+            .iter()
+            .filter(|m| {
+                Place::of(m).is_some_and(|p| {
+                    p.namespace == "default"
+                        && p.cluster == cluster
+                        && (p.endpoint == endpoint || p.endpoint.is_empty())
+                })
+            })
+            .map(|m| m.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_clusters_machines_on_one_proxmox_are_those_that_recorded_it_or_no_endpoint() {
+        let (store, mut writer) = reflector::store();
+        let index = MachinesByPlace::default();
+        let mut see = |machine: ProxmoxMachine| {
+            writer.apply_watcher_event(&watcher::Event::Apply(machine.clone()));
+            index.saw(&machine, &store);
+        };
+        see(placed("a1", "c1", Some("pve1"), Some("https://a:8006")));
+        see(placed("b1", "c1", Some("pve1"), Some("https://b:8006")));
+        see(placed("old", "c1", Some("pve2"), None));
+        see(placed("cloning", "c1", None, None));
+        see(placed("other", "c2", Some("pve1"), Some("https://a:8006")));
+        let mut elsewhere = placed("elsewhere", "c1", Some("pve1"), Some("https://a:8006"));
+        elsewhere.metadata.namespace = Some("team-b".into());
+        see(elsewhere);
+        assert_eq!(
+            names(index.on("default", "c1", "https://a:8006", &store)),
+            ["a1", "old"]
+        );
+        assert_eq!(
+            names(index.on("default", "c1", "https://b:8006", &store)),
+            ["b1", "old"]
+        );
+
+        // The machine without an endpoint records one, the cloning one its node and endpoint.
+        see(placed("old", "c1", Some("pve2"), Some("https://b:8006")));
+        see(placed(
+            "cloning",
+            "c1",
+            Some("pve3"),
+            Some("https://a:8006"),
+        ));
+        assert_eq!(
+            names(index.on("default", "c1", "https://a:8006", &store)),
+            ["a1", "cloning"]
+        );
+        assert_eq!(
+            names(index.on("default", "c1", "https://b:8006", &store)),
+            ["b1", "old"]
+        );
+    }
+
+    #[test]
+    fn deleted_machines_leave_the_index_whether_or_not_the_watch_saw_them_go() {
+        let (store, mut writer) = reflector::store();
+        let index = MachinesByPlace::default();
+        let endpoint = "https://a:8006";
+        let machines: Vec<_> = (0..3)
+            .map(|n| placed(&format!("m{n}"), "c1", Some("pve1"), Some(endpoint)))
+            .collect();
+        for machine in &machines {
+            writer.apply_watcher_event(&watcher::Event::Apply(machine.clone()));
+            index.saw(machine, &store);
+        }
+        // m0 is deleted as a watch delivers it; m1 vanishes from a list made again after the
+        // watch was down, with no event of its own.
+        let mut deleted = machines[0].clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        writer.apply_watcher_event(&watcher::Event::Delete(deleted.clone()));
+        index.saw(&deleted, &store);
+        assert!(
+            !index
+                .index
+                .lock()
+                .expect("index")
+                .place_of
+                .contains_key(&ObjectRef::from_obj(&deleted)),
+            "a machine the watch saw go leaves at once"
+        );
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(machines[2].clone()));
+        index.saw(&machines[2], &store);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(names(index.on("default", "c1", endpoint, &store)), ["m2"]);
+        let held = index.index.lock().expect("index").place_of.len();
+        assert_eq!(held, 1, "the index keeps only what the store holds");
+    }
+
+    #[test]
+    fn the_index_answers_as_a_scan_of_the_store_would_through_any_changes() {
+        let (store, mut writer) = reflector::store();
+        let index = MachinesByPlace::default();
+        let endpoints = ["https://a:8006", "https://b:8006"];
+        let mut seed: u64 = 7;
+        let mut next = |bound: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % bound
+        };
+        for step in 0..2000 {
+            let name = format!("m{}", next(40));
+            let cluster = ["c1", "c2"][next(2) as usize];
+            let machine = match next(5) {
+                0 => {
+                    let gone = placed(&name, cluster, None, None);
+                    writer.apply_watcher_event(&watcher::Event::Delete(gone.clone()));
+                    index.saw(&gone, &store);
+                    continue;
+                }
+                1 => placed(&name, cluster, None, None),
+                2 => placed(&name, cluster, Some("pve1"), None),
+                _ => placed(
+                    &name,
+                    cluster,
+                    Some("pve1"),
+                    Some(endpoints[next(2) as usize]),
+                ),
+            };
+            writer.apply_watcher_event(&watcher::Event::Apply(machine.clone()));
+            index.saw(&machine, &store);
+            for cluster in ["c1", "c2"] {
+                for endpoint in endpoints {
+                    assert_eq!(
+                        names(index.on("default", cluster, endpoint, &store)),
+                        scanned(&store, cluster, endpoint),
+                        "step {step}, {cluster} on {endpoint}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

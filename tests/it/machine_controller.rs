@@ -293,6 +293,41 @@ fn node_of(machine: &ProxmoxMachine) -> String {
         .unwrap_or_default()
 }
 
+/// Control-plane machines created one after another, each once the one before is running,
+/// spread over the zone's nodes even when one node has far more memory free: a clone counts
+/// the machines its cluster already has on each node (no reservation is left to count once a
+/// VM is listed), as the watch of the machines keeps them.
+#[tokio::test]
+async fn control_plane_machines_made_one_after_another_spread_over_the_zones_nodes() {
+    let mut topology =
+        Topology::from_yaml(crate::common::env::TOPOLOGY, "test topology").expect("topology");
+    let pve1 = topology
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "pve1")
+        .expect("pve1 in the test topology");
+    pve1.memory_mib *= 4;
+    let env = ready(
+        Env::start_with_topology(topology, SimOptions::default()).await,
+        cluster_spec(),
+    )
+    .await;
+    let mut nodes = Vec::new();
+    for name in ["demo-cp-1", "demo-cp-2"] {
+        env.create_machine("demo", name, Some("rack-a"), true, machine_spec())
+            .await;
+        let machine = env
+            .wait_machine(name, "provisioned", ProxmoxMachine::is_provisioned)
+            .await;
+        nodes.push(node_of(&machine));
+    }
+    assert_eq!(
+        nodes,
+        ["pve1", "pve2"],
+        "the roomier node first, then the other"
+    );
+}
+
 /// A template on pve1's local storage: rack-a (pve1, pve2) machines are all cloned on pve1
 /// (Proxmox refuses to clone local disks to another node) and no clone fails; rack-b (pve3,
 /// pve4) has no node that can receive a clone, so its machine waits and says why.

@@ -486,12 +486,17 @@ pub async fn run(context: Arc<Context>, shutdown: CancellationToken) {
     let (caches, writers) = Caches::new(store.clone());
     let own_writes = context.own_writes.clone();
     let (timer, passes) = (context.task_timing.clone(), context.passes.clone());
-    let (index, indexed) = (caches.machines_by_uid.clone(), store.clone());
+    let (by_uid, by_place) = (
+        caches.machines_by_uid.clone(),
+        caches.machines_by_place.clone(),
+    );
+    let indexed = store.clone();
     let own_changes =
         super::caches::reflected(machines, context.config.shard_watch(), writer, || {})
             .inspect(move |machine| {
                 if let Ok(machine) = machine {
-                    index.saw(machine, &indexed);
+                    by_uid.saw(machine, &indexed);
+                    by_place.saw(machine, &indexed);
                 }
             })
             .predicate_filter(wakes::beyond_status, PredicateConfig::default())

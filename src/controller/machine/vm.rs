@@ -598,7 +598,7 @@ impl Reconcile<'_> {
     ) -> Result<HashMap<String, Vec<PlacedMachine>>, MachineError> {
         let reads = self.reads();
         let machines = reads
-            .labelled::<ProxmoxMachine>(&scope.namespace, labels::CLUSTER_NAME, &scope.cluster_name)
+            .cluster_machines_on(&scope.namespace, &scope.cluster_name, proxmox.endpoint())
             .await?;
         let on_nodes: Vec<(&str, &ProxmoxMachine, &str)> = machines
             .iter()
