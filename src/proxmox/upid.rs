@@ -23,6 +23,9 @@ pub struct Upid {
     /// User (`root@pam` or `root@pam!token`).
     pub user: String,
     raw: String,
+    /// The node, told apart from nodes of the same name in other Proxmox clusters once the
+    /// task's Proxmox is known.
+    site_node: Option<String>,
 }
 
 /// Why a UPID could not be parsed.
@@ -39,6 +42,19 @@ impl Upid {
     /// The UPID exactly as the server sent it.
     pub fn as_str(&self) -> &str {
         &self.raw
+    }
+
+    /// The same task, known to run on the Proxmox whose API is at `endpoint`.
+    pub fn at_site(mut self, endpoint: &str) -> Self {
+        self.site_node = Some(format!("{endpoint} {}", self.node));
+        self
+    }
+
+    /// The task's node, told apart from nodes of the same name in other Proxmox clusters (as
+    /// sites often name theirs alike) once [`Upid::at_site`] said which: what remembers tasks
+    /// per node keys them by this.
+    pub fn site_node(&self) -> &str {
+        self.site_node.as_deref().unwrap_or(&self.node)
     }
 
     /// Builds a UPID from its parts (used by the simulator).
@@ -62,6 +78,7 @@ impl Upid {
             id: id.to_string(),
             user: user.to_string(),
             raw,
+            site_node: None,
         }
     }
 }
@@ -118,6 +135,7 @@ impl FromStr for Upid {
             id: parts[5].to_string(),
             user: parts[6].to_string(),
             raw: s.to_string(),
+            site_node: None,
         })
     }
 }

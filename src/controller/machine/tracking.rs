@@ -159,7 +159,7 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         upid: &Upid,
     ) -> Result<TaskStatus, ProxmoxError> {
-        let on_node = self.context.task_timing.in_flight_on(&upid.node);
+        let on_node = self.context.task_timing.in_flight_on_node_of(upid);
         let since = on_node.iter().map(|(_, task)| task.starttime).min();
         if on_node.len() > 1
             && let Some(since) = since
@@ -222,6 +222,7 @@ impl Reconcile<'_> {
         let Some(upid) = started.during(&purpose)? else {
             return Ok(());
         };
+        let upid = upid.at_site(proxmox.endpoint());
         if kind.changes_listing() {
             self.context
                 .inventory
@@ -283,8 +284,8 @@ impl Reconcile<'_> {
         let Some(raw) = scope.status.task_ref.clone() else {
             return Ok(());
         };
-        let upid: Upid = match raw.parse() {
-            Ok(upid) => upid,
+        let upid: Upid = match raw.parse::<Upid>() {
+            Ok(upid) => upid.at_site(proxmox.endpoint()),
             Err(error) => {
                 tracing::warn!(machine = %scope.name, %error, "forgetting an unreadable status.taskRef");
                 clear_task(scope);

@@ -142,7 +142,7 @@ impl InFlight {
         InFlight {
             machine: String::new(),
             task_type: upid.task_type.clone(),
-            node: upid.node.clone(),
+            node: upid.site_node().to_owned(),
             submitted: now,
             last_seen_running: Duration::ZERO,
             due: now,
@@ -158,7 +158,7 @@ impl InFlight {
     /// Whether it counts in the queue of its kind on `upid`'s node at `now`.
     fn queues_with(&self, upid: &Upid, now: Instant) -> bool {
         self.task_type == upid.task_type
-            && self.node == upid.node
+            && self.node == upid.site_node()
             && self.due + STALE_IN_FLIGHT > now
     }
 }
@@ -295,7 +295,7 @@ impl TaskTiming for LearnedClock {
         if queued && first_check {
             state
                 .queueing_seen
-                .insert((upid.task_type.clone(), upid.node.clone()), now);
+                .insert((upid.task_type.clone(), upid.site_node().to_owned()), now);
         }
         pass_requeue(&upid.task_type, wait)
     }
@@ -319,7 +319,7 @@ impl TaskTiming for LearnedClock {
         if queued && task.last_seen_running.is_zero() && !task.first_check_deferred {
             state
                 .queueing_seen
-                .remove(&(upid.task_type.clone(), upid.node.clone()));
+                .remove(&(upid.task_type.clone(), upid.site_node().to_owned()));
         }
         let waited_in_queue =
             queued && (!task.last_seen_running.is_zero() || task.first_check_deferred);
@@ -338,7 +338,7 @@ impl TaskTiming for LearnedClock {
         };
         let samples = state
             .learned
-            .entry((upid.task_type.clone(), upid.node.clone()))
+            .entry((upid.task_type.clone(), upid.site_node().to_owned()))
             .or_default();
         // A scout is checked so often that when it was seen done is close to its end, and
         // a task like it checked then is done.
@@ -355,8 +355,8 @@ impl TaskTiming for LearnedClock {
     }
 
     /// Forgets a task nobody will check again.
-    fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)> {
-        self.lock().ledger.in_flight_on(node)
+    fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
+        self.lock().ledger.in_flight_on_node_of(upid)
     }
 
     fn listed_ended(&self, upid: &Upid) -> bool {
@@ -629,7 +629,7 @@ impl ClockState {
             // one after another (a queue on a node that runs them side by side only waits
             // longer to be noticed: the lists of the task ahead show the ends behind it).
             self.queueing_seen
-                .insert((upid.task_type.clone(), upid.node.clone()), now);
+                .insert((upid.task_type.clone(), upid.site_node().to_owned()), now);
         }
         let task = self.in_flight.get_mut(upid.as_str())?;
         if queueing && task.queued_behind > 0 && task.last_seen_running.is_zero() {
@@ -646,7 +646,7 @@ impl ClockState {
     /// Whether the node of `upid` was seen running tasks like it one after another, lately.
     fn queueing(&self, upid: &Upid, now: Instant) -> bool {
         self.queueing_seen
-            .get(&(upid.task_type.clone(), upid.node.clone()))
+            .get(&(upid.task_type.clone(), upid.site_node().to_owned()))
             .is_some_and(|seen| now.duration_since(*seen) < QUEUEING_REMEMBERED)
     }
 
@@ -710,7 +710,7 @@ impl ClockState {
     /// that of such tasks on the other nodes (clones excepted: how long they take depends on
     /// the node's storage and queue).
     fn expected(&self, upid: &Upid) -> Duration {
-        let key = (upid.task_type.clone(), upid.node.clone());
+        let key = (upid.task_type.clone(), upid.site_node().to_owned());
         let pooled: VecDeque<Duration> = self
             .learned
             .iter()
@@ -1102,6 +1102,25 @@ mod tests {
         assert_eq!(clock.expected(&first), DEFAULT_CLONE, "waited in the queue");
         clock.finished(&elsewhere);
         assert_eq!(clock.expected(&elsewhere), MIN_RECHECK, "ran alone");
+    }
+
+    #[test]
+    fn a_clone_does_not_queue_behind_one_on_a_node_of_its_name_in_another_proxmox() {
+        let clock = LearnedClock::default();
+        let east = upid("qmclone", "pve1", 1).at_site("https://east:8006");
+        let west = upid("qmclone", "pve1", 2).at_site("https://west:8006");
+        clock.submitted(&east, "m1", "cloning");
+        clock.submitted(&west, "m2", "cloning");
+        assert!(
+            clock.still_running(&west) <= DEFAULT_CLONE,
+            "expected as a clone with nothing ahead"
+        );
+        let behind = upid("qmclone", "pve1", 3).at_site("https://west:8006");
+        clock.submitted(&behind, "m3", "cloning");
+        assert!(
+            clock.still_running(&behind) > DEFAULT_CLONE * 3 / 2,
+            "behind the clone of its own Proxmox"
+        );
     }
 
     /// Clones numbered `numbers` submitted on `node`, one machine each, in that order.

@@ -56,7 +56,7 @@ impl Ledger {
         self.by_task
             .insert(upid.as_str().to_owned(), machine.to_owned());
         self.by_node
-            .entry(upid.node.clone())
+            .entry(upid.site_node().to_owned())
             .or_default()
             .insert(machine.to_owned());
         if TaskPurpose::parse(purpose).kind == Some(TaskKind::Clone) {
@@ -77,17 +77,18 @@ impl Ledger {
     /// for it.
     fn unindex(&mut self, upid: &Upid) -> Option<String> {
         let machine = self.by_task.remove(upid.as_str())?;
-        if let Some(machines) = self.by_node.get_mut(&upid.node) {
+        if let Some(machines) = self.by_node.get_mut(upid.site_node()) {
             machines.remove(&machine);
             if machines.is_empty() {
-                self.by_node.remove(&upid.node);
+                self.by_node.remove(upid.site_node());
             }
         }
         Some(machine)
     }
 
-    /// The tasks in flight on `node`, with the machine (by key) waiting for each.
-    pub(super) fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)> {
+    /// The tasks in flight on `upid`'s node, with the machine (by key) waiting for each.
+    pub(super) fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
+        let node = upid.site_node();
         let Some(machines) = self.by_node.get(node) else {
             return Vec::new();
         };
@@ -95,7 +96,7 @@ impl Ledger {
             .iter()
             .filter_map(|machine| {
                 let (task, _) = self.by_machine.get(machine)?;
-                (task.node == node).then(|| (machine.clone(), task.clone()))
+                (task.site_node() == node).then(|| (machine.clone(), task.clone()))
             })
             .collect()
     }
@@ -188,6 +189,39 @@ mod tests {
         assert_eq!(ledger.succeeded("m1", upload, later), 1);
     }
 
+    /// The tasks in flight on `node` (of no Proxmox in particular).
+    fn in_flight_on(ledger: &Ledger, node: &str) -> Vec<(String, Arc<Upid>)> {
+        ledger.in_flight_on_node_of(&Upid::new(node, 0, 0, 0, "any", "", "root@pam"))
+    }
+
+    #[test]
+    fn tasks_on_nodes_of_one_name_in_two_proxmox_clusters_are_kept_apart() {
+        let mut ledger = Ledger::default();
+        let purpose = TaskPurpose::new(TaskKind::Resize, "x".to_owned()).recorded();
+        let on = |site: &str, n: u32| {
+            Upid::new("pve1", n, 1, 1_700_000_000, "resize", "101", "root@pam").at_site(site)
+        };
+        let (east, west) = (on("https://east:8006", 1), on("https://west:8006", 2));
+        ledger.submitted(&east, "m1", &purpose);
+        ledger.submitted(&west, "m2", &purpose);
+        let machines = |ledger: &Ledger, upid: &Upid| -> Vec<String> {
+            ledger
+                .in_flight_on_node_of(upid)
+                .into_iter()
+                .map(|(machine, _)| machine)
+                .collect()
+        };
+        assert_eq!(machines(&ledger, &on("https://east:8006", 3)), ["m1"]);
+        assert_eq!(machines(&ledger, &on("https://west:8006", 4)), ["m2"]);
+        assert!(
+            in_flight_on(&ledger, "pve1").is_empty(),
+            "a task of a known Proxmox is not taken for one of a node of that name elsewhere"
+        );
+        ledger.task_ended(&east);
+        assert!(machines(&ledger, &on("https://east:8006", 3)).is_empty());
+        assert_eq!(machines(&ledger, &west), ["m2"]);
+    }
+
     #[test]
     fn a_task_a_list_showed_ended_is_due_unless_it_starts_or_stops_a_vm_or_nobody_waits() {
         let mut ledger = Ledger::default();
@@ -205,17 +239,16 @@ mod tests {
         );
         assert!(!ledger.seen_listed_ended(stop.as_str()));
         assert!(!ledger.listed_ended(&other), "no machine waits for it");
-        let on_node: Vec<String> = ledger
-            .in_flight_on("pve1")
+        let on_node: Vec<String> = in_flight_on(&ledger, "pve1")
             .into_iter()
             .map(|(m, _)| m)
             .collect();
         assert_eq!(on_node.len(), 2);
-        assert!(ledger.in_flight_on("pve2").is_empty());
+        assert!(in_flight_on(&ledger, "pve2").is_empty());
         ledger.task_ended(&resize);
         assert!(!ledger.seen_listed_ended(resize.as_str()));
         assert_eq!(ledger.in_flight_for("m1"), None);
-        assert_eq!(ledger.in_flight_on("pve1").len(), 1);
+        assert_eq!(in_flight_on(&ledger, "pve1").len(), 1);
     }
 
     #[test]
@@ -228,8 +261,8 @@ mod tests {
         ledger.submitted(&first, "m1", &purpose);
         assert!(ledger.listed_ended(&first));
         ledger.submitted(&second, "m1", &purpose);
-        assert!(ledger.in_flight_on("pve1").is_empty(), "replaced");
-        let on_pve2 = ledger.in_flight_on("pve2");
+        assert!(in_flight_on(&ledger, "pve1").is_empty(), "replaced");
+        let on_pve2 = in_flight_on(&ledger, "pve2");
         assert_eq!(on_pve2.len(), 1);
         assert_eq!(on_pve2[0], ("m1".to_owned(), Arc::new(second.clone())));
         assert!(
@@ -250,7 +283,7 @@ mod tests {
             Some(second.as_str().to_owned())
         );
         ledger.task_ended(&second);
-        assert!(ledger.in_flight_on("pve2").is_empty());
+        assert!(in_flight_on(&ledger, "pve2").is_empty());
         assert!(ledger.by_node.is_empty() && ledger.by_task.is_empty());
     }
 

@@ -81,9 +81,9 @@ pub trait TaskTiming: Send + Sync {
     /// Forgets a task nobody will check again.
     fn forget(&self, upid: &Upid);
 
-    /// The tasks this process submitted on `node` and has not seen end, with the machine (by
-    /// key) waiting for each.
-    fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)>;
+    /// The tasks this process submitted on `upid`'s node (of `upid`'s Proxmox, once known) and
+    /// has not seen end, with the machine (by key) waiting for each.
+    fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)>;
 
     /// Notes that a node's task list showed the task ended: it is worth checking at once,
     /// unless it starts or stops a VM (its check looks at the listing first). Returns whether

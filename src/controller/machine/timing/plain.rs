@@ -135,7 +135,7 @@ impl TaskTiming for PlainClock {
             upid.as_str().to_owned(),
             Polled {
                 task_type: upid.task_type.clone(),
-                node: upid.node.clone(),
+                node: upid.site_node().to_owned(),
                 submitted: now,
                 due: now + expected,
                 next_wait: MIN_RECHECK,
@@ -184,7 +184,7 @@ impl TaskTiming for PlainClock {
             .entry(upid.as_str().to_owned())
             .or_insert_with(|| Polled {
                 task_type: upid.task_type.clone(),
-                node: upid.node.clone(),
+                node: upid.site_node().to_owned(),
                 submitted: now,
                 due: now,
                 next_wait: MIN_RECHECK,
@@ -213,8 +213,8 @@ impl TaskTiming for PlainClock {
         None
     }
 
-    fn in_flight_on(&self, node: &str) -> Vec<(String, Arc<Upid>)> {
-        self.lock().ledger.in_flight_on(node)
+    fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
+        self.lock().ledger.in_flight_on_node_of(upid)
     }
 
     fn listed_ended(&self, upid: &Upid) -> bool {
@@ -310,7 +310,7 @@ impl PlainState {
     /// any node, else the default; never less than a short recheck, so a task seen done at
     /// once is not checked in a tight loop.
     fn expected(&self, upid: &Upid) -> Duration {
-        let key = (upid.task_type.clone(), upid.node.clone());
+        let key = (upid.task_type.clone(), upid.site_node().to_owned());
         let default = if upid.task_type == CLONE_TASK {
             DEFAULT_CLONE
         } else {
