@@ -646,14 +646,11 @@ mod tests {
         let mut elsewhere = placed("elsewhere", "c1", Some("pve1"), Some("https://a:8006"));
         elsewhere.metadata.namespace = Some("team-b".into());
         see(elsewhere);
-        assert_eq!(
-            names(index.on("default", "c1", "https://a:8006", &store)),
-            ["a1", "old"]
-        );
-        assert_eq!(
-            names(index.on("default", "c1", "https://b:8006", &store)),
-            ["b1", "old"]
-        );
+        let on = |index: &MachinesByPlace, endpoint: &str| {
+            names(index.on("default", "c1", endpoint, &store))
+        };
+        assert_eq!(on(&index, "https://a:8006"), ["a1", "old"]);
+        assert_eq!(on(&index, "https://b:8006"), ["b1", "old"]);
 
         // The machine without an endpoint records one, the cloning one its node and endpoint.
         see(placed("old", "c1", Some("pve2"), Some("https://b:8006")));
@@ -663,14 +660,8 @@ mod tests {
             Some("pve3"),
             Some("https://a:8006"),
         ));
-        assert_eq!(
-            names(index.on("default", "c1", "https://a:8006", &store)),
-            ["a1", "cloning"]
-        );
-        assert_eq!(
-            names(index.on("default", "c1", "https://b:8006", &store)),
-            ["b1", "old"]
-        );
+        assert_eq!(on(&index, "https://a:8006"), ["a1", "cloning"]);
+        assert_eq!(on(&index, "https://b:8006"), ["b1", "old"]);
     }
 
     #[test]
