@@ -46,6 +46,9 @@ pub const CONTROLLER: &str = "proxmoxcluster";
 /// How soon a cluster that waits on something not watched (machines going away) is retried.
 const SHORT_RETRY: Duration = Duration::from_secs(2);
 
+/// How soon a cluster whose zone rules a machine changed under its edit writes them again.
+const HA_ZONES_RETRY: Duration = Duration::from_secs(1);
+
 /// Why a reconcile failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -275,17 +278,22 @@ async fn reconcile_live(
         ha_enabled: crate::placement::ha_enabled_anywhere(&cluster.spec),
     };
     let plan = cluster_conditions::plan(&seen);
+    let mut ha_zones_synced = true;
     for report in plan.sync_ha.iter().filter_map(|&i| reports.get(i)) {
         if let EndpointState::Available { proxmox, .. } = &report.state {
-            sync_ha_zones(context, proxmox, cluster, report.group, namespace, name).await;
+            ha_zones_synced &=
+                sync_ha_zones(context, proxmox, cluster, report.group, namespace, name).await;
         }
     }
-    let requeue = match &plan.backoff {
+    let mut requeue = match &plan.backoff {
         Some((reason, message, retry_after)) => {
             back_off(context, cluster, name, reason, message, *retry_after).await
         }
         None => plan.requeue,
     };
+    if !ha_zones_synced {
+        requeue = requeue.min(HA_ZONES_RETRY);
+    }
     if let Some(message) = &plan.plain_http_warning {
         tracing::warn!(cluster = %name, "Proxmox is reached over plain HTTP; the API token is sent unencrypted");
         failures::publish_event(
@@ -631,6 +639,7 @@ fn belongs_to(meta: &ObjectMeta, capi_cluster: &str, owners: &BTreeSet<String>) 
 
 /// Keeps the nodes of the cluster's HA zone rules (PVE 9) or groups (PVE 8) equal to its
 /// zones' nodes after zone edits; failures and refusals are logged and retried next pass.
+/// False when a machine changed the rules meanwhile, so the pass after it should come soon.
 async fn sync_ha_zones(
     context: &Context,
     proxmox: &ProxmoxClient,
@@ -638,7 +647,7 @@ async fn sync_ha_zones(
     group: &ZonesByCredentials,
     namespace: &str,
     name: &str,
-) {
+) -> bool {
     let names = crate::controller::ha::HaNames::new(namespace, name);
     // This Proxmox holds the rules of its own zones only.
     let spec = group.restrict(&cluster.spec);
@@ -647,8 +656,8 @@ async fn sync_ha_zones(
         Err(error) => Err(error),
     };
     match synced {
-        Ok(refused) => {
-            for warning in refused {
+        Ok(registered) => {
+            for warning in registered.warnings {
                 tracing::warn!(cluster = %name, "Proxmox refused the zone's nodes for {warning}");
                 failures::publish_event(
                     &context.client,
@@ -660,9 +669,11 @@ async fn sync_ha_zones(
                 )
                 .await;
             }
+            registered.complete
         }
         Err(error) => {
             tracing::warn!(cluster = %name, %error, "updating the nodes of the zones' HA rules or groups failed; retrying on the next pass");
+            true
         }
     }
 }

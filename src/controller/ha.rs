@@ -196,17 +196,18 @@ async fn zone_rule(
             ));
             Ok(())
         }
+        // The rule's nodes are the cluster's to keep ([`sync_zone_nodes`]): a machine's view of
+        // the zone may be older than the one the cluster wrote.
         Some(rule) => {
             let mut resources = rule.resource_ids();
-            let want_nodes: BTreeSet<String> = nodes.iter().cloned().collect();
-            if resources.insert(sid.to_owned()) || rule.node_names() != want_nodes {
+            if resources.insert(sid.to_owned()) {
                 let resources = resources.into_iter().collect::<Vec<_>>().join(",");
                 proxmox
                     .update_ha_rule(
                         &id,
                         NODE_AFFINITY,
                         Some(&resources),
-                        Some(&node_list),
+                        None,
                         rule.digest.as_deref(),
                     )
                     .await
@@ -374,16 +375,8 @@ async fn ensure_group(
             ));
             return Ok(None);
         }
-        Some(group) => {
-            let want: BTreeSet<String> = nodes.iter().cloned().collect();
-            if group.node_names() == want {
-                Ok(())
-            } else {
-                proxmox
-                    .update_ha_group_nodes(&id, &node_list, group.digest.as_deref())
-                    .await
-            }
-        }
+        // The group's nodes are the cluster's to keep, as a zone rule's are.
+        Some(_) => Ok(()),
     };
     match result {
         Ok(()) => Ok(Some(id)),
@@ -458,14 +451,17 @@ pub async fn unregister(
 }
 
 /// Keeps the nodes of the cluster's zone rules (PVE 9) or groups (PVE 8) equal to its zones'
-/// nodes; returns what Proxmox refused.
+/// nodes, the only writer of them once they exist; incomplete when another writer came between.
 pub async fn sync_zone_nodes(
     proxmox: &ProxmoxClient,
     major: u32,
     names: &HaNames,
     spec: &ProxmoxClusterSpec,
-) -> Result<Vec<String>, ProxmoxError> {
-    let mut out = Registered::default();
+) -> Result<Registered, ProxmoxError> {
+    let mut out = Registered {
+        complete: true,
+        warnings: Vec::new(),
+    };
     let zones: Vec<(String, &str, BTreeSet<String>)> = crate::placement::ha_zones(spec)
         .map(|(zone, nodes)| (names.zone_id(zone), zone, nodes.iter().cloned().collect()))
         .collect();
@@ -484,7 +480,7 @@ pub async fn sync_zone_nodes(
                 }
             }
         }
-        return Ok(out.warnings);
+        return Ok(out);
     }
     for rule in proxmox.ha_rules().await? {
         let Some((id, zone, nodes)) = zones.iter().find(|(id, ..)| *id == rule.rule) else {
@@ -500,7 +496,7 @@ pub async fn sync_zone_nodes(
             }
         }
     }
-    Ok(out.warnings)
+    Ok(out)
 }
 
 #[cfg(test)]

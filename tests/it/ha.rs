@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::common::env::{ENV_WAIT, Env, condition};
 use capmox::api::ProxmoxMachine;
-use capmox_sim::SimOptions;
 use capmox_sim::{Affinity, HaRuleKind};
+use capmox_sim::{FaultConfig, FaultRule, SimOptions};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
@@ -361,8 +361,34 @@ async fn without_ha_capmox_makes_no_ha_call() {
     assert_eq!(env.sim.ha_resources(), []);
 }
 
+/// Refuses every write of an HA rule as Proxmox refuses one whose file changed since it was
+/// read: what the cluster meets when a machine joins a zone rule during a zone edit.
+fn rule_writes_refused_as_changed_meanwhile() -> FaultConfig {
+    FaultConfig {
+        rules: vec![FaultRule {
+            endpoint: "PUT /cluster/ha/rules/{rule}".into(),
+            error_rate: 1.0,
+            error_status: 500,
+            error_reason:
+                "detected modified configuration - file changed by other user? Try again.".into(),
+            drop_rate: 0.0,
+            lock_contention_rate: 0.0,
+            latency_ms: 0,
+        }],
+        ..FaultConfig::default()
+    }
+}
+
+fn rack_b_rule_nodes(env: &Env) -> Option<BTreeSet<String>> {
+    let (zones, _) = rules(env);
+    zones
+        .into_iter()
+        .find(|(rule, _)| rule.ends_with("-zone-rack-b"))
+        .map(|(_, (nodes, ..))| nodes)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zone_edit_updates_the_zone_rule_nodes() {
+async fn a_zone_edit_reaches_the_zone_rule_though_a_machine_wrote_it_meanwhile() {
     let env = Env::start_with(sim("9.1.4")).await;
     let vms = provisioned(&env, true).await;
     let all = sids(vms.values().map(|(vmid, _)| *vmid));
@@ -375,7 +401,9 @@ async fn a_zone_edit_updates_the_zone_rule_nodes() {
             == all
     })
     .await;
-    // rack-b gains pve5
+    // rack-b gains pve5, and the cluster's first write of it is refused as changed meanwhile
+    env.sim
+        .set_faults(rule_writes_refused_as_changed_meanwhile());
     let clusters = Api::<capmox::api::ProxmoxCluster>::namespaced(env.client(), "default");
     let mut spec = cluster_spec(true);
     spec["zoneConfig"][1]["nodes"] = json!(["pve3", "pve4", "pve5"]);
@@ -387,11 +415,50 @@ async fn a_zone_edit_updates_the_zone_rule_nodes() {
         )
         .await
         .expect("zone edited");
+    until(
+        &env,
+        "the cluster's write of rack-b's rule was refused",
+        |env| {
+            env.sim
+                .request_log()
+                .iter()
+                .any(|r| r.method == "PUT" && r.path.ends_with("-zone-rack-b") && r.status == 500)
+        },
+    )
+    .await;
+    env.sim.set_faults(FaultConfig::default());
+    // Well before the cluster's periodic pass.
     until(&env, "rack-b's rule has pve5", |env| {
-        let (zones, _) = rules(env);
-        zones.iter().any(|(rule, (nodes, ..))| {
-            rule.ends_with("-zone-rack-b") && *nodes == set(&["pve3", "pve4", "pve5"])
-        })
+        rack_b_rule_nodes(env) == Some(set(&["pve3", "pve4", "pve5"]))
     })
     .await;
+
+    // A machine pass that read the zone before the edit joins the rule, and leaves its nodes.
+    let (w3, _) = vms["demo-w-3"];
+    let before_the_edit = capmox::placement::MachineHa {
+        settings: capmox::api::HaSpec {
+            enabled: Some(true),
+            ..Default::default()
+        },
+        zone: Some(("rack-b".into(), RACK_B.map(str::to_owned).to_vec())),
+    };
+    let names = capmox::controller::ha::HaNames::new("default", "demo");
+    let registered = capmox::controller::ha::register(
+        &env.proxmox(),
+        9,
+        &names,
+        "demo-w-3",
+        false,
+        w3,
+        &before_the_edit,
+        true,
+    )
+    .await
+    .expect("registered");
+    assert!(registered.warnings.is_empty(), "{:?}", registered.warnings);
+    assert_eq!(
+        rack_b_rule_nodes(&env),
+        Some(set(&["pve3", "pve4", "pve5"])),
+        "a machine's older view of the zone does not undo the edit"
+    );
 }
