@@ -1461,6 +1461,7 @@ impl Rig<'_> {
         let mut controller = Vec::new();
         let mut api = Vec::new();
         let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut each: Vec<MachineSpent> = Vec::new();
         let mut path_tasks: HashMap<VmKey, Vec<&TaskRecord>> = HashMap::new();
         for (name, m) in &timeline_machines {
             let (from, to) = if deleting {
@@ -1507,13 +1508,22 @@ impl Rig<'_> {
             } else {
                 on_path
             };
+            let elapsed = to - from;
             if !deleting {
-                for (label, gap) in controller_gaps(&tasks, from, to) {
-                    gaps.entry(label).or_default().push(gap.as_secs_f64());
+                let machine_gaps = controller_gaps(&tasks, from, to);
+                for (label, gap) in &machine_gaps {
+                    gaps.entry(label.clone())
+                        .or_default()
+                        .push(gap.as_secs_f64());
                 }
+                each.push(MachineSpent {
+                    elapsed,
+                    on_path,
+                    place: sites.node_label(m.site, m.node.as_deref().unwrap_or_default()),
+                    gaps: machine_gaps,
+                });
             }
             path_tasks.insert((m.site, vmid), tasks);
-            let elapsed = to - from;
             total.push(elapsed.as_secs_f64());
             proxmox.push(on_path.as_secs_f64());
             api.push((with_api - on_path).as_secs_f64());
@@ -1621,6 +1631,9 @@ impl Rig<'_> {
             "capmox_process": costs["capmox_process"],
             "environment_process": costs["environment_process"],
         });
+        if !deleting {
+            report["per_machine_s"]["slowest_tenth"] = slowest_tenth(each);
+        }
         if let Some(workers) = workers {
             report["per_machine_s"]["api_on_path"] = spread(&api);
             report["per_machine_s"]["elapsed_percentiles"] = percentiles(&total);
@@ -1633,6 +1646,42 @@ impl Rig<'_> {
         }
         Ok(report)
     }
+}
+
+/// One ready machine's time, for [`slowest_tenth`].
+struct MachineSpent {
+    elapsed: Duration,
+    on_path: Duration,
+    place: String,
+    gaps: Vec<(String, Duration)>,
+}
+
+/// Where the slowest tenth of machines spent their time, so a tail can be told from the bulk:
+/// Proxmox's part, capmox's gaps by what they followed, and the nodes they landed on.
+fn slowest_tenth(mut each: Vec<MachineSpent>) -> Value {
+    each.sort_by_key(|m| std::cmp::Reverse(m.elapsed));
+    each.truncate(each.len().div_ceil(10));
+    let n = each.len().max(1) as f64;
+    let mean = |d: Duration| round3(d.as_secs_f64() / n);
+    let mut gaps: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut nodes: BTreeMap<String, usize> = BTreeMap::new();
+    for machine in &each {
+        for (label, gap) in &machine.gaps {
+            *gaps.entry(label.clone()).or_default() += *gap;
+        }
+        *nodes.entry(machine.place.clone()).or_default() += 1;
+    }
+    let mut busiest: Vec<(String, usize)> = nodes.into_iter().collect();
+    busiest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    busiest.truncate(10);
+    json!({
+        "machines": each.len(),
+        "fastest_of_them_s": each.last().map(|m| round3(m.elapsed.as_secs_f64())),
+        "mean_elapsed_s": mean(each.iter().map(|m| m.elapsed).sum()),
+        "mean_proxmox_on_path_s": mean(each.iter().map(|m| m.on_path).sum()),
+        "mean_controller_gap_s": gaps.into_iter().map(|(label, sum)| (label, mean(sum))).collect::<BTreeMap<_, _>>(),
+        "most_on_one_node": busiest.into_iter().collect::<BTreeMap<_, _>>(),
+    })
 }
 
 // ------------------------------------------------------------------ the table
@@ -1689,6 +1738,29 @@ fn render(report: &Value) -> String {
             f(&d["per_machine_s"][key]),
         );
     }
+    let tail = &p["per_machine_s"]["slowest_tenth"];
+    let widest_gap = tail["mean_controller_gap_s"]
+        .as_object()
+        .and_then(|gaps| {
+            gaps.iter().max_by(|a, b| {
+                a.1.as_f64()
+                    .unwrap_or(0.0)
+                    .total_cmp(&b.1.as_f64().unwrap_or(0.0))
+            })
+        })
+        .map_or_else(
+            || "-".to_owned(),
+            |(label, s)| format!("{} {label}", num(s)),
+        );
+    row(
+        "slowest tenth: elapsed / Proxmox on path / widest gap (s, means)",
+        format!(
+            "{} / {} / {widest_gap}",
+            num(&tail["mean_elapsed_s"]),
+            num(&tail["mean_proxmox_on_path_s"])
+        ),
+        "-".to_string(),
+    );
     let realistic = report["settings"]["profile"]["name"] == "realistic";
     if realistic {
         realistic_rows(&mut row, p, d, &num);

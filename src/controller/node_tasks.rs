@@ -4,7 +4,8 @@
 //! wait for it (single flight). An ended task stays ended, so a list answers for that whatever
 //! its age; that a task still runs, a list answers only for a check that began before it was
 //! asked for (a task checked when it is expected to end may have ended since an earlier list,
-//! and would be noticed only at its next check). An endpoint whose lists fail, or leave
+//! and would be noticed only at its next check). Clones, which wait long in their node's queue,
+//! are listed apart from the node's other tasks. An endpoint whose lists fail, or leave
 //! out a task of this process (a token that may not see its own tasks there), is not listed for
 //! [`BLIND_FOR`]: its tasks are checked one by one. After a restart: nothing is kept, and the
 //! first check that falls due lists again.
@@ -18,6 +19,23 @@ use crate::proxmox::{NodeTask, ProxmoxClient, TaskStatus, Upid};
 
 /// Tasks asked for at most per list: a node's tasks since the oldest one this process waits for.
 pub const LIST_LIMIT: usize = 500;
+
+/// Task types that queue behind each other on their node: clones copy disks, and a node's
+/// storage copies one disk's worth at a time however many clones share it.
+pub fn queues_on_node(task_type: &str) -> bool {
+    task_type == "qmclone"
+}
+
+/// The type a node's list of `task_type` is filtered to: a queueing task waits long, and a list
+/// of every task since the oldest of them would be cut off, newest first, before reaching it.
+fn listed_apart(task_type: &str) -> Option<&str> {
+    queues_on_node(task_type).then_some(task_type)
+}
+
+/// Whether one list of their node shows both tasks.
+pub fn listed_together(a: &Upid, b: &Upid) -> bool {
+    listed_apart(&a.task_type) == listed_apart(&b.task_type)
+}
 /// How long an endpoint whose list failed or left out a task of this process is not listed.
 pub const BLIND_FOR: Duration = Duration::from_secs(60);
 
@@ -29,6 +47,7 @@ pub struct NodeTaskLists {
 
 #[derive(Default)]
 struct Endpoint {
+    /// By node, and by type for the types listed apart.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
     /// Since when the endpoint's lists are not used.
     blind_since: Mutex<Option<Instant>>,
@@ -86,7 +105,7 @@ impl TaskList {
 impl NodeTaskLists {
     /// The task's end as its node's latest list showed it, without asking Proxmox.
     pub fn listed_ended(&self, proxmox: &ProxmoxClient, upid: &Upid) -> Option<TaskStatus> {
-        let node = self.endpoint(proxmox).node(&upid.node);
+        let node = self.endpoint(proxmox).list_of(upid);
         let latest = lock(&node.latest).clone()?;
         latest.ended(upid).then(|| latest.status_of(upid)).flatten()
     }
@@ -106,7 +125,7 @@ impl NodeTaskLists {
             return None;
         }
         let checking = Instant::now();
-        let node = endpoint.node(&upid.node);
+        let node = endpoint.list_of(upid);
         let answering = |node: &Node| {
             lock(&node.latest)
                 .clone()
@@ -124,7 +143,11 @@ impl NodeTaskLists {
             return None;
         }
         let asked = Instant::now();
-        let list = match proxmox.node_tasks(&upid.node, since, LIST_LIMIT).await {
+        let typefilter = listed_apart(&upid.task_type);
+        let list = match proxmox
+            .node_tasks(&upid.node, since, typefilter, LIST_LIMIT)
+            .await
+        {
             Ok(listed) => Arc::new(TaskList::new(asked, since, listed)),
             Err(error) => {
                 tracing::info!(node = %upid.node, %error, blind_s = BLIND_FOR.as_secs(), "listing the node's tasks failed; checking tasks one by one for a while");
@@ -152,12 +175,17 @@ impl NodeTaskLists {
 }
 
 impl Endpoint {
-    fn node(&self, name: &str) -> Arc<Node> {
+    /// The list that shows `upid`: its node's, of its type where that is listed apart.
+    fn list_of(&self, upid: &Upid) -> Arc<Node> {
+        let name = match listed_apart(&upid.task_type) {
+            Some(task_type) => format!("{} {task_type}", upid.node),
+            None => upid.node.clone(),
+        };
         let mut nodes = lock(&self.nodes);
-        if let Some(node) = nodes.get(name) {
+        if let Some(node) = nodes.get(&name) {
             return node.clone();
         }
-        nodes.entry(name.to_owned()).or_default().clone()
+        nodes.entry(name).or_default().clone()
     }
 
     fn blind(&self) -> bool {
@@ -261,6 +289,64 @@ mod tests {
             !full.complete,
             "as many as asked for: more may have been left out"
         );
+    }
+
+    #[tokio::test]
+    async fn a_clone_is_listed_though_its_node_ran_a_lists_worth_of_other_tasks_since() {
+        use crate::proxmox::{ApiToken, ClientConfig, CloneParams, PowerAction};
+        use capmox_sim::{SimOptions, Simulator, Topology};
+        let sim = Simulator::start(
+            Topology::example(),
+            SimOptions {
+                clone_duration: Duration::ZERO,
+                task_duration: Duration::ZERO,
+                ..SimOptions::default()
+            },
+        )
+        .await
+        .expect("simulator");
+        let token = ApiToken::parse(&sim.token()).expect("token");
+        let proxmox = ProxmoxClient::new(&ClientConfig::new(sim.url(), token)).expect("client");
+        let clone = |newid| CloneParams {
+            newid,
+            ..CloneParams::default()
+        };
+        let first = proxmox.clone_vm("pve1", 9000, &clone(100)).await;
+        let second = proxmox.clone_vm("pve1", 9000, &clone(101)).await;
+        let (first, second) = (first.expect("clone"), second.expect("clone"));
+        // More starts and stops of the second VM than a list holds, all newer than the clones.
+        for n in 0..=LIST_LIMIT {
+            let action = if n % 2 == 0 {
+                PowerAction::Start
+            } else {
+                PowerAction::Stop
+            };
+            let task = proxmox.power("pve1", 101, action).await.expect("power");
+            let upid = task.expect("a power task has a UPID");
+            while !proxmox
+                .task_status(&upid)
+                .await
+                .expect("status")
+                .is_finished()
+            {
+                tokio::task::yield_now().await;
+            }
+        }
+        let lists = NodeTaskLists::default();
+        let list = lists
+            .list_with(&proxmox, &first, first.starttime)
+            .await
+            .expect("the clone's list shows it");
+        assert!(list.ended(&first) && list.ended(&second));
+        assert!(lists.listed_ended(&proxmox, &second).is_some());
+        let asked = sim
+            .request_log()
+            .into_iter()
+            .filter(|request| request.path == "/nodes/pve1/tasks")
+            .map(|request| request.params)
+            .collect::<Vec<_>>();
+        assert_eq!(asked.len(), 1);
+        assert!(asked[0].contains(&"typefilter".to_owned()), "{asked:?}");
     }
 
     #[test]

@@ -764,18 +764,25 @@ impl ProxmoxClient {
     }
 
     /// `GET /nodes/{node}/tasks?source=all`: the node's running and ended tasks started at
-    /// or after `since` (unix seconds), newest first, at most `limit`.
-    pub async fn node_tasks(&self, node: &str, since: u64, limit: usize) -> Result<Vec<NodeTask>> {
-        self.send(
-            Request::get(
-                "GET /nodes/{node}/tasks",
-                format!("/nodes/{}/tasks", node_seg(node)?),
-            )
-            .query("source", "all")
-            .query("since", since)
-            .query("limit", limit),
+    /// or after `since` (unix seconds), of type `typefilter` if given, newest first, at most
+    /// `limit`.
+    pub async fn node_tasks(
+        &self,
+        node: &str,
+        since: u64,
+        typefilter: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<NodeTask>> {
+        let mut request = Request::get(
+            "GET /nodes/{node}/tasks",
+            format!("/nodes/{}/tasks", node_seg(node)?),
         )
-        .await
+        .query("source", "all")
+        .query("since", since);
+        if let Some(task_type) = typefilter {
+            request = request.query("typefilter", task_type);
+        }
+        self.send(request.query("limit", limit)).await
     }
 
     /// `GET /nodes/{node}/tasks/{upid}/log`: task output (the last line says OK or the error).

@@ -162,7 +162,7 @@ async fn call(
             format!("{:?}", client.agent_exec_status(&node, vmid, 1234).await?)
         }
         ("GET", "/nodes/{node}/tasks") => {
-            format!("{:?}", client.node_tasks(&node, 0, 50).await?)
+            format!("{:?}", client.node_tasks(&node, 0, None, 50).await?)
         }
         ("GET", "/nodes/{node}/tasks/{upid}/status") => {
             format!("{:?}", client.task_status(&upid()?).await?)
@@ -315,7 +315,7 @@ async fn specific_fixture_values() {
 
     // A node's task list: ended tasks with their exit status, a failed one not a success.
     serve("recorded/fog-pve6.2/GET_nodes_tasks.json");
-    let tasks = client.node_tasks("pve", 0, 50).await.expect("tasks");
+    let tasks = client.node_tasks("pve", 0, None, 50).await.expect("tasks");
     assert_eq!(tasks.len(), 50);
     let destroy = tasks
         .iter()

@@ -129,7 +129,7 @@ impl DueWakes {
             return None;
         }
         let proxmox = lock(&self.clients).get(key)?.clone();
-        let on_node = watch.timer.in_flight_on_node_of(&upid);
+        let on_node = watch.timer.in_flight_listed_with(&upid);
         let since = on_node.iter().map(|(_, task)| task.starttime).min()?;
         let list = watch.node_tasks.list_with(&proxmox, &upid, since).await?;
         for other in listed_ended_elsewhere(&watch.timer, &list, &upid, on_node) {

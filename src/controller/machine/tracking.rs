@@ -159,7 +159,7 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         upid: &Upid,
     ) -> Result<TaskStatus, ProxmoxError> {
-        let on_node = self.context.task_timing.in_flight_on_node_of(upid);
+        let on_node = self.context.task_timing.in_flight_listed_with(upid);
         let since = on_node.iter().map(|(_, task)| task.starttime).min();
         if on_node.len() > 1
             && let Some(since) = since

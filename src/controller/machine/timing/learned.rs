@@ -24,6 +24,7 @@ use super::{
     TaskTiming, estimate,
 };
 use crate::controller::machine::TaskKind;
+use crate::controller::node_tasks::queues_on_node;
 use crate::proxmox::Upid;
 
 /// A booting guest whose look would come before this long after the scout's (the guest
@@ -355,8 +356,8 @@ impl TaskTiming for LearnedClock {
     }
 
     /// Forgets a task nobody will check again.
-    fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
-        self.lock().ledger.in_flight_on_node_of(upid)
+    fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
+        self.lock().ledger.in_flight_listed_with(upid)
     }
 
     fn listed_ended(&self, upid: &Upid) -> bool {
@@ -778,12 +779,6 @@ fn median(samples: &VecDeque<Duration>) -> Duration {
     let mut sorted: Vec<Duration> = samples.iter().copied().collect();
     sorted.sort();
     sorted.get(sorted.len() / 2).copied().unwrap_or_default()
-}
-
-/// Task types that queue behind each other on their node: clones copy disks, and a node's
-/// storage copies one disk's worth at a time however many clones share it.
-fn queues_on_node(task_type: &str) -> bool {
-    task_type == "qmclone"
 }
 
 /// The requeue of a pass whose task's check is `until_check` away: a task queued on its node

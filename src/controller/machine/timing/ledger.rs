@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::MAX_IN_FLIGHT;
 use crate::controller::machine::{TaskKind, TaskPurpose};
+use crate::controller::node_tasks::listed_together;
 use crate::proxmox::Upid;
 
 /// Successes further apart than this do not count as a row (a VM stopped by someone once a
@@ -86,8 +87,9 @@ impl Ledger {
         Some(machine)
     }
 
-    /// The tasks in flight on `upid`'s node, with the machine (by key) waiting for each.
-    pub(super) fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
+    /// The tasks in flight that the task list of `upid`'s node shows beside it, with the
+    /// machine (by key) waiting for each.
+    pub(super) fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
         let node = upid.site_node();
         let Some(machines) = self.by_node.get(node) else {
             return Vec::new();
@@ -96,7 +98,8 @@ impl Ledger {
             .iter()
             .filter_map(|machine| {
                 let (task, _) = self.by_machine.get(machine)?;
-                (task.site_node() == node).then(|| (machine.clone(), task.clone()))
+                (task.site_node() == node && listed_together(task, upid))
+                    .then(|| (machine.clone(), task.clone()))
             })
             .collect()
     }
@@ -191,7 +194,7 @@ mod tests {
 
     /// The tasks in flight on `node` (of no Proxmox in particular).
     fn in_flight_on(ledger: &Ledger, node: &str) -> Vec<(String, Arc<Upid>)> {
-        ledger.in_flight_on_node_of(&Upid::new(node, 0, 0, 0, "any", "", "root@pam"))
+        ledger.in_flight_listed_with(&Upid::new(node, 0, 0, 0, "any", "", "root@pam"))
     }
 
     #[test]
@@ -206,7 +209,7 @@ mod tests {
         ledger.submitted(&west, "m2", &purpose);
         let machines = |ledger: &Ledger, upid: &Upid| -> Vec<String> {
             ledger
-                .in_flight_on_node_of(upid)
+                .in_flight_listed_with(upid)
                 .into_iter()
                 .map(|(machine, _)| machine)
                 .collect()
@@ -220,6 +223,29 @@ mod tests {
         ledger.task_ended(&east);
         assert!(machines(&ledger, &on("https://east:8006", 3)).is_empty());
         assert_eq!(machines(&ledger, &west), ["m2"]);
+    }
+
+    #[test]
+    fn clones_are_listed_with_the_clones_of_their_node_and_other_tasks_with_the_rest() {
+        let mut ledger = Ledger::default();
+        let task =
+            |kind: &str, n: u32| Upid::new("pve1", n, 1, 1_700_000_000, kind, "101", "root@pam");
+        let purpose = |kind: TaskKind| TaskPurpose::new(kind, "x".to_owned()).recorded();
+        ledger.submitted(&task("qmclone", 1), "m1", &purpose(TaskKind::Clone));
+        ledger.submitted(&task("qmclone", 2), "m2", &purpose(TaskKind::Clone));
+        ledger.submitted(&task("resize", 3), "m3", &purpose(TaskKind::Resize));
+        ledger.submitted(&task("qmstart", 4), "m4", &purpose(TaskKind::Start));
+        let beside = |upid: &Upid| -> Vec<String> {
+            let mut machines: Vec<String> = ledger
+                .in_flight_listed_with(upid)
+                .into_iter()
+                .map(|(machine, _)| machine)
+                .collect();
+            machines.sort();
+            machines
+        };
+        assert_eq!(beside(&task("qmclone", 5)), ["m1", "m2"]);
+        assert_eq!(beside(&task("resize", 6)), ["m3", "m4"]);
     }
 
     #[test]

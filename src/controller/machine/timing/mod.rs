@@ -82,8 +82,10 @@ pub trait TaskTiming: Send + Sync {
     fn forget(&self, upid: &Upid);
 
     /// The tasks this process submitted on `upid`'s node (of `upid`'s Proxmox, once known) and
-    /// has not seen end, with the machine (by key) waiting for each.
-    fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)>;
+    /// has not seen end that the node's list for `upid` shows too
+    /// ([`crate::controller::node_tasks::listed_together`]), with the machine (by key) waiting
+    /// for each.
+    fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)>;
 
     /// Notes that a node's task list showed the task ended: it is worth checking at once,
     /// unless it starts or stops a VM (its check looks at the listing first). Returns whether

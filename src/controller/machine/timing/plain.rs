@@ -213,8 +213,8 @@ impl TaskTiming for PlainClock {
         None
     }
 
-    fn in_flight_on_node_of(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
-        self.lock().ledger.in_flight_on_node_of(upid)
+    fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
+        self.lock().ledger.in_flight_listed_with(upid)
     }
 
     fn listed_ended(&self, upid: &Upid) -> bool {
