@@ -36,6 +36,7 @@ fn listed_apart(task_type: &str) -> Option<&str> {
 pub fn listed_together(a: &Upid, b: &Upid) -> bool {
     listed_apart(&a.task_type) == listed_apart(&b.task_type)
 }
+
 /// How long an endpoint whose list failed or left out a task of this process is not listed.
 pub const BLIND_FOR: Duration = Duration::from_secs(60);
 

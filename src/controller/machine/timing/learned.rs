@@ -355,7 +355,6 @@ impl TaskTiming for LearnedClock {
         next
     }
 
-    /// Forgets a task nobody will check again.
     fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
         self.lock().ledger.in_flight_listed_with(upid)
     }
@@ -365,6 +364,7 @@ impl TaskTiming for LearnedClock {
         state.ledger.listed_ended(upid)
     }
 
+    /// Forgets a task nobody will check again.
     fn forget(&self, upid: &Upid) {
         let mut state = self.lock();
         state.in_flight.remove(upid.as_str());
