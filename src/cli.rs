@@ -249,8 +249,9 @@ pub struct RunArgs {
     /// ProxmoxClusters reconciled at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxcluster_concurrency: u16,
-    /// ProxmoxMachines reconciled at once.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    /// ProxmoxMachines reconciled at once. Passes mostly wait on the APIs, and each Proxmox
+    /// still gets only a few requests at a time, so a fleet over several sites needs more.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..))]
     pub proxmoxmachine_concurrency: u16,
     /// Threads the reconciles run on. Passes mostly wait on the Kubernetes and Proxmox APIs, and
     /// one thread does not pay for waking another after each answer; raise it only when the

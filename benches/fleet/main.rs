@@ -133,8 +133,8 @@ struct Args {
     /// build from before the flag still starts).
     #[arg(long, value_enum)]
     task_timing: Option<TaskTimingPolicy>,
-    /// ProxmoxMachine reconciles at once (`capmox run --proxmoxmachine-concurrency`).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    /// ProxmoxMachine reconciles at once (`capmox run --proxmoxmachine-concurrency`; its default).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..))]
     machine_concurrency: u16,
     /// The `capmox` executable to measure (default: the one `cargo bench` built with this
     /// bench), e.g. another commit's build for a comparison.
