@@ -175,7 +175,6 @@ async fn zone_rule(
     let rules = proxmox.ha_rules().await?;
     let id = names.zone_id(zone);
     let what = format!("HA rule {id} (zone {zone})");
-    let node_list = nodes.join(",");
     let result = match rules.iter().find(|r| r.rule == id) {
         None => {
             proxmox
@@ -183,7 +182,7 @@ async fn zone_rule(
                     rule: id.clone(),
                     kind: NODE_AFFINITY.to_owned(),
                     resources: sid.to_owned(),
-                    nodes: Some(node_list),
+                    nodes: Some(nodes.join(",")),
                     strict: true,
                     comment: Some(names.zone_comment(zone)),
                     ..HaRuleEntry::default()
@@ -356,13 +355,12 @@ async fn ensure_group(
     let id = names.zone_id(zone);
     let what = format!("HA group {id} (zone {zone})");
     let groups = proxmox.ha_groups().await?;
-    let node_list = nodes.join(",");
     let result = match groups.iter().find(|g| g.group == id) {
         None => {
             proxmox
                 .create_ha_group(&crate::proxmox::HaGroupEntry {
                     group: id.clone(),
-                    nodes: node_list,
+                    nodes: nodes.join(","),
                     restricted: true,
                     comment: Some(names.zone_comment(zone)),
                     digest: None,
