@@ -141,6 +141,16 @@ impl Place {
             endpoint: status.proxmox_endpoint.clone().unwrap_or_default(),
         })
     }
+
+    /// Whether `machine` is at this place: [`Place::of`] without copying its strings, for
+    /// the index's every machine at a place on each clone.
+    fn holds(&self, machine: &ProxmoxMachine) -> bool {
+        machine.status.as_ref().is_some_and(|status| {
+            status.proxmox_node.is_some()
+                && status.proxmox_endpoint.as_deref().unwrap_or_default() == self.endpoint
+        }) && machine.metadata.namespace.as_deref() == Some(self.namespace.as_str())
+            && machine.labels().get(CLUSTER_NAME) == Some(&self.cluster)
+    }
 }
 
 impl MachinesByPlace {
@@ -193,7 +203,7 @@ impl MachinesByPlace {
             };
             for reference in index.machines.get(&place).into_iter().flatten() {
                 match store.get(reference) {
-                    Some(machine) if Place::of(&machine).as_ref() == Some(&place) => {
+                    Some(machine) if place.holds(&machine) => {
                         found.push(machine);
                     }
                     Some(_) => {}
@@ -460,14 +470,14 @@ impl<'a> Reads<'a> {
         namespace: &str,
         names: impl Iterator<Item = &'n str>,
         label: (&str, &str),
-    ) -> Result<HashMap<String, Arc<K>>, kube::Error> {
-        let wanted: HashSet<&str> = names.collect();
+    ) -> Result<HashMap<&'n str, Arc<K>>, kube::Error> {
+        let wanted: HashSet<&'n str> = names.collect();
         match self.caches {
             Some(caches) => Ok(wanted
                 .into_iter()
                 .filter_map(|name| {
                     let object = K::store(caches).get(&ObjectRef::new(name).within(namespace))?;
-                    Some((name.to_owned(), object))
+                    Some((name, object))
                 })
                 .collect()),
             None => Ok(self
@@ -475,8 +485,8 @@ impl<'a> Reads<'a> {
                 .await?
                 .into_iter()
                 .filter_map(|object| {
-                    let name = object.meta().name.clone()?;
-                    wanted.contains(name.as_str()).then_some((name, object))
+                    let name = *wanted.get(object.meta().name.as_deref()?)?;
+                    Some((name, object))
                 })
                 .collect()),
         }
@@ -531,11 +541,23 @@ impl<'a> Reads<'a> {
         &self,
         namespace: Option<&str>,
     ) -> Result<Vec<Arc<K>>, kube::Error> {
+        self.all_where(namespace, |_| true).await
+    }
+
+    /// The objects of [`Reads::all`] that `wanted` keeps; only those are copied out of the
+    /// cache, which holds a fleet.
+    pub async fn all_where<K: Cached>(
+        &self,
+        namespace: Option<&str>,
+        wanted: impl Fn(&K) -> bool,
+    ) -> Result<Vec<Arc<K>>, kube::Error> {
+        let in_namespace = |object: &K| {
+            namespace.is_none_or(|namespace| object.meta().namespace.as_deref() == Some(namespace))
+        };
         match self.caches {
-            Some(caches) => Ok(K::store(caches).state_filter(|object| {
-                namespace
-                    .is_none_or(|namespace| object.meta().namespace.as_deref() == Some(namespace))
-            })),
+            Some(caches) => {
+                Ok(K::store(caches).state_filter(|object| in_namespace(object) && wanted(object)))
+            }
             None => {
                 let api = match namespace {
                     Some(namespace) => Api::<K>::namespaced(self.client.clone(), namespace),
@@ -546,6 +568,7 @@ impl<'a> Reads<'a> {
                     .await?
                     .items
                     .into_iter()
+                    .filter(|object| wanted(object))
                     .map(Arc::new)
                     .collect())
             }
@@ -662,6 +685,34 @@ mod tests {
         ));
         assert_eq!(on(&index, "https://a:8006"), ["a1", "cloning"]);
         assert_eq!(on(&index, "https://b:8006"), ["b1", "old"]);
+    }
+
+    #[test]
+    fn a_place_holds_the_machines_whose_place_it_is() {
+        let a = "https://a:8006";
+        let mut elsewhere = placed("ns", "c1", Some("pve1"), Some(a));
+        elsewhere.metadata.namespace = Some("team-b".into());
+        let machines = [
+            placed("same", "c1", Some("pve1"), Some(a)),
+            placed("other-node", "c1", Some("pve2"), Some(a)),
+            placed("other-cluster", "c2", Some("pve1"), Some(a)),
+            placed("cloning", "c1", None, Some(a)),
+            placed("no-endpoint", "c1", Some("pve1"), None),
+            placed("empty-endpoint", "c1", Some("pve1"), Some("")),
+            placed("other-endpoint", "c1", Some("pve1"), Some("https://b:8006")),
+            elsewhere,
+        ];
+        for endpoint in [Some(a), None] {
+            let place = Place::of(&placed("p", "c1", Some("pve9"), endpoint)).expect("placed");
+            for machine in &machines {
+                assert_eq!(
+                    place.holds(machine),
+                    Place::of(machine).as_ref() == Some(&place),
+                    "{} at {endpoint:?}",
+                    machine.name_any()
+                );
+            }
+        }
     }
 
     #[test]

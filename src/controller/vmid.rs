@@ -64,7 +64,8 @@ impl VmidClaims {
 
     /// Claims for `machine` the first VMID of `range` that `in_use` does not name and no other
     /// machine holds (one it holds already counts as free): [`VmidClaims::claim`] of each in
-    /// turn, under one lock, stepping over the held ones in order rather than one lookup each.
+    /// turn, under one lock. The held ones are stepped over by number (a fleet holds one per
+    /// machine), and the machine's own come from its own set.
     pub fn claim_first_free(
         &self,
         range: RangeInclusive<u32>,
@@ -72,23 +73,37 @@ impl VmidClaims {
         in_use: impl Fn(u32) -> bool,
     ) -> Option<u32> {
         let mut held = self.held();
-        let mut claimed = held.by_vmid.range(range.clone()).peekable();
-        let mut free = None;
-        for vmid in range {
-            while claimed.next_if(|(other, _)| **other < vmid).is_some() {}
-            let holder = claimed
-                .next_if(|(other, _)| **other == vmid)
-                .map(|(_, h)| h);
-            if holder.is_none_or(|holder| holder == machine) && !in_use(vmid) {
-                free = Some((vmid, holder.is_none()));
-                break;
+        let own = held
+            .by_machine
+            .get(machine)
+            .filter(|_| !range.is_empty())
+            .and_then(|own| {
+                own.range(range.clone())
+                    .copied()
+                    .find(|&vmid| !in_use(vmid))
+            });
+        // A free one is claimed only if it comes before the machine's own.
+        let search_end = own.map_or(Some(*range.end()), |own| own.checked_sub(1));
+        // `BTreeMap::range` panics on a range that ends before it starts.
+        let search_end = search_end.filter(|end| end >= range.start());
+        let unheld = search_end.and_then(|end| {
+            let mut claimed = held
+                .by_vmid
+                .range(*range.start()..=end)
+                .map(|(vmid, _)| *vmid)
+                .peekable();
+            (*range.start()..=end).find(|&vmid| {
+                while claimed.next_if(|other| *other < vmid).is_some() {}
+                claimed.next_if_eq(&vmid).is_none() && !in_use(vmid)
+            })
+        });
+        match (unheld, own) {
+            (Some(vmid), _) => {
+                held.insert(vmid, machine);
+                Some(vmid)
             }
+            (None, own) => own,
         }
-        let (vmid, new) = free?;
-        if new {
-            held.insert(vmid, machine);
-        }
-        Some(vmid)
     }
 
     /// Gives `vmid` back if `machine` holds it (Proxmox has it in use by another VM).
@@ -197,6 +212,36 @@ mod tests {
         assert_eq!((claims.holder(100), claims.holder(104)), (None, None));
         assert_eq!(claims.holder(101).as_deref(), Some("b"));
         assert_eq!(claims.claim_first_free(100..=110, "g", listed), Some(100));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_first_free_vmid_is_the_one_claiming_each_in_turn_finds(
+            claims in proptest::collection::vec((100u32..140, 0usize..4), 0..40),
+            listed in proptest::collection::btree_set(100u32..140, 0..10),
+            machine in 0usize..4,
+            start in 95u32..145,
+            len in 0u32..50,
+        ) {
+            let machines = ["a", "b", "c", "d"];
+            let (fast, one_by_one) = (VmidClaims::default(), VmidClaims::default());
+            for (vmid, holder) in &claims {
+                fast.claim(*vmid, machines[*holder]);
+                one_by_one.claim(*vmid, machines[*holder]);
+            }
+            let in_use = |vmid: u32| listed.contains(&vmid);
+            let end = start.saturating_add(len).saturating_sub(5);
+            let expected = (start..=end)
+                .find(|&vmid| !in_use(vmid) && one_by_one.claim(vmid, machines[machine]));
+            proptest::prop_assert_eq!(
+                fast.claim_first_free(start..=end, machines[machine], in_use),
+                expected
+            );
+            proptest::prop_assert_eq!(
+                &fast.held().by_vmid,
+                &one_by_one.held().by_vmid
+            );
+        }
     }
 
     #[tokio::test]

@@ -213,18 +213,19 @@ impl Reconcile<'_> {
             "PciDeviceUnavailable",
             "InsufficientStorage",
         ];
-        let machines = self
+        let waiting = self
             .reads()
-            .all::<ProxmoxMachine>(self.context.config.watch_namespace.as_deref())
-            .await?;
-        let waiting = machines
+            .all_where(
+                self.context.config.watch_namespace.as_deref(),
+                |m: &ProxmoxMachine| {
+                    m.status.iter().flat_map(|s| &s.conditions).any(|c| {
+                        c.type_ == crate::api::conditions::VIRTUAL_MACHINE_PROVISIONED
+                            && CAPACITY.contains(&c.reason.as_str())
+                    })
+                },
+            )
+            .await?
             .iter()
-            .filter(|m| {
-                m.status.iter().flat_map(|s| &s.conditions).any(|c| {
-                    c.type_ == crate::api::conditions::VIRTUAL_MACHINE_PROVISIONED
-                        && CAPACITY.contains(&c.reason.as_str())
-                })
-            })
             .map(|m| ObjectRef::from_obj(&**m))
             .collect();
         self.context.task_slots.wake(waiting);

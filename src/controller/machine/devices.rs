@@ -71,12 +71,14 @@ impl Reconcile<'_> {
             .during(|| "reading Proxmox's PCI resource mappings".to_owned())?;
         let machines = self
             .reads()
-            .all::<ProxmoxMachine>(self.context.config.watch_namespace.as_deref())
+            .all_where(
+                self.context.config.watch_namespace.as_deref(),
+                |m: &ProxmoxMachine| !m.spec.pci_devices.is_empty(),
+            )
             .await?;
         let endpoint = proxmox.endpoint();
         let holders = machines
             .iter()
-            .filter(|m| !m.spec.pci_devices.is_empty())
             .filter_map(|m| {
                 let status = m.status.as_ref()?;
                 let on_this_endpoint = status

@@ -65,8 +65,8 @@ pub struct LearnedClock {
 struct ClockState {
     /// What the reconciler relies on, whatever the timing.
     ledger: Ledger,
-    /// Tasks this process submitted or saw running, by UPID.
-    in_flight: HashMap<String, InFlight>,
+    /// Tasks this process submitted or saw running.
+    in_flight: InFlightTasks,
     /// Recent estimated durations per (task type, node), oldest first.
     learned: HashMap<(String, String), VecDeque<Duration>>,
     /// Machines whose VM this process started and whose guest has not answered yet.
@@ -164,6 +164,85 @@ impl InFlight {
     }
 }
 
+/// The tasks in flight by UPID, kept by (task type, node): what a task waits for is its own
+/// queue, and a fleet's queues together hold a task per machine.
+#[derive(Default)]
+struct InFlightTasks {
+    queues: HashMap<(String, String), HashMap<String, InFlight>>,
+    queue_of: HashMap<String, (String, String)>,
+}
+
+impl InFlightTasks {
+    fn len(&self) -> usize {
+        self.queue_of.len()
+    }
+
+    fn get(&self, upid: &str) -> Option<&InFlight> {
+        self.queues.get(self.queue_of.get(upid)?)?.get(upid)
+    }
+
+    fn get_mut(&mut self, upid: &str) -> Option<&mut InFlight> {
+        self.queues.get_mut(self.queue_of.get(upid)?)?.get_mut(upid)
+    }
+
+    fn insert(&mut self, upid: &str, task: InFlight) {
+        self.remove(upid);
+        let queue = (task.task_type.clone(), task.node.clone());
+        self.queue_of.insert(upid.to_owned(), queue.clone());
+        self.queues
+            .entry(queue)
+            .or_default()
+            .insert(upid.to_owned(), task);
+    }
+
+    fn remove(&mut self, upid: &str) -> Option<InFlight> {
+        let queue = self.queue_of.remove(upid)?;
+        let tasks = self.queues.get_mut(&queue)?;
+        let task = tasks.remove(upid);
+        if tasks.is_empty() {
+            self.queues.remove(&queue);
+        }
+        task
+    }
+
+    /// The task `upid` names, first noted as `upid` describes it (submitted `now`).
+    fn get_or_insert(&mut self, upid: &Upid, now: Instant) -> &mut InFlight {
+        let queue = self
+            .queue_of
+            .entry(upid.as_str().to_owned())
+            .or_insert_with(|| (upid.task_type.clone(), upid.site_node().to_owned()))
+            .clone();
+        self.queues
+            .entry(queue)
+            .or_default()
+            .entry(upid.as_str().to_owned())
+            .or_insert_with(|| InFlight::new(upid, now))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&String, &InFlight)> {
+        self.queues.values().flatten()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &InFlight> {
+        self.iter().map(|(_, task)| task)
+    }
+
+    /// The tasks of `upid`'s type on its node (`upid`'s own included).
+    fn queue(&self, upid: &Upid) -> impl Iterator<Item = (&String, &InFlight)> + Clone {
+        self.queues
+            .get(&(upid.task_type.clone(), upid.site_node().to_owned()))
+            .into_iter()
+            .flatten()
+    }
+
+    fn queue_mut(&mut self, upid: &Upid) -> impl Iterator<Item = (&String, &mut InFlight)> {
+        self.queues
+            .get_mut(&(upid.task_type.clone(), upid.site_node().to_owned()))
+            .into_iter()
+            .flatten()
+    }
+}
+
 impl TaskTiming for LearnedClock {
     fn submitted(&self, upid: &Upid, machine: &str, purpose: &str) -> Duration {
         let now = Instant::now();
@@ -177,9 +256,9 @@ impl TaskTiming for LearnedClock {
         let (queued_behind, queue_end) = if queues_on_node(&upid.task_type) {
             let ahead = state
                 .in_flight
-                .values()
-                .filter(|task| task.queues_with(upid, now))
-                .map(|task| task.expected_end);
+                .queue(upid)
+                .filter(|(_, task)| task.queues_with(upid, now))
+                .map(|(_, task)| task.expected_end);
             (ahead.clone().count(), ahead.max())
         } else {
             (0, None)
@@ -194,7 +273,7 @@ impl TaskTiming for LearnedClock {
             state.in_flight.remove(&oldest);
         }
         state.in_flight.insert(
-            upid.as_str().to_owned(),
+            upid.as_str(),
             InFlight {
                 machine: machine.to_owned(),
                 due: now + expected,
@@ -268,10 +347,7 @@ impl TaskTiming for LearnedClock {
         let now = Instant::now();
         let mut state = self.lock();
         let expected = state.expected(upid);
-        let entry = state
-            .in_flight
-            .entry(upid.as_str().to_owned())
-            .or_insert_with(|| InFlight::new(upid, now));
+        let entry = state.in_flight.get_or_insert(upid, now);
         let ran = now - entry.submitted;
         let first_check = entry.last_seen_running.is_zero() && !entry.first_check_deferred;
         let queued = entry.queued_behind > 0;
@@ -542,11 +618,11 @@ impl ClockState {
         // Durations are counted from when this process saw the request answered, a little
         // after Proxmox began the task: a twentieth more keeps the checks from coming early.
         let expected = self.expected(upid) * 21 / 20;
-        if let Some(next_in_line) = self
+        if let Some((_, next_in_line)) = self
             .in_flight
-            .values_mut()
-            .filter(|task| task.queues_with(upid, now))
-            .min_by_key(|task| task.submitted)
+            .queue_mut(upid)
+            .filter(|(_, task)| task.queues_with(upid, now))
+            .min_by_key(|(_, task)| task.submitted)
         {
             next_in_line.queue_left.get_or_insert(now);
         }
@@ -555,7 +631,8 @@ impl ClockState {
         }
         let mut behind: Vec<&mut InFlight> = self
             .in_flight
-            .values_mut()
+            .queue_mut(upid)
+            .map(|(_, task)| task)
             .filter(|task| task.queues_with(upid, now) && task.expected_end > now)
             .collect();
         behind.sort_by_key(|task| task.expected_end);
@@ -593,7 +670,7 @@ impl ClockState {
         let listed_ended = &self.ledger;
         let mut behind: Vec<&mut InFlight> = self
             .in_flight
-            .iter_mut()
+            .queue_mut(upid)
             .filter(|(key, task)| {
                 task.queues_with(upid, now)
                     && task.submitted > submitted
@@ -657,7 +734,7 @@ impl ClockState {
         let Some(submitted) = self.in_flight.get(upid.as_str()).map(|task| task.submitted) else {
             return false;
         };
-        self.in_flight.iter().any(|(other, task)| {
+        self.in_flight.queue(upid).any(|(other, task)| {
             task.queues_with(upid, now)
                 && task.submitted < submitted
                 && !self.ledger.seen_listed_ended(other)
@@ -805,6 +882,43 @@ mod tests {
 
     fn upid(kind: &str, node: &str, n: u32) -> Upid {
         Upid::new(node, n, 1, 1_700_000_000, kind, "101", "root@pam")
+    }
+
+    #[test]
+    fn a_tasks_queue_holds_the_tasks_of_its_type_on_its_node_and_no_others() {
+        let now = Instant::now();
+        let mut tasks = InFlightTasks::default();
+        let clone1 = upid("qmclone", "pve1", 1);
+        let clone2 = upid("qmclone", "pve1", 2);
+        let elsewhere = upid("qmclone", "pve1", 3).at_site("https://b:8006");
+        let start = upid("qmstart", "pve1", 4);
+        for task in [&clone1, &clone2, &elsewhere, &start] {
+            tasks.insert(task.as_str(), InFlight::new(task, now));
+        }
+        let queue = |tasks: &InFlightTasks, of: &Upid| {
+            let mut upids: Vec<String> = tasks.queue(of).map(|(key, _)| key.clone()).collect();
+            upids.sort();
+            upids
+        };
+        assert_eq!(queue(&tasks, &clone2), [clone1.as_str(), clone2.as_str()]);
+        assert_eq!(queue(&tasks, &elsewhere), [elsewhere.as_str()]);
+        assert_eq!(tasks.len(), 4);
+        assert!(tasks.remove(clone1.as_str()).is_some());
+        assert!(tasks.remove(clone1.as_str()).is_none(), "removed once");
+        assert_eq!(queue(&tasks, &clone2), [clone2.as_str()]);
+        tasks.get_or_insert(&clone1, now).due = now + DEFAULT_CLONE;
+        assert_eq!(queue(&tasks, &clone1), [clone1.as_str(), clone2.as_str()]);
+        assert_eq!(
+            tasks.get(clone1.as_str()).map(|task| task.due),
+            Some(now + DEFAULT_CLONE)
+        );
+        for task in [&clone1, &clone2, &elsewhere, &start] {
+            tasks.remove(task.as_str());
+        }
+        assert!(
+            tasks.queues.is_empty() && tasks.queue_of.is_empty(),
+            "nothing kept of a queue once its tasks are gone"
+        );
     }
 
     #[test]
@@ -1135,7 +1249,11 @@ mod tests {
 
     /// How long until `upid`'s check is due.
     fn due_in(clock: &LearnedClock, upid: &Upid) -> Duration {
-        clock.lock().in_flight[upid.as_str()]
+        clock
+            .lock()
+            .in_flight
+            .get(upid.as_str())
+            .expect("in flight")
             .due
             .saturating_duration_since(Instant::now())
     }
