@@ -789,26 +789,28 @@ impl ClockState {
     /// the node's storage and queue).
     fn expected(&self, upid: &Upid) -> Duration {
         let key = (upid.task_type.clone(), upid.site_node().to_owned());
-        let pooled: VecDeque<Duration> = self
-            .learned
-            .iter()
-            .filter(|((task_type, _), _)| *task_type == upid.task_type)
-            .flat_map(|(_, samples)| samples.iter().copied())
-            .collect();
+        // Gathered only where used: every node's samples, on each pass that times a task.
+        let pooled = || -> VecDeque<Duration> {
+            self.learned
+                .iter()
+                .filter(|((task_type, _), _)| *task_type == upid.task_type)
+                .flat_map(|(_, samples)| samples.iter().copied())
+                .collect()
+        };
         if let Some(samples) = self.learned.get(&key).filter(|s| !s.is_empty()) {
             let on_node = median(samples);
             // A node's queue is timed by its own clones; an outlier among its few samples (a
             // slow first clone) would time the whole queue, so the other nodes' bound it.
-            let bound = if queues_on_node(&upid.task_type) && pooled.len() >= POOLED_BOUND_SAMPLES {
-                median(&pooled) * 3 / 2
-            } else {
-                on_node
+            let bound = match queues_on_node(&upid.task_type).then(pooled) {
+                Some(pooled) if pooled.len() >= POOLED_BOUND_SAMPLES => median(&pooled) * 3 / 2,
+                _ => on_node,
             };
             return on_node.min(bound).max(MIN_RECHECK);
         }
         if queues_on_node(&upid.task_type) {
             return DEFAULT_CLONE;
         }
+        let pooled = pooled();
         if pooled.is_empty() {
             DEFAULT_TASK
         } else {
