@@ -275,14 +275,12 @@ async fn apply_status_guarded(
     desired: &ProxmoxMachineStatus,
     resource_version: Option<&str>,
 ) -> Result<(), MachineError> {
-    let mut body = json!({
-        "apiVersion": ProxmoxMachine::api_version(&()),
-        "kind": ProxmoxMachine::kind(&()),
-        "status": desired,
-    });
-    if let Some(version) = resource_version {
-        body["metadata"] = json!({"resourceVersion": version});
-    }
+    let body = StatusApply {
+        api_version: &ProxmoxMachine::api_version(&()),
+        kind: &ProxmoxMachine::kind(&()),
+        metadata: resource_version.map(|resource_version| VersionGuard { resource_version }),
+        status: desired,
+    };
     patch::patch_status(
         api,
         name,
@@ -291,6 +289,26 @@ async fn apply_status_guarded(
     )
     .await?;
     Ok(())
+}
+
+/// The body of a status write, serialized straight from the status: a machine's status is
+/// written several times as it provisions, and a JSON tree built first only to be written out
+/// cost a copy of it each time.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusApply<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<VersionGuard<'a>>,
+    status: &'a ProxmoxMachineStatus,
+}
+
+/// Refuses the write (409 Conflict) unless the object still has this resourceVersion.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct VersionGuard<'a> {
+    resource_version: &'a str,
 }
 
 async fn apply_status(
@@ -303,4 +321,32 @@ async fn apply_status(
         return Ok(());
     }
     apply_status_guarded(api, name, desired, None).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_write_says_what_the_json_tree_it_replaces_said() {
+        let status = ProxmoxMachineStatus {
+            virtual_machine_id: Some(101),
+            proxmox_node: Some("pve1".into()),
+            ..Default::default()
+        };
+        let (api_version, kind) = (ProxmoxMachine::api_version(&()), ProxmoxMachine::kind(&()));
+        for guard in [None, Some("42")] {
+            let body = StatusApply {
+                api_version: &api_version,
+                kind: &kind,
+                metadata: guard.map(|resource_version| VersionGuard { resource_version }),
+                status: &status,
+            };
+            let mut tree = json!({"apiVersion": api_version, "kind": kind, "status": status});
+            if let Some(version) = guard {
+                tree["metadata"] = json!({"resourceVersion": version});
+            }
+            assert_eq!(serde_json::to_value(&body).expect("serializes"), tree);
+        }
+    }
 }
