@@ -142,8 +142,8 @@ impl Place {
         })
     }
 
-    /// Whether `machine` is at this place: [`Place::of`] without copying its strings, for
-    /// the index's every machine at a place on each clone.
+    /// Whether `machine` is at this place, as [`Place::of`] says, without copying its strings:
+    /// every clone asks it of each machine at its place.
     fn holds(&self, machine: &ProxmoxMachine) -> bool {
         machine.status.as_ref().is_some_and(|status| {
             status.proxmox_node.is_some()
