@@ -1,10 +1,10 @@
-//! Patches that read back only the written object's generation and resourceVersion. The API
+//! Writes that read back only the written object's generation and resourceVersion. The API
 //! server answers each write with the whole object, managed fields and all; decoding that
 //! into the full type on every status write was a sizeable share of a pass's CPU.
 
 use std::fmt::Debug;
 
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource};
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +47,19 @@ pub async fn patch_status<K: Resource + Clone, P: Serialize + Debug>(
         .patch_subresource("status", name, params, patch)
         .map_err(kube::Error::BuildRequest)?;
     send(api, request, "patch_status").await
+}
+
+/// Creates `object` in the collection `api` names.
+pub async fn create<K: Resource + Clone + Serialize>(
+    api: &Api<K>,
+    params: &PostParams,
+    object: &K,
+) -> Result<Written, kube::Error> {
+    let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
+    let request = kube::core::Request::new(api.resource_url())
+        .create(params, body)
+        .map_err(kube::Error::BuildRequest)?;
+    send(api, request, "create").await
 }
 
 async fn send<K: Resource + Clone>(

@@ -412,6 +412,9 @@ fn the_readme_is_a_front_page() {
 const NOT_REASONS: &[&str] = &[
     // systemd-networkd's `DHCP=` key.
     "DHCP",
+    // An Event's type.
+    "Normal",
+    "Warning",
     // Kinds and their status types.
     "AdmissionReview",
     "Cluster",
