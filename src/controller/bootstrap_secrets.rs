@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -160,7 +160,8 @@ pub async fn follow(
         let secrets = secrets.clone();
         let mut listed = Vec::new();
         let mut warned = false;
-        watcher(api, config.clone())
+        watcher(super::lean::api(&api), config.clone())
+            .map_ok(super::lean::event)
             .default_backoff()
             .for_each(move |event| {
                 match event {

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::api::ListParams;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
@@ -338,11 +338,9 @@ where
 {
     reflector::reflector(
         writer,
-        // Nothing reads managed fields from the cache; leaving them out keeps it small.
-        watcher(api, config)
-            .modify(|object| {
-                object.managed_fields_mut().clear();
-            })
+        // Nothing reads managed fields from the cache: they are not even decoded.
+        watcher(super::lean::api(&api), config)
+            .map_ok(super::lean::event)
             // Each watch backs off on its own errors: the controller's triggers share one
             // back-off, and every watch ending at once (an API server restart, an expired
             // resourceVersion) would otherwise pause them all, once per watch, for longer
@@ -368,7 +366,8 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync,
     K: 'static,
 {
-    watcher(api, config)
+    watcher(super::lean::api(&api), config)
+        .map_ok(super::lean::event)
         .default_backoff()
         .touched_objects()
         .filter_map(without_errors::<K>)
@@ -463,32 +462,42 @@ impl<'a> Reads<'a> {
         }
     }
 
-    /// The objects of kind `K` in `namespace` with these names, by name (those that exist):
-    /// from the caches one lookup each, else one list of those labelled `label`.
-    pub async fn named<'n, K: Cached>(
+    /// The objects of kind `K` in `namespace` with these names, in their order (`None` for one
+    /// that does not exist): from the caches one lookup each, else one list of those labelled
+    /// `label`.
+    pub async fn named<K: Cached>(
         &self,
         namespace: &str,
-        names: impl Iterator<Item = &'n str>,
+        names: &[&str],
         label: (&str, &str),
-    ) -> Result<HashMap<&'n str, Arc<K>>, kube::Error> {
-        let wanted: HashSet<&'n str> = names.collect();
+    ) -> Result<Vec<Option<Arc<K>>>, kube::Error> {
         match self.caches {
-            Some(caches) => Ok(wanted
-                .into_iter()
-                .filter_map(|name| {
-                    let object = K::store(caches).get(&ObjectRef::new(name).within(namespace))?;
-                    Some((name, object))
-                })
-                .collect()),
-            None => Ok(self
-                .labelled::<K>(namespace, label.0, label.1)
-                .await?
-                .into_iter()
-                .filter_map(|object| {
-                    let name = *wanted.get(object.meta().name.as_deref()?)?;
-                    Some((name, object))
-                })
-                .collect()),
+            Some(caches) => {
+                let store = K::store(caches);
+                // One key, renamed for each lookup: a clone's inventory looks up the CAPI
+                // Machine of every machine at its place.
+                let mut key = ObjectRef::<K>::new("").within(namespace);
+                Ok(names
+                    .iter()
+                    .map(|name| {
+                        key.name.clear();
+                        key.name.push_str(name);
+                        store.get(&key)
+                    })
+                    .collect())
+            }
+            None => {
+                let listed: HashMap<String, Arc<K>> = self
+                    .labelled::<K>(namespace, label.0, label.1)
+                    .await?
+                    .into_iter()
+                    .filter_map(|object| Some((object.meta().name.clone()?, object)))
+                    .collect();
+                Ok(names
+                    .iter()
+                    .map(|name| listed.get(*name).cloned())
+                    .collect())
+            }
         }
     }
 

@@ -13,6 +13,7 @@ pub mod ha;
 pub mod http;
 pub mod inventory;
 pub mod leader;
+pub mod lean;
 pub mod machine;
 pub mod metrics;
 pub mod node_tasks;

@@ -614,26 +614,31 @@ impl Reconcile<'_> {
                 here.then_some((node, &**m, owner.name.as_str()))
             })
             .collect();
+        let owner_names: Vec<&str> = on_nodes.iter().map(|(_, _, owner)| *owner).collect();
         let owners = reads
             .named::<capi::Machine>(
                 &scope.namespace,
-                on_nodes.iter().map(|(_, _, owner)| *owner),
+                &owner_names,
                 (labels::CLUSTER_NAME, &scope.cluster_name),
             )
             .await?;
-        let mut placed: HashMap<String, Vec<PlacedMachine>> = HashMap::new();
-        for (node, machine, owner) in on_nodes {
-            if let Some(capi_machine) = owners.get(owner) {
+        // Keyed by the machines' own node names: a node's key is copied once, not per machine.
+        let mut placed: HashMap<&str, Vec<PlacedMachine>> = HashMap::new();
+        for ((node, machine, _), capi_machine) in on_nodes.into_iter().zip(owners) {
+            if let Some(capi_machine) = capi_machine {
                 placed
-                    .entry(node.to_owned())
+                    .entry(node)
                     .or_default()
                     .push(PlacedMachine::from_machine(
                         machine.name_any(),
-                        capi_machine,
+                        &capi_machine,
                     ));
             }
         }
-        Ok(placed)
+        Ok(placed
+            .into_iter()
+            .map(|(node, machines)| (node.to_owned(), machines))
+            .collect())
     }
 }
 
