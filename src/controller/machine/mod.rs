@@ -639,9 +639,9 @@ struct Scope {
     namespace: String,
     name: String,
     api: Api<ProxmoxMachine>,
-    capi_machine: capi::Machine,
+    capi_machine: Arc<capi::Machine>,
     cluster_name: String,
-    proxmox_cluster: ProxmoxCluster,
+    proxmox_cluster: Arc<ProxmoxCluster>,
     current: ProxmoxMachineStatus,
     status: ProxmoxMachineStatus,
     /// The observed resourceVersion, when the checkpoint before a clone must be guarded by it.

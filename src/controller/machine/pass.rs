@@ -25,12 +25,13 @@ use crate::proxmox::ProxmoxError;
 const PROVISIONED_RESYNC: Duration = Duration::from_secs(600);
 
 /// What the caches hold for a pass: the machine's CAPI Machine and Cluster and its
-/// ProxmoxCluster (each `None` when not found).
+/// ProxmoxCluster (each `None` when not found), shared with the caches rather than copied for
+/// every pass.
 struct Cached {
     owner: Option<String>,
-    capi_machine: Option<capi::Machine>,
-    capi_cluster: Option<capi::Cluster>,
-    proxmox_cluster: Option<ProxmoxCluster>,
+    capi_machine: Option<Arc<capi::Machine>>,
+    capi_cluster: Option<Arc<capi::Cluster>>,
+    proxmox_cluster: Option<Arc<ProxmoxCluster>>,
     cluster_name: String,
     infra_name: String,
 }
@@ -115,9 +116,9 @@ impl Reconcile<'_> {
         };
         Ok(Cached {
             owner,
-            capi_machine: capi_machine.map(Arc::unwrap_or_clone),
-            capi_cluster: capi_cluster.map(Arc::unwrap_or_clone),
-            proxmox_cluster: proxmox_cluster.map(Arc::unwrap_or_clone),
+            capi_machine,
+            capi_cluster,
+            proxmox_cluster,
             cluster_name,
             infra_name,
         })
@@ -150,15 +151,18 @@ impl Reconcile<'_> {
             // Only a machine being deleted goes on without its CAPI Machine (decide ends the
             // pass of any other).
             capi_machine: cached.capi_machine.unwrap_or_else(|| {
-                capi::Machine::new(cached.owner.as_deref().unwrap_or(&name), Default::default())
+                Arc::new(capi::Machine::new(
+                    cached.owner.as_deref().unwrap_or(&name),
+                    Default::default(),
+                ))
             }),
             api: Api::namespaced(self.context.client.clone(), &namespace),
             namespace,
             name,
             cluster_name: cached.cluster_name,
-            proxmox_cluster: cached
-                .proxmox_cluster
-                .unwrap_or_else(|| ProxmoxCluster::new(&cached.infra_name, Default::default())),
+            proxmox_cluster: cached.proxmox_cluster.unwrap_or_else(|| {
+                Arc::new(ProxmoxCluster::new(&cached.infra_name, Default::default()))
+            }),
             status: current.clone(),
             current,
             // Fresh: the machine already carried the finalizer, so the checkpoint before a
