@@ -129,10 +129,9 @@ impl DueWakes {
             return None;
         }
         let proxmox = lock(&self.clients).get(key)?.clone();
-        let on_node = watch.timer.in_flight_listed_with(&upid);
-        let since = on_node.iter().map(|(_, task)| task.starttime).min()?;
+        let since = watch.timer.listed_with(&upid).since?;
         let list = watch.node_tasks.list_with(&proxmox, &upid, since).await?;
-        for other in listed_ended_elsewhere(&watch.timer, &list, &upid, on_node) {
+        for other in listed_ended_elsewhere(&watch.timer, &list, &upid) {
             self.wake_if_turn(&other, None, &watch.slots);
         }
         let status = list.status_of(&upid)?;

@@ -3,7 +3,6 @@
 //! unless its node's task list shows it still running); a later pass (or a restarted
 //! controller) checks it once, and a failed one holds the machine off during its back-off.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -159,10 +158,9 @@ impl Reconcile<'_> {
         proxmox: &ProxmoxClient,
         upid: &Upid,
     ) -> Result<TaskStatus, ProxmoxError> {
-        let on_node = self.context.task_timing.in_flight_listed_with(upid);
-        let since = on_node.iter().map(|(_, task)| task.starttime).min();
-        if on_node.len() > 1
-            && let Some(since) = since
+        let beside = self.context.task_timing.listed_with(upid);
+        if beside.tasks > 1
+            && let Some(since) = beside.since
             && let Some(list) = self
                 .context
                 .node_tasks
@@ -170,7 +168,7 @@ impl Reconcile<'_> {
                 .await
             && let Some(status) = list.status_of(upid)
         {
-            self.wake_listed_ended(&list, upid, on_node);
+            self.wake_listed_ended(&list, upid);
             tracing::debug!(%upid, task_type = %upid.task_type, ended = status.is_finished(), from = "node task list", "checked a Proxmox task");
             return Ok(status);
         }
@@ -184,13 +182,8 @@ impl Reconcile<'_> {
     /// Wakes the machines (other than this one, which checked `checked`) whose tasks `list`
     /// shows ended, unless they wait for their guest's boot anyway: their passes settle them
     /// from the list, without a request.
-    fn wake_listed_ended(
-        &self,
-        list: &TaskList,
-        checked: &Upid,
-        on_node: Vec<(String, Arc<Upid>)>,
-    ) {
-        let ended = listed_ended_elsewhere(&self.context.task_timing, list, checked, on_node);
+    fn wake_listed_ended(&self, list: &TaskList, checked: &Upid) {
+        let ended = listed_ended_elsewhere(&self.context.task_timing, list, checked);
         self.wake_machines(&ended);
     }
 
@@ -564,13 +557,8 @@ pub(super) fn listed_ended_elsewhere(
     clock: &TaskTimer,
     list: &TaskList,
     checked: &Upid,
-    on_node: Vec<(String, Arc<Upid>)>,
 ) -> Vec<String> {
-    on_node
-        .into_iter()
-        .filter(|(_, task)| **task != *checked && list.ended(task) && clock.listed_ended(task))
-        .map(|(machine, _)| machine)
-        .collect()
+    clock.listed_ended_beside(checked, &|task| list.ended(task))
 }
 
 /// How long until the task this process submitted for `machine` is expected to end, if it has

@@ -13,6 +13,7 @@
 //! guest. Until some guest was seen up, one guest (the scout, booting longest) is looked at often
 //! and the others just after it: the time the scout was first seen up is what they then wait.
 
+use super::Beside;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -431,13 +432,12 @@ impl TaskTiming for LearnedClock {
         next
     }
 
-    fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
-        self.lock().ledger.in_flight_listed_with(upid)
+    fn listed_with(&self, upid: &Upid) -> Beside {
+        self.lock().ledger.beside(upid)
     }
 
-    fn listed_ended(&self, upid: &Upid) -> bool {
-        let mut state = self.lock();
-        state.ledger.listed_ended(upid)
+    fn listed_ended_beside(&self, checked: &Upid, ended: &dyn Fn(&Upid) -> bool) -> Vec<String> {
+        self.lock().ledger.listed_ended_beside(checked, ended)
     }
 
     /// Forgets a task nobody will check again.

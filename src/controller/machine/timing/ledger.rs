@@ -16,6 +16,14 @@ use crate::proxmox::Upid;
 /// day is started again each time).
 const REPEAT_WINDOW: Duration = Duration::from_secs(900);
 
+/// The tasks in flight that a node's task list shows beside one: how many, and the earliest
+/// start among them (where that list starts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Beside {
+    pub tasks: usize,
+    pub since: Option<u64>,
+}
+
 #[derive(Default)]
 pub(super) struct Ledger {
     /// The task each machine waits for (by machine key), with its purpose: a pass working
@@ -89,18 +97,51 @@ impl Ledger {
 
     /// The tasks in flight that the task list of `upid`'s node shows beside it, with the
     /// machine (by key) waiting for each.
-    pub(super) fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
+    fn listed_with<'a>(
+        &'a self,
+        upid: &'a Upid,
+    ) -> impl Iterator<Item = (&'a String, &'a Arc<Upid>)> + 'a {
         let node = upid.site_node();
-        let Some(machines) = self.by_node.get(node) else {
-            return Vec::new();
-        };
-        machines
-            .iter()
-            .filter_map(|machine| {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(move |machine| {
                 let (task, _) = self.by_machine.get(machine)?;
-                (task.site_node() == node && listed_together(task, upid))
-                    .then(|| (machine.clone(), task.clone()))
+                (task.site_node() == node && listed_together(task, upid)).then_some((machine, task))
             })
+    }
+
+    /// How many tasks in flight the task list of `upid`'s node shows beside it, and the
+    /// earliest start among them.
+    pub(super) fn beside(&self, upid: &Upid) -> Beside {
+        self.listed_with(upid)
+            .fold(Beside::default(), |beside, (_, task)| Beside {
+                tasks: beside.tasks + 1,
+                since: Some(
+                    beside
+                        .since
+                        .map_or(task.starttime, |s| s.min(task.starttime)),
+                ),
+            })
+    }
+
+    /// Notes, of the tasks in flight beside `checked` (not itself), those `ended` says ended,
+    /// as [`Ledger::listed_ended`] notes each; returns the machines (by key) worth waking.
+    pub(super) fn listed_ended_beside(
+        &mut self,
+        checked: &Upid,
+        ended: &dyn Fn(&Upid) -> bool,
+    ) -> Vec<String> {
+        let seen_ended: Vec<(String, Arc<Upid>)> = self
+            .listed_with(checked)
+            .filter(|(_, task)| ***task != *checked && ended(task))
+            .map(|(machine, task)| (machine.clone(), task.clone()))
+            .collect();
+        seen_ended
+            .into_iter()
+            .filter(|(_, task)| self.listed_ended(task))
+            .map(|(machine, _)| machine)
             .collect()
     }
 
@@ -192,9 +233,19 @@ mod tests {
         assert_eq!(ledger.succeeded("m1", upload, later), 1);
     }
 
+    /// The machines (by key) whose tasks in flight the list of `upid`'s node shows.
+    fn machines_beside(ledger: &Ledger, upid: &Upid) -> Vec<String> {
+        let mut machines: Vec<String> = ledger
+            .listed_with(upid)
+            .map(|(machine, _)| machine.clone())
+            .collect();
+        machines.sort();
+        machines
+    }
+
     /// The tasks in flight on `node` (of no Proxmox in particular).
-    fn in_flight_on(ledger: &Ledger, node: &str) -> Vec<(String, Arc<Upid>)> {
-        ledger.in_flight_listed_with(&Upid::new(node, 0, 0, 0, "any", "", "root@pam"))
+    fn in_flight_on(ledger: &Ledger, node: &str) -> Vec<String> {
+        machines_beside(ledger, &Upid::new(node, 0, 0, 0, "any", "", "root@pam"))
     }
 
     #[test]
@@ -207,13 +258,7 @@ mod tests {
         let (east, west) = (on("https://east:8006", 1), on("https://west:8006", 2));
         ledger.submitted(&east, "m1", &purpose);
         ledger.submitted(&west, "m2", &purpose);
-        let machines = |ledger: &Ledger, upid: &Upid| -> Vec<String> {
-            ledger
-                .in_flight_listed_with(upid)
-                .into_iter()
-                .map(|(machine, _)| machine)
-                .collect()
-        };
+        let machines = machines_beside;
         assert_eq!(machines(&ledger, &on("https://east:8006", 3)), ["m1"]);
         assert_eq!(machines(&ledger, &on("https://west:8006", 4)), ["m2"]);
         assert!(
@@ -226,6 +271,54 @@ mod tests {
     }
 
     #[test]
+    fn the_tasks_a_list_shows_ended_beside_the_checked_one_are_noted_and_their_machines_named() {
+        let mut ledger = Ledger::default();
+        let task = |kind: &str, n: u32, start: u64| {
+            Upid::new("pve1", n, 1, start, kind, "101", "root@pam")
+        };
+        let purpose = |kind: TaskKind| TaskPurpose::new(kind, "x".to_owned()).recorded();
+        let c1 = task("qmclone", 1, 1_700_000_010);
+        let c2 = task("qmclone", 2, 1_700_000_005);
+        let c3 = task("qmclone", 3, 1_700_000_020);
+        let start = task("qmstart", 4, 1_700_000_001);
+        for (upid, machine) in [(&c1, "m1"), (&c2, "m2"), (&c3, "m3")] {
+            ledger.submitted(upid, machine, &purpose(TaskKind::Clone));
+        }
+        ledger.submitted(&start, "m4", &purpose(TaskKind::Start));
+        assert_eq!(
+            ledger.beside(&c1),
+            Beside {
+                tasks: 3,
+                since: Some(1_700_000_005)
+            },
+            "the clones, listed apart from the start"
+        );
+        assert_eq!(
+            ledger.beside(&task("resize", 9, 1_700_000_030)),
+            Beside {
+                tasks: 1,
+                since: Some(1_700_000_001)
+            }
+        );
+        assert_eq!(
+            ledger.beside(&task("qmclone", 9, 0).at_site("https://other:8006")),
+            Beside::default()
+        );
+        // The list checked for c1 shows c1 and c2 ended, c3 running.
+        let woken = ledger.listed_ended_beside(&c1, &|t: &Upid| *t == c1 || *t == c2);
+        assert_eq!(woken, ["m2"]);
+        assert!(ledger.seen_listed_ended(c2.as_str()));
+        assert!(
+            !ledger.seen_listed_ended(c1.as_str()),
+            "the checked task is settled by its own check"
+        );
+        assert!(!ledger.seen_listed_ended(c3.as_str()));
+        // A start the list shows ended is noted by the pass that looks at the listing.
+        let woken = ledger.listed_ended_beside(&task("resize", 9, 1_700_000_030), &|_| true);
+        assert!(woken.is_empty(), "{woken:?}");
+    }
+
+    #[test]
     fn clones_are_listed_with_the_clones_of_their_node_and_other_tasks_with_the_rest() {
         let mut ledger = Ledger::default();
         let task =
@@ -235,15 +328,7 @@ mod tests {
         ledger.submitted(&task("qmclone", 2), "m2", &purpose(TaskKind::Clone));
         ledger.submitted(&task("resize", 3), "m3", &purpose(TaskKind::Resize));
         ledger.submitted(&task("qmstart", 4), "m4", &purpose(TaskKind::Start));
-        let beside = |upid: &Upid| -> Vec<String> {
-            let mut machines: Vec<String> = ledger
-                .in_flight_listed_with(upid)
-                .into_iter()
-                .map(|(machine, _)| machine)
-                .collect();
-            machines.sort();
-            machines
-        };
+        let beside = |upid: &Upid| machines_beside(&ledger, upid);
         assert_eq!(beside(&task("qmclone", 5)), ["m1", "m2"]);
         assert_eq!(beside(&task("resize", 6)), ["m3", "m4"]);
     }
@@ -265,11 +350,7 @@ mod tests {
         );
         assert!(!ledger.seen_listed_ended(stop.as_str()));
         assert!(!ledger.listed_ended(&other), "no machine waits for it");
-        let on_node: Vec<String> = in_flight_on(&ledger, "pve1")
-            .into_iter()
-            .map(|(m, _)| m)
-            .collect();
-        assert_eq!(on_node.len(), 2);
+        assert_eq!(in_flight_on(&ledger, "pve1").len(), 2);
         assert!(in_flight_on(&ledger, "pve2").is_empty());
         ledger.task_ended(&resize);
         assert!(!ledger.seen_listed_ended(resize.as_str()));
@@ -288,9 +369,11 @@ mod tests {
         assert!(ledger.listed_ended(&first));
         ledger.submitted(&second, "m1", &purpose);
         assert!(in_flight_on(&ledger, "pve1").is_empty(), "replaced");
-        let on_pve2 = in_flight_on(&ledger, "pve2");
-        assert_eq!(on_pve2.len(), 1);
-        assert_eq!(on_pve2[0], ("m1".to_owned(), Arc::new(second.clone())));
+        let on_pve2: Vec<(String, Upid)> = ledger
+            .listed_with(&on("pve2", 9))
+            .map(|(machine, task)| (machine.clone(), (**task).clone()))
+            .collect();
+        assert_eq!(on_pve2, [("m1".to_owned(), second.clone())]);
         assert!(
             !ledger.listed_ended(&first),
             "nobody waits for the first any more"

@@ -17,6 +17,7 @@ use super::TaskKind;
 use crate::proxmox::Upid;
 
 pub use learned::LearnedClock;
+pub use ledger::Beside;
 pub use plain::PlainClock;
 
 /// Expected duration of a clone before any was seen end: clones copy disks, and a check
@@ -83,14 +84,13 @@ pub trait TaskTiming: Send + Sync {
 
     /// The tasks this process submitted on `upid`'s node (of `upid`'s Proxmox, once known) and
     /// has not seen end that the node's list for `upid` shows too
-    /// ([`crate::controller::node_tasks::listed_together`]), with the machine (by key) waiting
-    /// for each.
-    fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)>;
+    /// ([`crate::controller::node_tasks::listed_together`]): how many, and since when.
+    fn listed_with(&self, upid: &Upid) -> Beside;
 
-    /// Notes that a node's task list showed the task ended: it is worth checking at once,
-    /// unless it starts or stops a VM (its check looks at the listing first). Returns whether
-    /// it is.
-    fn listed_ended(&self, upid: &Upid) -> bool;
+    /// Notes the tasks of [`TaskTiming::listed_with`] other than `checked` that the node's list
+    /// shows ended (`ended`): each is worth checking at once, unless it starts or stops a VM
+    /// (its check looks at the listing first). Returns the machines (by key) of those that are.
+    fn listed_ended_beside(&self, checked: &Upid, ended: &dyn Fn(&Upid) -> bool) -> Vec<String>;
 
     /// Notes that `machine`'s VM on `node` was just asked to start: its guest is looked at
     /// when it is expected up, and what was seen of an earlier guest of the machine no longer

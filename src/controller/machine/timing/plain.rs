@@ -19,6 +19,7 @@
 //! - A task or boot this process did not see begin, and a start checked together with the
 //!   boot, teach nothing: how long they took is unknown.
 
+use super::Beside;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -213,12 +214,12 @@ impl TaskTiming for PlainClock {
         None
     }
 
-    fn in_flight_listed_with(&self, upid: &Upid) -> Vec<(String, Arc<Upid>)> {
-        self.lock().ledger.in_flight_listed_with(upid)
+    fn listed_with(&self, upid: &Upid) -> Beside {
+        self.lock().ledger.beside(upid)
     }
 
-    fn listed_ended(&self, upid: &Upid) -> bool {
-        self.lock().ledger.listed_ended(upid)
+    fn listed_ended_beside(&self, checked: &Upid, ended: &dyn Fn(&Upid) -> bool) -> Vec<String> {
+        self.lock().ledger.listed_ended_beside(checked, ended)
     }
 
     fn forget(&self, upid: &Upid) {
