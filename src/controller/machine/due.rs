@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::tracking::{key_not_due, listed_ended_elsewhere};
+use super::tracking::key_not_due;
 use super::{TaskKind, TaskPurpose, TaskTimer};
 use crate::api::ProxmoxMachine;
 use crate::controller::node_tasks::NodeTaskLists;
@@ -131,7 +131,10 @@ impl DueWakes {
         let proxmox = lock(&self.clients).get(key)?.clone();
         let since = watch.timer.listed_with(&upid).since?;
         let list = watch.node_tasks.list_with(&proxmox, &upid, since).await?;
-        for other in listed_ended_elsewhere(&watch.timer, &list, &upid) {
+        for other in watch
+            .timer
+            .listed_ended_beside(&upid, &|task| list.ended(task))
+        {
             self.wake_if_turn(&other, None, &watch.slots);
         }
         let status = list.status_of(&upid)?;

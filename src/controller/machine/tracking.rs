@@ -183,7 +183,10 @@ impl Reconcile<'_> {
     /// shows ended, unless they wait for their guest's boot anyway: their passes settle them
     /// from the list, without a request.
     fn wake_listed_ended(&self, list: &TaskList, checked: &Upid) {
-        let ended = listed_ended_elsewhere(&self.context.task_timing, list, checked);
+        let ended = self
+            .context
+            .task_timing
+            .listed_ended_beside(checked, &|task| list.ended(task));
         self.wake_machines(&ended);
     }
 
@@ -548,17 +551,6 @@ fn clear_task(scope: &mut Scope) {
     scope.status.task_ref = None;
     scope.status.task_purpose = None;
     scope.status.retry_after = None;
-}
-
-/// The machines (by key) of `on_node`, other than the one waiting for `checked`, whose tasks
-/// `list` shows ended, noted so in `clock`; only those worth checking at once (not a start or
-/// stop, which its pass settles from the VM listing).
-pub(super) fn listed_ended_elsewhere(
-    clock: &TaskTimer,
-    list: &TaskList,
-    checked: &Upid,
-) -> Vec<String> {
-    clock.listed_ended_beside(checked, &|task| list.ended(task))
 }
 
 /// How long until the task this process submitted for `machine` is expected to end, if it has
